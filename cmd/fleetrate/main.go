@@ -1,0 +1,41 @@
+// Command fleetrate runs the fleetrate demos, simulations, benchmarks and
+// the rate-limit service. Run "fleetrate help" for the commands.
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "fleetrate:", err)
+		os.Exit(1)
+	}
+}
+
+// run builds the command tree and executes it with args.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	root := &cobra.Command{
+		Use:           "fleetrate",
+		Short:         "Share one rate allowance across a fleet of workers",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	root.AddCommand(
+	// subcommands: one constructor per file (demo.go, simulate.go, serve.go, bench.go)
+	)
+	return root.ExecuteContext(ctx)
+}

@@ -1,0 +1,138 @@
+package fleetrate
+
+import (
+	"fmt"
+	"math"
+	"time"
+)
+
+// Bounds that keep every quantity the stores handle an exact integer, both
+// in Go's int64 and in the float64 numbers of Redis's Lua interpreter (exact
+// up to 2^53). All debts are nanoseconds; 2^53 ns is about 104 days, so a
+// bucket's fill time plus the longest wait or drain stays below it.
+const (
+	// MaxRate is the highest refill rate: one token per nanosecond.
+	MaxRate = 1e9
+	// MaxBurst is the largest capacity of one limit.
+	MaxBurst = 1 << 40
+	// MaxFillTime is the longest time a limit may take to refill from
+	// empty to full (Burst / Rate).
+	MaxFillTime = 60 * 24 * time.Hour
+	// MaxWaitCap bounds every max wait, refund and drain duration.
+	MaxWaitCap = 30 * 24 * time.Hour
+)
+
+// Limit is one token-bucket limit: a capacity of Burst tokens that refills
+// at Rate tokens per second. A bucket may carry several limits at once (for
+// example 20/s with burst 40 and 1000/min); a take succeeds only when every
+// one of them allows it.
+//
+// Internally the rate becomes an emission interval of whole nanoseconds,
+// rounded up, so a limit never grants more than Rate per second: 3/s
+// becomes one token every 333,333,334 ns, 1e6/s exactly one every 1 µs.
+type Limit struct {
+	// Name labels the limit in results, headers and metrics, e.g. "second".
+	// It is optional.
+	Name string
+	// Rate is the refill rate in tokens per second. It must be positive,
+	// finite and at most MaxRate.
+	Rate float64
+	// Burst is the capacity: the most tokens the bucket can hold and so the
+	// largest burst it admits. It must be at least 1.
+	Burst int64
+}
+
+// PerSecond returns a limit of rate tokens per second with the given burst.
+func PerSecond(rate float64, burst int64) Limit {
+	return Limit{Rate: rate, Burst: burst}
+}
+
+// Every returns a limit that refills one token every interval, with the
+// given burst. Every(time.Hour, 1) is one token per hour.
+func Every(interval time.Duration, burst int64) Limit {
+	if interval <= 0 {
+		return Limit{Rate: math.Inf(1), Burst: burst}
+	}
+	return Limit{Rate: float64(time.Second) / float64(interval), Burst: burst}
+}
+
+// PerPeriod returns a limit of count tokens per period, with burst count:
+// the token-bucket reading of "count requests per period".
+func PerPeriod(count int64, period time.Duration) Limit {
+	if count <= 0 || period <= 0 {
+		return Limit{Rate: math.NaN(), Burst: count}
+	}
+	return Limit{Rate: float64(count) * float64(time.Second) / float64(period), Burst: count}
+}
+
+// Named returns a copy of l with its Name set.
+func (l Limit) Named(name string) Limit {
+	l.Name = name
+	return l
+}
+
+// String formats the limit as "20/s burst 40".
+func (l Limit) String() string {
+	s := fmt.Sprintf("%g/s burst %d", l.Rate, l.Burst)
+	if l.Name != "" {
+		s = l.Name + " " + s
+	}
+	return s
+}
+
+// Validate reports whether the limit can be enforced exactly. The error
+// names the offending field and value.
+func (l Limit) Validate() error {
+	switch {
+	case math.IsNaN(l.Rate) || math.IsInf(l.Rate, 0) || l.Rate <= 0:
+		return fmt.Errorf("rate must be positive and finite, got %v", l.Rate)
+	case l.Rate > MaxRate:
+		return fmt.Errorf("rate must be at most %g tokens/s, got %g", float64(MaxRate), l.Rate)
+	case l.Burst < 1:
+		return fmt.Errorf("burst must be at least 1, got %d", l.Burst)
+	case l.Burst > MaxBurst:
+		return fmt.Errorf("burst must be at most %d, got %d", int64(MaxBurst), l.Burst)
+	}
+	iv := l.Interval()
+	if iv > int64(MaxFillTime)/l.Burst {
+		return fmt.Errorf("burst/rate (time to fill) must be at most %v, got burst %d at %g/s", MaxFillTime, l.Burst, l.Rate)
+	}
+	return nil
+}
+
+// Interval returns the emission interval in nanoseconds: the time one token
+// takes to refill, rounded up to a whole nanosecond. The rate must be valid.
+func (l Limit) Interval() int64 {
+	iv := float64(time.Second) / l.Rate
+	r := math.Round(iv)
+	// Accept float noise of a few ulps, such as 1e9/(100/60) =
+	// 600000000.0000001, as exact; round anything else up.
+	if math.Abs(iv-r) <= 4*(math.Nextafter(iv, math.Inf(1))-iv) {
+		iv = r
+	} else {
+		iv = math.Ceil(iv)
+	}
+	if iv < 1 {
+		return 1
+	}
+	return int64(iv)
+}
+
+// FillTime returns the time this limit takes to refill from empty to full.
+func (l Limit) FillTime() time.Duration {
+	return time.Duration(l.Interval() * l.Burst)
+}
+
+// validateLimits checks a list of limits, naming the failing field with the
+// given prefix (such as "buckets[2].limits").
+func validateLimits(field string, limits []Limit) error {
+	if len(limits) == 0 {
+		return fmt.Errorf("%s: at least one limit is required", field)
+	}
+	for i, l := range limits {
+		if err := l.Validate(); err != nil {
+			return fmt.Errorf("%s[%d]: %w", field, i, err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,340 @@
+package fleetrate
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// Defaults applied by New when a Config field is zero.
+const (
+	// DefaultPrefix namespaces every store key.
+	DefaultPrefix = "fleetrate:"
+	// DefaultMaxWait bounds how long Wait and Reserve may book ahead.
+	DefaultMaxWait = 5 * time.Second
+	// MaxNameLen is the longest bucket name a Limiter accepts. Callers that
+	// key buckets by client input (API keys, IPs) should hash it first, as
+	// httplimit does.
+	MaxNameLen = 512
+	// refundTimeout bounds the best-effort refund after a cancelled wait.
+	refundTimeout = time.Second
+)
+
+// BucketConfig gives a named bucket its own limits, e.g. one bucket per
+// (channel, endpoint) of an upstream API.
+type BucketConfig struct {
+	// Name identifies the bucket, e.g. "booking_com/availability". The
+	// store key is Config.Prefix + Name. To keep buckets that are taken
+	// together on one Redis Cluster slot, give them a common {hash tag}:
+	// "{booking_com}/availability" and "{booking_com}".
+	Name string
+	// Limits are enforced together.
+	Limits []Limit
+}
+
+// Config configures a Limiter. The zero value of each field means its
+// default.
+type Config struct {
+	// Prefix is prepended to every bucket name to form the store key.
+	// The default is DefaultPrefix ("fleetrate:").
+	Prefix string
+	// Limits apply to every name that has no entry in Buckets, e.g. one
+	// bucket per API key. When empty, only the names in Buckets are valid.
+	Limits []Limit
+	// Buckets are named buckets with limits of their own.
+	Buckets []BucketConfig
+	// MaxWait is the longest Wait and Reserve may book ahead; a longer wait
+	// fails at once with a *BackpressureError. The default is
+	// DefaultMaxWait (5 s).
+	MaxWait time.Duration
+	// Clock is used only to turn the absolute time given to DrainUntil
+	// into a duration. Decisions use the store's clock. Default time.Now.
+	Clock func() time.Time
+}
+
+// Validate checks the configuration, naming the failing field and value.
+func (c Config) Validate() error {
+	if len(c.Limits) == 0 && len(c.Buckets) == 0 {
+		return fmt.Errorf("%w: config: limits or buckets must be set", ErrInvalid)
+	}
+	if len(c.Limits) > 0 {
+		if err := validateLimits("limits", c.Limits); err != nil {
+			return fmt.Errorf("%w: config: %w", ErrInvalid, err)
+		}
+	}
+	if c.MaxWait < 0 || c.MaxWait > MaxWaitCap {
+		return fmt.Errorf("%w: config: max wait must be between 0 and %v, got %v", ErrInvalid, MaxWaitCap, c.MaxWait)
+	}
+	seen := make(map[string]bool, len(c.Buckets))
+	for i, b := range c.Buckets {
+		if err := validateName(b.Name); err != nil {
+			return fmt.Errorf("%w: config: buckets[%d].name: %w", ErrInvalid, i, err)
+		}
+		if seen[b.Name] {
+			return fmt.Errorf("%w: config: buckets[%d].name: duplicate %q", ErrInvalid, i, b.Name)
+		}
+		seen[b.Name] = true
+		if err := validateLimits(fmt.Sprintf("buckets[%d] %q limits", i, b.Name), b.Limits); err != nil {
+			return fmt.Errorf("%w: config: %w", ErrInvalid, err)
+		}
+	}
+	return nil
+}
+
+func validateName(name string) error {
+	switch {
+	case name == "":
+		return fmt.Errorf("name must not be empty")
+	case len(name) > MaxNameLen:
+		return fmt.Errorf("name must be at most %d bytes, got %d", MaxNameLen, len(name))
+	}
+	return nil
+}
+
+// Limiter takes tokens from shared buckets kept in a Store. Every method is
+// one store round trip (Wait adds only a local sleep), and a Limiter is safe
+// for concurrent use by any number of goroutines. Processes that build
+// Limiters with the same Config over the same store share the buckets.
+type Limiter struct {
+	store   Store
+	prefix  string
+	limits  []Limit
+	named   map[string]Bucket
+	maxWait time.Duration
+	now     func() time.Time
+}
+
+// New returns a Limiter over store, or an error naming the invalid field.
+func New(store Store, cfg Config) (*Limiter, error) {
+	if store == nil {
+		return nil, fmt.Errorf("%w: store must not be nil", ErrInvalid)
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	l := &Limiter{
+		store:   store,
+		prefix:  cfg.Prefix,
+		limits:  cfg.Limits,
+		named:   make(map[string]Bucket, len(cfg.Buckets)),
+		maxWait: cfg.MaxWait,
+		now:     cfg.Clock,
+	}
+	if l.prefix == "" {
+		l.prefix = DefaultPrefix
+	}
+	if l.maxWait == 0 {
+		l.maxWait = DefaultMaxWait
+	}
+	if l.now == nil {
+		l.now = time.Now
+	}
+	for _, b := range cfg.Buckets {
+		l.named[b.Name] = Bucket{Key: l.prefix + b.Name, Limits: b.Limits}
+	}
+	return l, nil
+}
+
+// Store returns the limiter's store.
+func (l *Limiter) Store() Store { return l.store }
+
+// MaxWait returns the configured max wait.
+func (l *Limiter) MaxWait() time.Duration { return l.maxWait }
+
+// Bucket resolves a name to its store key and limits.
+func (l *Limiter) Bucket(name string) (Bucket, error) {
+	if b, ok := l.named[name]; ok {
+		return b, nil
+	}
+	if err := validateName(name); err != nil {
+		return Bucket{}, fmt.Errorf("%w: bucket %w", ErrInvalid, err)
+	}
+	if len(l.limits) == 0 {
+		return Bucket{}, fmt.Errorf("%w: unknown bucket %q (no default limits configured)", ErrInvalid, name)
+	}
+	return Bucket{Key: l.prefix + name, Limits: l.limits}, nil
+}
+
+func (l *Limiter) buckets(names []string) ([]Bucket, error) {
+	if len(names) == 0 {
+		return nil, fmt.Errorf("%w: at least one bucket name is required", ErrInvalid)
+	}
+	bs := make([]Bucket, len(names))
+	for i, n := range names {
+		b, err := l.Bucket(n)
+		if err != nil {
+			return nil, err
+		}
+		bs[i] = b
+	}
+	return bs, nil
+}
+
+func (l *Limiter) take(ctx context.Context, n int64, maxWait time.Duration, names []string) (Result, []Bucket, error) {
+	bs, err := l.buckets(names)
+	if err != nil {
+		return Result{}, nil, err
+	}
+	req := Request{Buckets: bs, N: n, MaxWait: maxWait}
+	if err := req.Validate(); err != nil {
+		return Result{}, nil, err
+	}
+	res, err := l.store.Take(ctx, req)
+	return res, bs, err
+}
+
+// Allow takes one token from the named bucket if it has one now. A denial
+// is a Result with Allowed false; an error means the store failed.
+func (l *Limiter) Allow(ctx context.Context, name string) (Result, error) {
+	return l.AllowN(ctx, 1, name)
+}
+
+// AllowN takes n tokens now from every named bucket, all or nothing. It
+// never blocks beyond the store's round trip.
+func (l *Limiter) AllowN(ctx context.Context, n int64, names ...string) (Result, error) {
+	res, _, err := l.take(ctx, n, 0, names)
+	return res, err
+}
+
+// Peek reports the state of the named buckets without consuming: Allowed
+// is false only when they are in debt (drained or booked ahead).
+func (l *Limiter) Peek(ctx context.Context, names ...string) (Result, error) {
+	res, _, err := l.take(ctx, 0, 0, names)
+	return res, err
+}
+
+// Reservation is a booking of tokens that the holder may use after Delay.
+type Reservation struct {
+	// Result is the store's decision; Result.Wait is the booked delay.
+	Result Result
+	l      *Limiter
+	bs     []Bucket
+	n      int64
+	due    time.Time
+}
+
+// Delay returns how long from now the holder must wait before acting.
+func (r *Reservation) Delay() time.Duration {
+	return max(time.Until(r.due), 0)
+}
+
+// Cancel returns the booked tokens to the buckets, best effort: tokens
+// booked by later reservations are not moved earlier. Call it when the
+// reservation will not be used.
+func (r *Reservation) Cancel(ctx context.Context) error {
+	if r.n == 0 {
+		return nil
+	}
+	return r.l.store.Refund(ctx, r.bs, r.n)
+}
+
+// Reserve books one token from the named bucket. See ReserveN.
+func (l *Limiter) Reserve(ctx context.Context, name string) (*Reservation, error) {
+	return l.ReserveN(ctx, 1, name)
+}
+
+// ReserveN books n tokens from every named bucket, now or up to the max
+// wait in the future, in one round trip. When the wait would be longer,
+// nothing is booked and the error is a *BackpressureError. n larger than a
+// burst fails at once with ErrBurstExceeded.
+func (l *Limiter) ReserveN(ctx context.Context, n int64, names ...string) (*Reservation, error) {
+	return l.reserve(ctx, n, l.maxWait, names)
+}
+
+func (l *Limiter) reserve(ctx context.Context, n int64, maxWait time.Duration, names []string) (*Reservation, error) {
+	start := time.Now()
+	res, bs, err := l.take(ctx, n, maxWait, names)
+	if err != nil {
+		return nil, err
+	}
+	if !res.Allowed {
+		return nil, &BackpressureError{RetryAfter: res.RetryAfter, MaxWait: maxWait, Result: res}
+	}
+	return &Reservation{Result: res, l: l, bs: bs, n: n, due: start.Add(res.Wait)}, nil
+}
+
+// Wait blocks until one token of the named bucket is granted. See WaitN.
+func (l *Limiter) Wait(ctx context.Context, name string) error {
+	_, err := l.WaitN(ctx, 1, name)
+	return err
+}
+
+// WaitN reserves n tokens from every named bucket with a max wait of the
+// smaller of the configured max wait and ctx's deadline, then sleeps
+// exactly the booked delay. Waiters are served in booking (FIFO) order and
+// never poll. A wait that would exceed the bound fails at once with a
+// *BackpressureError; if ctx ends during the sleep the tokens are refunded
+// and ctx's error is returned.
+func (l *Limiter) WaitN(ctx context.Context, n int64, names ...string) (Result, error) {
+	if err := ctx.Err(); err != nil {
+		return Result{}, err
+	}
+	maxWait := l.maxWait
+	if dl, ok := ctx.Deadline(); ok {
+		maxWait = max(min(maxWait, time.Until(dl)), 0)
+	}
+	r, err := l.reserve(ctx, n, maxWait, names)
+	if err != nil {
+		return Result{}, err
+	}
+	d := r.Delay()
+	if d <= 0 {
+		return r.Result, nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return r.Result, nil
+	case <-ctx.Done():
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), refundTimeout)
+		defer cancel()
+		_ = r.Cancel(rctx)
+		return Result{}, ctx.Err()
+	}
+}
+
+// Refund returns n tokens to every named bucket, capped at each burst.
+func (l *Limiter) Refund(ctx context.Context, n int64, names ...string) error {
+	if n < 0 {
+		return fmt.Errorf("%w: refund n must be >= 0, got %d", ErrInvalid, n)
+	}
+	bs, err := l.buckets(names)
+	if err != nil {
+		return err
+	}
+	return l.store.Refund(ctx, bs, n)
+}
+
+// Drain empties every named bucket for d: no tokens are granted for d, and
+// then the buckets refill from empty, so a fleet resumes smoothly rather
+// than in a burst. The outbound transport drains on a 429's Retry-After.
+func (l *Limiter) Drain(ctx context.Context, d time.Duration, names ...string) error {
+	if d < 0 || d > MaxWaitCap {
+		return fmt.Errorf("%w: drain duration must be between 0 and %v, got %v", ErrInvalid, MaxWaitCap, d)
+	}
+	bs, err := l.buckets(names)
+	if err != nil {
+		return err
+	}
+	return l.store.Drain(ctx, bs, d)
+}
+
+// DrainUntil drains the named buckets until t, read on the limiter's clock.
+// A time in the past drains nothing beyond emptying the buckets now.
+func (l *Limiter) DrainUntil(ctx context.Context, t time.Time, names ...string) error {
+	return l.Drain(ctx, max(t.Sub(l.now()), 0), names...)
+}
+
+// Reset deletes the named buckets, leaving them full.
+func (l *Limiter) Reset(ctx context.Context, names ...string) error {
+	bs, err := l.buckets(names)
+	if err != nil {
+		return err
+	}
+	keys := make([]string, len(bs))
+	for i, b := range bs {
+		keys[i] = b.Key
+	}
+	return l.store.Reset(ctx, keys...)
+}

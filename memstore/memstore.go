@@ -1,0 +1,293 @@
+// Package memstore is the in-memory fleetrate.Store: the embedded default
+// for a single process. It is sharded so that goroutines on different keys
+// rarely contend, it evicts buckets once they have refilled (an absent
+// bucket is a full one, so eviction changes no decision), and it takes an
+// injectable clock for tests.
+package memstore
+
+import (
+	"context"
+	"hash/maphash"
+	"math/bits"
+	"runtime"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/fleetrate/fleetrate"
+)
+
+// Options configure a Store. The zero value of each field means its
+// default.
+type Options struct {
+	// Clock is the store's time source. The default is time.Now.
+	Clock func() time.Time
+	// Shards is the number of independently locked shards, rounded up to a
+	// power of two. The default is 16 × GOMAXPROCS.
+	Shards int
+	// MaxKeys bounds the number of buckets held. When a shard is full, the
+	// bucket closest to refilling among a small sample is dropped, which
+	// refills it early: size MaxKeys above your live key count. The default
+	// is 1,000,000; a negative value means no bound.
+	MaxKeys int
+}
+
+// DefaultMaxKeys is the default bound on the number of buckets.
+const DefaultMaxKeys = 1_000_000
+
+// sweepEvery is how many writes to a shard pass between incremental sweeps
+// of expired buckets; sweepBatch is how many entries a sweep looks at.
+const (
+	sweepEvery = 64
+	sweepBatch = 32
+	evictScan  = 8
+)
+
+type entry struct {
+	state   fleetrate.BucketState
+	expires int64 // µs; the bucket is full from then on
+}
+
+type shard struct {
+	mu     sync.Mutex
+	m      map[string]*entry
+	writes int
+	_      [40]byte // keep shards on separate cache lines
+}
+
+// Store is an in-memory fleetrate.Store. It is safe for concurrent use.
+type Store struct {
+	clock    func() time.Time
+	seed     maphash.Seed
+	shards   []shard
+	mask     uint64
+	shardCap int
+}
+
+var _ fleetrate.Store = (*Store)(nil)
+
+// New returns a ready Store.
+func New(opts Options) *Store {
+	n := opts.Shards
+	if n <= 0 {
+		n = 16 * runtime.GOMAXPROCS(0)
+	}
+	n = 1 << bits.Len(uint(n-1))
+	s := &Store{
+		clock:  opts.Clock,
+		seed:   maphash.MakeSeed(),
+		shards: make([]shard, n),
+		mask:   uint64(n - 1),
+	}
+	if s.clock == nil {
+		s.clock = time.Now
+	}
+	switch {
+	case opts.MaxKeys == 0:
+		s.shardCap = max(DefaultMaxKeys/n, 1)
+	case opts.MaxKeys > 0:
+		s.shardCap = max(opts.MaxKeys/n, 1)
+	}
+	for i := range s.shards {
+		s.shards[i].m = make(map[string]*entry)
+	}
+	return s
+}
+
+func (s *Store) shardOf(key string) int {
+	return int(maphash.String(s.seed, key) & s.mask)
+}
+
+// lock locks the shards holding keys in index order, so that takes across
+// several buckets are atomic and deadlock-free, and returns the unlock.
+func (s *Store) lock(bs []fleetrate.Bucket) func() {
+	if len(bs) == 1 {
+		sh := &s.shards[s.shardOf(bs[0].Key)]
+		sh.mu.Lock()
+		return sh.mu.Unlock
+	}
+	var buf [8]int
+	idx := buf[:0]
+	for _, b := range bs {
+		i := s.shardOf(b.Key)
+		if !slices.Contains(idx, i) {
+			idx = append(idx, i)
+		}
+	}
+	if len(idx) == 1 {
+		sh := &s.shards[idx[0]]
+		sh.mu.Lock()
+		return sh.mu.Unlock
+	}
+	slices.Sort(idx)
+	for _, i := range idx {
+		s.shards[i].mu.Lock()
+	}
+	return func() {
+		for _, i := range idx {
+			s.shards[i].mu.Unlock()
+		}
+	}
+}
+
+// load returns the live state of key, or a full state when it is absent
+// or expired (reusing an expired entry's memory). The state shares its
+// debts with the entry, so the caller must save it back. The caller holds
+// the shard's lock.
+func (s *Store) load(key string, now int64) fleetrate.BucketState {
+	sh := &s.shards[s.shardOf(key)]
+	e, ok := sh.m[key]
+	switch {
+	case !ok:
+		return fleetrate.BucketState{}
+	case e.expires <= now:
+		clear(e.state.Debts)
+		return fleetrate.BucketState{Stamp: now, Debts: e.state.Debts}
+	}
+	return e.state
+}
+
+// save writes st for key, or deletes it when it is already full. The
+// caller holds the shard's lock.
+func (s *Store) save(key string, st fleetrate.BucketState) {
+	sh := &s.shards[s.shardOf(key)]
+	ttl := st.TTL()
+	e, ok := sh.m[key]
+	if ttl <= 0 {
+		if ok {
+			delete(sh.m, key)
+		}
+		return
+	}
+	exp := st.Stamp + int64(ttl/time.Microsecond) + 1
+	if ok {
+		e.state, e.expires = st, exp
+	} else {
+		if s.shardCap > 0 && len(sh.m) >= s.shardCap {
+			s.evict(sh, st.Stamp)
+		}
+		sh.m[key] = &entry{state: fleetrate.BucketState{Stamp: st.Stamp, Debts: st.Debts}, expires: exp}
+	}
+	if sh.writes++; sh.writes%sweepEvery == 0 {
+		s.sweep(sh, st.Stamp)
+	}
+}
+
+// sweep drops up to sweepBatch expired buckets from a shard, relying on
+// Go's randomised map iteration to visit a different part each time.
+func (s *Store) sweep(sh *shard, now int64) {
+	seen := 0
+	for k, e := range sh.m {
+		if e.expires <= now {
+			delete(sh.m, k)
+		}
+		if seen++; seen >= sweepBatch {
+			return
+		}
+	}
+}
+
+// evict makes room in a full shard: it drops every expired bucket in a
+// small sample, or else the sampled bucket that refills soonest.
+func (s *Store) evict(sh *shard, now int64) {
+	var victim string
+	soonest, seen, freed := int64(1<<63-1), 0, false
+	for k, e := range sh.m {
+		if e.expires <= now {
+			delete(sh.m, k)
+			freed = true
+		} else if e.expires < soonest {
+			soonest, victim = e.expires, k
+		}
+		if seen++; seen >= evictScan {
+			break
+		}
+	}
+	if !freed && victim != "" {
+		delete(sh.m, victim)
+	}
+}
+
+// Take implements fleetrate.Store.
+func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Result, error) {
+	if err := ctx.Err(); err != nil {
+		return fleetrate.Result{}, err
+	}
+	if err := req.Validate(); err != nil {
+		return fleetrate.Result{}, err
+	}
+	var buf [4]fleetrate.BucketState
+	states := buf[:0]
+	unlock := s.lock(req.Buckets)
+	defer unlock()
+	now := s.clock().UnixMicro()
+	for _, b := range req.Buckets {
+		states = append(states, s.load(b.Key, now))
+	}
+	// Decide refills the loaded debts in place, so the state is saved back
+	// even when the decision changed nothing.
+	res, _ := fleetrate.Decide(now, req, states)
+	for i, b := range req.Buckets {
+		s.save(b.Key, states[i])
+	}
+	return res, nil
+}
+
+// Refund implements fleetrate.Store.
+func (s *Store) Refund(ctx context.Context, buckets []fleetrate.Bucket, n int64) error {
+	return s.update(ctx, buckets, func(now int64, b fleetrate.Bucket, st *fleetrate.BucketState) {
+		fleetrate.Refund(now, b.Limits, st, n)
+	})
+}
+
+// Drain implements fleetrate.Store.
+func (s *Store) Drain(ctx context.Context, buckets []fleetrate.Bucket, d time.Duration) error {
+	return s.update(ctx, buckets, func(now int64, b fleetrate.Bucket, st *fleetrate.BucketState) {
+		fleetrate.Drain(now, b.Limits, st, d)
+	})
+}
+
+func (s *Store) update(ctx context.Context, buckets []fleetrate.Bucket, apply func(int64, fleetrate.Bucket, *fleetrate.BucketState)) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := fleetrate.ValidateBuckets(buckets); err != nil {
+		return err
+	}
+	unlock := s.lock(buckets)
+	defer unlock()
+	now := s.clock().UnixMicro()
+	for _, b := range buckets {
+		st := s.load(b.Key, now)
+		apply(now, b, &st)
+		s.save(b.Key, st)
+	}
+	return nil
+}
+
+// Reset implements fleetrate.Store.
+func (s *Store) Reset(ctx context.Context, keys ...string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	for _, k := range keys {
+		sh := &s.shards[s.shardOf(k)]
+		sh.mu.Lock()
+		delete(sh.m, k)
+		sh.mu.Unlock()
+	}
+	return nil
+}
+
+// Len returns the number of buckets held, expired ones included until they
+// are swept.
+func (s *Store) Len() int {
+	n := 0
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		n += len(sh.m)
+		sh.mu.Unlock()
+	}
+	return n
+}

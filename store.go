@@ -1,0 +1,161 @@
+package fleetrate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Sentinel errors. Callers branch on them with errors.Is.
+var (
+	// ErrStoreUnavailable wraps every failure of a store to answer (Redis
+	// down, timed out, out of memory). It is never a denial: the caller
+	// decides whether to fail open or closed.
+	ErrStoreUnavailable = errors.New("fleetrate: store unavailable")
+	// ErrBurstExceeded means n is larger than a limit's burst, so the take
+	// could never succeed.
+	ErrBurstExceeded = errors.New("fleetrate: n exceeds burst")
+	// ErrBackpressure means a Wait or Reserve would have to wait longer than
+	// its max wait (or its context's deadline). Nothing was booked. The error
+	// is a *BackpressureError carrying the retry-after.
+	ErrBackpressure = errors.New("fleetrate: wait exceeds max wait")
+	// ErrInvalid wraps every rejected argument or configuration.
+	ErrInvalid = errors.New("fleetrate: invalid")
+)
+
+// BackpressureError is returned when a wait would exceed the max wait. It
+// unwraps to ErrBackpressure.
+type BackpressureError struct {
+	// RetryAfter is how long until the take would conform without waiting.
+	RetryAfter time.Duration
+	// MaxWait is the bound that was exceeded.
+	MaxWait time.Duration
+	// Result is the store's full answer.
+	Result Result
+}
+
+func (e *BackpressureError) Error() string {
+	return fmt.Sprintf("fleetrate: wait of %v exceeds max wait %v", e.RetryAfter, e.MaxWait)
+}
+
+// Unwrap returns ErrBackpressure.
+func (e *BackpressureError) Unwrap() error { return ErrBackpressure }
+
+// Bucket names one stored token bucket and the limits it enforces.
+type Bucket struct {
+	// Key is the full store key, prefix included.
+	Key string
+	// Limits are enforced together; at least one is required.
+	Limits []Limit
+}
+
+// Request is one atomic take across one or more buckets.
+type Request struct {
+	// Buckets are taken from all or nothing.
+	Buckets []Bucket
+	// N is the cost in tokens; 0 peeks without consuming.
+	N int64
+	// MaxWait is how far in the future the take may be booked. 0 means
+	// now or never (Allow).
+	MaxWait time.Duration
+}
+
+// Validate checks the request, naming the failing field.
+func (r Request) Validate() error {
+	if len(r.Buckets) == 0 {
+		return fmt.Errorf("%w: request: at least one bucket is required", ErrInvalid)
+	}
+	if r.N < 0 {
+		return fmt.Errorf("%w: n must be >= 0, got %d", ErrInvalid, r.N)
+	}
+	if r.MaxWait < 0 || r.MaxWait > MaxWaitCap {
+		return fmt.Errorf("%w: max wait must be between 0 and %v, got %v", ErrInvalid, MaxWaitCap, r.MaxWait)
+	}
+	for i, b := range r.Buckets {
+		if err := validateBucket(i, b); err != nil {
+			return err
+		}
+		for _, o := range r.Buckets[:i] {
+			if o.Key == b.Key {
+				return fmt.Errorf("%w: buckets[%d].key: %q appears twice", ErrInvalid, i, b.Key)
+			}
+		}
+		for _, l := range b.Limits {
+			if r.N > l.Burst {
+				return fmt.Errorf("%w: n=%d, %q burst %d", ErrBurstExceeded, r.N, b.Key, l.Burst)
+			}
+		}
+	}
+	return nil
+}
+
+// ValidateBuckets checks buckets for a refund, drain or reset.
+func ValidateBuckets(buckets []Bucket) error {
+	if len(buckets) == 0 {
+		return fmt.Errorf("%w: at least one bucket is required", ErrInvalid)
+	}
+	for i, b := range buckets {
+		if err := validateBucket(i, b); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func validateBucket(i int, b Bucket) error {
+	if b.Key == "" {
+		return fmt.Errorf("%w: buckets[%d].key: must not be empty", ErrInvalid, i)
+	}
+	if err := validateLimits(fmt.Sprintf("buckets[%d] %q limits", i, b.Key), b.Limits); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	return nil
+}
+
+// Result is a store's decision. Durations are relative, so they mean the
+// same on every machine whatever its clock says.
+type Result struct {
+	// Allowed reports whether the tokens were granted (possibly booked
+	// Wait in the future).
+	Allowed bool
+	// N is the cost that was asked for.
+	N int64
+	// Remaining is how many tokens the tightest limit holds after this
+	// decision (0 when it is in debt).
+	Remaining int64
+	// Wait is how long the caller must wait before acting on an allowed
+	// reservation. It is 0 for Allow.
+	Wait time.Duration
+	// RetryAfter is, for a denial, how long until the same take would be
+	// granted without waiting. It is 0 when allowed.
+	RetryAfter time.Duration
+	// ResetAfter is how long until every limit is full again.
+	ResetAfter time.Duration
+	// Limit is the limit that decided: the one that denied, or for a grant
+	// the one with the fewest tokens left.
+	Limit Limit
+	// Bucket is the index in Request.Buckets of the bucket holding Limit.
+	Bucket int
+	// At is the store's clock when it decided. For Redis this is the
+	// server's TIME, the one clock the whole fleet shares.
+	At time.Time
+}
+
+// Store keeps token buckets and applies the algorithm in Decide atomically.
+// Implementations must be safe for concurrent use, must honour the
+// context, and must report their own failures as errors wrapping
+// ErrStoreUnavailable, never as denials. A key that has never been written
+// is a full bucket.
+type Store interface {
+	// Take applies a take (or a peek when N is 0) to every bucket in the
+	// request, all or nothing, in one atomic step.
+	Take(ctx context.Context, req Request) (Result, error)
+	// Refund returns n tokens to every bucket, capped at the burst.
+	Refund(ctx context.Context, buckets []Bucket, n int64) error
+	// Drain empties every bucket until d from now; it then refills from
+	// empty.
+	Drain(ctx context.Context, buckets []Bucket, d time.Duration) error
+	// Reset deletes the buckets, leaving them full.
+	Reset(ctx context.Context, keys ...string) error
+}

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The whole test suite: formatting, vet, staticcheck, and every test with
+# the race detector (real redis-server processes included).
+set -euo pipefail
+cd "$(dirname "$0")"
+unformatted=$(gofmt -l .)
+if [ -n "$unformatted" ]; then
+  echo "gofmt would change:"; echo "$unformatted"; exit 1
+fi
+go vet ./...
+go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
+go test -race -count=1 -timeout 15m ./...
