@@ -291,3 +291,16 @@ func (s *Store) Len() int {
 	}
 	return n
 }
+
+// State returns a copy of the stored state of a bucket, for tests and
+// debugging. ok is false when the bucket is absent or expired (full).
+func (s *Store) State(_ context.Context, key string) (st fleetrate.BucketState, ok bool, err error) {
+	sh := &s.shards[s.shardOf(key)]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e, found := sh.m[key]
+	if !found || e.expires <= s.clock().UnixMicro() {
+		return st, false, nil
+	}
+	return fleetrate.BucketState{Stamp: e.state.Stamp, Debts: slices.Clone(e.state.Debts)}, true, nil
+}

@@ -1,0 +1,223 @@
+// Package redisstore is the fleetrate.Store kept in Redis, shared by every
+// process of a fleet. Each operation is one Lua script and so one round trip;
+// the scripts read the server's clock (TIME), so workers' clocks never
+// matter, and they implement exactly the algorithm of fleetrate.Decide.
+//
+// Any go-redis v9 client works: *redis.Client, *redis.ClusterClient,
+// *redis.Ring, a failover (Sentinel) client or a redis.UniversalClient.
+package redisstore
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetrate/fleetrate"
+)
+
+var (
+	//go:embed scripts/common.lua
+	commonLua string
+	//go:embed scripts/take.lua
+	takeLua string
+	//go:embed scripts/refund.lua
+	refundLua string
+	//go:embed scripts/drain.lua
+	drainLua string
+)
+
+// The scripts, each with the shared helpers prepended. redis.Script runs
+// EVALSHA and falls back to EVAL on NOSCRIPT, so an empty script cache
+// after a restart, SCRIPT FLUSH or failover costs one extra round trip and
+// no error.
+var (
+	takeScript   = redis.NewScript(commonLua + takeLua)
+	refundScript = redis.NewScript(commonLua + refundLua)
+	drainScript  = redis.NewScript(commonLua + drainLua)
+)
+
+// Client is the part of a go-redis v9 client the store uses. Every go-redis
+// client type satisfies it.
+type Client interface {
+	redis.Scripter
+	Del(ctx context.Context, keys ...string) *redis.IntCmd
+	Get(ctx context.Context, key string) *redis.StringCmd
+}
+
+var (
+	_ Client = (*redis.Client)(nil)
+	_ Client = (*redis.ClusterClient)(nil)
+	_ Client = (*redis.Ring)(nil)
+	_ Client = redis.UniversalClient(nil)
+)
+
+// DefaultTimeout bounds every store call that has no shorter deadline.
+const DefaultTimeout = 50 * time.Millisecond
+
+// Options configure a Store. The zero value of each field means its
+// default.
+type Options struct {
+	// Timeout bounds each call; a call whose context has an earlier
+	// deadline keeps it. The default is DefaultTimeout (50 ms); a negative
+	// value means no bound beyond the context's.
+	Timeout time.Duration
+}
+
+// Store is a fleetrate.Store in Redis. It is safe for concurrent use.
+type Store struct {
+	c       Client
+	timeout time.Duration
+}
+
+var _ fleetrate.Store = (*Store)(nil)
+
+// New returns a Store over c.
+func New(c Client, opts Options) (*Store, error) {
+	if c == nil {
+		return nil, fmt.Errorf("%w: redisstore: client must not be nil", fleetrate.ErrInvalid)
+	}
+	s := &Store{c: c, timeout: opts.Timeout}
+	if s.timeout == 0 {
+		s.timeout = DefaultTimeout
+	}
+	return s, nil
+}
+
+func (s *Store) ctx(ctx context.Context) (context.Context, context.CancelFunc) {
+	if s.timeout < 0 {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, s.timeout)
+}
+
+// unavailable wraps a Redis failure so that callers see ErrStoreUnavailable.
+func unavailable(op string, err error) error {
+	return fmt.Errorf("%w: redis %s: %w", fleetrate.ErrStoreUnavailable, op, err)
+}
+
+// appendLimits appends each bucket's limits to args in the layout the
+// scripts read, and returns the keys.
+func appendLimits(args []any, buckets []fleetrate.Bucket) ([]string, []any) {
+	keys := make([]string, len(buckets))
+	for i, b := range buckets {
+		keys[i] = b.Key
+		args = append(args, len(b.Limits))
+		for _, l := range b.Limits {
+			args = append(args, l.Interval(), l.Burst)
+		}
+	}
+	return keys, args
+}
+
+// Take implements fleetrate.Store.
+func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Result, error) {
+	if err := req.Validate(); err != nil {
+		return fleetrate.Result{}, err
+	}
+	args := make([]any, 2, 2+3*len(req.Buckets))
+	args[0], args[1] = req.N, int64(req.MaxWait)
+	keys, args := appendLimits(args, req.Buckets)
+	ctx, cancel := s.ctx(ctx)
+	defer cancel()
+	reply, err := takeScript.Run(ctx, s.c, keys, args...).Int64Slice()
+	if err != nil {
+		return fleetrate.Result{}, unavailable("take", err)
+	}
+	return decodeTake(req, reply)
+}
+
+// decodeTake turns the take script's reply into a Result, checking its
+// shape rather than trusting it.
+func decodeTake(req fleetrate.Request, r []int64) (fleetrate.Result, error) {
+	if len(r) != 8 {
+		return fleetrate.Result{}, unavailable("take", fmt.Errorf("unexpected reply of %d values", len(r)))
+	}
+	b, l := r[5], r[6]
+	if b < 0 || int(b) >= len(req.Buckets) || l < 0 || int(l) >= len(req.Buckets[b].Limits) {
+		return fleetrate.Result{}, unavailable("take", fmt.Errorf("reply names bucket %d limit %d out of range", b, l))
+	}
+	return fleetrate.Result{
+		Allowed:    r[0] == 1,
+		N:          req.N,
+		Remaining:  r[1],
+		Wait:       time.Duration(r[2]),
+		RetryAfter: time.Duration(r[3]),
+		ResetAfter: time.Duration(r[4]),
+		Bucket:     int(b),
+		Limit:      req.Buckets[b].Limits[l],
+		At:         time.UnixMicro(r[7]),
+	}, nil
+}
+
+// Refund implements fleetrate.Store.
+func (s *Store) Refund(ctx context.Context, buckets []fleetrate.Bucket, n int64) error {
+	if n < 0 {
+		return fmt.Errorf("%w: refund n must be >= 0, got %d", fleetrate.ErrInvalid, n)
+	}
+	return s.update(ctx, "refund", refundScript, buckets, n)
+}
+
+// Drain implements fleetrate.Store.
+func (s *Store) Drain(ctx context.Context, buckets []fleetrate.Bucket, d time.Duration) error {
+	if d < 0 || d > fleetrate.MaxWaitCap {
+		return fmt.Errorf("%w: drain duration must be between 0 and %v, got %v", fleetrate.ErrInvalid, fleetrate.MaxWaitCap, d)
+	}
+	return s.update(ctx, "drain", drainScript, buckets, int64(d))
+}
+
+func (s *Store) update(ctx context.Context, op string, script *redis.Script, buckets []fleetrate.Bucket, arg int64) error {
+	if err := fleetrate.ValidateBuckets(buckets); err != nil {
+		return err
+	}
+	keys, args := appendLimits([]any{arg}, buckets)
+	ctx, cancel := s.ctx(ctx)
+	defer cancel()
+	if err := script.Run(ctx, s.c, keys, args...).Err(); err != nil {
+		return unavailable(op, err)
+	}
+	return nil
+}
+
+// Reset implements fleetrate.Store. Each key is deleted on its own so that
+// keys on different Cluster slots work.
+func (s *Store) Reset(ctx context.Context, keys ...string) error {
+	ctx, cancel := s.ctx(ctx)
+	defer cancel()
+	for _, k := range keys {
+		if err := s.c.Del(ctx, k).Err(); err != nil {
+			return unavailable("reset", err)
+		}
+	}
+	return nil
+}
+
+// State reads the stored state of a bucket, for tests and debugging. ok is
+// false when the key is absent (a full bucket).
+func (s *Store) State(ctx context.Context, key string) (st fleetrate.BucketState, ok bool, err error) {
+	ctx, cancel := s.ctx(ctx)
+	defer cancel()
+	raw, err := s.c.Get(ctx, key).Result()
+	if errors.Is(err, redis.Nil) {
+		return st, false, nil
+	}
+	if err != nil {
+		return st, false, unavailable("get", err)
+	}
+	f := strings.Fields(raw)
+	if len(f) < 2 {
+		return st, false, fmt.Errorf("redisstore: key %q holds %q, not a bucket", key, raw)
+	}
+	nums := make([]int64, len(f))
+	for i, x := range f {
+		if nums[i], err = strconv.ParseInt(x, 10, 64); err != nil {
+			return st, false, fmt.Errorf("redisstore: key %q holds %q, not a bucket: %w", key, raw, err)
+		}
+	}
+	return fleetrate.BucketState{Stamp: nums[0], Debts: nums[1:]}, true, nil
+}

@@ -1,0 +1,76 @@
+-- fleetrate: shared helpers, prepended to every script. They mirror the
+-- pure Go algorithm in the fleetrate package (gcra.go) line for line.
+--
+-- A bucket key holds the string "<stamp_us> <debt_ns> ...": the server time
+-- of the last write and one debt (ns of TAT beyond the stamp) per limit.
+-- Every number is an integer below 2^53, exact in Lua's doubles.
+--
+-- ARGV layout after the operation's own leading arguments: for each key, the
+-- number of limits m, then m pairs of (interval_ns, burst).
+
+if redis.replicate_commands then redis.replicate_commands() end
+
+local MAX_ELAPSE_US = 7776000000000 -- (MaxFillTime + MaxWaitCap) in µs
+local TTL_SLACK_MS = 1000
+
+local function now_us()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+-- read_limits parses one bucket's limits starting at ARGV[pos] and returns
+-- them with the position after them.
+local function read_limits(pos)
+  local m = tonumber(ARGV[pos])
+  local lims = {}
+  for i = 1, m do
+    lims[i] = { tonumber(ARGV[pos + 2 * i - 1]), tonumber(ARGV[pos + 2 * i]) }
+  end
+  return lims, pos + 1 + 2 * m
+end
+
+-- load returns the debts of key refilled up to now. A missing key, or one
+-- written for a different number of limits, is a full bucket.
+local function load(key, m, now)
+  local d = {}
+  local raw = redis.call('GET', key)
+  if raw then
+    local f = {}
+    for w in string.gmatch(raw, '%S+') do f[#f + 1] = tonumber(w) end
+    if #f == m + 1 then
+      local el = 0
+      if now > f[1] then el = math.min(now - f[1], MAX_ELAPSE_US) * 1000 end
+      for i = 1, m do d[i] = math.max(f[i + 1] - el, 0) end
+      return d
+    end
+  end
+  for i = 1, m do d[i] = 0 end
+  return d
+end
+
+-- save writes the debts with a TTL of the time until the bucket is full
+-- again plus slack; a full bucket is simply deleted.
+local function save(key, now, d)
+  local mx = 0
+  local parts = { string.format('%.0f', now) }
+  for i = 1, #d do
+    if d[i] > mx then mx = d[i] end
+    parts[i + 1] = string.format('%.0f', d[i])
+  end
+  if mx <= 0 then
+    redis.call('DEL', key)
+    return
+  end
+  redis.call('SET', key, table.concat(parts, ' '), 'PX', math.ceil(mx / 1000000) + TTL_SLACK_MS)
+end
+
+-- idiv is exact floor division for non-negative integers below 2^53.
+local function idiv(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then
+    q = q - 1
+  elseif (q + 1) * b <= a then
+    q = q + 1
+  end
+  return q
+end

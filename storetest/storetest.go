@@ -1,0 +1,426 @@
+// Package storetest is the conformance suite every fleetrate.Store passes.
+// A store's tests call Run with a constructor; each scenario uses keys of
+// its own, so one store may serve them all.
+//
+// The scenarios run on the store's real clock. They stay exact anyway: every
+// Result carries At, the store's time of decision, and the expectations
+// are computed from it.
+package storetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fleetrate/fleetrate"
+)
+
+// StateReader is implemented by stores that can show a bucket's raw state.
+// Run uses it to compare the store with the pure algorithm step by step.
+type StateReader interface {
+	State(ctx context.Context, key string) (fleetrate.BucketState, bool, error)
+}
+
+var runID atomic.Int64
+
+// Run runs every scenario against the stores that newStore returns.
+func Run(t *testing.T, newStore func(t *testing.T) fleetrate.Store) {
+	scenarios := []struct {
+		name string
+		fn   func(t *testing.T, s fleetrate.Store, key func(string) string)
+	}{
+		{"BurstThenDeny", burstThenDeny},
+		{"MultiLimit", multiLimit},
+		{"MultiBucketAllOrNothing", multiBucket},
+		{"PeekDoesNotConsume", peek},
+		{"ReserveBooksAhead", reserve},
+		{"BurstExceeded", burstExceeded},
+		{"InvalidRequest", invalidRequest},
+		{"Refund", refund},
+		{"Drain", drain},
+		{"Reset", reset},
+		{"LimitsChanged", limitsChanged},
+		{"ConcurrentExact", concurrentExact},
+		{"CancelledContext", cancelledContext},
+		{"MatchesModel", matchesModel},
+	}
+	for _, sc := range scenarios {
+		t.Run(sc.name, func(t *testing.T) {
+			s := newStore(t)
+			id := runID.Add(1)
+			key := func(name string) string {
+				return fmt.Sprintf("storetest:%d:%d:%s", time.Now().UnixNano(), id, name)
+			}
+			sc.fn(t, s, key)
+		})
+	}
+}
+
+func mustTake(t *testing.T, s fleetrate.Store, req fleetrate.Request) fleetrate.Result {
+	t.Helper()
+	res, err := s.Take(context.Background(), req)
+	if err != nil {
+		t.Fatalf("Take(%+v): %v", req, err)
+	}
+	return res
+}
+
+func one(key string, n int64, maxWait time.Duration, limits ...fleetrate.Limit) fleetrate.Request {
+	return fleetrate.Request{Buckets: []fleetrate.Bucket{{Key: key, Limits: limits}}, N: n, MaxWait: maxWait}
+}
+
+func burstThenDeny(t *testing.T, s fleetrate.Store, key func(string) string) {
+	lim := fleetrate.Every(time.Minute, 5)
+	k := key("b")
+	var first fleetrate.Result
+	for i := range 5 {
+		res := mustTake(t, s, one(k, 1, 0, lim))
+		if !res.Allowed || res.Remaining != int64(4-i) || res.RetryAfter != 0 || res.Wait != 0 {
+			t.Fatalf("take %d: %+v, want allowed with %d remaining", i, res, 4-i)
+		}
+		if i == 0 {
+			first = res
+		}
+	}
+	res := mustTake(t, s, one(k, 1, 0, lim))
+	el := res.At.Sub(first.At)
+	if res.Allowed || res.Remaining != 0 {
+		t.Fatalf("sixth take: %+v, want denied", res)
+	}
+	if want := time.Minute - el; res.RetryAfter != want {
+		t.Fatalf("RetryAfter = %v, want %v (1m minus %v elapsed)", res.RetryAfter, want, el)
+	}
+	if want := 5*time.Minute - el; res.ResetAfter != want {
+		t.Fatalf("ResetAfter = %v, want %v", res.ResetAfter, want)
+	}
+	if res.Limit != lim || res.Bucket != 0 {
+		t.Fatalf("decided by %+v bucket %d, want %+v", res.Limit, res.Bucket, lim)
+	}
+}
+
+func multiLimit(t *testing.T, s fleetrate.Store, key func(string) string) {
+	sec := fleetrate.PerSecond(100, 10).Named("second")
+	minute := fleetrate.Every(time.Minute, 3).Named("minute")
+	k := key("m")
+	for i := range 3 {
+		res := mustTake(t, s, one(k, 1, 0, sec, minute))
+		if !res.Allowed || res.Limit.Name != "minute" || res.Remaining != int64(2-i) {
+			t.Fatalf("take %d: %+v", i, res)
+		}
+	}
+	res := mustTake(t, s, one(k, 1, 0, sec, minute))
+	if res.Allowed || res.Limit.Name != "minute" {
+		t.Fatalf("fourth take: %+v, want denied by minute", res)
+	}
+}
+
+func multiBucket(t *testing.T, s fleetrate.Store, key func(string) string) {
+	roomy := fleetrate.Bucket{Key: key("{c}/roomy"), Limits: []fleetrate.Limit{fleetrate.Every(time.Minute, 10)}}
+	tight := fleetrate.Bucket{Key: key("{c}/tight"), Limits: []fleetrate.Limit{fleetrate.Every(time.Minute, 1)}}
+	both := fleetrate.Request{Buckets: []fleetrate.Bucket{roomy, tight}, N: 1}
+	if res := mustTake(t, s, both); !res.Allowed || res.Bucket != 1 || res.Remaining != 0 {
+		t.Fatalf("first: %+v", res)
+	}
+	if res := mustTake(t, s, both); res.Allowed || res.Bucket != 1 {
+		t.Fatalf("second: %+v, want denied by bucket 1", res)
+	}
+	res := mustTake(t, s, fleetrate.Request{Buckets: []fleetrate.Bucket{roomy}})
+	if res.Remaining != 9 {
+		t.Fatalf("roomy has %d left, want 9: a denied take consumed from it", res.Remaining)
+	}
+}
+
+func peek(t *testing.T, s fleetrate.Store, key func(string) string) {
+	lim := fleetrate.Every(time.Minute, 2)
+	k := key("p")
+	for range 3 {
+		if res := mustTake(t, s, one(k, 0, 0, lim)); !res.Allowed || res.Remaining != 2 || res.ResetAfter != 0 {
+			t.Fatalf("peek on full bucket: %+v", res)
+		}
+	}
+	mustTake(t, s, one(k, 2, 0, lim))
+	if res := mustTake(t, s, one(k, 0, 0, lim)); !res.Allowed || res.Remaining != 0 {
+		t.Fatalf("peek on empty bucket: %+v, want allowed (not in debt) with 0 left", res)
+	}
+	mustTake(t, s, one(k, 1, 2*time.Minute, lim))
+	if res := mustTake(t, s, one(k, 0, 0, lim)); res.Allowed || res.RetryAfter <= 0 {
+		t.Fatalf("peek on bucket in debt: %+v, want denied", res)
+	}
+}
+
+func reserve(t *testing.T, s fleetrate.Store, key func(string) string) {
+	lim := fleetrate.Every(time.Second, 1)
+	k := key("r")
+	r1 := mustTake(t, s, one(k, 1, 5*time.Second, lim))
+	if !r1.Allowed || r1.Wait != 0 {
+		t.Fatalf("first: %+v", r1)
+	}
+	r2 := mustTake(t, s, one(k, 1, 5*time.Second, lim))
+	if want := time.Second - r2.At.Sub(r1.At); !r2.Allowed || r2.Wait != want {
+		t.Fatalf("second: %+v, want booked with wait %v", r2, want)
+	}
+	r3 := mustTake(t, s, one(k, 1, 1500*time.Millisecond, lim))
+	if want := 2*time.Second - r3.At.Sub(r1.At); r3.Allowed || r3.RetryAfter != want {
+		t.Fatalf("third: %+v, want denied with retry %v", r3, want)
+	}
+	r4 := mustTake(t, s, one(k, 1, 5*time.Second, lim))
+	if want := 2*time.Second - r4.At.Sub(r1.At); !r4.Allowed || r4.Wait != want {
+		t.Fatalf("fourth: %+v, want booked with wait %v (FIFO after second)", r4, want)
+	}
+}
+
+func burstExceeded(t *testing.T, s fleetrate.Store, key func(string) string) {
+	_, err := s.Take(context.Background(), one(key("x"), 3, time.Hour, fleetrate.PerSecond(1, 2)))
+	if !errors.Is(err, fleetrate.ErrBurstExceeded) {
+		t.Fatalf("n > burst: err = %v, want ErrBurstExceeded", err)
+	}
+}
+
+func invalidRequest(t *testing.T, s fleetrate.Store, key func(string) string) {
+	ctx := context.Background()
+	bad := []fleetrate.Request{
+		one("", 1, 0, fleetrate.PerSecond(1, 1)),
+		one(key("i"), 1, 0, fleetrate.PerSecond(0, 1)),
+		one(key("i"), 1, 0),
+		one(key("i"), -1, 0, fleetrate.PerSecond(1, 1)),
+		one(key("i"), 1, -time.Second, fleetrate.PerSecond(1, 1)),
+		{},
+	}
+	for i, req := range bad {
+		if _, err := s.Take(ctx, req); !errors.Is(err, fleetrate.ErrInvalid) {
+			t.Errorf("request %d: err = %v, want ErrInvalid", i, err)
+		}
+	}
+	if err := s.Refund(ctx, nil, 1); !errors.Is(err, fleetrate.ErrInvalid) {
+		t.Errorf("refund of no buckets: %v", err)
+	}
+	if err := s.Drain(ctx, []fleetrate.Bucket{{Key: key("i")}}, time.Second); !errors.Is(err, fleetrate.ErrInvalid) {
+		t.Errorf("drain without limits: %v", err)
+	}
+}
+
+func refund(t *testing.T, s fleetrate.Store, key func(string) string) {
+	lim := fleetrate.Every(time.Minute, 5)
+	k := key("f")
+	mustTake(t, s, one(k, 3, 0, lim))
+	b := []fleetrate.Bucket{{Key: k, Limits: []fleetrate.Limit{lim}}}
+	if err := s.Refund(context.Background(), b, 2); err != nil {
+		t.Fatal(err)
+	}
+	if res := mustTake(t, s, one(k, 0, 0, lim)); res.Remaining != 4 {
+		t.Fatalf("after refund of 2: %d left, want 4", res.Remaining)
+	}
+	if err := s.Refund(context.Background(), b, 5); err != nil {
+		t.Fatal(err)
+	}
+	if res := mustTake(t, s, one(k, 0, 0, lim)); res.Remaining != 5 || res.ResetAfter != 0 {
+		t.Fatalf("refund overfilled or underfilled: %+v", res)
+	}
+}
+
+func drain(t *testing.T, s fleetrate.Store, key func(string) string) {
+	lim := fleetrate.PerSecond(1, 5)
+	k := key("d")
+	before := mustTake(t, s, one(k, 0, 0, lim))
+	if err := s.Drain(context.Background(), []fleetrate.Bucket{{Key: k, Limits: []fleetrate.Limit{lim}}}, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	res := mustTake(t, s, one(k, 1, 0, lim))
+	el := res.At.Sub(before.At)
+	// The drain happened between the two takes: the bucket is empty until
+	// 10 s after it, and the first token arrives one interval later.
+	if res.Allowed || res.RetryAfter > 11*time.Second || res.RetryAfter < 11*time.Second-el {
+		t.Fatalf("after drain: %+v, want denied for about 11s (el %v)", res, el)
+	}
+	// A booking during the drain lands after it, one token at a time.
+	r := mustTake(t, s, one(k, 1, time.Minute, lim))
+	if !r.Allowed || r.Wait < 11*time.Second-el-r.At.Sub(res.At) || r.Wait > 11*time.Second {
+		t.Fatalf("reservation during drain: %+v", r)
+	}
+}
+
+func reset(t *testing.T, s fleetrate.Store, key func(string) string) {
+	lim := fleetrate.Every(time.Minute, 3)
+	k := key("z")
+	mustTake(t, s, one(k, 3, 0, lim))
+	if err := s.Reset(context.Background(), k); err != nil {
+		t.Fatal(err)
+	}
+	if res := mustTake(t, s, one(k, 0, 0, lim)); res.Remaining != 3 {
+		t.Fatalf("after reset: %+v, want full", res)
+	}
+}
+
+func limitsChanged(t *testing.T, s fleetrate.Store, key func(string) string) {
+	a := fleetrate.Every(time.Minute, 3)
+	b := fleetrate.Every(time.Hour, 10)
+	k := key("c")
+	mustTake(t, s, one(k, 3, 0, a))
+	if res := mustTake(t, s, one(k, 1, 0, a, b)); !res.Allowed || res.Remaining != 2 {
+		t.Fatalf("after adding a limit: %+v, want a fresh bucket", res)
+	}
+}
+
+func concurrentExact(t *testing.T, s fleetrate.Store, key func(string) string) {
+	lim := fleetrate.Every(time.Hour, 100)
+	k := key("cc")
+	var allowed atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, 50)
+	for range 50 {
+		wg.Go(func() {
+			for range 10 {
+				res, err := s.Take(context.Background(), one(k, 1, 0, lim))
+				if err != nil {
+					errs <- err
+					return
+				}
+				if res.Allowed {
+					allowed.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if got := allowed.Load(); got != 100 {
+		t.Fatalf("%d of 500 concurrent takes allowed, want exactly the burst of 100", got)
+	}
+}
+
+func cancelledContext(t *testing.T, s fleetrate.Store, key func(string) string) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	res, err := s.Take(ctx, one(key("x"), 1, 0, fleetrate.PerSecond(1, 1)))
+	if err == nil || res.Allowed {
+		t.Fatalf("cancelled context: %+v, %v; want an error", res, err)
+	}
+}
+
+// matchesModel drives random operations and checks every decision, and
+// every stored state the store can show, against fleetrate.Decide run on
+// the store's own clock.
+func matchesModel(t *testing.T, s fleetrate.Store, key func(string) string) {
+	ctx := context.Background()
+	reader, _ := s.(StateReader)
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
+	buckets := []fleetrate.Bucket{
+		{Key: key("{m}/a"), Limits: []fleetrate.Limit{fleetrate.PerSecond(2000, 5)}},
+		{Key: key("{m}/b"), Limits: []fleetrate.Limit{fleetrate.PerSecond(700, 3), fleetrate.PerSecond(3, 7)}},
+		{Key: key("{m}/c"), Limits: []fleetrate.Limit{fleetrate.PerSecond(1e6, 4), fleetrate.PerSecond(333, 9)}},
+	}
+	model := map[string]*fleetrate.BucketState{}
+	for _, b := range buckets {
+		model[b.Key] = &fleetrate.BucketState{}
+	}
+	pick := func() []fleetrate.Bucket {
+		out := []fleetrate.Bucket{}
+		for _, b := range buckets {
+			if rng.IntN(2) == 0 {
+				out = append(out, b)
+			}
+		}
+		if len(out) == 0 {
+			out = append(out, buckets[rng.IntN(len(buckets))])
+		}
+		return out
+	}
+	for step := range 300 {
+		bs := pick()
+		switch op := rng.IntN(10); {
+		case op < 7:
+			req := fleetrate.Request{Buckets: bs, N: rng.Int64N(4), MaxWait: time.Duration(rng.Int64N(int64(20 * time.Millisecond)))}
+			if rng.IntN(3) == 0 {
+				req.MaxWait = 0
+			}
+			got := mustTake(t, s, req)
+			states := make([]fleetrate.BucketState, len(bs))
+			for i, b := range bs {
+				states[i] = cloneState(*model[b.Key])
+			}
+			want, _ := fleetrate.Decide(got.At.UnixMicro(), req, states)
+			for i, b := range bs {
+				*model[b.Key] = states[i]
+			}
+			if got != want {
+				t.Fatalf("step %d: store decided\n%+v\nmodel decided\n%+v", step, got, want)
+			}
+		case op < 8:
+			n := rng.Int64N(3)
+			if err := s.Refund(ctx, bs, n); err != nil {
+				t.Fatal(err)
+			}
+			if reader == nil {
+				return // the model can't follow without the store's time
+			}
+			for _, b := range bs {
+				syncModel(t, reader, b, model[b.Key], func(now int64, st *fleetrate.BucketState) {
+					fleetrate.Refund(now, b.Limits, st, n)
+				})
+			}
+		default:
+			d := time.Duration(rng.Int64N(int64(5 * time.Millisecond)))
+			if err := s.Drain(ctx, bs, d); err != nil {
+				t.Fatal(err)
+			}
+			if reader == nil {
+				return
+			}
+			for _, b := range bs {
+				syncModel(t, reader, b, model[b.Key], func(now int64, st *fleetrate.BucketState) {
+					fleetrate.Drain(now, b.Limits, st, d)
+				})
+			}
+		}
+		if reader != nil {
+			for _, b := range buckets {
+				compareState(t, step, reader, b, *model[b.Key])
+			}
+		}
+	}
+}
+
+// syncModel applies op to the model at the time the store stamped the
+// bucket it wrote. A bucket the store deleted was left full.
+func syncModel(t *testing.T, r StateReader, b fleetrate.Bucket, m *fleetrate.BucketState, op func(int64, *fleetrate.BucketState)) {
+	t.Helper()
+	st, ok, err := r.State(context.Background(), b.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !ok {
+		*m = fleetrate.BucketState{}
+		return
+	}
+	op(st.Stamp, m)
+}
+
+// compareState checks that the store's state and the model's mean the same
+// bucket: refilled to a common time, every debt matches.
+func compareState(t *testing.T, step int, r StateReader, b fleetrate.Bucket, m fleetrate.BucketState) {
+	t.Helper()
+	st, _, err := r.State(context.Background(), b.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, m = cloneState(st), cloneState(m)
+	now := max(st.Stamp, m.Stamp)
+	st.Elapse(now, len(b.Limits))
+	m.Elapse(now, len(b.Limits))
+	if !slices.Equal(st.Debts, m.Debts) {
+		t.Fatalf("step %d: bucket %q: store debts %v, model debts %v (at %d)", step, b.Key, st.Debts, m.Debts, now)
+	}
+}
+
+func cloneState(s fleetrate.BucketState) fleetrate.BucketState {
+	return fleetrate.BucketState{Stamp: s.Stamp, Debts: slices.Clone(s.Debts)}
+}
