@@ -1,0 +1,130 @@
+package fleetrate_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/fleetrate/fleetrate"
+	"github.com/fleetrate/fleetrate/memstore"
+)
+
+// fixedClock keeps examples deterministic: the store's time stands still.
+func fixedClock() time.Time { return time.Unix(1_700_000_000, 0) }
+
+func ExampleLimiter_Allow() {
+	store := memstore.New(memstore.Options{Clock: fixedClock})
+	lim, err := fleetrate.New(store, fleetrate.Config{
+		Limits: []fleetrate.Limit{fleetrate.PerSecond(10, 3)}, // 10/s, burst 3
+	})
+	if err != nil {
+		panic(err)
+	}
+	ctx := context.Background()
+	for range 4 {
+		res, err := lim.Allow(ctx, "api-key-42")
+		if err != nil {
+			panic(err) // the store failed: fail open or closed, your choice
+		}
+		fmt.Println(res.Allowed, res.Remaining, res.RetryAfter)
+	}
+	// Output:
+	// true 2 0s
+	// true 1 0s
+	// true 0 0s
+	// false 0 100ms
+}
+
+func ExampleLimiter_Wait() {
+	lim, err := fleetrate.New(memstore.New(memstore.Options{}), fleetrate.Config{
+		Buckets: []fleetrate.BucketConfig{
+			{Name: "{booking_com}/availability", Limits: []fleetrate.Limit{fleetrate.PerSecond(20, 40)}},
+			{Name: "{booking_com}/rate_plans", Limits: []fleetrate.Limit{fleetrate.PerSecond(5, 10)}},
+		},
+	})
+	if err != nil {
+		panic(err)
+	}
+	// Blocks until the fleet-wide bucket grants a token, or fails at once
+	// with ErrBackpressure when the wait would pass the max wait.
+	if err := lim.Wait(context.Background(), "{booking_com}/availability"); err != nil {
+		panic(err)
+	}
+	fmt.Println("sent")
+	// Output: sent
+}
+
+func ExampleLimiter_ReserveN() {
+	store := memstore.New(memstore.Options{Clock: fixedClock})
+	lim, _ := fleetrate.New(store, fleetrate.Config{
+		Limits:  []fleetrate.Limit{fleetrate.PerSecond(2, 1)},
+		MaxWait: time.Second,
+	})
+	ctx := context.Background()
+	for range 4 {
+		r, err := lim.ReserveN(ctx, 1, "k")
+		var bp *fleetrate.BackpressureError
+		switch {
+		case errors.As(err, &bp):
+			fmt.Println("back off for", bp.RetryAfter)
+		case err != nil:
+			panic(err)
+		default:
+			fmt.Println("go in", r.Result.Wait)
+		}
+	}
+	// Output:
+	// go in 0s
+	// go in 500ms
+	// go in 1s
+	// back off for 1.5s
+}
+
+func ExampleLimiter_AllowN() {
+	store := memstore.New(memstore.Options{Clock: fixedClock})
+	lim, _ := fleetrate.New(store, fleetrate.Config{Buckets: []fleetrate.BucketConfig{
+		{Name: "{ota}/reservations", Limits: []fleetrate.Limit{fleetrate.PerSecond(10, 10)}},
+		{Name: "{ota}", Limits: []fleetrate.Limit{fleetrate.PerSecond(30, 5)}}, // credential-wide
+	}})
+	// Takes from the endpoint and the credential bucket, all or nothing.
+	res, _ := lim.AllowN(context.Background(), 5, "{ota}/reservations", "{ota}")
+	fmt.Println(res.Allowed, res.Remaining)
+	res, _ = lim.AllowN(context.Background(), 1, "{ota}/reservations", "{ota}")
+	fmt.Println(res.Allowed, res.Bucket)
+	// Output:
+	// true 0
+	// false 1
+}
+
+func ExampleLimiter_Peek() {
+	store := memstore.New(memstore.Options{Clock: fixedClock})
+	lim, _ := fleetrate.New(store, fleetrate.Config{Limits: []fleetrate.Limit{fleetrate.PerPeriod(100, time.Minute)}})
+	ctx := context.Background()
+	_, _ = lim.AllowN(ctx, 40, "k")
+	res, _ := lim.Peek(ctx, "k")
+	fmt.Println(res.Remaining, res.ResetAfter)
+	// Output: 60 24s
+}
+
+func ExampleLimiter_Drain() {
+	store := memstore.New(memstore.Options{Clock: fixedClock})
+	lim, _ := fleetrate.New(store, fleetrate.Config{Limits: []fleetrate.Limit{fleetrate.PerSecond(10, 10)}})
+	ctx := context.Background()
+	// An upstream said "Retry-After: 2": pause every worker for 2 s.
+	_ = lim.Drain(ctx, 2*time.Second, "upstream")
+	res, _ := lim.Allow(ctx, "upstream")
+	fmt.Println(res.Allowed, res.RetryAfter)
+	// Output: false 2.1s
+}
+
+func ExampleLimiter_Reset() {
+	store := memstore.New(memstore.Options{Clock: fixedClock})
+	lim, _ := fleetrate.New(store, fleetrate.Config{Limits: []fleetrate.Limit{fleetrate.PerSecond(1, 3)}})
+	ctx := context.Background()
+	_, _ = lim.AllowN(ctx, 3, "k")
+	_ = lim.Reset(ctx, "k")
+	res, _ := lim.Peek(ctx, "k")
+	fmt.Println(res.Remaining)
+	// Output: 3
+}

@@ -1,0 +1,253 @@
+package fleetrate_test
+
+import (
+	"context"
+	"errors"
+	"math"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/fleetrate/fleetrate"
+	"github.com/fleetrate/fleetrate/memstore"
+)
+
+func newLimiter(t *testing.T, cfg fleetrate.Config) *fleetrate.Limiter {
+	t.Helper()
+	l, err := fleetrate.New(memstore.New(memstore.Options{}), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+func TestWaitSleepsExactlyTheBookedDelay(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := newLimiter(t, fleetrate.Config{Limits: []fleetrate.Limit{fleetrate.PerSecond(10, 1)}})
+		start := time.Now()
+		for range 4 {
+			if err := l.Wait(t.Context(), "k"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got := time.Since(start); got != 300*time.Millisecond {
+			t.Fatalf("4 waits at 10/s burst 1 took %v, want exactly 300ms", got)
+		}
+	})
+}
+
+func TestWaitServesWaitersInBookingOrder(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := newLimiter(t, fleetrate.Config{Limits: []fleetrate.Limit{fleetrate.PerSecond(100, 1)}})
+		var mu sync.Mutex
+		var order []int
+		var wg sync.WaitGroup
+		for i := range 20 {
+			wg.Go(func() {
+				if err := l.Wait(t.Context(), "k"); err != nil {
+					t.Error(err)
+				}
+				mu.Lock()
+				order = append(order, i)
+				mu.Unlock()
+			})
+			synctest.Wait() // waiter i has booked before waiter i+1 starts
+		}
+		wg.Wait()
+		for i, got := range order {
+			if got != i {
+				t.Fatalf("completion order %v, want booking order", order)
+			}
+		}
+	})
+}
+
+func TestWaitCancelledRefundsTokens(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := newLimiter(t, fleetrate.Config{Limits: []fleetrate.Limit{fleetrate.PerSecond(1, 1)}})
+		if res, err := l.Allow(t.Context(), "k"); err != nil || !res.Allowed {
+			t.Fatal(res, err)
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error)
+		go func() { done <- l.Wait(ctx, "k") }()
+		time.Sleep(100 * time.Millisecond)
+		cancel()
+		if err := <-done; !errors.Is(err, context.Canceled) {
+			t.Fatalf("Wait = %v, want context.Canceled", err)
+		}
+		res, err := l.Peek(t.Context(), "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Without the refund the bucket would owe a second token.
+		if !res.Allowed || res.ResetAfter != 900*time.Millisecond {
+			t.Fatalf("after cancel: %+v, want the booked token refunded", res)
+		}
+	})
+}
+
+func TestWaitFailsAtOnceWhenDeadlineIsTooSoon(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := newLimiter(t, fleetrate.Config{Limits: []fleetrate.Limit{fleetrate.PerSecond(1, 1)}})
+		_, _ = l.Allow(t.Context(), "k")
+		ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
+		defer cancel()
+		start := time.Now()
+		err := l.Wait(ctx, "k")
+		var bp *fleetrate.BackpressureError
+		if !errors.As(err, &bp) || !errors.Is(err, fleetrate.ErrBackpressure) {
+			t.Fatalf("Wait = %v, want a BackpressureError", err)
+		}
+		if bp.RetryAfter != time.Second || bp.MaxWait != 500*time.Millisecond {
+			t.Fatalf("BackpressureError %+v", bp)
+		}
+		if time.Since(start) != 0 {
+			t.Fatalf("Wait slept %v before failing", time.Since(start))
+		}
+		// Nothing was booked.
+		if res, _ := l.Peek(t.Context(), "k"); res.ResetAfter != time.Second {
+			t.Fatalf("after backpressure: %+v", res)
+		}
+	})
+}
+
+func TestReserveBeyondMaxWaitIsBackpressure(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := newLimiter(t, fleetrate.Config{Limits: []fleetrate.Limit{fleetrate.PerSecond(1, 2)}, MaxWait: 2 * time.Second})
+		ctx := t.Context()
+		for i, want := range []time.Duration{0, 0, time.Second, 2 * time.Second} {
+			r, err := l.Reserve(ctx, "k")
+			if err != nil || r.Delay() != want {
+				t.Fatalf("reservation %d: %v, %v; want delay %v", i, r, err, want)
+			}
+		}
+		_, err := l.Reserve(ctx, "k")
+		var bp *fleetrate.BackpressureError
+		if !errors.As(err, &bp) || bp.RetryAfter != 3*time.Second {
+			t.Fatalf("fifth reservation: %v, want backpressure with retry-after 3s", err)
+		}
+		if _, err := l.ReserveN(ctx, 3, "k"); !errors.Is(err, fleetrate.ErrBurstExceeded) {
+			t.Fatalf("n > burst: %v", err)
+		}
+	})
+}
+
+func TestReservationCancel(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := newLimiter(t, fleetrate.Config{Limits: []fleetrate.Limit{fleetrate.PerSecond(1, 1)}})
+		ctx := t.Context()
+		r1, _ := l.Reserve(ctx, "k")
+		r2, err := l.Reserve(ctx, "k")
+		if err != nil || r2.Delay() != time.Second {
+			t.Fatal(r2, err)
+		}
+		if err := r2.Cancel(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := r1.Cancel(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if res, _ := l.Peek(ctx, "k"); res.Remaining != 1 {
+			t.Fatalf("after cancelling both: %+v, want full", res)
+		}
+	})
+}
+
+func TestDrainPausesThenRefillsFromEmpty(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := newLimiter(t, fleetrate.Config{Buckets: []fleetrate.BucketConfig{
+			{Name: "{ota}/availability", Limits: []fleetrate.Limit{fleetrate.PerSecond(10, 5)}},
+		}})
+		ctx := t.Context()
+		if err := l.DrainUntil(ctx, time.Now().Add(2*time.Second), "{ota}/availability"); err != nil {
+			t.Fatal(err)
+		}
+		res, _ := l.Allow(ctx, "{ota}/availability")
+		if res.Allowed || res.RetryAfter != 2100*time.Millisecond {
+			t.Fatalf("during drain: %+v", res)
+		}
+		time.Sleep(2 * time.Second)
+		// The drain is over but the bucket refills from empty: no burst.
+		if res, _ := l.Allow(ctx, "{ota}/availability"); res.Allowed {
+			t.Fatalf("right after drain: %+v, want still empty", res)
+		}
+		time.Sleep(500 * time.Millisecond)
+		if res, _ := l.AllowN(ctx, 5, "{ota}/availability"); !res.Allowed {
+			t.Fatalf("500ms after drain: %+v, want 5 tokens", res)
+		}
+		if _, err := l.Allow(ctx, "unknown"); !errors.Is(err, fleetrate.ErrInvalid) || !strings.Contains(err.Error(), `"unknown"`) {
+			t.Fatalf("unknown bucket: %v", err)
+		}
+	})
+}
+
+func TestConfigValidateNamesFieldAndValue(t *testing.T) {
+	t.Parallel()
+	ok := []fleetrate.Limit{fleetrate.PerSecond(1, 1)}
+	cases := []struct {
+		name string
+		cfg  fleetrate.Config
+		want string
+	}{
+		{"nothing", fleetrate.Config{}, "limits or buckets must be set"},
+		{"nan rate", fleetrate.Config{Limits: []fleetrate.Limit{{Rate: math.NaN(), Burst: 1}}}, "limits[0]: rate must be positive and finite, got NaN"},
+		{"negative rate", fleetrate.Config{Limits: []fleetrate.Limit{{Rate: -3, Burst: 1}}}, "got -3"},
+		{"inf rate", fleetrate.Config{Limits: []fleetrate.Limit{{Rate: math.Inf(1), Burst: 1}}}, "got +Inf"},
+		{"zero burst", fleetrate.Config{Limits: []fleetrate.Limit{{Rate: 1, Burst: 0}}}, "limits[0]: burst must be at least 1, got 0"},
+		{"empty name", fleetrate.Config{Buckets: []fleetrate.BucketConfig{{Name: "", Limits: ok}}}, "buckets[0].name: name must not be empty"},
+		{"duplicate", fleetrate.Config{Buckets: []fleetrate.BucketConfig{{Name: "a", Limits: ok}, {Name: "a", Limits: ok}}}, `buckets[1].name: duplicate "a"`},
+		{"bucket limit", fleetrate.Config{Buckets: []fleetrate.BucketConfig{{Name: "a", Limits: []fleetrate.Limit{{Rate: 0, Burst: 1}}}}}, `buckets[0] "a" limits[0]: rate`},
+		{"no limits", fleetrate.Config{Buckets: []fleetrate.BucketConfig{{Name: "a"}}}, "at least one limit"},
+		{"max wait", fleetrate.Config{Limits: ok, MaxWait: -time.Second}, "max wait must be between"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			_, err := fleetrate.New(memstore.New(memstore.Options{}), c.cfg)
+			if !errors.Is(err, fleetrate.ErrInvalid) || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("New = %v, want ErrInvalid containing %q", err, c.want)
+			}
+		})
+	}
+	if _, err := fleetrate.New(nil, fleetrate.Config{Limits: ok}); !errors.Is(err, fleetrate.ErrInvalid) {
+		t.Fatalf("nil store: %v", err)
+	}
+	l := newLimiter(t, fleetrate.Config{Limits: ok})
+	if _, err := l.Allow(context.Background(), strings.Repeat("x", fleetrate.MaxNameLen+1)); !errors.Is(err, fleetrate.ErrInvalid) {
+		t.Fatalf("long name: %v", err)
+	}
+	if _, err := l.AllowN(context.Background(), 1); !errors.Is(err, fleetrate.ErrInvalid) {
+		t.Fatalf("no names: %v", err)
+	}
+}
+
+// failingStore fails every call, as a store that lost its backend does.
+type failingStore struct{}
+
+var errDown = errors.New("connection refused")
+
+func (failingStore) Take(context.Context, fleetrate.Request) (fleetrate.Result, error) {
+	return fleetrate.Result{}, errors.Join(fleetrate.ErrStoreUnavailable, errDown)
+}
+func (failingStore) Refund(context.Context, []fleetrate.Bucket, int64) error { return errDown }
+func (failingStore) Drain(context.Context, []fleetrate.Bucket, time.Duration) error {
+	return errDown
+}
+func (failingStore) Reset(context.Context, ...string) error { return errDown }
+
+func TestStoreFailureIsAnErrorNotADenial(t *testing.T) {
+	t.Parallel()
+	l, err := fleetrate.New(failingStore{}, fleetrate.Config{Limits: []fleetrate.Limit{fleetrate.PerSecond(1, 1)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Allow(context.Background(), "k"); !errors.Is(err, fleetrate.ErrStoreUnavailable) {
+		t.Fatalf("Allow = %v", err)
+	}
+	if err := l.Wait(context.Background(), "k"); !errors.Is(err, fleetrate.ErrStoreUnavailable) || errors.Is(err, fleetrate.ErrBackpressure) {
+		t.Fatalf("Wait = %v", err)
+	}
+}
