@@ -73,6 +73,10 @@ type Options struct {
 type Store struct {
 	c       Client
 	timeout time.Duration
+	// direct is true when the client itself gives up at the context's
+	// deadline (ContextTimeoutEnabled); otherwise each call runs in a
+	// goroutine that the store stops waiting for at the deadline.
+	direct bool
 }
 
 var _ fleetrate.Store = (*Store)(nil)
@@ -82,11 +86,44 @@ func New(c Client, opts Options) (*Store, error) {
 	if c == nil {
 		return nil, fmt.Errorf("%w: redisstore: client must not be nil", fleetrate.ErrInvalid)
 	}
-	s := &Store{c: c, timeout: opts.Timeout}
+	s := &Store{c: c, timeout: opts.Timeout, direct: respectsContext(c)}
 	if s.timeout == 0 {
 		s.timeout = DefaultTimeout
 	}
 	return s, nil
+}
+
+// respectsContext reports whether c abandons a command at its context's
+// deadline. go-redis does so only with ContextTimeoutEnabled; without it a
+// hung server holds the caller for the client's ReadTimeout (3 s by
+// default).
+func respectsContext(c Client) bool {
+	switch c := c.(type) {
+	case *redis.Client:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.Ring:
+		return c.Options().ContextTimeoutEnabled
+	}
+	return false
+}
+
+// bounded runs f within ctx's deadline, whatever the client's own
+// settings: when the client would not give up in time, f runs in a
+// goroutine that is abandoned at the deadline.
+func (s *Store) bounded(ctx context.Context, f func(context.Context) error) error {
+	if s.direct {
+		return f(ctx)
+	}
+	done := make(chan error, 1)
+	go func() { done <- f(ctx) }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 func (s *Store) ctx(ctx context.Context) (context.Context, context.CancelFunc) {
@@ -115,6 +152,26 @@ func appendLimits(args []any, buckets []fleetrate.Bucket) ([]string, []any) {
 	return keys, args
 }
 
+// LoadScripts loads every script into the server's script cache (on a
+// Cluster client, into every master), so that the first calls need no EVAL
+// fallback. It is optional: a missing script is always reloaded on demand.
+func (s *Store) LoadScripts(ctx context.Context) error {
+	ctx, cancel := s.ctx(ctx)
+	defer cancel()
+	err := s.bounded(ctx, func(ctx context.Context) error {
+		for _, sc := range []*redis.Script{takeScript, refundScript, drainScript} {
+			if err := sc.Load(ctx, s.c).Err(); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return unavailable("script load", err)
+	}
+	return nil
+}
+
 // Take implements fleetrate.Store.
 func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Result, error) {
 	if err := req.Validate(); err != nil {
@@ -125,7 +182,11 @@ func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Resu
 	keys, args := appendLimits(args, req.Buckets)
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
-	reply, err := takeScript.Run(ctx, s.c, keys, args...).Int64Slice()
+	var reply []int64
+	err := s.bounded(ctx, func(ctx context.Context) (err error) {
+		reply, err = takeScript.Run(ctx, s.c, keys, args...).Int64Slice()
+		return err
+	})
 	if err != nil {
 		return fleetrate.Result{}, unavailable("take", err)
 	}
@@ -178,7 +239,10 @@ func (s *Store) update(ctx context.Context, op string, script *redis.Script, buc
 	keys, args := appendLimits([]any{arg}, buckets)
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
-	if err := script.Run(ctx, s.c, keys, args...).Err(); err != nil {
+	err := s.bounded(ctx, func(ctx context.Context) error {
+		return script.Run(ctx, s.c, keys, args...).Err()
+	})
+	if err != nil {
 		return unavailable(op, err)
 	}
 	return nil
@@ -189,10 +253,16 @@ func (s *Store) update(ctx context.Context, op string, script *redis.Script, buc
 func (s *Store) Reset(ctx context.Context, keys ...string) error {
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
-	for _, k := range keys {
-		if err := s.c.Del(ctx, k).Err(); err != nil {
-			return unavailable("reset", err)
+	err := s.bounded(ctx, func(ctx context.Context) error {
+		for _, k := range keys {
+			if err := s.c.Del(ctx, k).Err(); err != nil {
+				return err
+			}
 		}
+		return nil
+	})
+	if err != nil {
+		return unavailable("reset", err)
 	}
 	return nil
 }
@@ -202,7 +272,11 @@ func (s *Store) Reset(ctx context.Context, keys ...string) error {
 func (s *Store) State(ctx context.Context, key string) (st fleetrate.BucketState, ok bool, err error) {
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
-	raw, err := s.c.Get(ctx, key).Result()
+	var raw string
+	err = s.bounded(ctx, func(ctx context.Context) (err error) {
+		raw, err = s.c.Get(ctx, key).Result()
+		return err
+	})
 	if errors.Is(err, redis.Nil) {
 		return st, false, nil
 	}

@@ -1,7 +1,12 @@
 package redisstore_test
 
 import (
+	"context"
+	"errors"
 	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetrate/fleetrate"
 	"github.com/fleetrate/fleetrate/internal/redistest"
@@ -11,7 +16,7 @@ import (
 
 func newStore(t *testing.T, srv *redistest.Server) *redisstore.Store {
 	t.Helper()
-	s, err := redisstore.New(srv.Client(), redisstore.Options{Timeout: 2e9})
+	s, err := redisstore.New(srv.Client(), redisstore.Options{Timeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -22,4 +27,116 @@ func TestConformance(t *testing.T) {
 	srv := redistest.Start(t)
 	s := newStore(t, srv)
 	storetest.Run(t, func(*testing.T) fleetrate.Store { return s })
+}
+
+func TestTTLIsTimeToFullPlusSlack(t *testing.T) {
+	srv := redistest.Start(t)
+	s := newStore(t, srv)
+	ctx := context.Background()
+	lim := fleetrate.PerSecond(1, 10) // 10 s to fill from empty
+	req := fleetrate.Request{Buckets: []fleetrate.Bucket{{Key: "ttl", Limits: []fleetrate.Limit{lim}}}, N: 4}
+	if _, err := s.Take(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	ttl, err := srv.Client().PTTL(ctx, "ttl").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 4 tokens take 4 s to refill; the slack is 1 s.
+	if ttl <= 4*time.Second || ttl > 5*time.Second {
+		t.Fatalf("PTTL = %v, want in (4s, 5s]", ttl)
+	}
+	// A denied take and a peek write nothing.
+	req.N = 10
+	if res, _ := s.Take(ctx, req); res.Allowed {
+		t.Fatal("take of 10 allowed with 6 left")
+	}
+	if ttl2, _ := srv.Client().PTTL(ctx, "ttl").Result(); ttl2 > ttl {
+		t.Fatalf("a denial rewrote the key: PTTL %v then %v", ttl, ttl2)
+	}
+}
+
+func TestScriptFlushIsInvisible(t *testing.T) {
+	srv := redistest.Start(t)
+	s := newStore(t, srv)
+	ctx := context.Background()
+	req := fleetrate.Request{Buckets: []fleetrate.Bucket{{Key: "flush", Limits: []fleetrate.Limit{fleetrate.PerSecond(1, 5)}}}, N: 1}
+	for range 3 {
+		if err := srv.Client().ScriptFlush(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if res, err := s.Take(ctx, req); err != nil || !res.Allowed {
+			t.Fatalf("after SCRIPT FLUSH: %+v, %v", res, err)
+		}
+	}
+}
+
+func TestStoppedRedisIsAnErrorWithinTheTimeout(t *testing.T) {
+	srv := redistest.Start(t)
+	s, err := redisstore.New(srv.Client(), redisstore.Options{Timeout: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim, err := fleetrate.New(s, fleetrate.Config{Limits: []fleetrate.Limit{fleetrate.PerSecond(10, 10)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := lim.Allow(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	for _, stop := range []struct {
+		name      string
+		stop, fix func()
+	}{
+		{"killed", srv.Kill, srv.Restart},
+		{"hung", srv.Pause, srv.Resume},
+	} {
+		t.Run(stop.name, func(t *testing.T) {
+			stop.stop()
+			defer stop.fix()
+			for range 3 {
+				start := time.Now()
+				res, err := lim.Allow(ctx, "k")
+				took := time.Since(start)
+				if !errors.Is(err, fleetrate.ErrStoreUnavailable) || res.Allowed {
+					t.Fatalf("Allow with Redis %s = %+v, %v; want ErrStoreUnavailable", stop.name, res, err)
+				}
+				// The bound is the timeout plus scheduling noise, not Redis's.
+				if took > 2*time.Second {
+					t.Fatalf("Allow took %v with a 100ms timeout", took)
+				}
+				if err := lim.Wait(ctx, "k"); !errors.Is(err, fleetrate.ErrStoreUnavailable) {
+					t.Fatalf("Wait = %v", err)
+				}
+			}
+		})
+	}
+	if _, err := lim.Allow(ctx, "k"); err != nil {
+		t.Fatalf("after recovery: %v", err)
+	}
+}
+
+func TestAnyGoRedisClient(t *testing.T) {
+	srv := redistest.Start(t)
+	clients := map[string]redisstore.Client{
+		"Client":    redis.NewClient(&redis.Options{Addr: srv.Addr()}),
+		"Universal": redis.NewUniversalClient(&redis.UniversalOptions{Addrs: []string{srv.Addr()}}),
+		"Ring":      redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": srv.Addr()}}),
+	}
+	for name, c := range clients {
+		t.Run(name, func(t *testing.T) {
+			s, err := redisstore.New(c, redisstore.Options{Timeout: 2 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			req := fleetrate.Request{Buckets: []fleetrate.Bucket{{Key: "any:" + name, Limits: []fleetrate.Limit{fleetrate.PerSecond(1, 2)}}}, N: 2}
+			if res, err := s.Take(context.Background(), req); err != nil || !res.Allowed {
+				t.Fatalf("%+v %v", res, err)
+			}
+		})
+	}
+	if _, err := redisstore.New(nil, redisstore.Options{}); !errors.Is(err, fleetrate.ErrInvalid) {
+		t.Fatalf("nil client: %v", err)
+	}
 }

@@ -1,0 +1,65 @@
+package fleettest
+
+import (
+	"os"
+	"testing"
+	"time"
+
+	"github.com/fleetrate/fleetrate"
+	"github.com/fleetrate/fleetrate/internal/redistest"
+)
+
+func TestMain(m *testing.M) {
+	Main()
+	os.Exit(m.Run())
+}
+
+// skews gives the worker processes local clocks up to 2 s apart. The
+// limiter never reads them for a decision, so the fleet conforms anyway.
+var skews = []time.Duration{2 * time.Second, -2 * time.Second, 0, 1500 * time.Millisecond}
+
+func check(t *testing.T, rep Report, lim fleetrate.Limit) {
+	t.Helper()
+	if len(rep.Errors) > 0 {
+		t.Fatalf("workers failed: %v", rep.Errors)
+	}
+	if len(rep.Grants) == 0 {
+		t.Fatal("no grants")
+	}
+	if err := CheckWindows(rep.Grants, lim); err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckFIFO(rep.Grants); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestFleetWaitMode(t *testing.T) {
+	srv := redistest.Start(t)
+	lim := fleetrate.PerSecond(400, 40)
+	rep := Run(t, Options{Addrs: []string{srv.Addr()}, Limit: lim, Skews: skews})
+	check(t, rep, lim)
+	capacity := float64(lim.Burst) + lim.Rate*rep.Span.Seconds()
+	util := float64(len(rep.Grants)) / capacity
+	perGrant := float64(rep.WaitCalls) / float64(rep.WaitGrants)
+	t.Logf("4 processes × 16 waiters: %d grants in %v, utilisation %.4f of burst + rate × T, %.4f Redis calls per grant",
+		len(rep.Grants), rep.Span, util, perGrant)
+	if util < 0.98 {
+		t.Errorf("utilisation %.4f, want >= 0.98", util)
+	}
+	if perGrant > 1.05 {
+		t.Errorf("%.3f Redis calls per granted Wait, want <= 1.05", perGrant)
+	}
+}
+
+func TestFleetMixedAllowAndWait(t *testing.T) {
+	srv := redistest.Start(t)
+	lim := fleetrate.PerSecond(300, 30)
+	rep := Run(t, Options{Addrs: []string{srv.Addr()}, Limit: lim, AllowEvery: 2, Skews: skews})
+	check(t, rep, lim)
+	allows := len(rep.Grants) - rep.WaitGrants
+	t.Logf("mixed fleet: %d grants (%d by Allow) in %v", len(rep.Grants), allows, rep.Span)
+	if allows == 0 {
+		t.Error("no Allow was ever granted; the mix did not happen")
+	}
+}
