@@ -104,18 +104,14 @@ func (l Limit) Validate() error {
 // takes to refill, rounded up to a whole nanosecond. The rate must be valid.
 func (l Limit) Interval() int64 {
 	iv := float64(time.Second) / l.Rate
-	r := math.Round(iv)
-	// Accept float noise of a few ulps, such as 1e9/(100/60) =
-	// 600000000.0000001, as exact; round anything else up.
-	if math.Abs(iv-r) <= 4*(math.Nextafter(iv, math.Inf(1))-iv) {
-		iv = r
-	} else {
-		iv = math.Ceil(iv)
+	f := math.Floor(iv)
+	// A quotient a few ulps above an integer, such as 1e9/(100/60) =
+	// 600000000.0000001, is float noise: take it as exact. Anything else
+	// rounds up, so the limit never grants faster than Rate.
+	if iv-f > iv*1e-15 {
+		f++
 	}
-	if iv < 1 {
-		return 1
-	}
-	return int64(iv)
+	return max(int64(f), 1)
 }
 
 // FillTime returns the time this limit takes to refill from empty to full.
@@ -124,7 +120,7 @@ func (l Limit) FillTime() time.Duration {
 }
 
 // validateLimits checks a list of limits, naming the failing field with the
-// given prefix (such as "buckets[2].limits").
+// given prefix (such as "limits").
 func validateLimits(field string, limits []Limit) error {
 	if len(limits) == 0 {
 		return fmt.Errorf("%s: at least one limit is required", field)

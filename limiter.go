@@ -3,6 +3,8 @@ package fleetrate
 import (
 	"context"
 	"fmt"
+	"slices"
+	"sync"
 	"time"
 )
 
@@ -102,6 +104,7 @@ type Limiter struct {
 	named   map[string]Bucket
 	maxWait time.Duration
 	now     func() time.Time
+	scratch sync.Pool // of *[]Bucket, reused across calls
 }
 
 // New returns a Limiter over store, or an error naming the invalid field.
@@ -130,8 +133,9 @@ func New(store Store, cfg Config) (*Limiter, error) {
 		l.now = time.Now
 	}
 	for _, b := range cfg.Buckets {
-		l.named[b.Name] = Bucket{Key: l.prefix + b.Name, Limits: b.Limits}
+		l.named[b.Name] = Bucket{Prefix: l.prefix, Key: b.Name, Limits: b.Limits}
 	}
+	l.scratch.New = func() any { s := make([]Bucket, 0, 4); return &s }
 	return l, nil
 }
 
@@ -143,8 +147,10 @@ func (l *Limiter) MaxWait() time.Duration { return l.maxWait }
 
 // Bucket resolves a name to its store key and limits.
 func (l *Limiter) Bucket(name string) (Bucket, error) {
-	if b, ok := l.named[name]; ok {
-		return b, nil
+	if len(l.named) > 0 {
+		if b, ok := l.named[name]; ok {
+			return b, nil
+		}
 	}
 	if err := validateName(name); err != nil {
 		return Bucket{}, fmt.Errorf("%w: bucket %w", ErrInvalid, err)
@@ -152,35 +158,51 @@ func (l *Limiter) Bucket(name string) (Bucket, error) {
 	if len(l.limits) == 0 {
 		return Bucket{}, fmt.Errorf("%w: unknown bucket %q (no default limits configured)", ErrInvalid, name)
 	}
-	return Bucket{Key: l.prefix + name, Limits: l.limits}, nil
+	return Bucket{Prefix: l.prefix, Key: name, Limits: l.limits}, nil
 }
 
-func (l *Limiter) buckets(names []string) ([]Bucket, error) {
+// buckets resolves names into a pooled slice; the caller gives it back
+// with release once the store no longer needs it.
+func (l *Limiter) buckets(names []string) (*[]Bucket, error) {
 	if len(names) == 0 {
 		return nil, fmt.Errorf("%w: at least one bucket name is required", ErrInvalid)
 	}
-	bs := make([]Bucket, len(names))
-	for i, n := range names {
+	bs := l.scratch.Get().(*[]Bucket)
+	for _, n := range names {
 		b, err := l.Bucket(n)
 		if err != nil {
+			l.release(bs)
 			return nil, err
 		}
-		bs[i] = b
+		*bs = append(*bs, b)
 	}
 	return bs, nil
 }
 
-func (l *Limiter) take(ctx context.Context, n int64, maxWait time.Duration, names []string) (Result, []Bucket, error) {
+func (l *Limiter) release(bs *[]Bucket) {
+	clear(*bs)
+	*bs = (*bs)[:0]
+	l.scratch.Put(bs)
+}
+
+// take asks the store for n tokens; the store validates the request. The
+// caller releases the returned buckets.
+func (l *Limiter) take(ctx context.Context, n int64, maxWait time.Duration, names []string) (Result, *[]Bucket, error) {
 	bs, err := l.buckets(names)
 	if err != nil {
 		return Result{}, nil, err
 	}
-	req := Request{Buckets: bs, N: n, MaxWait: maxWait}
-	if err := req.Validate(); err != nil {
-		return Result{}, nil, err
-	}
-	res, err := l.store.Take(ctx, req)
+	res, err := l.store.Take(ctx, Request{Buckets: *bs, N: n, MaxWait: maxWait})
 	return res, bs, err
+}
+
+// takeNow is take for the calls that keep nothing.
+func (l *Limiter) takeNow(ctx context.Context, n int64, names []string) (Result, error) {
+	res, bs, err := l.take(ctx, n, 0, names)
+	if bs != nil {
+		l.release(bs)
+	}
+	return res, err
 }
 
 // Allow takes one token from the named bucket if it has one now. A denial
@@ -192,15 +214,13 @@ func (l *Limiter) Allow(ctx context.Context, name string) (Result, error) {
 // AllowN takes n tokens now from every named bucket, all or nothing. It
 // never blocks beyond the store's round trip.
 func (l *Limiter) AllowN(ctx context.Context, n int64, names ...string) (Result, error) {
-	res, _, err := l.take(ctx, n, 0, names)
-	return res, err
+	return l.takeNow(ctx, n, names)
 }
 
 // Peek reports the state of the named buckets without consuming: Allowed
 // is false only when they are in debt (drained or booked ahead).
 func (l *Limiter) Peek(ctx context.Context, names ...string) (Result, error) {
-	res, _, err := l.take(ctx, 0, 0, names)
-	return res, err
+	return l.takeNow(ctx, 0, names)
 }
 
 // Reservation is a booking of tokens that the holder may use after Delay.
@@ -238,19 +258,18 @@ func (l *Limiter) Reserve(ctx context.Context, name string) (*Reservation, error
 // nothing is booked and the error is a *BackpressureError. n larger than a
 // burst fails at once with ErrBurstExceeded.
 func (l *Limiter) ReserveN(ctx context.Context, n int64, names ...string) (*Reservation, error) {
-	return l.reserve(ctx, n, l.maxWait, names)
-}
-
-func (l *Limiter) reserve(ctx context.Context, n int64, maxWait time.Duration, names []string) (*Reservation, error) {
 	start := time.Now()
-	res, bs, err := l.take(ctx, n, maxWait, names)
+	res, bs, err := l.take(ctx, n, l.maxWait, names)
+	if bs != nil {
+		defer l.release(bs)
+	}
 	if err != nil {
 		return nil, err
 	}
 	if !res.Allowed {
-		return nil, &BackpressureError{RetryAfter: res.RetryAfter, MaxWait: maxWait, Result: res}
+		return nil, &BackpressureError{RetryAfter: res.RetryAfter, MaxWait: l.maxWait, Result: res}
 	}
-	return &Reservation{Result: res, l: l, bs: bs, n: n, due: start.Add(res.Wait)}, nil
+	return &Reservation{Result: res, l: l, bs: slices.Clone(*bs), n: n, due: start.Add(res.Wait)}, nil
 }
 
 // Wait blocks until one token of the named bucket is granted. See WaitN.
@@ -269,27 +288,34 @@ func (l *Limiter) WaitN(ctx context.Context, n int64, names ...string) (Result, 
 	if err := ctx.Err(); err != nil {
 		return Result{}, err
 	}
+	start := time.Now()
 	maxWait := l.maxWait
 	if dl, ok := ctx.Deadline(); ok {
-		maxWait = max(min(maxWait, time.Until(dl)), 0)
+		maxWait = max(min(maxWait, dl.Sub(start)), 0)
 	}
-	r, err := l.reserve(ctx, n, maxWait, names)
+	res, bs, err := l.take(ctx, n, maxWait, names)
+	if bs != nil {
+		defer l.release(bs)
+	}
 	if err != nil {
 		return Result{}, err
 	}
-	d := r.Delay()
+	if !res.Allowed {
+		return Result{}, &BackpressureError{RetryAfter: res.RetryAfter, MaxWait: maxWait, Result: res}
+	}
+	d := time.Until(start.Add(res.Wait))
 	if d <= 0 {
-		return r.Result, nil
+		return res, nil
 	}
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-t.C:
-		return r.Result, nil
+		return res, nil
 	case <-ctx.Done():
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), refundTimeout)
 		defer cancel()
-		_ = r.Cancel(rctx)
+		_ = l.store.Refund(rctx, *bs, n)
 		return Result{}, ctx.Err()
 	}
 }
@@ -303,7 +329,8 @@ func (l *Limiter) Refund(ctx context.Context, n int64, names ...string) error {
 	if err != nil {
 		return err
 	}
-	return l.store.Refund(ctx, bs, n)
+	defer l.release(bs)
+	return l.store.Refund(ctx, *bs, n)
 }
 
 // Drain empties every named bucket for d: no tokens are granted for d, and
@@ -317,7 +344,8 @@ func (l *Limiter) Drain(ctx context.Context, d time.Duration, names ...string) e
 	if err != nil {
 		return err
 	}
-	return l.store.Drain(ctx, bs, d)
+	defer l.release(bs)
+	return l.store.Drain(ctx, *bs, d)
 }
 
 // DrainUntil drains the named buckets until t, read on the limiter's clock.
@@ -332,9 +360,10 @@ func (l *Limiter) Reset(ctx context.Context, names ...string) error {
 	if err != nil {
 		return err
 	}
-	keys := make([]string, len(bs))
-	for i, b := range bs {
-		keys[i] = b.Key
+	defer l.release(bs)
+	keys := make([]string, len(*bs))
+	for i, b := range *bs {
+		keys[i] = b.StoreKey()
 	}
 	return l.store.Reset(ctx, keys...)
 }

@@ -44,11 +44,17 @@ func (e *BackpressureError) Unwrap() error { return ErrBackpressure }
 
 // Bucket names one stored token bucket and the limits it enforces.
 type Bucket struct {
-	// Key is the full store key, prefix included.
+	// Prefix namespaces the key; the store key is Prefix + Key. It is kept
+	// apart so that stores can look keys up without building the string.
+	Prefix string
+	// Key names the bucket within the prefix. It must not be empty.
 	Key string
 	// Limits are enforced together; at least one is required.
 	Limits []Limit
 }
+
+// StoreKey returns the full store key, Prefix + Key.
+func (b Bucket) StoreKey() string { return b.Prefix + b.Key }
 
 // Request is one atomic take across one or more buckets.
 type Request struct {
@@ -77,13 +83,13 @@ func (r Request) Validate() error {
 			return err
 		}
 		for _, o := range r.Buckets[:i] {
-			if o.Key == b.Key {
-				return fmt.Errorf("%w: buckets[%d].key: %q appears twice", ErrInvalid, i, b.Key)
+			if o.Key == b.Key && o.Prefix == b.Prefix {
+				return fmt.Errorf("%w: buckets[%d].key: %q appears twice", ErrInvalid, i, b.StoreKey())
 			}
 		}
 		for _, l := range b.Limits {
 			if r.N > l.Burst {
-				return fmt.Errorf("%w: n=%d, %q burst %d", ErrBurstExceeded, r.N, b.Key, l.Burst)
+				return fmt.Errorf("%w: n=%d, %q burst %d", ErrBurstExceeded, r.N, b.StoreKey(), l.Burst)
 			}
 		}
 	}
@@ -107,8 +113,13 @@ func validateBucket(i int, b Bucket) error {
 	if b.Key == "" {
 		return fmt.Errorf("%w: buckets[%d].key: must not be empty", ErrInvalid, i)
 	}
-	if err := validateLimits(fmt.Sprintf("buckets[%d] %q limits", i, b.Key), b.Limits); err != nil {
-		return fmt.Errorf("%w: %w", ErrInvalid, err)
+	if len(b.Limits) == 0 {
+		return fmt.Errorf("%w: buckets[%d] %q limits: at least one limit is required", ErrInvalid, i, b.StoreKey())
+	}
+	for j, l := range b.Limits {
+		if err := l.Validate(); err != nil {
+			return fmt.Errorf("%w: buckets[%d] %q limits[%d]: %w", ErrInvalid, i, b.StoreKey(), j, err)
+		}
 	}
 	return nil
 }
@@ -144,9 +155,11 @@ type Result struct {
 
 // Store keeps token buckets and applies the algorithm in Decide atomically.
 // Implementations must be safe for concurrent use, must honour the
-// context, and must report their own failures as errors wrapping
+// context, must validate their arguments (errors wrap ErrInvalid or
+// ErrBurstExceeded), and must report their own failures as errors wrapping
 // ErrStoreUnavailable, never as denials. A key that has never been written
-// is a full bucket.
+// is a full bucket. A store must not keep the slices it is given after the
+// call returns: callers reuse them.
 type Store interface {
 	// Take applies a take (or a peek when N is 0) to every bucket in the
 	// request, all or nothing, in one atomic step.

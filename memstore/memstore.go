@@ -38,8 +38,8 @@ const DefaultMaxKeys = 1_000_000
 // sweepEvery is how many writes to a shard pass between incremental sweeps
 // of expired buckets; sweepBatch is how many entries a sweep looks at.
 const (
-	sweepEvery = 64
-	sweepBatch = 32
+	sweepEvery = 256
+	sweepBatch = 128
 	evictScan  = 8
 )
 
@@ -94,39 +94,41 @@ func New(opts Options) *Store {
 	return s
 }
 
-func (s *Store) shardOf(key string) int {
-	return int(maphash.String(s.seed, key) & s.mask)
+func (s *Store) shardOf(key []byte) int {
+	return int(maphash.Bytes(s.seed, key) & s.mask)
+}
+
+// fullKeys returns each bucket's full key (Prefix + Key).
+func fullKeys(bs []fleetrate.Bucket) [][]byte {
+	keys := make([][]byte, len(bs))
+	for i, b := range bs {
+		keys[i] = []byte(b.StoreKey())
+	}
+	return keys
 }
 
 // lock locks the shards holding keys in index order, so that takes across
 // several buckets are atomic and deadlock-free, and returns the unlock.
-func (s *Store) lock(bs []fleetrate.Bucket) func() {
-	if len(bs) == 1 {
-		sh := &s.shards[s.shardOf(bs[0].Key)]
-		sh.mu.Lock()
-		return sh.mu.Unlock
-	}
-	var buf [8]int
-	idx := buf[:0]
-	for _, b := range bs {
-		i := s.shardOf(b.Key)
-		if !slices.Contains(idx, i) {
-			idx = append(idx, i)
+// lock locks the shards holding keys in index order, so that takes across
+// several buckets are atomic and deadlock-free. It returns the shards to
+// unlock, written into idx.
+func (s *Store) lock(keys [][]byte, idx []int) []int {
+	for _, k := range keys {
+		n := s.shardOf(k)
+		if !slices.Contains(idx, n) {
+			idx = append(idx, n)
 		}
-	}
-	if len(idx) == 1 {
-		sh := &s.shards[idx[0]]
-		sh.mu.Lock()
-		return sh.mu.Unlock
 	}
 	slices.Sort(idx)
 	for _, i := range idx {
 		s.shards[i].mu.Lock()
 	}
-	return func() {
-		for _, i := range idx {
-			s.shards[i].mu.Unlock()
-		}
+	return idx
+}
+
+func (s *Store) unlock(idx []int) {
+	for _, i := range idx {
+		s.shards[i].mu.Unlock()
 	}
 }
 
@@ -134,9 +136,9 @@ func (s *Store) lock(bs []fleetrate.Bucket) func() {
 // or expired (reusing an expired entry's memory). The state shares its
 // debts with the entry, so the caller must save it back. The caller holds
 // the shard's lock.
-func (s *Store) load(key string, now int64) fleetrate.BucketState {
+func (s *Store) load(key []byte, now int64) fleetrate.BucketState {
 	sh := &s.shards[s.shardOf(key)]
-	e, ok := sh.m[key]
+	e, ok := sh.m[string(key)]
 	switch {
 	case !ok:
 		return fleetrate.BucketState{}
@@ -149,13 +151,13 @@ func (s *Store) load(key string, now int64) fleetrate.BucketState {
 
 // save writes st for key, or deletes it when it is already full. The
 // caller holds the shard's lock.
-func (s *Store) save(key string, st fleetrate.BucketState) {
+func (s *Store) save(key []byte, st fleetrate.BucketState) {
 	sh := &s.shards[s.shardOf(key)]
 	ttl := st.TTL()
-	e, ok := sh.m[key]
+	e, ok := sh.m[string(key)]
 	if ttl <= 0 {
 		if ok {
-			delete(sh.m, key)
+			delete(sh.m, string(key))
 		}
 		return
 	}
@@ -166,7 +168,7 @@ func (s *Store) save(key string, st fleetrate.BucketState) {
 		if s.shardCap > 0 && len(sh.m) >= s.shardCap {
 			s.evict(sh, st.Stamp)
 		}
-		sh.m[key] = &entry{state: fleetrate.BucketState{Stamp: st.Stamp, Debts: st.Debts}, expires: exp}
+		sh.m[string(key)] = &entry{state: fleetrate.BucketState{Stamp: st.Stamp, Debts: st.Debts}, expires: exp}
 	}
 	if sh.writes++; sh.writes%sweepEvery == 0 {
 		s.sweep(sh, st.Stamp)
@@ -216,21 +218,44 @@ func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Resu
 	if err := req.Validate(); err != nil {
 		return fleetrate.Result{}, err
 	}
-	var buf [4]fleetrate.BucketState
-	states := buf[:0]
-	unlock := s.lock(req.Buckets)
-	defer unlock()
+	if len(req.Buckets) == 1 {
+		return s.takeOne(req), nil
+	}
+	var (
+		stateBuf [4]fleetrate.BucketState
+		idxBuf   [4]int
+	)
+	keys := fullKeys(req.Buckets)
+	idx := s.lock(keys, idxBuf[:0])
+	defer s.unlock(idx)
 	now := s.clock().UnixMicro()
-	for _, b := range req.Buckets {
-		states = append(states, s.load(b.Key, now))
+	state := stateBuf[:0]
+	for _, k := range keys {
+		state = append(state, s.load(k, now))
 	}
 	// Decide refills the loaded debts in place, so the state is saved back
 	// even when the decision changed nothing.
-	res, _ := fleetrate.Decide(now, req, states)
-	for i, b := range req.Buckets {
-		s.save(b.Key, states[i])
+	res, _ := fleetrate.Decide(now, req, state)
+	for i, k := range keys {
+		s.save(k, state[i])
 	}
 	return res, nil
+}
+
+// takeOne is Take for one bucket, the common case, without allocating:
+// the key is built on the stack and the map is read with it in place.
+func (s *Store) takeOne(req fleetrate.Request) fleetrate.Result {
+	b := req.Buckets[0]
+	var buf [128]byte
+	key := append(append(buf[:0], b.Prefix...), b.Key...)
+	sh := &s.shards[s.shardOf(key)]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	now := s.clock().UnixMicro()
+	state := [1]fleetrate.BucketState{s.load(key, now)}
+	res, _ := fleetrate.Decide(now, req, state[:])
+	s.save(key, state[0])
+	return res
 }
 
 // Refund implements fleetrate.Store.
@@ -254,13 +279,15 @@ func (s *Store) update(ctx context.Context, buckets []fleetrate.Bucket, apply fu
 	if err := fleetrate.ValidateBuckets(buckets); err != nil {
 		return err
 	}
-	unlock := s.lock(buckets)
-	defer unlock()
+	var idxBuf [4]int
+	keys := fullKeys(buckets)
+	idx := s.lock(keys, idxBuf[:0])
+	defer s.unlock(idx)
 	now := s.clock().UnixMicro()
-	for _, b := range buckets {
-		st := s.load(b.Key, now)
+	for i, b := range buckets {
+		st := s.load(keys[i], now)
 		apply(now, b, &st)
-		s.save(b.Key, st)
+		s.save(keys[i], st)
 	}
 	return nil
 }
@@ -271,7 +298,7 @@ func (s *Store) Reset(ctx context.Context, keys ...string) error {
 		return err
 	}
 	for _, k := range keys {
-		sh := &s.shards[s.shardOf(k)]
+		sh := &s.shards[s.shardOf([]byte(k))]
 		sh.mu.Lock()
 		delete(sh.m, k)
 		sh.mu.Unlock()
@@ -295,7 +322,7 @@ func (s *Store) Len() int {
 // State returns a copy of the stored state of a bucket, for tests and
 // debugging. ok is false when the bucket is absent or expired (full).
 func (s *Store) State(_ context.Context, key string) (st fleetrate.BucketState, ok bool, err error) {
-	sh := &s.shards[s.shardOf(key)]
+	sh := &s.shards[s.shardOf([]byte(key))]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e, found := sh.m[key]

@@ -143,7 +143,7 @@ func unavailable(op string, err error) error {
 func appendLimits(args []any, buckets []fleetrate.Bucket) ([]string, []any) {
 	keys := make([]string, len(buckets))
 	for i, b := range buckets {
-		keys[i] = b.Key
+		keys[i] = b.StoreKey()
 		args = append(args, len(b.Limits))
 		for _, l := range b.Limits {
 			args = append(args, l.Interval(), l.Burst)

@@ -57,12 +57,11 @@ func lookBinary(tb testing.TB, name string) string {
 // FreePort returns a TCP port that was free on 127.0.0.1 a moment ago.
 func FreePort(tb testing.TB) int {
 	tb.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := freePort()
 	if err != nil {
-		tb.Fatalf("redistest: finding a free port: %v", err)
+		tb.Fatalf("redistest: %v", err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return p
 }
 
 // Start starts a redis-server on a free 127.0.0.1 port with persistence
@@ -70,19 +69,42 @@ func FreePort(tb testing.TB) int {
 // stops it when the test ends.
 func Start(tb testing.TB, args ...string) *Server {
 	tb.Helper()
-	s := &Server{tb: tb, bin: Binary(tb), dir: tb.TempDir(), args: args}
-	var err error
-	for range 5 {
-		s.port = FreePort(tb)
-		if err = s.start(); err == nil {
-			break
-		}
-	}
+	Binary(tb)
+	s, err := Launch(tb.TempDir(), args...)
 	if err != nil {
 		tb.Fatalf("redistest: %v", err)
 	}
+	s.tb = tb
 	tb.Cleanup(s.Stop)
 	return s
+}
+
+// Launch starts a redis-server like Start, outside any one test (for a
+// TestMain or a benchmark command). The caller must Stop it.
+func Launch(dir string, args ...string) (*Server, error) {
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		return nil, fmt.Errorf("redis-server not found in PATH; install it with: %s", InstallHint)
+	}
+	s := &Server{bin: bin, dir: dir, args: args}
+	for range 5 {
+		if s.port, err = freePort(); err != nil {
+			return nil, err
+		}
+		if err = s.start(); err == nil {
+			return s, nil
+		}
+	}
+	return nil, err
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("finding a free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // StartOnPort is like Start on a given port; the config arguments come
@@ -154,14 +176,13 @@ func (s *Server) URL() string { return "redis://" + s.Addr() }
 // Dir returns the server's working directory.
 func (s *Server) Dir() string { return s.dir }
 
-// Client returns a go-redis client for the server, closed when the test
-// ends.
+// Client returns a go-redis client for the server, closed when the server
+// stops.
 func (s *Server) Client() *redis.Client {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.client == nil {
 		s.client = redis.NewClient(&redis.Options{Addr: s.Addr()})
-		s.tb.Cleanup(func() { _ = s.client.Close() })
 	}
 	return s.client
 }
@@ -182,7 +203,6 @@ func (s *Server) Kill() {
 // Restart starts the server again on the same port after Kill. The data
 // is gone, as after a crash without persistence.
 func (s *Server) Restart() {
-	s.tb.Helper()
 	var err error
 	for range 50 {
 		if err = s.start(); err == nil {
@@ -190,7 +210,10 @@ func (s *Server) Restart() {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	s.tb.Fatalf("redistest: restart: %v", err)
+	if s.tb != nil {
+		s.tb.Fatalf("redistest: restart: %v", err)
+	}
+	panic("redistest: restart: " + err.Error())
 }
 
 // Pause freezes the process with SIGSTOP; it keeps its socket open but
@@ -217,8 +240,17 @@ func (s *Server) Do(args ...any) (any, error) {
 	return c.Do(ctx, args...).Result()
 }
 
-// Stop kills the server and waits for it. It is safe to call twice.
-func (s *Server) Stop() { s.Kill() }
+// Stop kills the server, waits for it and closes the client. It is safe to
+// call twice.
+func (s *Server) Stop() {
+	s.Kill()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.client != nil {
+		_ = s.client.Close()
+		s.client = nil
+	}
+}
 
 // Log returns what the server printed.
 func (s *Server) Log() string {

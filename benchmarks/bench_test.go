@@ -1,0 +1,207 @@
+// Package benchmarks measures fleetrate side by side with its peers in one
+// run. It is a module of its own so that the peers never become
+// dependencies of the library.
+//
+//	cd benchmarks && go test -bench . -count 6 | tee new.txt && benchstat new.txt
+package benchmarks
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-redis/redis_rate/v10"
+	"github.com/redis/go-redis/v9"
+	"golang.org/x/time/rate"
+
+	"github.com/fleetrate/fleetrate"
+	"github.com/fleetrate/fleetrate/internal/redistest"
+	"github.com/fleetrate/fleetrate/memstore"
+	"github.com/fleetrate/fleetrate/redisstore"
+)
+
+// A limit that allows almost every call, so that benchmarks measure a
+// grant, with a rate low enough that every bucket stays in use (not yet
+// refilled) between two visits, as real traffic keeps it.
+const (
+	benchRate  = 100
+	benchBurst = 1 << 27
+	keys       = 10_000
+)
+
+var keyNames = func() []string {
+	k := make([]string, keys)
+	for i := range k {
+		k[i] = "key:" + strconv.Itoa(i)
+	}
+	return k
+}()
+
+func newMemLimiter(b *testing.B) *fleetrate.Limiter {
+	l, err := fleetrate.New(memstore.New(memstore.Options{}), fleetrate.Config{
+		Limits: []fleetrate.Limit{fleetrate.PerSecond(benchRate, benchBurst)},
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return l
+}
+
+// BenchmarkMemAllow is one goroutine on one key.
+func BenchmarkMemAllow(b *testing.B) {
+	ctx := context.Background()
+	b.Run("fleetrate", func(b *testing.B) {
+		l := newMemLimiter(b)
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := l.Allow(ctx, "k"); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("x-time-rate", func(b *testing.B) {
+		l := rate.NewLimiter(benchRate, benchBurst)
+		b.ReportAllocs()
+		for b.Loop() {
+			l.Allow()
+		}
+	})
+}
+
+// xMap is the usual way to key x/time/rate limiters: a map under a mutex.
+type xMap struct {
+	mu sync.Mutex
+	m  map[string]*rate.Limiter
+}
+
+func (x *xMap) allow(key string) bool {
+	x.mu.Lock()
+	l, ok := x.m[key]
+	if !ok {
+		l = rate.NewLimiter(benchRate, benchBurst)
+		x.m[key] = l
+	}
+	x.mu.Unlock()
+	return l.Allow()
+}
+
+// BenchmarkMemAllowParallel spreads all goroutines over 10,000 keys.
+func BenchmarkMemAllowParallel(b *testing.B) {
+	ctx := context.Background()
+	b.Run("fleetrate", func(b *testing.B) {
+		l := newMemLimiter(b)
+		var seq atomic.Int64
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			i := int(seq.Add(7919))
+			for pb.Next() {
+				i++
+				if _, err := l.Allow(ctx, keyNames[i%keys]); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	})
+	b.Run("x-time-rate", func(b *testing.B) {
+		x := &xMap{m: map[string]*rate.Limiter{}}
+		var seq atomic.Int64
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			i := int(seq.Add(7919))
+			for pb.Next() {
+				i++
+				x.allow(keyNames[i%keys])
+			}
+		})
+	})
+}
+
+// redisSrv is one redis-server shared by every Redis benchmark.
+var redisSrv *redistest.Server
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "fleetrate-bench-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	redisSrv, err = redistest.Launch(dir)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "benchmarks:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	redisSrv.Stop()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func redisClient(srv *redistest.Server, pool int) *redis.Client {
+	return redis.NewClient(&redis.Options{Addr: srv.Addr(), PoolSize: pool, ContextTimeoutEnabled: true})
+}
+
+// BenchmarkRedisAllow compares one Allow on Redis at 1 and 64 goroutines.
+func BenchmarkRedisAllow(b *testing.B) {
+	srv := redisSrv
+	ctx := context.Background()
+	for _, g := range []int{1, 64} {
+		b.Run("fleetrate/g="+strconv.Itoa(g), func(b *testing.B) {
+			c := redisClient(srv, g+4)
+			defer c.Close()
+			s, err := redisstore.New(c, redisstore.Options{Timeout: time.Second})
+			if err != nil {
+				b.Fatal(err)
+			}
+			_ = s.LoadScripts(ctx)
+			l, err := fleetrate.New(s, fleetrate.Config{Limits: []fleetrate.Limit{fleetrate.PerSecond(benchRate, benchBurst)}})
+			if err != nil {
+				b.Fatal(err)
+			}
+			runParallel(b, g, func(i int) error {
+				_, err := l.Allow(ctx, keyNames[i%keys])
+				return err
+			})
+		})
+		b.Run("redis_rate/g="+strconv.Itoa(g), func(b *testing.B) {
+			c := redisClient(srv, g+4)
+			defer c.Close()
+			l := redis_rate.NewLimiter(c)
+			lim := redis_rate.Limit{Rate: benchRate, Burst: benchBurst, Period: time.Second}
+			runParallel(b, g, func(i int) error {
+				_, err := l.Allow(ctx, keyNames[i%keys], lim)
+				return err
+			})
+		})
+	}
+}
+
+// runParallel runs f from g goroutines until b.N calls are done and reports
+// decisions per second.
+func runParallel(b *testing.B, g int, f func(i int) error) {
+	b.ReportAllocs()
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	b.ResetTimer()
+	start := time.Now()
+	for range g {
+		wg.Go(func() {
+			for {
+				i := next.Add(1)
+				if i > int64(b.N) {
+					return
+				}
+				if err := f(int(i)); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "decisions/s")
+}
