@@ -77,6 +77,9 @@ type Store struct {
 	// deadline (ContextTimeoutEnabled); otherwise each call runs in a
 	// goroutine that the store stops waiting for at the deadline.
 	direct bool
+	// cluster is true for a Cluster client, where the keys of one call must
+	// share a hash slot.
+	cluster bool
 }
 
 var _ fleetrate.Store = (*Store)(nil)
@@ -86,7 +89,8 @@ func New(c Client, opts Options) (*Store, error) {
 	if c == nil {
 		return nil, fmt.Errorf("%w: redisstore: client must not be nil", fleetrate.ErrInvalid)
 	}
-	s := &Store{c: c, timeout: opts.Timeout, direct: respectsContext(c)}
+	_, cluster := c.(*redis.ClusterClient)
+	s := &Store{c: c, timeout: opts.Timeout, direct: respectsContext(c), cluster: cluster}
 	if s.timeout == 0 {
 		s.timeout = DefaultTimeout
 	}
@@ -138,6 +142,22 @@ func unavailable(op string, err error) error {
 	return fmt.Errorf("%w: redis %s: %w", fleetrate.ErrStoreUnavailable, op, err)
 }
 
+// sameSlot checks, on a Cluster, that the keys of one atomic call share a
+// hash slot, so that a caller's mistake is an ErrInvalid naming the keys,
+// not a CROSSSLOT failure reported as an unavailable store.
+func (s *Store) sameSlot(keys []string) error {
+	if !s.cluster || len(keys) < 2 {
+		return nil
+	}
+	first := Slot(keys[0])
+	for _, k := range keys[1:] {
+		if Slot(k) != first {
+			return fmt.Errorf("%w: keys %q and %q are on different Redis Cluster slots; give buckets taken together a common {hash tag}", fleetrate.ErrInvalid, keys[0], k)
+		}
+	}
+	return nil
+}
+
 // appendLimits appends each bucket's limits to args in the layout the
 // scripts read, and returns the keys.
 func appendLimits(args []any, buckets []fleetrate.Bucket) ([]string, []any) {
@@ -180,6 +200,9 @@ func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Resu
 	args := make([]any, 2, 2+3*len(req.Buckets))
 	args[0], args[1] = req.N, int64(req.MaxWait)
 	keys, args := appendLimits(args, req.Buckets)
+	if err := s.sameSlot(keys); err != nil {
+		return fleetrate.Result{}, err
+	}
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
 	var reply []int64
@@ -237,6 +260,9 @@ func (s *Store) update(ctx context.Context, op string, script *redis.Script, buc
 		return err
 	}
 	keys, args := appendLimits([]any{arg}, buckets)
+	if err := s.sameSlot(keys); err != nil {
+		return err
+	}
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
 	err := s.bounded(ctx, func(ctx context.Context) error {
