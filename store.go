@@ -151,6 +151,10 @@ type Result struct {
 	// At is the store's clock when it decided. For Redis this is the
 	// server's TIME, the one clock the whole fleet shares.
 	At time.Time
+	// Degraded is set when the shared store could not decide and a failure
+	// policy did instead (see package failsafe): fail open, or a local
+	// fallback bucket.
+	Degraded bool
 }
 
 // Store keeps token buckets and applies the algorithm in Decide atomically.

@@ -1,0 +1,362 @@
+// Package failsafe wraps a shared fleetrate.Store (Redis) with a failure
+// policy and a circuit breaker, so that a limiter keeps deciding, the way
+// its operator chose, when the store fails.
+//
+// A limiter sits in front of every call, so a dead store must cost almost
+// nothing: after FailureThreshold consecutive failures the breaker opens
+// and calls stop reaching the store for CoolOff; then one call probes it,
+// and a success closes the breaker again. While the store is unavailable
+// the Policy decides:
+//
+//   - FailOpen allows every take and marks the result Degraded;
+//   - FailClosed returns the store's error (wrapping
+//     fleetrate.ErrStoreUnavailable), never a plain denial;
+//   - LocalFallback decides on an in-memory bucket whose limits are the
+//     shared ones divided by FleetSize, so that the fleet as a whole stays
+//     near the shared allowance.
+//
+// Invalid requests (fleetrate.ErrInvalid, ErrBurstExceeded) and the
+// caller's own cancellation pass through untouched and do not count as
+// store failures.
+package failsafe
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/fleetrate/fleetrate"
+	"github.com/fleetrate/fleetrate/memstore"
+)
+
+// Policy is what a Store does when the shared store fails.
+type Policy int
+
+const (
+	// FailOpen allows, and counts it.
+	FailOpen Policy = iota
+	// FailClosed returns the store error: the caller denies, and knows why.
+	FailClosed
+	// LocalFallback decides on a local in-memory bucket at the shared
+	// limits divided by Options.FleetSize.
+	LocalFallback
+)
+
+func (p Policy) String() string {
+	switch p {
+	case FailOpen:
+		return "fail_open"
+	case FailClosed:
+		return "fail_closed"
+	case LocalFallback:
+		return "local_fallback"
+	}
+	return fmt.Sprintf("Policy(%d)", int(p))
+}
+
+// ParsePolicy parses "fail_open", "fail_closed" or "local_fallback".
+func ParsePolicy(s string) (Policy, error) {
+	for _, p := range []Policy{FailOpen, FailClosed, LocalFallback} {
+		if s == p.String() {
+			return p, nil
+		}
+	}
+	return 0, fmt.Errorf("%w: failure policy %q: want fail_open, fail_closed or local_fallback", fleetrate.ErrInvalid, s)
+}
+
+// ErrCircuitOpen is wrapped, together with fleetrate.ErrStoreUnavailable,
+// by the errors of calls that the open breaker kept from the store.
+var ErrCircuitOpen = errors.New("failsafe: circuit open")
+
+// Defaults applied when an Options field is zero.
+const (
+	DefaultFailureThreshold = 5
+	DefaultCoolOff          = 500 * time.Millisecond
+)
+
+// Options configure a Store. The zero value of each field means its
+// default.
+type Options struct {
+	// Name labels logs and metrics, e.g. "redis". Default "store".
+	Name string
+	// Policy is what to do while the store fails. Default FailOpen.
+	Policy Policy
+	// FleetSize is the expected number of processes sharing the store;
+	// LocalFallback divides every rate and burst by it (burst at least 1).
+	// Default 1.
+	FleetSize int
+	// Fallback is the local store for LocalFallback. Default: a new
+	// memstore.
+	Fallback fleetrate.Store
+	// FailureThreshold is how many consecutive failures open the breaker.
+	// Default DefaultFailureThreshold (5).
+	FailureThreshold int
+	// CoolOff is how long the open breaker keeps calls from the store
+	// before one probe. Default DefaultCoolOff (500 ms).
+	CoolOff time.Duration
+	// Logger receives the switch-over and switch-back. Default
+	// slog.Default().
+	Logger *slog.Logger
+	// Registerer, when set, receives the metrics: fleetrate_breaker_open,
+	// fleetrate_store_failures_total and fleetrate_degraded_decisions_total,
+	// labelled by store.
+	Registerer prometheus.Registerer
+	// Clock is the breaker's time source. Default time.Now.
+	Clock func() time.Time
+}
+
+const (
+	closed int32 = iota
+	open
+	probing
+)
+
+// Store is a fleetrate.Store with a failure policy and a circuit breaker.
+// It is safe for concurrent use.
+type Store struct {
+	primary  fleetrate.Store
+	fallback fleetrate.Store
+	opts     Options
+
+	state     atomic.Int32
+	failures  atomic.Int32
+	openUntil atomic.Int64 // unix ns
+
+	gauge    prometheus.Gauge
+	failed   prometheus.Counter
+	degraded prometheus.Counter
+}
+
+var _ fleetrate.Store = (*Store)(nil)
+
+// New wraps primary.
+func New(primary fleetrate.Store, opts Options) (*Store, error) {
+	if primary == nil {
+		return nil, fmt.Errorf("%w: failsafe: primary store must not be nil", fleetrate.ErrInvalid)
+	}
+	if opts.Policy < FailOpen || opts.Policy > LocalFallback {
+		return nil, fmt.Errorf("%w: failsafe: policy: unknown %d", fleetrate.ErrInvalid, opts.Policy)
+	}
+	if opts.FleetSize < 0 || opts.FailureThreshold < 0 || opts.CoolOff < 0 {
+		return nil, fmt.Errorf("%w: failsafe: fleet size %d, failure threshold %d and cool-off %v must not be negative",
+			fleetrate.ErrInvalid, opts.FleetSize, opts.FailureThreshold, opts.CoolOff)
+	}
+	if opts.Name == "" {
+		opts.Name = "store"
+	}
+	if opts.FleetSize == 0 {
+		opts.FleetSize = 1
+	}
+	if opts.FailureThreshold == 0 {
+		opts.FailureThreshold = DefaultFailureThreshold
+	}
+	if opts.CoolOff == 0 {
+		opts.CoolOff = DefaultCoolOff
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Clock == nil {
+		opts.Clock = time.Now
+	}
+	s := &Store{primary: primary, fallback: opts.Fallback, opts: opts}
+	if s.fallback == nil && opts.Policy == LocalFallback {
+		s.fallback = memstore.New(memstore.Options{})
+	}
+	labels := prometheus.Labels{"store": opts.Name}
+	s.gauge = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "fleetrate_breaker_open", Help: "1 while the circuit breaker keeps calls from the shared store.", ConstLabels: labels,
+	})
+	s.failed = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "fleetrate_store_failures_total", Help: "Calls the shared store failed to answer.", ConstLabels: labels,
+	})
+	s.degraded = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "fleetrate_degraded_decisions_total", Help: "Takes decided by the failure policy instead of the shared store.",
+		ConstLabels: prometheus.Labels{"store": opts.Name, "policy": opts.Policy.String()},
+	})
+	if opts.Registerer != nil {
+		for _, c := range []prometheus.Collector{s.gauge, s.failed, s.degraded} {
+			if err := opts.Registerer.Register(c); err != nil {
+				return nil, fmt.Errorf("failsafe: registering metrics: %w", err)
+			}
+		}
+	}
+	return s, nil
+}
+
+// Open reports whether the breaker currently keeps calls from the store.
+func (s *Store) Open() bool { return s.state.Load() != closed }
+
+// allow reports whether this call may reach the primary store, claiming
+// the single probe when the cool-off is over.
+func (s *Store) allow() bool {
+	switch s.state.Load() {
+	case closed:
+		return true
+	case open:
+		if s.opts.Clock().UnixNano() < s.openUntil.Load() {
+			return false
+		}
+		return s.state.CompareAndSwap(open, probing)
+	}
+	return false // another call is probing
+}
+
+func (s *Store) succeeded() {
+	s.failures.Store(0)
+	if s.state.Swap(closed) != closed {
+		s.gauge.Set(0)
+		s.opts.Logger.Info("fleetrate store recovered; circuit closed", "store", s.opts.Name)
+	}
+}
+
+func (s *Store) failedWith(err error) {
+	s.failed.Inc()
+	n := s.failures.Add(1)
+	st := s.state.Load()
+	if st == probing || (st == closed && n >= int32(s.opts.FailureThreshold)) {
+		s.openUntil.Store(s.opts.Clock().Add(s.opts.CoolOff).UnixNano())
+		if s.state.Swap(open) == closed {
+			s.gauge.Set(1)
+			s.opts.Logger.Warn("fleetrate store unavailable; circuit open",
+				"store", s.opts.Name, "policy", s.opts.Policy.String(), "failures", n, "cool_off", s.opts.CoolOff, "err", err)
+		}
+	}
+}
+
+// storeFailure reports whether err is the store's fault, as opposed to an
+// invalid request or the caller's cancellation.
+func storeFailure(ctx context.Context, err error) bool {
+	if err == nil || errors.Is(err, fleetrate.ErrInvalid) || errors.Is(err, fleetrate.ErrBurstExceeded) {
+		return false
+	}
+	if ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return false // the caller gave up
+	}
+	return true
+}
+
+// call runs f against the primary store through the breaker. It returns
+// whether the store answered (ok) and the error to report when it did not.
+func (s *Store) call(ctx context.Context, f func() error) (ok bool, err error) {
+	if !s.allow() {
+		return false, fmt.Errorf("%w: %w (%s)", fleetrate.ErrStoreUnavailable, ErrCircuitOpen, s.opts.Name)
+	}
+	err = f()
+	if !storeFailure(ctx, err) {
+		if s.state.Load() == probing && err != nil {
+			s.state.CompareAndSwap(probing, open) // the probe proved nothing
+		} else {
+			s.succeeded()
+		}
+		return true, err
+	}
+	s.failedWith(err)
+	return false, err
+}
+
+// Take implements fleetrate.Store.
+func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Result, error) {
+	var res fleetrate.Result
+	ok, err := s.call(ctx, func() (err error) {
+		res, err = s.primary.Take(ctx, req)
+		return err
+	})
+	if ok {
+		return res, err
+	}
+	switch s.opts.Policy {
+	case FailClosed:
+		return fleetrate.Result{}, err
+	case LocalFallback:
+		res, ferr := s.fallback.Take(ctx, s.scale(req))
+		if ferr != nil {
+			return fleetrate.Result{}, errors.Join(err, ferr)
+		}
+		res.Degraded = true
+		s.degraded.Inc()
+		return res, nil
+	}
+	if verr := req.Validate(); verr != nil {
+		return fleetrate.Result{}, verr
+	}
+	s.degraded.Inc()
+	l := req.Buckets[0].Limits[0]
+	return fleetrate.Result{Allowed: true, N: req.N, Limit: l, At: s.opts.Clock(), Degraded: true}, nil
+}
+
+// scale divides every limit by the fleet size for the local fallback.
+func (s *Store) scale(req fleetrate.Request) fleetrate.Request {
+	if s.opts.FleetSize == 1 {
+		return req
+	}
+	out := req
+	out.Buckets = make([]fleetrate.Bucket, len(req.Buckets))
+	for i, b := range req.Buckets {
+		b.Limits = s.scaleLimits(b.Limits, req.N)
+		out.Buckets[i] = b
+	}
+	return out
+}
+
+func (s *Store) scaleLimits(limits []fleetrate.Limit, n int64) []fleetrate.Limit {
+	if s.opts.FleetSize == 1 {
+		return limits
+	}
+	out := make([]fleetrate.Limit, len(limits))
+	for i, l := range limits {
+		l.Rate /= float64(s.opts.FleetSize)
+		l.Burst = max(l.Burst/int64(s.opts.FleetSize), n, 1)
+		// Keep the local bucket valid: its fill time may not exceed the
+		// bound a shared limit respects.
+		if l.Validate() != nil {
+			l.Burst = max(int64(math.Floor(l.Rate*fleetrate.MaxFillTime.Seconds())), 1)
+		}
+		out[i] = l
+	}
+	return out
+}
+
+func (s *Store) localBuckets(bs []fleetrate.Bucket) []fleetrate.Bucket {
+	out := make([]fleetrate.Bucket, len(bs))
+	for i, b := range bs {
+		b.Limits = s.scaleLimits(b.Limits, 0)
+		out[i] = b
+	}
+	return out
+}
+
+// Refund implements fleetrate.Store. Under LocalFallback a failed refund
+// goes to the local bucket; otherwise the store's error is returned.
+func (s *Store) Refund(ctx context.Context, buckets []fleetrate.Bucket, n int64) error {
+	ok, err := s.call(ctx, func() error { return s.primary.Refund(ctx, buckets, n) })
+	if ok || s.opts.Policy != LocalFallback {
+		return err
+	}
+	return s.fallback.Refund(ctx, s.localBuckets(buckets), n)
+}
+
+// Drain implements fleetrate.Store. Under LocalFallback a failed drain
+// pauses the local bucket; otherwise the store's error is returned.
+func (s *Store) Drain(ctx context.Context, buckets []fleetrate.Bucket, d time.Duration) error {
+	ok, err := s.call(ctx, func() error { return s.primary.Drain(ctx, buckets, d) })
+	if ok || s.opts.Policy != LocalFallback {
+		return err
+	}
+	return s.fallback.Drain(ctx, s.localBuckets(buckets), d)
+}
+
+// Reset implements fleetrate.Store.
+func (s *Store) Reset(ctx context.Context, keys ...string) error {
+	_, err := s.call(ctx, func() error { return s.primary.Reset(ctx, keys...) })
+	if s.fallback != nil {
+		_ = s.fallback.Reset(ctx, keys...)
+	}
+	return err
+}

@@ -1,0 +1,234 @@
+package failsafe_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/fleetrate/fleetrate"
+	"github.com/fleetrate/fleetrate/failsafe"
+	"github.com/fleetrate/fleetrate/memstore"
+	"github.com/fleetrate/fleetrate/storetest"
+)
+
+func TestConformance(t *testing.T) {
+	t.Parallel()
+	storetest.Run(t, func(t *testing.T) fleetrate.Store {
+		s, err := failsafe.New(memstore.New(memstore.Options{}), failsafe.Options{Policy: failsafe.FailClosed})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	})
+}
+
+// flaky is a store whose backend can be switched off, counting the calls
+// that reach it. It stands for Redis in the breaker's unit tests; the Redis
+// store itself is tested against real redis-server processes.
+type flaky struct {
+	fleetrate.Store
+	down  atomic.Bool
+	calls atomic.Int64
+}
+
+func (f *flaky) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Result, error) {
+	f.calls.Add(1)
+	if f.down.Load() {
+		if err := req.Validate(); err != nil {
+			return fleetrate.Result{}, err
+		}
+		return fleetrate.Result{}, errors.Join(fleetrate.ErrStoreUnavailable, errors.New("connection refused"))
+	}
+	return f.Store.Take(ctx, req)
+}
+
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) now() time.Time     { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *clock) add(d time.Duration) { c.mu.Lock(); c.t = c.t.Add(d); c.mu.Unlock() }
+
+func req(key string, n int64) fleetrate.Request {
+	return fleetrate.Request{Buckets: []fleetrate.Bucket{{Key: key, Limits: []fleetrate.Limit{fleetrate.PerSecond(10, 20)}}}, N: n}
+}
+
+func TestBreakerOpensProbesAndCloses(t *testing.T) {
+	t.Parallel()
+	clk := &clock{t: time.Unix(1_700_000_000, 0)}
+	primary := &flaky{Store: memstore.New(memstore.Options{})}
+	var logs bytes.Buffer
+	reg := prometheus.NewRegistry()
+	s, err := failsafe.New(primary, failsafe.Options{
+		Name: "redis", Policy: failsafe.FailClosed, FailureThreshold: 3, CoolOff: time.Second,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil)), Registerer: reg, Clock: clk.now,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	gauge := func() float64 {
+		t.Helper()
+		return metric(t, reg, "fleetrate_breaker_open")
+	}
+	primary.down.Store(true)
+	for i := range 3 {
+		_, err := s.Take(ctx, req("k", 1))
+		if !errors.Is(err, fleetrate.ErrStoreUnavailable) {
+			t.Fatalf("call %d: %v", i, err)
+		}
+	}
+	if !s.Open() || gauge() != 1 || !strings.Contains(logs.String(), "circuit open") {
+		t.Fatalf("after 3 failures: open=%v gauge=%v logs=%q", s.Open(), gauge(), logs.String())
+	}
+	// While open, calls cost nothing: they never reach the store.
+	before := primary.calls.Load()
+	for range 100 {
+		if _, err := s.Take(ctx, req("k", 1)); !errors.Is(err, failsafe.ErrCircuitOpen) || !errors.Is(err, fleetrate.ErrStoreUnavailable) {
+			t.Fatalf("open circuit: %v", err)
+		}
+	}
+	if got := primary.calls.Load() - before; got != 0 {
+		t.Fatalf("%d calls reached the store while the circuit was open", got)
+	}
+	// After the cool-off one probe goes through; it fails, so the breaker
+	// opens for another cool-off.
+	clk.add(time.Second)
+	_, _ = s.Take(ctx, req("k", 1))
+	_, _ = s.Take(ctx, req("k", 1))
+	if got := primary.calls.Load() - before; got != 1 {
+		t.Fatalf("%d probes after the cool-off, want 1", got)
+	}
+	// The store is back: the next probe succeeds and closes the breaker.
+	primary.down.Store(false)
+	clk.add(time.Second)
+	res, err := s.Take(ctx, req("k", 1))
+	if err != nil || !res.Allowed || res.Degraded {
+		t.Fatalf("after recovery: %+v %v", res, err)
+	}
+	if s.Open() || gauge() != 0 || !strings.Contains(logs.String(), "circuit closed") {
+		t.Fatalf("after recovery: open=%v gauge=%v logs=%q", s.Open(), gauge(), logs.String())
+	}
+	failures := metric(t, reg, "fleetrate_store_failures_total")
+	if failures != 4 {
+		t.Fatalf("failures counter %v, want 4", failures)
+	}
+}
+
+// metric reads one gauge or counter from reg.
+func metric(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			m := mf.GetMetric()[0]
+			return m.GetGauge().GetValue() + m.GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("metric %s not registered", name)
+	return 0
+}
+
+func TestPolicies(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	down := func() *flaky {
+		f := &flaky{Store: memstore.New(memstore.Options{})}
+		f.down.Store(true)
+		return f
+	}
+	t.Run("fail open allows and marks degraded", func(t *testing.T) {
+		t.Parallel()
+		s, _ := failsafe.New(down(), failsafe.Options{Policy: failsafe.FailOpen})
+		for range 50 {
+			res, err := s.Take(ctx, req("k", 1))
+			if err != nil || !res.Allowed || !res.Degraded {
+				t.Fatalf("%+v %v", res, err)
+			}
+		}
+		if _, err := s.Take(ctx, req("k", 21)); !errors.Is(err, fleetrate.ErrBurstExceeded) {
+			t.Fatalf("invalid request under fail open: %v", err)
+		}
+	})
+	t.Run("fail closed is an error, never a denial", func(t *testing.T) {
+		t.Parallel()
+		s, _ := failsafe.New(down(), failsafe.Options{Policy: failsafe.FailClosed})
+		for range 50 {
+			res, err := s.Take(ctx, req("k", 1))
+			if !errors.Is(err, fleetrate.ErrStoreUnavailable) || res.Allowed {
+				t.Fatalf("%+v %v", res, err)
+			}
+		}
+	})
+	t.Run("local fallback enforces the shared limit over the fleet size", func(t *testing.T) {
+		t.Parallel()
+		clk := &clock{t: time.Unix(1_700_000_000, 0)}
+		local := memstore.New(memstore.Options{Clock: clk.now})
+		s, _ := failsafe.New(down(), failsafe.Options{Policy: failsafe.LocalFallback, FleetSize: 4, Fallback: local})
+		allowed := 0
+		for range 50 {
+			res, err := s.Take(ctx, req("k", 1))
+			if err != nil || !res.Degraded {
+				t.Fatalf("%+v %v", res, err)
+			}
+			if res.Allowed {
+				allowed++
+			}
+		}
+		if allowed != 5 { // burst 20 / 4
+			t.Fatalf("local fallback allowed %d at once, want 5", allowed)
+		}
+		clk.add(time.Second) // 10/s / 4 = 2.5 tokens
+		allowed = 0
+		for range 50 {
+			if res, _ := s.Take(ctx, req("k", 1)); res.Allowed {
+				allowed++
+			}
+		}
+		if allowed != 2 {
+			t.Fatalf("after 1s the fallback allowed %d, want 2", allowed)
+		}
+	})
+	t.Run("bad options", func(t *testing.T) {
+		t.Parallel()
+		if _, err := failsafe.New(nil, failsafe.Options{}); !errors.Is(err, fleetrate.ErrInvalid) {
+			t.Fatal(err)
+		}
+		if _, err := failsafe.New(down(), failsafe.Options{Policy: 7}); !errors.Is(err, fleetrate.ErrInvalid) {
+			t.Fatal(err)
+		}
+		if _, err := failsafe.ParsePolicy("fail_sideways"); err == nil || !strings.Contains(err.Error(), `"fail_sideways"`) {
+			t.Fatal(err)
+		}
+		if p, err := failsafe.ParsePolicy("local_fallback"); err != nil || p != failsafe.LocalFallback {
+			t.Fatal(p, err)
+		}
+	})
+}
+
+func TestCallerCancellationIsNotAStoreFailure(t *testing.T) {
+	t.Parallel()
+	s, _ := failsafe.New(memstore.New(memstore.Options{}), failsafe.Options{Policy: failsafe.FailOpen, FailureThreshold: 1})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for range 3 {
+		if res, err := s.Take(ctx, req("k", 1)); err == nil || res.Allowed {
+			t.Fatalf("cancelled take: %+v %v", res, err)
+		}
+	}
+	if s.Open() {
+		t.Fatal("caller cancellations opened the breaker")
+	}
+}
