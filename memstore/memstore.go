@@ -38,8 +38,9 @@ const DefaultMaxKeys = 1_000_000
 // sweepEvery is how many writes to a shard pass between incremental sweeps
 // of expired buckets; sweepBatch is how many entries a sweep looks at.
 const (
-	sweepEvery = 256
-	sweepBatch = 128
+	sweepEvery  = 256
+	sweepBatch  = 128
+	sweepRounds = 8
 	evictScan  = 8
 )
 
@@ -175,15 +176,23 @@ func (s *Store) save(key []byte, st fleetrate.BucketState) {
 	}
 }
 
-// sweep drops up to sweepBatch expired buckets from a shard, relying on
-// Go's randomised map iteration to visit a different part each time.
+// sweep drops expired buckets from a shard, as Redis expires keys: it
+// samples sweepBatch entries (Go's map iteration starts at a random place)
+// and samples again while more than a quarter of a sample had expired, up
+// to sweepRounds samples.
 func (s *Store) sweep(sh *shard, now int64) {
-	seen := 0
-	for k, e := range sh.m {
-		if e.expires <= now {
-			delete(sh.m, k)
+	for range sweepRounds {
+		seen, dropped := 0, 0
+		for k, e := range sh.m {
+			if e.expires <= now {
+				delete(sh.m, k)
+				dropped++
+			}
+			if seen++; seen >= sweepBatch {
+				break
+			}
 		}
-		if seen++; seen >= sweepBatch {
+		if dropped*4 <= seen {
 			return
 		}
 	}
