@@ -41,7 +41,7 @@ const (
 	sweepEvery  = 256
 	sweepBatch  = 128
 	sweepRounds = 8
-	evictScan  = 8
+	evictScan   = 8
 )
 
 type entry struct {
