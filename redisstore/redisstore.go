@@ -67,6 +67,12 @@ type Options struct {
 	// deadline keeps it. The default is DefaultTimeout (50 ms); a negative
 	// value means no bound beyond the context's.
 	Timeout time.Duration
+	// FoldHotKeys folds concurrent identical takes on one bucket in this
+	// process into a single script call while one is in flight, so that a
+	// hot bucket shared by many goroutines is not limited by how many
+	// scripts one Redis core runs a second. Every caller still gets its own
+	// exact decision and wait. Off by default.
+	FoldHotKeys bool
 }
 
 // Store is a fleetrate.Store in Redis. It is safe for concurrent use.
@@ -80,6 +86,8 @@ type Store struct {
 	// cluster is true for a Cluster client, where the keys of one call must
 	// share a hash slot.
 	cluster bool
+	// fold is set with Options.FoldHotKeys.
+	fold *folder
 }
 
 var _ fleetrate.Store = (*Store)(nil)
@@ -93,6 +101,9 @@ func New(c Client, opts Options) (*Store, error) {
 	s := &Store{c: c, timeout: opts.Timeout, direct: respectsContext(c), cluster: cluster}
 	if s.timeout == 0 {
 		s.timeout = DefaultTimeout
+	}
+	if opts.FoldHotKeys {
+		s.fold = &folder{s: s, groups: map[string]*group{}}
 	}
 	return s, nil
 }
@@ -197,11 +208,32 @@ func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Resu
 	if err := req.Validate(); err != nil {
 		return fleetrate.Result{}, err
 	}
-	args := make([]any, 2, 2+3*len(req.Buckets))
-	args[0], args[1] = req.N, int64(req.MaxWait)
+	if s.fold != nil && req.N > 0 {
+		return s.fold.take(ctx, req)
+	}
+	return s.takeMany(ctx, req, 1)
+}
+
+// takeMany runs count identical takes in one script call and returns the
+// first decision; see takeBatch.
+func (s *Store) takeMany(ctx context.Context, req fleetrate.Request, count int) (fleetrate.Result, error) {
+	rs, err := s.takeBatch(ctx, req, count)
+	if err != nil {
+		return fleetrate.Result{}, err
+	}
+	return rs[0], nil
+}
+
+// takeBatch runs count identical takes of an already validated request in
+// one script call, at one instant of the server's clock, and returns the
+// decisions made: every grant, then at most one denial that stands for all
+// the takes after it.
+func (s *Store) takeBatch(ctx context.Context, req fleetrate.Request, count int) ([]fleetrate.Result, error) {
+	args := make([]any, 3, 3+3*len(req.Buckets))
+	args[0], args[1], args[2] = req.N, int64(req.MaxWait), count
 	keys, args := appendLimits(args, req.Buckets)
 	if err := s.sameSlot(keys); err != nil {
-		return fleetrate.Result{}, err
+		return nil, err
 	}
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
@@ -211,17 +243,23 @@ func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Resu
 		return err
 	})
 	if err != nil {
-		return fleetrate.Result{}, unavailable("take", err)
+		return nil, unavailable("take", err)
 	}
-	return decodeTake(req, reply)
+	if len(reply) == 0 || len(reply)%8 != 0 || len(reply) > 8*count {
+		return nil, unavailable("take", fmt.Errorf("unexpected reply of %d values for %d takes", len(reply), count))
+	}
+	out := make([]fleetrate.Result, len(reply)/8)
+	for i := range out {
+		if out[i], err = decodeTake(req, reply[8*i:8*i+8]); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
 }
 
-// decodeTake turns the take script's reply into a Result, checking its
-// shape rather than trusting it.
+// decodeTake turns one decision of the take script's reply into a Result,
+// checking it rather than trusting it.
 func decodeTake(req fleetrate.Request, r []int64) (fleetrate.Result, error) {
-	if len(r) != 8 {
-		return fleetrate.Result{}, unavailable("take", fmt.Errorf("unexpected reply of %d values", len(r)))
-	}
 	b, l := r[5], r[6]
 	if b < 0 || int(b) >= len(req.Buckets) || l < 0 || int(l) >= len(req.Buckets[b].Limits) {
 		return fleetrate.Result{}, unavailable("take", fmt.Errorf("reply names bucket %d limit %d out of range", b, l))

@@ -3,6 +3,9 @@ package redisstore_test
 import (
 	"context"
 	"errors"
+	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -138,5 +141,77 @@ func TestAnyGoRedisClient(t *testing.T) {
 	}
 	if _, err := redisstore.New(nil, redisstore.Options{}); !errors.Is(err, fleetrate.ErrInvalid) {
 		t.Fatalf("nil client: %v", err)
+	}
+}
+
+func TestConformanceFolded(t *testing.T) {
+	srv := redistest.Start(t)
+	s, err := redisstore.New(srv.Client(), redisstore.Options{Timeout: 2 * time.Second, FoldHotKeys: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	storetest.Run(t, func(*testing.T) fleetrate.Store { return s })
+}
+
+// TestFoldedTakesAreExact sends many concurrent takes at one hot bucket
+// through the folding store: exactly the burst is granted, and reservations
+// get distinct consecutive slots.
+func TestFoldedTakesAreExact(t *testing.T) {
+	srv := redistest.Start(t)
+	s, err := redisstore.New(srv.Client(), redisstore.Options{Timeout: 2 * time.Second, FoldHotKeys: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	lim := fleetrate.Every(time.Hour, 100)
+	allow := fleetrate.Request{Buckets: []fleetrate.Bucket{{Key: "hot", Limits: []fleetrate.Limit{lim}}}, N: 1}
+	var granted, denied atomic.Int64
+	var wg sync.WaitGroup
+	for range 64 {
+		wg.Go(func() {
+			for range 10 {
+				res, err := s.Take(ctx, allow)
+				switch {
+				case err != nil:
+					t.Error(err)
+					return
+				case res.Allowed:
+					granted.Add(1)
+				case res.RetryAfter <= 0:
+					t.Errorf("denial without retry-after: %+v", res)
+				default:
+					denied.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if granted.Load() != 100 || denied.Load() != 540 {
+		t.Fatalf("granted %d denied %d of 640, want exactly 100 granted", granted.Load(), denied.Load())
+	}
+
+	// Reservations: 200 concurrent bookings at 1000/s burst 1 get 200
+	// distinct slots 1 ms apart (measured on the store's clock).
+	resv := fleetrate.Request{Buckets: []fleetrate.Bucket{{Key: "hot-wait", Limits: []fleetrate.Limit{fleetrate.PerSecond(1000, 1)}}}, N: 1, MaxWait: time.Minute}
+	var mu sync.Mutex
+	var slots []int64
+	for range 200 {
+		wg.Go(func() {
+			res, err := s.Take(ctx, resv)
+			if err != nil || !res.Allowed {
+				t.Errorf("%+v %v", res, err)
+				return
+			}
+			mu.Lock()
+			slots = append(slots, res.At.UnixNano()+int64(res.Wait))
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	slices.Sort(slots)
+	for i := 1; i < len(slots); i++ {
+		if gap := slots[i] - slots[i-1]; gap < int64(time.Millisecond) {
+			t.Fatalf("slots %d and %d are %v apart, want >= 1ms", i-1, i, time.Duration(gap))
+		}
 	}
 }

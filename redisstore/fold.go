@@ -1,0 +1,149 @@
+package redisstore
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/fleetrate/fleetrate"
+)
+
+// folder folds concurrent identical takes on one bucket into one script
+// call. One key can execute only so many scripts a second on one Redis
+// core; a hot key shared by a big fleet needs more. While a call for a
+// bucket is in flight, the takes that arrive for the same bucket queue up;
+// when it returns, the whole queue goes out as one call of count takes, and
+// each caller gets the decision the script made for it, exactly as if the
+// takes had run one after the other at the same instant.
+type folder struct {
+	s      *Store
+	mu     sync.Mutex
+	groups map[string]*group
+}
+
+type group struct {
+	req     fleetrate.Request
+	waiters []*waiter
+}
+
+const (
+	pending int32 = iota
+	delivered
+	abandoned
+)
+
+type waiter struct {
+	state atomic.Int32
+	res   fleetrate.Result
+	err   error
+	done  chan struct{}
+}
+
+// maxFold bounds one folded call, so that one script never runs long.
+const maxFold = 512
+
+// identity names a request shape: the same keys, limits, cost and max
+// wait. Only identical takes fold together.
+func identity(req fleetrate.Request) string {
+	var b strings.Builder
+	b.WriteString(strconv.FormatInt(req.N, 10))
+	b.WriteByte(' ')
+	b.WriteString(strconv.FormatInt(int64(req.MaxWait), 10))
+	for _, bk := range req.Buckets {
+		b.WriteByte('\x00')
+		b.WriteString(bk.StoreKey())
+		for _, l := range bk.Limits {
+			b.WriteByte(' ')
+			b.WriteString(strconv.FormatInt(l.Interval(), 10))
+			b.WriteByte('/')
+			b.WriteString(strconv.FormatInt(l.Burst, 10))
+			b.WriteByte('/')
+			b.WriteString(l.Name)
+		}
+	}
+	return b.String()
+}
+
+// take queues req with the takes of the same shape and waits for its own
+// decision.
+func (f *folder) take(ctx context.Context, req fleetrate.Request) (fleetrate.Result, error) {
+	w := &waiter{done: make(chan struct{})}
+	id := identity(req)
+	f.mu.Lock()
+	g, running := f.groups[id]
+	if !running {
+		g = &group{req: cloneRequest(req)}
+		f.groups[id] = g
+	}
+	g.waiters = append(g.waiters, w)
+	f.mu.Unlock()
+	if !running {
+		go f.run(id, g)
+	}
+	select {
+	case <-w.done:
+		return w.res, w.err
+	case <-ctx.Done():
+		if w.state.CompareAndSwap(pending, abandoned) {
+			return fleetrate.Result{}, ctx.Err()
+		}
+		<-w.done // delivered meanwhile: the decision stands
+		return w.res, w.err
+	}
+}
+
+// run sends the queue of one group as folded calls until it is empty.
+func (f *folder) run(id string, g *group) {
+	for {
+		f.mu.Lock()
+		batch := g.waiters
+		if len(batch) > maxFold {
+			batch = batch[:maxFold]
+		}
+		g.waiters = g.waiters[len(batch):]
+		if len(batch) == 0 {
+			delete(f.groups, id)
+			f.mu.Unlock()
+			return
+		}
+		f.mu.Unlock()
+
+		// The call belongs to no single caller, so it has the store's own
+		// timeout rather than any caller's context.
+		results, err := f.s.takeBatch(context.Background(), g.req, len(batch))
+		var refund int64
+		for i, w := range batch {
+			if err != nil {
+				w.err = err
+			} else {
+				w.res = results[min(i, len(results)-1)]
+			}
+			if w.state.CompareAndSwap(pending, delivered) {
+				close(w.done)
+			} else if err == nil && w.res.Allowed {
+				refund += g.req.N // its caller gave up: return its tokens
+			}
+		}
+		if refund > 0 {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			_ = f.s.Refund(ctx, g.req.Buckets, refund)
+			cancel()
+		}
+	}
+}
+
+
+// cloneRequest copies the slices of req, which belong to the caller and
+// may be reused once its call returns, while the group lives on.
+func cloneRequest(req fleetrate.Request) fleetrate.Request {
+	bs := make([]fleetrate.Bucket, len(req.Buckets))
+	for i, b := range req.Buckets {
+		b.Limits = append([]fleetrate.Limit(nil), b.Limits...)
+		bs[i] = b
+	}
+	req.Buckets = bs
+	return req
+}
