@@ -35,6 +35,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.AddCommand(
+		newDemoCmd(),
+		newSimulateCmd(),
 	// subcommands: one constructor per file (demo.go, simulate.go, serve.go, bench.go)
 	)
 	return root.ExecuteContext(ctx)

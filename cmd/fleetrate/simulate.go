@@ -1,0 +1,146 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/fleetrate/fleetrate/internal/simulate"
+)
+
+// newSimulateCmd returns "fleetrate simulate": the same traffic through a
+// fixed window and through the token bucket, with a chart.
+func newSimulateCmd() *cobra.Command {
+	var (
+		cfg        simulate.Config
+		out        string
+		noBoundary bool
+	)
+	cmd := &cobra.Command{
+		Use:   "simulate",
+		Short: "Compare a fixed-window counter with the token bucket on cron stampedes and window boundaries",
+		Long: `simulate plays the same simulated seconds of traffic through a fixed-window
+counter and through fleetrate's token bucket (the real memstore on a
+simulated clock):
+
+  - cron clients that each fire a batch at every :00 and retry refused
+    requests after Retry-After;
+  - a client that spends a whole window quota just before a window
+    boundary and a whole quota again just after it.
+
+It prints, for each limiter, the most requests admitted in any 20 s span,
+the peak admitted per second and the rejections, and writes a chart of
+admitted requests per second (SVG or PNG, by the --out extension).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			format := strings.TrimPrefix(strings.ToLower(filepath.Ext(out)), ".")
+			if out != "" && format != "png" && format != "svg" {
+				return fmt.Errorf("--out %q: the chart is written as .png or .svg", out)
+			}
+			if cfg.CronClients == 0 {
+				cfg.CronClients = -1 // the flag's 0 means none; the Config's means the default
+			}
+			if noBoundary {
+				cfg.Boundary = -1
+			}
+			rep, err := simulate.Run(cfg)
+			if err != nil {
+				return err
+			}
+			if err := printReport(cmd.OutOrStdout(), rep); err != nil {
+				return err
+			}
+			if out == "" {
+				return nil
+			}
+			var buf bytes.Buffer
+			if err := rep.WriteChart(&buf, format); err != nil {
+				return fmt.Errorf("--out %s: %w", out, err)
+			}
+			if err := os.WriteFile(out, buf.Bytes(), 0o644); err != nil {
+				return err
+			}
+			_, err = fmt.Fprintf(cmd.OutOrStdout(), "\nchart written to %s\n", out)
+			return err
+		},
+	}
+	f := cmd.Flags()
+	f.StringVarP(&out, "out", "o", "simulate.png", "chart file, .png or .svg (fonts not embedded); empty for none")
+	f.DurationVar(&cfg.Duration, "duration", simulate.DefaultDuration, "simulated time from 12:00:00")
+	f.DurationVar(&cfg.Window, "window", simulate.DefaultWindow, "fixed window length")
+	f.Int64Var(&cfg.Quota, "quota", simulate.DefaultQuota, "fixed window quota per client and window")
+	f.Float64Var(&cfg.Rate, "rate", 0, "token bucket rate per second (default quota/window)")
+	f.Int64Var(&cfg.Burst, "burst", simulate.DefaultBurst, "token bucket burst")
+	f.IntVar(&cfg.CronClients, "cron-clients", simulate.DefaultCronClients, "clients firing a batch at every :00 (0 for none)")
+	f.IntVar(&cfg.CronBatch, "cron-batch", simulate.DefaultCronBatch, "requests per cron client per minute")
+	f.DurationVar(&cfg.Boundary, "boundary", simulate.DefaultBoundary, "window boundary straddled by the boundary client, from 12:00:00")
+	f.BoolVar(&noBoundary, "no-boundary", false, "leave out the boundary client")
+	f.DurationVar(&cfg.BoundarySpan, "boundary-span", simulate.DefaultBoundarySpan, "how long before and after the boundary it sends each quota")
+	f.DurationVar(&cfg.Span, "span", simulate.DefaultSpan, "sliding span for the most-admitted count")
+	return cmd
+}
+
+func printReport(w io.Writer, r *simulate.Report) error {
+	c := r.Config
+	boundary := c.Boundary >= 0
+	var traffic []string
+	if c.CronClients > 0 {
+		traffic = append(traffic, fmt.Sprintf("%d cron clients x %d requests at every :00", c.CronClients, c.CronBatch))
+	}
+	if boundary {
+		traffic = append(traffic, fmt.Sprintf("one client sending %d requests in the %v before and the %v after %s",
+			c.Quota, c.BoundarySpan, c.BoundarySpan, simulate.Start.Add(c.Boundary).Format("15:04:05")))
+	}
+	if len(traffic) == 0 {
+		traffic = append(traffic, "no traffic")
+	}
+	fmt.Fprintf(w, "Simulated %v from 12:00:00: %s.\n", c.Duration, strings.Join(traffic, ", and "))
+	fmt.Fprintf(w, "Fixed window: %d per client per %s. Token bucket: %g/s, burst %d (fleetrate, memstore on the simulated clock).\n\n",
+		c.Quota, simulate.Per(c.Window), c.Rate, c.Burst)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	span := c.Span.String()
+	type row struct {
+		label string
+		f     func(simulate.Stats) string
+	}
+	var rows []row
+	if boundary {
+		rows = append(rows, row{"boundary client: most admitted in any " + span, func(s simulate.Stats) string { return fmt.Sprint(s.BoundaryMaxInSpan) }})
+	}
+	rows = append(rows,
+		row{"all clients: most admitted in any " + span, func(s simulate.Stats) string { return fmt.Sprint(s.MaxInSpan) }},
+		row{"all clients: peak admitted per second", func(s simulate.Stats) string {
+			return fmt.Sprintf("%d (at %s)", s.PeakPerSecond, simulate.Start.Add(time.Duration(s.PeakSecond)*time.Second).Format("15:04:05"))
+		}},
+		row{"rejections (429)", func(s simulate.Stats) string { return fmt.Sprint(s.Rejected) }},
+		row{"admitted", func(s simulate.Stats) string { return fmt.Sprint(s.Admitted) }},
+	)
+	fmt.Fprintf(tw, "\t%s\t%s\t\n", r.Fixed.Name, r.Bucket.Name)
+	for _, row := range rows {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t\n", row.label, row.f(r.Fixed), row.f(r.Bucket))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	switch {
+	case c.CronClients > 0 && boundary:
+		fmt.Fprintln(w, "\nThe bucket refuses the boundary client's excess and, for a while, the cron stampede: those cron")
+		fmt.Fprintln(w, "requests come back after Retry-After and are admitted over the following seconds.")
+	case c.CronClients > 0:
+		fmt.Fprintln(w, "\nThe bucket's rejections are cron requests that come back after Retry-After and are admitted")
+		fmt.Fprintln(w, "over the following seconds.")
+	}
+	if !boundary {
+		return nil
+	}
+	_, err := fmt.Fprintf(w, "A fixed window let one client through %.1fx its quota within %v; a token bucket never lets through more than burst + rate x %v = %.0f.\n",
+		float64(r.Fixed.BoundaryMaxInSpan)/float64(c.Quota), c.Span, c.Span, c.BucketBound(c.Span))
+	return err
+}

@@ -1,0 +1,89 @@
+package httplimit_test
+
+import (
+	"fmt"
+	"io"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"time"
+
+	"github.com/fleetrate/fleetrate"
+	"github.com/fleetrate/fleetrate/httplimit"
+	"github.com/fleetrate/fleetrate/memstore"
+)
+
+// Limit POST /v1/messages to 1 request per second with a burst of 2 per
+// API key. The store's clock is frozen so that the output is stable.
+func Example() {
+	frozen := time.Date(2026, 3, 2, 12, 0, 0, 0, time.UTC)
+	store := memstore.New(memstore.Options{Clock: func() time.Time { return frozen }})
+
+	m, err := httplimit.New(httplimit.Config{Store: store, Key: httplimit.APIKey("X-API-Key")})
+	if err != nil {
+		log.Fatal(err)
+	}
+	limit, err := m.Limit(httplimit.Policy{
+		Name:   "messages",
+		Limits: []fleetrate.Limit{fleetrate.PerSecond(1, 2)},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("POST /v1/messages", limit(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+	})))
+
+	for range 3 {
+		r := httptest.NewRequest(http.MethodPost, "/v1/messages", nil)
+		r.Header.Set("X-API-Key", "sk_test_123")
+		w := httptest.NewRecorder()
+		mux.ServeHTTP(w, r)
+		fmt.Println(w.Code, w.Header().Get("RateLimit-Policy"), w.Header().Get("RateLimit"))
+		if w.Code == http.StatusTooManyRequests {
+			body, _ := io.ReadAll(w.Body)
+			fmt.Print("Retry-After: ", w.Header().Get("Retry-After"), "\n", string(body))
+		}
+	}
+	// Output:
+	// 201 "messages";q=2;w=2 "messages";r=1;t=1
+	// 201 "messages";q=2;w=2 "messages";r=0;t=1
+	// 429 "messages";q=2;w=2 "messages";r=0;t=1
+	// Retry-After: 1
+	// {"type":"https://iana.org/assignments/http-problem-types#quota-exceeded","title":"Quota Exceeded","status":429,"detail":"the quota of policy \"messages\" (2 requests per 2s) is exhausted for this client; retry in 1 s","violated-policies":["messages"]}
+}
+
+// Key clients by IP address behind a load balancer at 10.0.0.0/8 that
+// appends to X-Forwarded-For; a forged X-Forwarded-For from anywhere else
+// is ignored.
+func ExampleClientIP() {
+	trusted, err := httplimit.ParsePrefixes("10.0.0.0/8")
+	if err != nil {
+		log.Fatal(err)
+	}
+	key, err := httplimit.ClientIP(httplimit.IPConfig{TrustedProxies: trusted})
+	if err != nil {
+		log.Fatal(err)
+	}
+	r := httptest.NewRequest(http.MethodGet, "/", nil)
+	r.RemoteAddr = "10.1.2.3:51234" // the load balancer
+	r.Header.Set("X-Forwarded-For", "6.6.6.6, 198.51.100.7")
+	fmt.Println(key(r))
+
+	r.RemoteAddr = "203.0.113.9:40000" // a client talking to us directly
+	fmt.Println(key(r))
+	// Output:
+	// ip:198.51.100.7/32 <nil>
+	// ip:203.0.113.9/32 <nil>
+}
+
+// Charge requests by body size: one token per started KiB, for a policy
+// measured in content bytes.
+func ExampleBodySize() {
+	cost := httplimit.BodySize(1024, 1<<20)
+	r := httptest.NewRequest(http.MethodPost, "/upload", nil)
+	r.ContentLength = 2500
+	fmt.Println(cost(r))
+	// Output: 3 <nil>
+}

@@ -1,0 +1,585 @@
+// Package httplimit is net/http middleware that protects an API with
+// fleetrate token buckets: one bucket per client (API key, principal, IP
+// address, route, or any key you choose) and policy, kept in any
+// fleetrate.Store, so that every instance of a service sharing a Redis
+// store enforces one budget.
+//
+// Every response carries the RateLimit-Policy and RateLimit header fields
+// of the IETF draft draft-ietf-httpapi-ratelimit-headers, such as
+//
+//	RateLimit-Policy: "messages";q=20;w=2
+//	RateLimit: "messages";r=13;t=1
+//
+// A refused request gets 429 Too Many Requests, a Retry-After in
+// delta-seconds rounded up (so a client that obeys it is admitted), and an
+// application/problem+json body (RFC 9457) naming the exhausted policy.
+// When the store fails, the middleware fails open (the default) or closed
+// with 503, never with 429; it logs with log/slog and counts with
+// Prometheus. Shadow mode evaluates and reports without ever refusing.
+//
+// The middleware has the standard shape func(http.Handler) http.Handler,
+// so it mounts on http.ServeMux routes, chi (r.With(mw)) and gorilla/mux
+// (route.Handler(mw(h)) or router.Use(mw)) alike:
+//
+//	m, err := httplimit.New(httplimit.Config{
+//		Store: memstore.New(memstore.Options{}),
+//		Key:   httplimit.APIKey("X-API-Key"),
+//	})
+//	...
+//	limit, err := m.Limit(httplimit.Policy{
+//		Name:   "messages",
+//		Limits: []fleetrate.Limit{fleetrate.PerSecond(10, 20)},
+//	})
+//	...
+//	mux.Handle("POST /v1/messages", limit(createMessage))
+package httplimit
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/fleetrate/fleetrate"
+	"github.com/fleetrate/fleetrate/internal/headers"
+)
+
+// Header field names the middleware sets.
+const (
+	HeaderRateLimitPolicy     = headers.RateLimitPolicy
+	HeaderRateLimit           = headers.RateLimit
+	HeaderRetryAfter          = headers.RetryAfter
+	HeaderXRateLimitLimit     = headers.XRateLimitLimit
+	HeaderXRateLimitRemaining = headers.XRateLimitRemaining
+	HeaderXRateLimitReset     = headers.XRateLimitReset
+)
+
+// Defaults applied when a Config field is zero.
+const (
+	// DefaultPrefix namespaces the middleware's store keys. The full key of
+	// a bucket is Prefix + policy name + ":" + escaped client key.
+	DefaultPrefix = "fleetrate:http:"
+	// DefaultTimeout bounds each store call. A slow store is treated as a
+	// failed one, so a Redis outage costs a request at most this long.
+	DefaultTimeout = 250 * time.Millisecond
+	// MaxPolicyNameLen is the longest policy or limit name.
+	MaxPolicyNameLen = 64
+	// storeErrorLogInterval is the least time between two logged store
+	// errors of one Middleware; the ones in between are counted and the
+	// count is logged with the next one.
+	storeErrorLogInterval = time.Second
+)
+
+// Config configures a Middleware. The zero value of each field means its
+// default; only Store is required.
+type Config struct {
+	// Store keeps the buckets: memstore for one process, redisstore for a
+	// fleet. Required.
+	Store fleetrate.Store
+	// Prefix is prepended to every store key. It may hold a Redis
+	// {hash tag}; client keys never do. The default is DefaultPrefix.
+	Prefix string
+	// Key identifies the client of a request for policies without a Key
+	// of their own. The default keys by the TCP peer's address, trusting
+	// no forwarding header: ClientIP(IPConfig{}).
+	Key KeyFunc
+	// KeyError answers a request whose key function failed. The default
+	// answers 400 Bad Request with a problem+json body carrying the error.
+	KeyError func(w http.ResponseWriter, r *http.Request, err error)
+	// FailClosed answers 503 Service Unavailable when the store fails or
+	// times out. The default, false, fails open: the request is served
+	// unlimited. Either way the failure is logged and counted, and it is
+	// never answered with 429.
+	FailClosed bool
+	// Shadow evaluates every policy and sets the RateLimit headers but never
+	// refuses a request, not even when the store fails: a request that
+	// would have been refused is logged at Info level and counted as
+	// shadow_denied. Use it to roll out a limit safely. Policy.Shadow sets
+	// it for one policy.
+	Shadow bool
+	// LegacyHeaders also sets X-RateLimit-Limit, X-RateLimit-Remaining and
+	// X-RateLimit-Reset (Unix seconds). The default is off.
+	LegacyHeaders bool
+	// Timeout bounds each store call; the request's own deadline applies
+	// when it is earlier. The default is DefaultTimeout (250 ms); a
+	// negative value means no bound beyond the request's context.
+	Timeout time.Duration
+	// Logger receives store failures (Error), shadow denials (Info) and
+	// denials (Debug). The default is slog.Default().
+	Logger *slog.Logger
+	// Registerer receives the metrics fleetrate_http_requests_total{policy,
+	// outcome}, fleetrate_http_store_errors_total{policy} and
+	// fleetrate_http_store_duration_seconds{policy}. Nil, the default,
+	// means no metrics. Several Middlewares may share one Registerer.
+	Registerer prometheus.Registerer
+}
+
+// Validate checks the configuration, naming the offending field.
+func (c Config) Validate() error {
+	if c.Store == nil {
+		return fmt.Errorf("%w: httplimit: config: store is required", fleetrate.ErrInvalid)
+	}
+	if len(c.Prefix) > 256 {
+		return fmt.Errorf("%w: httplimit: config: prefix must be at most 256 bytes, got %d", fleetrate.ErrInvalid, len(c.Prefix))
+	}
+	return nil
+}
+
+// Policy is a set of limits applied to the requests of a route (or of
+// any handler it wraps), each client drawing from its own bucket.
+type Policy struct {
+	// Name identifies the policy in store keys, headers, logs and metrics:
+	// 1 to 64 bytes of [A-Za-z0-9._-]. Routes mounted with policies of the
+	// same name share their buckets, so they must have the same limits.
+	// Required.
+	Name string
+	// Limits are enforced together: a request is admitted only when every
+	// limit has tokens for it, e.g. 10/s with burst 20 and 10000/day. When
+	// there are several, each needs a distinct Name, and the header items
+	// are named "policy.limit"; a single unnamed limit is named after the
+	// policy. Required.
+	Limits []fleetrate.Limit
+	// Key identifies the client; the default is Config.Key.
+	Key KeyFunc
+	// Cost is the number of tokens a request takes; the default is 1.
+	// See Weight and BodySize.
+	Cost CostFunc
+	// Unit is the quota unit advertised in RateLimit-Policy ("qu"), for
+	// example "content-bytes" with a BodySize cost. Empty means requests.
+	Unit string
+	// Shadow puts this policy in shadow mode; see Config.Shadow.
+	Shadow bool
+}
+
+// Validate checks the policy, naming the offending field and value.
+func (p Policy) Validate() error {
+	if err := validName("name", p.Name); err != nil {
+		return fmt.Errorf("%w: httplimit: policy: %w", fleetrate.ErrInvalid, err)
+	}
+	if len(p.Limits) == 0 {
+		return fmt.Errorf("%w: httplimit: policy %q: at least one limit is required", fleetrate.ErrInvalid, p.Name)
+	}
+	for i, l := range p.Limits {
+		if err := l.Validate(); err != nil {
+			return fmt.Errorf("%w: httplimit: policy %q: limits[%d]: %w", fleetrate.ErrInvalid, p.Name, i, err)
+		}
+		if len(p.Limits) == 1 && l.Name == "" {
+			continue
+		}
+		if err := validName(fmt.Sprintf("limits[%d].name", i), l.Name); err != nil {
+			return fmt.Errorf("%w: httplimit: policy %q with several limits: %w", fleetrate.ErrInvalid, p.Name, err)
+		}
+		for j, o := range p.Limits[:i] {
+			if o.Name == l.Name {
+				return fmt.Errorf("%w: httplimit: policy %q: limits[%d] and limits[%d] are both named %q", fleetrate.ErrInvalid, p.Name, j, i, l.Name)
+			}
+		}
+	}
+	switch p.Unit {
+	case "", headers.UnitRequests, headers.UnitContentBytes, headers.UnitConcurrentRequests:
+	default:
+		return fmt.Errorf("%w: httplimit: policy %q: unit must be %q, %q or %q, got %q", fleetrate.ErrInvalid, p.Name,
+			headers.UnitRequests, headers.UnitContentBytes, headers.UnitConcurrentRequests, p.Unit)
+	}
+	return nil
+}
+
+func validName(field, s string) error {
+	if s == "" || len(s) > MaxPolicyNameLen {
+		return fmt.Errorf("%s must be 1 to %d bytes, got %q", field, MaxPolicyNameLen, s)
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return fmt.Errorf("%s %q: byte %q is not one of [A-Za-z0-9._-]", field, s, c)
+		}
+	}
+	return nil
+}
+
+// Middleware builds rate-limiting middleware for policies over one store.
+// It is safe for concurrent use.
+type Middleware struct {
+	store      fleetrate.Store
+	prefix     string
+	key        KeyFunc
+	keyError   func(http.ResponseWriter, *http.Request, error)
+	failClosed bool
+	shadow     bool
+	legacy     bool
+	timeout    time.Duration
+	log        *slog.Logger
+	metrics    *metrics
+
+	mu       sync.Mutex
+	policies map[string][]fleetrate.Limit
+	lastLog  time.Time
+	dropped  int
+}
+
+// New returns a Middleware, or an error naming the invalid field.
+func New(cfg Config) (*Middleware, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	met, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	m := &Middleware{
+		store:      cfg.Store,
+		prefix:     cfg.Prefix,
+		key:        cfg.Key,
+		keyError:   cfg.KeyError,
+		failClosed: cfg.FailClosed,
+		shadow:     cfg.Shadow,
+		legacy:     cfg.LegacyHeaders,
+		timeout:    cfg.Timeout,
+		log:        cfg.Logger,
+		metrics:    met,
+		policies:   make(map[string][]fleetrate.Limit),
+	}
+	if m.prefix == "" {
+		m.prefix = DefaultPrefix
+	}
+	if m.key == nil {
+		if m.key, err = ClientIP(IPConfig{}); err != nil {
+			return nil, err
+		}
+	}
+	if m.keyError == nil {
+		m.keyError = defaultKeyError
+	}
+	if m.timeout == 0 {
+		m.timeout = DefaultTimeout
+	}
+	if m.log == nil {
+		m.log = slog.Default()
+	}
+	return m, nil
+}
+
+// policy is a validated Policy ready to serve.
+type policy struct {
+	m        *Middleware
+	name     string
+	lim      *fleetrate.Limiter
+	limits   []fleetrate.Limit
+	items    []string
+	header   string
+	key      KeyFunc
+	cost     CostFunc
+	shadow   bool
+	minBurst int64  // the smallest burst: no request may cost more
+	minItem  string // the item name of the limit with that burst
+	unit     string // for messages: "requests" unless Policy.Unit says otherwise
+}
+
+// Limit returns middleware enforcing p on every request of the handlers it
+// wraps, or an error naming what is wrong with p.
+func (m *Middleware) Limit(p Policy) (func(http.Handler) http.Handler, error) {
+	pol, err := m.compile(p)
+	if err != nil {
+		return nil, err
+	}
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			pol.serve(w, r, next)
+		})
+	}, nil
+}
+
+func (m *Middleware) compile(p Policy) (*policy, error) {
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	limits := slices.Clone(p.Limits)
+	lim, err := fleetrate.New(m.store, fleetrate.Config{Prefix: m.prefix + p.Name + ":", Limits: limits})
+	if err != nil {
+		return nil, fmt.Errorf("httplimit: policy %q: %w", p.Name, err)
+	}
+	m.mu.Lock()
+	prev, seen := m.policies[p.Name]
+	if seen && !slices.Equal(prev, limits) {
+		m.mu.Unlock()
+		return nil, fmt.Errorf("%w: httplimit: policy %q is already mounted with other limits (%v); give it another name", fleetrate.ErrInvalid, p.Name, prev)
+	}
+	m.policies[p.Name] = limits
+	m.mu.Unlock()
+	pol := &policy{
+		m:      m,
+		name:   p.Name,
+		lim:    lim,
+		limits: limits,
+		key:    p.Key,
+		cost:   p.Cost,
+		shadow: p.Shadow || m.shadow,
+		unit:   p.Unit,
+	}
+	if pol.unit == "" {
+		pol.unit = headers.UnitRequests
+	}
+	if pol.key == nil {
+		pol.key = m.key
+	}
+	hp := make([]headers.Policy, len(limits))
+	for i, l := range limits {
+		item := p.Name
+		if l.Name != "" {
+			item += "." + l.Name
+		}
+		pol.items = append(pol.items, item)
+		if i == 0 || l.Burst < pol.minBurst {
+			pol.minBurst, pol.minItem = l.Burst, item
+		}
+		hp[i] = headers.Policy{Name: item, Quota: l.Burst, Unit: p.Unit, Window: l.FillTime()}
+	}
+	if pol.header, err = headers.FormatPolicy(hp...); err != nil {
+		return nil, fmt.Errorf("httplimit: policy %q: %w", p.Name, err)
+	}
+	return pol, nil
+}
+
+func (p *policy) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
+	m := p.m
+	key, err := p.key(r)
+	if err == nil && key == "" {
+		err = fmt.Errorf("%w: the key function returned an empty key", ErrNoKey)
+	}
+	if err != nil {
+		m.metrics.request(p.name, OutcomeNoKey)
+		m.keyError(w, r, err)
+		return
+	}
+	cost := int64(1)
+	if p.cost != nil {
+		c, err := p.cost(r)
+		if err == nil && c < 0 {
+			err = fmt.Errorf("negative cost %d", c)
+		}
+		if err != nil {
+			m.metrics.request(p.name, OutcomeBadCost)
+			writeProblem(w, http.StatusBadRequest, &Problem{
+				Title:  http.StatusText(http.StatusBadRequest),
+				Detail: "cannot compute the cost of this request: " + err.Error(),
+			})
+			return
+		}
+		cost = c
+	}
+	if cost > p.minBurst {
+		// The request could never be admitted; retrying cannot help, so
+		// no Retry-After is sent.
+		m.metrics.request(p.name, OutcomeBadCost)
+		m.log.LogAttrs(r.Context(), slog.LevelWarn, "fleetrate: request cost exceeds the burst of its policy",
+			slog.String("policy", p.name), slog.Int64("cost", cost), slog.Int64("burst", p.minBurst))
+		if p.shadow {
+			next.ServeHTTP(w, r)
+			return
+		}
+		w.Header().Set(HeaderRateLimitPolicy, p.header)
+		writeProblem(w, http.StatusTooManyRequests, &Problem{
+			Type:             ProblemQuotaExceeded,
+			Title:            "Quota Exceeded",
+			Detail:           fmt.Sprintf("this request costs %d, more than the %d that policy %q can ever grant; it will never be admitted", cost, p.minBurst, p.minItem),
+			ViolatedPolicies: []string{p.minItem},
+		})
+		return
+	}
+
+	ctx, cancel := r.Context(), context.CancelFunc(func() {})
+	if m.timeout > 0 {
+		ctx, cancel = context.WithTimeout(ctx, m.timeout)
+	}
+	start := time.Now()
+	res, err := p.lim.AllowN(ctx, cost, bucketName(key))
+	cancel()
+	m.metrics.observe(p.name, time.Since(start))
+	if err != nil {
+		if r.Context().Err() != nil {
+			return // the client has gone; there is no one to answer
+		}
+		m.storeFailed(w, r, p, err, next)
+		return
+	}
+	item := p.setHeaders(w.Header(), res)
+	if res.Allowed {
+		m.metrics.request(p.name, OutcomeAllowed)
+		next.ServeHTTP(w, r)
+		return
+	}
+	attrs := []slog.Attr{
+		slog.String("policy", item), slog.Int64("cost", cost),
+		slog.Duration("retry_after", res.RetryAfter), slog.String("method", r.Method), slog.String("path", r.URL.Path),
+	}
+	if p.shadow {
+		m.metrics.request(p.name, OutcomeShadowDenied)
+		m.log.LogAttrs(r.Context(), slog.LevelInfo, "fleetrate: shadow mode: request would be rate limited", attrs...)
+		next.ServeHTTP(w, r)
+		return
+	}
+	m.metrics.request(p.name, OutcomeDenied)
+	m.log.LogAttrs(r.Context(), slog.LevelDebug, "fleetrate: request rate limited", attrs...)
+	retry := max(headers.DelaySeconds(res.RetryAfter), 1)
+	w.Header().Set(HeaderRetryAfter, strconv.FormatInt(retry, 10))
+	l := p.limits[p.limitIndex(res.Limit)]
+	detail := fmt.Sprintf("the quota of policy %q (%d %s per %ds) is exhausted for this client; retry in %d s",
+		item, l.Burst, p.unit, headers.DelaySeconds(l.FillTime()), retry)
+	if cost != 1 {
+		detail = fmt.Sprintf("this request costs %d; %s", cost, detail)
+	}
+	writeProblem(w, http.StatusTooManyRequests, &Problem{
+		Type:             ProblemQuotaExceeded,
+		Title:            "Quota Exceeded",
+		Detail:           detail,
+		ViolatedPolicies: []string{item},
+	})
+}
+
+// limitIndex finds the limit a result names; Result.Limit is a copy of one
+// of the policy's limits.
+func (p *policy) limitIndex(l fleetrate.Limit) int {
+	for i, pl := range p.limits {
+		if pl == l {
+			return i
+		}
+	}
+	return 0
+}
+
+// setHeaders sets the RateLimit fields (and the legacy ones) for a
+// decision and returns the name of the limit reported.
+//
+// The reported limit is the one that decided: for a denial the limit that
+// refused, otherwise the one with the fewest tokens left. Its "t", the
+// draft's effective window, is the time until that limit gains its next
+// token: within it the client can use no more than "r". It is exact for a
+// policy of one limit and bounded by one token's refill time otherwise,
+// and for a denial it never ends after Retry-After. The legacy reset is
+// when the reported limit is full again.
+func (p *policy) setHeaders(h http.Header, res fleetrate.Result) string {
+	i := p.limitIndex(res.Limit)
+	l := p.limits[i]
+	iv := time.Duration(l.Interval())
+	remaining := min(max(res.Remaining, 0), l.Burst)
+	// The limit's debt is at most ResetAfter and lies in
+	// ((Burst-remaining-1)·iv, (Burst-remaining)·iv].
+	full := min(res.ResetAfter, time.Duration(l.Burst-remaining)*iv)
+	next := min(max(res.ResetAfter-time.Duration(l.Burst-remaining-1)*iv, 0), iv)
+	if remaining == l.Burst {
+		next = 0
+	}
+	if !res.Allowed {
+		next = min(res.RetryAfter, iv)
+	}
+	h.Set(HeaderRateLimitPolicy, p.header)
+	if v, err := headers.FormatRateLimit(headers.Limit{Name: p.items[i], Remaining: remaining, Reset: next, HasReset: true}); err == nil {
+		h.Set(HeaderRateLimit, v)
+	}
+	if p.m.legacy {
+		at := res.At
+		if at.IsZero() {
+			at = time.Now()
+		}
+		headers.SetLegacy(h, headers.Legacy{Limit: l.Burst, Remaining: remaining, Reset: at.Add(full)})
+	}
+	return p.items[i]
+}
+
+func (m *Middleware) storeFailed(w http.ResponseWriter, r *http.Request, p *policy, err error, next http.Handler) {
+	m.metrics.storeError(p.name)
+	closed := m.failClosed && !p.shadow
+	outcome := OutcomeFailOpen
+	if closed {
+		outcome = OutcomeFailClosed
+	}
+	m.metrics.request(p.name, outcome)
+	now := time.Now()
+	m.mu.Lock()
+	logIt, dropped := now.Sub(m.lastLog) >= storeErrorLogInterval, m.dropped
+	if logIt {
+		m.lastLog, m.dropped = now, 0
+	} else {
+		m.dropped++
+	}
+	m.mu.Unlock()
+	if logIt {
+		m.log.LogAttrs(r.Context(), slog.LevelError, "fleetrate: rate limit store failed",
+			slog.String("policy", p.name), slog.String("outcome", outcome),
+			slog.Any("error", err), slog.Int("suppressed", dropped))
+	}
+	if !closed {
+		next.ServeHTTP(w, r)
+		return
+	}
+	w.Header().Set(HeaderRetryAfter, "1")
+	writeProblem(w, http.StatusServiceUnavailable, &Problem{
+		Title:  http.StatusText(http.StatusServiceUnavailable),
+		Detail: "the rate limiter is unavailable; retry shortly",
+	})
+}
+
+// ProblemContentType is the media type of problem details (RFC 9457).
+const ProblemContentType = "application/problem+json"
+
+// ProblemQuotaExceeded is the problem type the ratelimit-headers draft
+// registers for requests refused because a quota is exhausted.
+const ProblemQuotaExceeded = "https://iana.org/assignments/http-problem-types#quota-exceeded"
+
+// Problem is a problem details object (RFC 9457), the body of every
+// response the middleware writes itself.
+type Problem struct {
+	// Type is a URI identifying the problem type; empty means
+	// "about:blank", whose title is the status text.
+	Type string `json:"type,omitempty"`
+	// Title is a short summary of the problem type.
+	Title string `json:"title"`
+	// Status is the HTTP status code.
+	Status int `json:"status"`
+	// Detail explains this occurrence.
+	Detail string `json:"detail,omitempty"`
+	// ViolatedPolicies names the exhausted quota policies, as in the
+	// RateLimit headers (the draft's extension member).
+	ViolatedPolicies []string `json:"violated-policies,omitempty"`
+}
+
+// writeProblem writes p as the response with the given status.
+func writeProblem(w http.ResponseWriter, status int, p *Problem) {
+	p.Status = status
+	body, err := json.Marshal(p)
+	if err != nil {
+		body = []byte(`{"title":"Internal Server Error","status":500}`)
+		status = http.StatusInternalServerError
+	}
+	h := w.Header()
+	h.Set("Content-Type", ProblemContentType)
+	h.Set("Cache-Control", "no-store")
+	h.Set("Content-Length", strconv.Itoa(len(body)+1))
+	w.WriteHeader(status)
+	_, _ = w.Write(append(body, '\n'))
+}
+
+// WriteProblem writes a problem details response, for KeyError handlers
+// and applications that answer like the middleware does.
+func WriteProblem(w http.ResponseWriter, status int, p Problem) {
+	writeProblem(w, status, &p)
+}
+
+func defaultKeyError(w http.ResponseWriter, _ *http.Request, err error) {
+	detail := "cannot identify the client of this request"
+	if errors.Is(err, ErrNoKey) {
+		detail += ": " + err.Error()
+	}
+	writeProblem(w, http.StatusBadRequest, &Problem{
+		Title:  http.StatusText(http.StatusBadRequest),
+		Detail: detail,
+	})
+}

@@ -1,0 +1,95 @@
+package httplimit
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Outcomes, the values of the "outcome" label of
+// fleetrate_http_requests_total.
+const (
+	OutcomeAllowed      = "allowed"       // admitted
+	OutcomeDenied       = "denied"        // answered 429
+	OutcomeShadowDenied = "shadow_denied" // would have been denied; admitted in shadow mode
+	OutcomeFailOpen     = "fail_open"     // store failed; admitted
+	OutcomeFailClosed   = "fail_closed"   // store failed; answered 503
+	OutcomeNoKey        = "no_key"        // the key function failed
+	OutcomeBadCost      = "bad_cost"      // the cost function failed, or the cost exceeds the burst
+)
+
+// metrics holds the collectors; every method is a no-op on a nil
+// receiver, which is what a nil Registerer gives.
+type metrics struct {
+	requests    *prometheus.CounterVec
+	storeErrors *prometheus.CounterVec
+	storeTime   *prometheus.HistogramVec
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	if reg == nil {
+		return nil, nil
+	}
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fleetrate_http_requests_total",
+			Help: "Requests seen by the fleetrate HTTP middleware, by policy and outcome.",
+		}, []string{"policy", "outcome"}),
+		storeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fleetrate_http_store_errors_total",
+			Help: "Failed rate-limit store calls of the fleetrate HTTP middleware, by policy.",
+		}, []string{"policy"}),
+		storeTime: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "fleetrate_http_store_duration_seconds",
+			Help:    "Latency of the rate-limit store calls of the fleetrate HTTP middleware, by policy.",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},
+		}, []string{"policy"}),
+	}
+	var err error
+	if m.requests, err = register(reg, m.requests); err != nil {
+		return nil, err
+	}
+	if m.storeErrors, err = register(reg, m.storeErrors); err != nil {
+		return nil, err
+	}
+	if m.storeTime, err = register(reg, m.storeTime); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// register registers c, or returns the identical collector already
+// registered (by another Middleware on the same registry).
+func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
+	err := reg.Register(c)
+	if err == nil {
+		return c, nil
+	}
+	var are prometheus.AlreadyRegisteredError
+	if errors.As(err, &are) {
+		if existing, ok := are.ExistingCollector.(C); ok {
+			return existing, nil
+		}
+	}
+	return c, fmt.Errorf("httplimit: registering metrics: %w", err)
+}
+
+func (m *metrics) request(policy, outcome string) {
+	if m != nil {
+		m.requests.WithLabelValues(policy, outcome).Inc()
+	}
+}
+
+func (m *metrics) storeError(policy string) {
+	if m != nil {
+		m.storeErrors.WithLabelValues(policy).Inc()
+	}
+}
+
+func (m *metrics) observe(policy string, d time.Duration) {
+	if m != nil {
+		m.storeTime.WithLabelValues(policy).Observe(d.Seconds())
+	}
+}

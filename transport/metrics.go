@@ -1,0 +1,129 @@
+package transport
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metric names, all labelled by channel and endpoint.
+const (
+	// MetricWaits counts requests that had to wait for the shared bucket.
+	MetricWaits = "fleetrate_transport_waits_total"
+	// MetricWaitSeconds is a histogram of the time each request waited for
+	// the shared bucket, zero waits included.
+	MetricWaitSeconds = "fleetrate_transport_wait_seconds"
+	// MetricRateLimited counts upstream answers that were rate limits (429,
+	// or 503 with Retry-After), with a code label.
+	MetricRateLimited = "fleetrate_transport_rate_limited_total"
+	// MetricRetries counts retries sent after a rate limit.
+	MetricRetries = "fleetrate_transport_retries_total"
+	// MetricBackpressure counts requests refused because the wait would
+	// exceed the max wait.
+	MetricBackpressure = "fleetrate_transport_backpressure_total"
+	// MetricGaveUp counts requests that stayed rate limited through every
+	// attempt.
+	MetricGaveUp = "fleetrate_transport_gave_up_total"
+)
+
+// waitBuckets are the histogram bounds in seconds, from a millisecond to
+// past the default max wait.
+var waitBuckets = []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}
+
+type metrics struct {
+	waits        *prometheus.CounterVec
+	waitSeconds  *prometheus.HistogramVec
+	limited      *prometheus.CounterVec
+	retries      *prometheus.CounterVec
+	backpressure *prometheus.CounterVec
+	gaveUp       *prometheus.CounterVec
+}
+
+// newMetrics registers the transport's collectors on reg. Transports that
+// share a Registerer share the collectors. A nil reg means no metrics.
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	if reg == nil {
+		return nil, nil
+	}
+	labels := []string{"channel", "endpoint"}
+	counter := func(name, help string, extra ...string) (*prometheus.CounterVec, error) {
+		return register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, append(labels, extra...)))
+	}
+	m := &metrics{}
+	var err error
+	if m.waits, err = counter(MetricWaits, "Requests that waited for the shared rate-limit bucket."); err != nil {
+		return nil, err
+	}
+	if m.waitSeconds, err = register(reg, prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    MetricWaitSeconds,
+		Help:    "Time requests waited for the shared rate-limit bucket.",
+		Buckets: waitBuckets,
+	}, labels)); err != nil {
+		return nil, err
+	}
+	if m.limited, err = counter(MetricRateLimited, "Upstream rate-limit answers (429, or 503 with Retry-After).", "code"); err != nil {
+		return nil, err
+	}
+	if m.retries, err = counter(MetricRetries, "Retries sent after an upstream rate limit."); err != nil {
+		return nil, err
+	}
+	if m.backpressure, err = counter(MetricBackpressure, "Requests refused because the wait would exceed the max wait."); err != nil {
+		return nil, err
+	}
+	if m.gaveUp, err = counter(MetricGaveUp, "Requests still rate limited after every attempt."); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// register registers c, or returns the equal collector already there.
+func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
+	err := reg.Register(c)
+	if err == nil {
+		return c, nil
+	}
+	var are prometheus.AlreadyRegisteredError
+	if errors.As(err, &are) {
+		if existing, ok := are.ExistingCollector.(C); ok {
+			return existing, nil
+		}
+	}
+	return c, fmt.Errorf("transport: registering metrics: %w", err)
+}
+
+func (m *metrics) waited(t Target, d time.Duration) {
+	if m == nil {
+		return
+	}
+	if d > 0 {
+		m.waits.WithLabelValues(t.Channel, t.Endpoint).Inc()
+	}
+	m.waitSeconds.WithLabelValues(t.Channel, t.Endpoint).Observe(d.Seconds())
+}
+
+func (m *metrics) rateLimited(t Target, code int) {
+	if m != nil {
+		m.limited.WithLabelValues(t.Channel, t.Endpoint, strconv.Itoa(code)).Inc()
+	}
+}
+
+func (m *metrics) retried(t Target) {
+	if m != nil {
+		m.retries.WithLabelValues(t.Channel, t.Endpoint).Inc()
+	}
+}
+
+func (m *metrics) backpressured(t Target) {
+	if m != nil {
+		m.backpressure.WithLabelValues(t.Channel, t.Endpoint).Inc()
+	}
+}
+
+func (m *metrics) gaveUpOn(t Target) {
+	if m != nil {
+		m.gaveUp.WithLabelValues(t.Channel, t.Endpoint).Inc()
+	}
+}

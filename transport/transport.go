@@ -1,0 +1,679 @@
+package transport
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/fleetrate/fleetrate"
+)
+
+// Defaults applied by New when an Options field is zero.
+const (
+	// DefaultMaxAttempts is how many times a rate-limited request is sent
+	// in all, the first attempt included.
+	DefaultMaxAttempts = 4
+	// DefaultBackoffMin is the first retry's backoff ceiling.
+	DefaultBackoffMin = 500 * time.Millisecond
+	// DefaultBackoffMax caps every backoff.
+	DefaultBackoffMax = 30 * time.Second
+	// DefaultMaxRetryAfter caps the Retry-After the transport honours.
+	DefaultMaxRetryAfter = time.Minute
+)
+
+// storeTimeout bounds the store calls the transport makes on its own
+// behalf after the caller's context may have ended: the drain after a 429
+// (the fleet needs it whether or not this caller still waits) and the
+// refund of a cancelled wait.
+const storeTimeout = time.Second
+
+// maxDiscard is how much of a response body the transport reads before
+// closing it, so that the connection can be reused.
+const maxDiscard = 64 << 10
+
+// ErrGaveUp is the sentinel of a *GaveUpError: the upstream kept
+// answering "rate limited" until the attempts ran out.
+var ErrGaveUp = errors.New("transport: rate limited, gave up")
+
+// GaveUpError is the terminal error of a request that stayed rate limited
+// (429, or 503 with Retry-After) through every attempt, or whose context
+// deadline left no time for the next one. It unwraps to ErrGaveUp, and to
+// Cause when set, so a caller can tell it from an upstream failure, which
+// is returned as the upstream's own response or error.
+type GaveUpError struct {
+	// Channel and Endpoint name the target that stayed limited.
+	Channel, Endpoint string
+	// Entity is the request's entity id, if any.
+	Entity string
+	// Attempts is how many times the request was sent.
+	Attempts int
+	// StatusCode is the last response's status: 429 or 503.
+	StatusCode int
+	// RetryAfter is the last usable Retry-After, after the cap; 0 when the
+	// server sent none.
+	RetryAfter time.Duration
+	// Cause is why no further attempt was made before the attempts ran
+	// out, such as context.DeadlineExceeded; nil when they ran out.
+	Cause error
+}
+
+// Error says which target gave up after how many attempts.
+func (e *GaveUpError) Error() string {
+	s := fmt.Sprintf("transport: %s/%s: rate limited, gave up after %d attempts (last status %d", e.Channel, e.Endpoint, e.Attempts, e.StatusCode)
+	if e.RetryAfter > 0 {
+		s += fmt.Sprintf(", retry-after %v", e.RetryAfter)
+	}
+	s += ")"
+	if e.Cause != nil {
+		s += ": " + e.Cause.Error()
+	}
+	return s
+}
+
+// Unwrap returns ErrGaveUp and Cause.
+func (e *GaveUpError) Unwrap() []error {
+	if e.Cause != nil {
+		return []error{ErrGaveUp, e.Cause}
+	}
+	return []error{ErrGaveUp}
+}
+
+// CheckRetry decides after each attempt whether to retry it. resp and err
+// are the base transport's answer. A non-nil error stops the request and
+// is returned in place of the answer.
+type CheckRetry func(ctx context.Context, resp *http.Response, err error) (bool, error)
+
+// Backoff returns how long to sleep after failed attempt number attempt
+// (1 for the first) given the configured bounds. The transport never
+// sleeps less than the server's Retry-After, whatever Backoff returns.
+type Backoff func(attempt int, lo, hi time.Duration) time.Duration
+
+// IsRateLimited reports whether resp is an upstream rate limit: a 429, or a
+// 503 that carries Retry-After.
+func IsRateLimited(resp *http.Response) bool {
+	if resp == nil {
+		return false
+	}
+	switch resp.StatusCode {
+	case http.StatusTooManyRequests:
+		return true
+	case http.StatusServiceUnavailable:
+		return resp.Header.Get(HeaderRetryAfter) != ""
+	}
+	return false
+}
+
+// DefaultCheckRetry retries rate limits only (see IsRateLimited). A
+// network error or any other status is an upstream failure, returned to
+// the caller as is: the request may have been processed, and resending a
+// booking is not safe by default.
+func DefaultCheckRetry(ctx context.Context, resp *http.Response, err error) (bool, error) {
+	if err != nil || ctx.Err() != nil {
+		return false, nil
+	}
+	return IsRateLimited(resp), nil
+}
+
+// ExponentialJitter is the default Backoff: exponential backoff with full
+// jitter, a uniformly random sleep in [0, min(hi, lo·2^(attempt-1))].
+// Spreading retries over the whole range keeps workers that were limited
+// together from retrying together.
+func ExponentialJitter(attempt int, lo, hi time.Duration) time.Duration {
+	ceil := lo
+	for i := 1; i < attempt && ceil < hi; i++ {
+		if ceil > hi/2 {
+			ceil = hi
+			break
+		}
+		ceil *= 2
+	}
+	ceil = min(ceil, hi)
+	if ceil <= 0 {
+		return 0
+	}
+	if ceil == time.Duration(1<<63-1) {
+		return rand.N(ceil)
+	}
+	return rand.N(ceil + 1)
+}
+
+// Options configure a Transport. The zero value of each field means its
+// default.
+type Options struct {
+	// Base sends the requests. The default is http.DefaultTransport.
+	Base http.RoundTripper
+	// MaxWait is the longest a request waits for the shared bucket; a
+	// longer wait fails at once with an error wrapping a
+	// *fleetrate.BackpressureError, and nothing is sent. A context
+	// deadline that comes sooner lowers it. The default, and the most it
+	// may be, is the limiter's max wait (fleetrate.DefaultMaxWait, 5 s,
+	// unless configured).
+	MaxWait time.Duration
+	// MaxAttempts is how many times a rate-limited request is sent in all.
+	// 1 disables retries. The default is DefaultMaxAttempts (4).
+	MaxAttempts int
+	// BackoffMin and BackoffMax bound the backoff between attempts. The
+	// defaults are DefaultBackoffMin (500 ms) and DefaultBackoffMax (30 s).
+	BackoffMin, BackoffMax time.Duration
+	// MaxRetryAfter caps the Retry-After honoured, both for the fleet-wide
+	// drain and for this request's own sleep. The default is
+	// DefaultMaxRetryAfter (1 minute).
+	MaxRetryAfter time.Duration
+	// CheckRetry decides whether to retry. The default is
+	// DefaultCheckRetry.
+	CheckRetry CheckRetry
+	// Backoff computes the sleep between attempts. The default is
+	// ExponentialJitter.
+	Backoff Backoff
+	// Logger receives the rate_throttle_wait (debug), rate_limited and
+	// rate_backpressure (warn) and rate_gave_up (error) events. The
+	// default is slog.Default(); use slog.New(slog.DiscardHandler) for
+	// none.
+	Logger *slog.Logger
+	// Registerer, when set, receives the transport's metrics (see the
+	// Metric constants). Transports sharing a Registerer share them.
+	Registerer prometheus.Registerer
+	// FailOpen sends requests without pacing when the store is unavailable
+	// (errors wrapping fleetrate.ErrStoreUnavailable) instead of failing
+	// them. Either way the failure is logged as rate_store_error.
+	FailOpen bool
+}
+
+// Transport is an http.RoundTripper that paces requests through shared
+// fleetrate buckets and turns an upstream's 429 into a fleet-wide pause.
+//
+// For each request it
+//  1. classifies it into a Target: the channel, endpoint and cost;
+//  2. waits its turn on the endpoint bucket (and the credential bucket,
+//     atomically), or fails at once with backpressure if the wait would
+//     exceed the max wait;
+//  3. sends it with the base transport;
+//  4. on a 429 (or 503 with Retry-After) drains the endpoint bucket for
+//     the Retry-After, so that no worker sharing the store sends to it
+//     until then, and retries with backoff while the attempts, the body
+//     and the context allow.
+//
+// Unlike a plain RoundTripper it returns errors for some responses: a
+// request still rate limited after the last attempt fails with a
+// *GaveUpError instead of returning the 429. A Transport is safe for
+// concurrent use.
+type Transport struct {
+	base          http.RoundTripper
+	lim           *fleetrate.Limiter
+	classify      Classify
+	maxWait       time.Duration
+	maxAttempts   int
+	backoffMin    time.Duration
+	backoffMax    time.Duration
+	maxRetryAfter time.Duration
+	checkRetry    CheckRetry
+	backoff       Backoff
+	log           *slog.Logger
+	m             *metrics
+	failOpen      bool
+}
+
+var _ http.RoundTripper = (*Transport)(nil)
+
+// New returns a Transport that paces requests through limiter's buckets,
+// mapped by classify, or an error naming the invalid option.
+func New(limiter *fleetrate.Limiter, classify Classify, opts Options) (*Transport, error) {
+	if limiter == nil {
+		return nil, fmt.Errorf("%w: transport: limiter must not be nil", fleetrate.ErrInvalid)
+	}
+	if classify == nil {
+		return nil, fmt.Errorf("%w: transport: classify must not be nil", fleetrate.ErrInvalid)
+	}
+	t := &Transport{
+		base:          opts.Base,
+		lim:           limiter,
+		classify:      classify,
+		maxWait:       opts.MaxWait,
+		maxAttempts:   opts.MaxAttempts,
+		backoffMin:    opts.BackoffMin,
+		backoffMax:    opts.BackoffMax,
+		maxRetryAfter: opts.MaxRetryAfter,
+		checkRetry:    opts.CheckRetry,
+		backoff:       opts.Backoff,
+		log:           opts.Logger,
+		failOpen:      opts.FailOpen,
+	}
+	switch {
+	case opts.MaxWait < 0 || opts.MaxWait > limiter.MaxWait():
+		return nil, fmt.Errorf("%w: transport: max wait must be between 0 and the limiter's max wait %v, got %v", fleetrate.ErrInvalid, limiter.MaxWait(), opts.MaxWait)
+	case opts.MaxAttempts < 0:
+		return nil, fmt.Errorf("%w: transport: max attempts must be >= 0, got %d", fleetrate.ErrInvalid, opts.MaxAttempts)
+	case opts.BackoffMin < 0:
+		return nil, fmt.Errorf("%w: transport: backoff min must be >= 0, got %v", fleetrate.ErrInvalid, opts.BackoffMin)
+	case opts.BackoffMax < 0:
+		return nil, fmt.Errorf("%w: transport: backoff max must be >= 0, got %v", fleetrate.ErrInvalid, opts.BackoffMax)
+	case opts.MaxRetryAfter < 0 || opts.MaxRetryAfter > fleetrate.MaxWaitCap:
+		return nil, fmt.Errorf("%w: transport: max retry-after must be between 0 and %v, got %v", fleetrate.ErrInvalid, fleetrate.MaxWaitCap, opts.MaxRetryAfter)
+	}
+	if t.base == nil {
+		t.base = http.DefaultTransport
+	}
+	if t.maxWait == 0 {
+		t.maxWait = limiter.MaxWait()
+	}
+	if t.maxAttempts == 0 {
+		t.maxAttempts = DefaultMaxAttempts
+	}
+	if t.backoffMin == 0 {
+		t.backoffMin = DefaultBackoffMin
+	}
+	if t.backoffMax == 0 {
+		t.backoffMax = DefaultBackoffMax
+	}
+	if t.backoffMax < t.backoffMin {
+		return nil, fmt.Errorf("%w: transport: backoff max %v is below backoff min %v", fleetrate.ErrInvalid, t.backoffMax, t.backoffMin)
+	}
+	if t.maxRetryAfter == 0 {
+		t.maxRetryAfter = DefaultMaxRetryAfter
+	}
+	if t.checkRetry == nil {
+		t.checkRetry = DefaultCheckRetry
+	}
+	if t.backoff == nil {
+		t.backoff = ExponentialJitter
+	}
+	if t.log == nil {
+		t.log = slog.Default()
+	}
+	m, err := newMetrics(opts.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	t.m = m
+	return t, nil
+}
+
+// CloseIdleConnections closes the base transport's idle connections when
+// it supports that, so http.Client.CloseIdleConnections reaches it.
+func (t *Transport) CloseIdleConnections() {
+	if c, ok := t.base.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
+}
+
+// RoundTrip implements http.RoundTripper; see Transport for the steps.
+func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	tg, err := t.classify(req)
+	if err != nil {
+		closeBody(req)
+		return nil, fmt.Errorf("transport: classifying %s %s: %w", req.Method, urlPath(req), err)
+	}
+	if tg.Bypass {
+		return t.base.RoundTrip(req)
+	}
+	if err := tg.validate(); err != nil {
+		closeBody(req)
+		return nil, err
+	}
+	if tg.Entity == "" {
+		tg.Entity = EntityFrom(req.Context())
+	}
+	ctx := req.Context()
+	attrs := tg.attrs()
+	// A body that cannot be rebuilt is sent once: resending a half-read
+	// body would corrupt it, and a request sent with no body would be a
+	// different request.
+	replayable := req.Body == nil || req.Body == http.NoBody || req.GetBody != nil
+
+	for attempt := 1; ; attempt++ {
+		if err := t.wait(ctx, tg, attrs); err != nil {
+			if attempt == 1 {
+				closeBody(req)
+			}
+			return nil, err
+		}
+		out := req
+		if attempt > 1 {
+			t.m.retried(tg)
+			if out, err = rewind(req); err != nil {
+				return nil, fmt.Errorf("transport: %s/%s: rebuilding the body for attempt %d: %w", tg.Channel, tg.Endpoint, attempt, err)
+			}
+		}
+		resp, err := t.base.RoundTrip(out)
+
+		limited := err == nil && IsRateLimited(resp)
+		var retryAfter time.Duration
+		if limited {
+			ra, ok := ParseRetryAfter(resp.Header.Get(HeaderRetryAfter), time.Now(), t.maxRetryAfter)
+			retryAfter = ra
+			t.m.rateLimited(tg, resp.StatusCode)
+			t.log.LogAttrs(ctx, slog.LevelWarn, "rate_limited", append(attrs,
+				slog.Int("status", resp.StatusCode),
+				slog.String("retry_after", resp.Header.Get(HeaderRetryAfter)),
+				slog.Bool("retry_after_valid", ok),
+				slog.Int64("drain_ms", retryAfter.Milliseconds()),
+				slog.Int("attempt", attempt))...)
+			if derr := t.drain(ctx, tg, retryAfter, attrs); derr != nil {
+				discard(resp)
+				return nil, derr
+			}
+		}
+
+		retry, cerr := t.checkRetry(ctx, resp, err)
+		switch {
+		case cerr != nil:
+			if resp != nil {
+				discard(resp)
+			}
+			return nil, cerr
+		case !retry:
+			return resp, err
+		case !replayable:
+			// The caller gets the upstream's answer unchanged: the body
+			// is gone, so no retry can be sent.
+			return resp, err
+		}
+		gaveUp := func(cause error) error {
+			t.m.gaveUpOn(tg)
+			t.log.LogAttrs(ctx, slog.LevelError, "rate_gave_up", append(attrs,
+				slog.Int("attempts", attempt),
+				slog.Int("status", resp.StatusCode))...)
+			discard(resp)
+			return &GaveUpError{Channel: tg.Channel, Endpoint: tg.Endpoint, Entity: tg.Entity,
+				Attempts: attempt, StatusCode: resp.StatusCode, RetryAfter: retryAfter, Cause: cause}
+		}
+		if attempt >= t.maxAttempts {
+			if limited {
+				return nil, gaveUp(nil)
+			}
+			return resp, err
+		}
+
+		delay := max(t.backoff(attempt, t.backoffMin, t.backoffMax), retryAfter)
+		if dl, ok := ctx.Deadline(); ok && limited && time.Until(dl) < delay {
+			// The next attempt could not be sent in time: say so now
+			// rather than sleep into the deadline.
+			return nil, gaveUp(context.DeadlineExceeded)
+		}
+		if resp != nil {
+			discard(resp)
+		}
+		if err := sleep(ctx, delay); err != nil {
+			return nil, fmt.Errorf("transport: %s/%s: backing off before attempt %d: %w", tg.Channel, tg.Endpoint, attempt+1, err)
+		}
+	}
+}
+
+// wait takes the request's turn on its buckets, within the max wait from
+// its start (lowered by ctx's deadline). A wait known to exceed that fails
+// at once with backpressure.
+//
+// Each round is one atomic take that books the tokens up to the look-ahead
+// into the future. A request drawing from a single bucket books its whole
+// wait, so waiters are served in booking (FIFO) order. A request drawing
+// from several buckets books only when its turn is within the look-ahead:
+// a booking is a point in time on every bucket, and a token bucket cannot
+// leave a hole before it, so booking far ahead because one bucket is slow
+// would idle the others until then. The look-ahead is the shortest
+// emission interval among its limits, so a booking idles at most about one
+// token of a bucket that did not set the wait. Until its turn is that near,
+// such a request sleeps the store's retry-after, booking nothing, and
+// takes again.
+//
+// When a booked delay ends inside a pause that a 429 started meanwhile,
+// the drain has voided the booking: the request sleeps out the pause and
+// queues again behind it.
+func (t *Transport) wait(ctx context.Context, tg Target, attrs []slog.Attr) error {
+	names, n := tg.buckets(), tg.cost()
+	bs := make([]fleetrate.Bucket, len(names))
+	for i, name := range names {
+		b, err := t.lim.Bucket(name)
+		if err != nil {
+			return fmt.Errorf("transport: %s/%s: %w", tg.Channel, tg.Endpoint, err)
+		}
+		bs[i] = b
+	}
+	store := t.lim.Store()
+	start := time.Now()
+	maxWait := t.maxWait
+	if dl, ok := ctx.Deadline(); ok {
+		maxWait = max(min(maxWait, time.Until(dl)), 0)
+	}
+	horizon := maxWait
+	if len(bs) > 1 {
+		horizon = min(horizon, lookahead(bs))
+	}
+	backpressure := func(retryAfter time.Duration, res fleetrate.Result) error {
+		return t.waitFailed(ctx, tg, attrs, &fleetrate.BackpressureError{RetryAfter: retryAfter, MaxWait: maxWait, Result: res})
+	}
+	for {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("transport: %s/%s: %w", tg.Channel, tg.Endpoint, err)
+		}
+		remaining := max(maxWait-time.Since(start), 0)
+		req := fleetrate.Request{Buckets: bs, N: n, MaxWait: min(remaining, horizon)}
+		if err := req.Validate(); err != nil {
+			return fmt.Errorf("transport: %s/%s: %w", tg.Channel, tg.Endpoint, err)
+		}
+		booked := time.Now()
+		res, err := store.Take(ctx, req)
+		if err != nil {
+			return t.waitFailed(ctx, tg, attrs, err)
+		}
+		if !res.Allowed {
+			if res.RetryAfter > remaining {
+				return backpressure(res.RetryAfter, res)
+			}
+			// Only a multi-bucket request gets here: its turn is beyond
+			// the look-ahead. Sleep until it is within it.
+			if err := sleep(ctx, res.RetryAfter-horizon); err != nil {
+				return fmt.Errorf("transport: %s/%s: waiting for the bucket: %w", tg.Channel, tg.Endpoint, err)
+			}
+			continue
+		}
+		d := time.Until(booked.Add(res.Wait))
+		if d <= 0 {
+			t.waited(ctx, tg, attrs, time.Since(start))
+			return nil
+		}
+		if err := sleep(ctx, d); err != nil {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeTimeout)
+			_ = store.Refund(rctx, bs, n)
+			cancel()
+			return fmt.Errorf("transport: %s/%s: waiting for the bucket: %w", tg.Channel, tg.Endpoint, err)
+		}
+		pauses := t.pauses(tg)
+		if len(pauses) == 0 {
+			t.waited(ctx, tg, attrs, time.Since(start))
+			return nil
+		}
+		p, err := t.lim.Peek(ctx, pauses...)
+		if err != nil {
+			return t.waitFailed(ctx, tg, attrs, err)
+		}
+		if p.Allowed {
+			t.waited(ctx, tg, attrs, time.Since(start))
+			return nil
+		}
+		if p.RetryAfter > max(maxWait-time.Since(start), 0) {
+			return backpressure(p.RetryAfter, p)
+		}
+		if err := sleep(ctx, p.RetryAfter); err != nil {
+			return fmt.Errorf("transport: %s/%s: waiting out a pause: %w", tg.Channel, tg.Endpoint, err)
+		}
+	}
+}
+
+// lookahead returns how far ahead a multi-bucket take may book: the
+// shortest emission interval among the buckets' limits.
+func lookahead(bs []fleetrate.Bucket) time.Duration {
+	d := time.Duration(1<<63 - 1)
+	for _, b := range bs {
+		for _, l := range b.Limits {
+			d = min(d, time.Duration(l.Interval()))
+		}
+	}
+	return d
+}
+
+// pauses returns the pause markers of tg that the limiter knows.
+func (t *Transport) pauses(tg Target) []string {
+	names := tg.pauses()
+	known := names[:0]
+	for _, n := range names {
+		if _, err := t.lim.Bucket(n); err == nil {
+			known = append(known, n)
+		}
+	}
+	return known
+}
+
+// waited records a granted wait.
+func (t *Transport) waited(ctx context.Context, tg Target, attrs []slog.Attr, d time.Duration) {
+	t.m.waited(tg, d)
+	if d > 0 {
+		t.log.LogAttrs(ctx, slog.LevelDebug, "rate_throttle_wait", append(attrs, slog.Int64("wait_ms", d.Milliseconds()))...)
+	}
+}
+
+// waitFailed turns a failed take into the request's error: backpressure,
+// a store failure (nil when failing open) or an invalid configuration.
+func (t *Transport) waitFailed(ctx context.Context, tg Target, attrs []slog.Attr, err error) error {
+	var bp *fleetrate.BackpressureError
+	switch {
+	case errors.As(err, &bp):
+		t.m.backpressured(tg)
+		t.log.LogAttrs(ctx, slog.LevelWarn, "rate_backpressure", append(attrs,
+			slog.Int64("retry_after_ms", bp.RetryAfter.Milliseconds()),
+			slog.Int64("max_wait_ms", bp.MaxWait.Milliseconds()))...)
+	case errors.Is(err, fleetrate.ErrStoreUnavailable):
+		t.log.LogAttrs(ctx, slog.LevelError, "rate_store_error", append(attrs,
+			slog.String("error", err.Error()), slog.Bool("fail_open", t.failOpen))...)
+		if t.failOpen {
+			return nil
+		}
+	}
+	return fmt.Errorf("transport: %s/%s: %w", tg.Channel, tg.Endpoint, err)
+}
+
+// drain pauses the target's buckets for d across the fleet. It runs even
+// if the caller's context has ended, since the whole fleet needs it.
+func (t *Transport) drain(ctx context.Context, tg Target, d time.Duration, attrs []slog.Attr) error {
+	names := tg.drained()
+	if d == 0 {
+		// No usable Retry-After: empty the buckets so that the fleet does
+		// not spend a burst on a limited upstream, but set no pause.
+		names = names[:0]
+		for _, n := range tg.drained() {
+			if !isPause(n) {
+				names = append(names, n)
+			}
+		}
+	} else {
+		names = t.knownOrRequired(names)
+	}
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeTimeout)
+	defer cancel()
+	if err := t.lim.Drain(dctx, d, names...); err != nil {
+		if errors.Is(err, fleetrate.ErrStoreUnavailable) && t.failOpen {
+			t.log.LogAttrs(ctx, slog.LevelError, "rate_store_error", append(attrs,
+				slog.String("error", err.Error()), slog.Bool("fail_open", true))...)
+			return nil
+		}
+		return fmt.Errorf("transport: %s/%s: draining after a rate limit: %w", tg.Channel, tg.Endpoint, err)
+	}
+	return nil
+}
+
+// knownOrRequired drops the pause markers the limiter does not know; the
+// buckets themselves are required.
+func (t *Transport) knownOrRequired(names []string) []string {
+	out := names[:0]
+	for _, n := range names {
+		if isPause(n) {
+			if _, err := t.lim.Bucket(n); err != nil {
+				continue
+			}
+		}
+		out = append(out, n)
+	}
+	return out
+}
+
+func isPause(name string) bool {
+	const suffix = "#pause"
+	return len(name) >= len(suffix) && name[len(name)-len(suffix):] == suffix
+}
+
+// rewind returns a copy of req with a fresh body for a retry.
+func rewind(req *http.Request) (*http.Request, error) {
+	out := req.Clone(req.Context())
+	if req.Body == nil || req.Body == http.NoBody {
+		return out, nil
+	}
+	body, err := req.GetBody()
+	if err != nil {
+		return nil, err
+	}
+	out.Body = body
+	return out, nil
+}
+
+// sleep waits d or until ctx ends, whichever is first.
+func sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func closeBody(req *http.Request) {
+	if req.Body != nil {
+		_ = req.Body.Close()
+	}
+}
+
+func discard(resp *http.Response) {
+	_, _ = io.CopyN(io.Discard, resp.Body, maxDiscard)
+	_ = resp.Body.Close()
+}
+
+func urlPath(req *http.Request) string {
+	if req.URL == nil {
+		return ""
+	}
+	return req.URL.Path
+}
+
+// attrs are the log attributes every event of the request carries.
+func (tg Target) attrs() []slog.Attr {
+	a := make([]slog.Attr, 0, 8)
+	a = append(a, slog.String("channel", tg.Channel), slog.String("endpoint", tg.Endpoint))
+	if tg.Entity != "" {
+		a = append(a, slog.String("entity", tg.Entity))
+	}
+	return a
+}
+
+type entityKey struct{}
+
+// WithEntity returns a context that carries an entity id (a property or
+// hotel id) for the transport's log events of requests made with it.
+func WithEntity(ctx context.Context, id string) context.Context {
+	return context.WithValue(ctx, entityKey{}, id)
+}
+
+// EntityFrom returns the entity id set by WithEntity, or "".
+func EntityFrom(ctx context.Context) string {
+	id, _ := ctx.Value(entityKey{}).(string)
+	return id
+}

@@ -1,0 +1,302 @@
+package transport
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+
+	"github.com/fleetrate/fleetrate"
+)
+
+// ErrNoRoute is returned (wrapped) when a Classify built by
+// Upstream.Classifier finds no endpoint for a request. Nothing is sent.
+var ErrNoRoute = errors.New("transport: no endpoint matches the request")
+
+// Target says which shared buckets a request draws from and what it costs.
+// A Classify returns one per request.
+type Target struct {
+	// Channel names the upstream, e.g. "booking_com". It must not be
+	// empty and must not contain '{', '}' or '#'.
+	Channel string
+	// Endpoint names the documented limit the request counts against, e.g.
+	// "availability". It must not be empty and must not contain '#'.
+	Endpoint string
+	// Entity optionally identifies what the request is about (a property
+	// or hotel id) for the logs. When empty, the value set on the request's
+	// context with WithEntity is used.
+	Entity string
+	// Cost is the number of tokens the request takes. 0 means 1.
+	Cost int64
+	// Credential makes the request also draw from the channel's
+	// credential-wide bucket, atomically with the endpoint bucket: both
+	// grant or neither does.
+	Credential bool
+	// DrainCredential makes a 429 on this request also drain the
+	// credential-wide bucket, pausing every endpoint of the channel that
+	// draws from it, not only this endpoint.
+	DrainCredential bool
+	// Bypass sends the request straight to the base transport, unpaced
+	// and never retried (e.g. an OAuth token refresh).
+	Bypass bool
+}
+
+// validate checks the target, naming the failing field and value.
+func (t Target) validate() error {
+	if err := checkChannel(t.Channel); err != nil {
+		return fmt.Errorf("%w: target: %w", fleetrate.ErrInvalid, err)
+	}
+	if err := checkEndpoint(t.Endpoint); err != nil {
+		return fmt.Errorf("%w: target (channel %q): %w", fleetrate.ErrInvalid, t.Channel, err)
+	}
+	if t.Cost < 0 {
+		return fmt.Errorf("%w: target: cost must be >= 0, got %d", fleetrate.ErrInvalid, t.Cost)
+	}
+	return nil
+}
+
+func checkChannel(ch string) error {
+	switch {
+	case ch == "":
+		return errors.New("channel must not be empty")
+	case strings.ContainsAny(ch, "{}#"):
+		return fmt.Errorf("channel %q must not contain '{', '}' or '#'", ch)
+	}
+	return nil
+}
+
+func checkEndpoint(ep string) error {
+	switch {
+	case ep == "":
+		return errors.New("endpoint must not be empty")
+	case strings.Contains(ep, "#"):
+		return fmt.Errorf("endpoint %q must not contain '#'", ep)
+	}
+	return nil
+}
+
+func (t Target) cost() int64 {
+	if t.Cost == 0 {
+		return 1
+	}
+	return t.Cost
+}
+
+// buckets returns the names the request draws from.
+func (t Target) buckets() []string {
+	if t.Credential {
+		return []string{EndpointBucket(t.Channel, t.Endpoint), CredentialBucket(t.Channel)}
+	}
+	return []string{EndpointBucket(t.Channel, t.Endpoint)}
+}
+
+// drained returns the bucket names a 429 on the request drains, pause
+// markers included.
+func (t Target) drained() []string {
+	names := []string{EndpointBucket(t.Channel, t.Endpoint), PauseBucket(EndpointBucket(t.Channel, t.Endpoint))}
+	if t.DrainCredential {
+		names = append(names, CredentialBucket(t.Channel), PauseBucket(CredentialBucket(t.Channel)))
+	}
+	return names
+}
+
+// pauses returns the pause markers checked before sending.
+func (t Target) pauses() []string {
+	names := []string{PauseBucket(EndpointBucket(t.Channel, t.Endpoint))}
+	if t.Credential {
+		names = append(names, PauseBucket(CredentialBucket(t.Channel)))
+	}
+	return names
+}
+
+// EndpointBucket returns the bucket name of one endpoint of a channel,
+// "{channel}/endpoint". The channel in braces is a Redis Cluster hash tag,
+// so an endpoint bucket and its channel's credential bucket live in one
+// slot and can be taken together atomically.
+func EndpointBucket(channel, endpoint string) string {
+	return "{" + channel + "}/" + endpoint
+}
+
+// CredentialBucket returns the name of a channel's credential-wide bucket,
+// "{channel}".
+func CredentialBucket(channel string) string {
+	return "{" + channel + "}"
+}
+
+// PauseBucket returns the name of the pause marker kept beside a bucket,
+// bucket + "#pause". A 429 drains the marker for the Retry-After, and a
+// request whose booked wait ends while its marker is drained goes back in
+// the queue instead of sending. Nothing ever takes from a marker, so it
+// holds exactly the pause: tokens booked before the 429 cannot leak into
+// it, in this process or any other sharing the store.
+func PauseBucket(bucket string) string {
+	return bucket + "#pause"
+}
+
+// PauseLimit is the limit Upstream.Buckets gives pause markers. Any valid
+// limit works, since a marker is only drained and peeked; this one keeps
+// its state small and short-lived.
+var PauseLimit = fleetrate.Limit{Name: "pause", Rate: 1e6, Burst: 1}
+
+// Classify maps an outgoing request to the buckets it draws from. An error
+// fails the request before anything is sent.
+type Classify func(*http.Request) (Target, error)
+
+// Endpoint is one documented endpoint of an upstream.
+type Endpoint struct {
+	// Name is the endpoint's name in bucket names, logs and metrics, e.g.
+	// "availability".
+	Name string
+	// Pattern selects the requests that count against this endpoint. It
+	// uses http.ServeMux syntax, e.g. "POST /v1/hotels/{id}/availability"
+	// or "GET api.example.com/reservations". Patterns must not conflict.
+	Pattern string
+	// Limits are the endpoint's limits, e.g. 95 % of the documented
+	// ceiling: fleetrate.PerSecond(19, 1) for "20 requests per second".
+	Limits []fleetrate.Limit
+	// Cost is the tokens one request takes. 0 means 1.
+	Cost int64
+}
+
+// Upstream describes an upstream API's documented limits: one bucket per
+// endpoint and optionally a credential-wide bucket every endpoint also
+// draws from. It yields both the Limiter's bucket configuration (Buckets)
+// and the request mapping (Classifier), so the two cannot disagree.
+type Upstream struct {
+	// Channel names the upstream, e.g. "booking_com".
+	Channel string
+	// Credential, when set, are limits on all requests made with the
+	// channel's credential together, whatever the endpoint.
+	Credential []fleetrate.Limit
+	// Endpoints are the documented endpoints.
+	Endpoints []Endpoint
+	// DrainCredential makes a 429 on any endpoint pause the whole channel.
+	// By default only the endpoint that answered 429 pauses.
+	DrainCredential bool
+}
+
+// Validate checks the upstream, naming the failing field and value.
+func (u Upstream) Validate() error {
+	if err := checkChannel(u.Channel); err != nil {
+		return fmt.Errorf("%w: upstream: %w", fleetrate.ErrInvalid, err)
+	}
+	if len(u.Endpoints) == 0 {
+		return fmt.Errorf("%w: upstream %q: endpoints: at least one is required", fleetrate.ErrInvalid, u.Channel)
+	}
+	for i, l := range u.Credential {
+		if err := l.Validate(); err != nil {
+			return fmt.Errorf("%w: upstream %q: credential[%d]: %w", fleetrate.ErrInvalid, u.Channel, i, err)
+		}
+	}
+	seen := make(map[string]bool, len(u.Endpoints))
+	for i, e := range u.Endpoints {
+		field := fmt.Sprintf("upstream %q: endpoints[%d]", u.Channel, i)
+		if err := checkEndpoint(e.Name); err != nil {
+			return fmt.Errorf("%w: %s.name: %w", fleetrate.ErrInvalid, field, err)
+		}
+		if e.Cost < 0 {
+			return fmt.Errorf("%w: %s.cost: must be >= 0, got %d", fleetrate.ErrInvalid, field, e.Cost)
+		}
+		if seen[e.Name] {
+			return fmt.Errorf("%w: %s.name: duplicate %q", fleetrate.ErrInvalid, field, e.Name)
+		}
+		seen[e.Name] = true
+		if e.Pattern == "" {
+			return fmt.Errorf("%w: %s.pattern: must not be empty", fleetrate.ErrInvalid, field)
+		}
+		if len(e.Limits) == 0 {
+			return fmt.Errorf("%w: %s.limits: at least one limit is required", fleetrate.ErrInvalid, field)
+		}
+		for j, l := range e.Limits {
+			if err := l.Validate(); err != nil {
+				return fmt.Errorf("%w: %s.limits[%d]: %w", fleetrate.ErrInvalid, field, j, err)
+			}
+			if e.Cost > l.Burst {
+				return fmt.Errorf("%w: %s.cost: %d exceeds burst %d of limits[%d]", fleetrate.ErrInvalid, field, e.Cost, l.Burst, j)
+			}
+		}
+	}
+	return nil
+}
+
+// Buckets returns the bucket configuration for a fleetrate.Config: each
+// endpoint's bucket, the credential bucket when Credential is set, and the
+// pause marker of each. It assumes a valid Upstream.
+func (u Upstream) Buckets() []fleetrate.BucketConfig {
+	var bs []fleetrate.BucketConfig
+	add := func(name string, limits []fleetrate.Limit) {
+		bs = append(bs,
+			fleetrate.BucketConfig{Name: name, Limits: slices.Clone(limits)},
+			fleetrate.BucketConfig{Name: PauseBucket(name), Limits: []fleetrate.Limit{PauseLimit}})
+	}
+	if len(u.Credential) > 0 {
+		add(CredentialBucket(u.Channel), u.Credential)
+	}
+	for _, e := range u.Endpoints {
+		add(EndpointBucket(u.Channel, e.Name), e.Limits)
+	}
+	return bs
+}
+
+// routeHandler marks the endpoint a ServeMux pattern belongs to. It is
+// never served.
+type routeHandler int
+
+// ServeHTTP does nothing: a routeHandler only marks a pattern.
+func (routeHandler) ServeHTTP(http.ResponseWriter, *http.Request) {}
+
+// Classifier returns a Classify that maps each request to the endpoint
+// whose pattern matches it, or fails with ErrNoRoute. Requests draw from
+// the credential bucket when Credential is set.
+func (u Upstream) Classifier() (Classify, error) {
+	if err := u.Validate(); err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	for i, e := range u.Endpoints {
+		if err := handle(mux, e.Pattern, routeHandler(i)); err != nil {
+			return nil, fmt.Errorf("%w: upstream %q: endpoints[%d].pattern: %w", fleetrate.ErrInvalid, u.Channel, i, err)
+		}
+	}
+	endpoints := slices.Clone(u.Endpoints)
+	credential := len(u.Credential) > 0
+	return func(req *http.Request) (Target, error) {
+		if req.URL == nil {
+			return Target{}, fmt.Errorf("%w: request has no URL", ErrNoRoute)
+		}
+		r := req
+		if r.Host == "" {
+			// A client request may leave Host to URL.Host; ServeMux
+			// matches host patterns against Host. Copy, never modify.
+			rc := *req
+			rc.Host = req.URL.Host
+			r = &rc
+		}
+		h, _ := mux.Handler(r)
+		i, ok := h.(routeHandler)
+		if !ok {
+			return Target{}, fmt.Errorf("%w: %s %s (channel %q)", ErrNoRoute, req.Method, req.URL.Path, u.Channel)
+		}
+		e := endpoints[i]
+		return Target{
+			Channel:         u.Channel,
+			Endpoint:        e.Name,
+			Cost:            e.Cost,
+			Credential:      credential,
+			DrainCredential: u.DrainCredential,
+		}, nil
+	}, nil
+}
+
+// handle registers a pattern, turning ServeMux's panic on a malformed or
+// conflicting pattern into an error.
+func handle(mux *http.ServeMux, pattern string, h http.Handler) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%v", r)
+		}
+	}()
+	mux.Handle(pattern, h)
+	return nil
+}
