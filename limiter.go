@@ -238,9 +238,12 @@ func (r *Reservation) Delay() time.Duration {
 	return max(time.Until(r.due), 0)
 }
 
-// Cancel returns the booked tokens to the buckets, best effort: tokens
-// booked by later reservations are not moved earlier. Call it when the
-// reservation will not be used.
+// Cancel returns the booked tokens to the buckets, best effort, as
+// x/time/rate's Cancel does: tokens booked by later reservations are not
+// moved earlier, and when the reservation took from several buckets and one
+// of them delayed it, the others keep the delay (a refund subtracts the
+// cost, it does not rewind the booking). Call it when the reservation will
+// not be used.
 func (r *Reservation) Cancel(ctx context.Context) error {
 	if r.n == 0 {
 		return nil

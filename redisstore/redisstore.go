@@ -42,6 +42,10 @@ var (
 	drainScript  = redis.NewScript(commonLua + drainLua)
 )
 
+// TakeScriptSHA returns the SHA1 of the take script, for tools that run
+// it directly (such as the benchmark's redis-benchmark ceiling).
+func TakeScriptSHA() string { return takeScript.Hash() }
+
 // Client is the part of a go-redis v9 client the store uses. Every go-redis
 // client type satisfies it.
 type Client interface {

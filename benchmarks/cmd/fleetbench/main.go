@@ -1,0 +1,499 @@
+// Command fleetbench measures fleetrate side by side with its peers and the
+// Redis ceiling in one run, and prints markdown tables (and, with -chart, a
+// PNG chart) for docs/BENCHMARKS.md.
+//
+//	cd benchmarks && go run ./cmd/fleetbench -duration 2s -chart ../docs/bench-redis.png > /tmp/bench.md
+//
+// It starts its own redis-server on a free loopback port. Every figure is
+// meant to be read as a ratio to the peer or ceiling measured in the same
+// run: absolute numbers on a shared machine mean little.
+package main
+
+import (
+	"bytes"
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-redis/redis_rate/v10"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/ratelimit"
+	"golang.org/x/time/rate"
+
+	"github.com/fleetrate/fleetrate"
+	"github.com/fleetrate/fleetrate/internal/redistest"
+	"github.com/fleetrate/fleetrate/memstore"
+	"github.com/fleetrate/fleetrate/redisstore"
+)
+
+func main() {
+	if err := run(os.Args[1:], os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "fleetbench:", err)
+		os.Exit(1)
+	}
+}
+
+type config struct {
+	duration   time.Duration
+	goroutines []int
+	chart      string
+	quick      bool
+}
+
+func run(args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("fleetbench", flag.ContinueOnError)
+	var cfg config
+	var gs string
+	fs.DurationVar(&cfg.duration, "duration", 2*time.Second, "how long each measurement runs")
+	fs.StringVar(&gs, "goroutines", "1,8,64,256", "goroutine counts for the Redis table")
+	fs.StringVar(&cfg.chart, "chart", "", "write a PNG chart of Redis throughput to this file")
+	fs.BoolVar(&cfg.quick, "quick", false, "a short smoke run (CI)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	for _, f := range strings.Split(gs, ",") {
+		g, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || g < 1 {
+			return fmt.Errorf("-goroutines: %q is not a positive integer", f)
+		}
+		cfg.goroutines = append(cfg.goroutines, g)
+	}
+	if cfg.quick {
+		cfg.duration = 200 * time.Millisecond
+		cfg.goroutines = []int{1, 64}
+	}
+	dir, err := os.MkdirTemp("", "fleetbench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	srv, err := redistest.Launch(dir)
+	if err != nil {
+		return err
+	}
+	defer srv.Stop()
+
+	fmt.Fprintf(out, "Measured %s by `cd benchmarks && go run ./cmd/fleetbench -duration %v`; redis-server on loopback, %d CPU cores shared by client and server.\n\n",
+		time.Now().UTC().Format("2006-01-02"), cfg.duration, nproc())
+	redisRows, err := redisTable(srv, cfg, out)
+	if err != nil {
+		return err
+	}
+	if err := waitTable(srv, cfg, out); err != nil {
+		return err
+	}
+	memTable(cfg, out)
+	if cfg.chart != "" {
+		if err := writeChart(cfg.chart, redisRows); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func nproc() int {
+	out, err := exec.Command("nproc").Output()
+	if err != nil {
+		return 0
+	}
+	n, _ := strconv.Atoi(strings.TrimSpace(string(out)))
+	return n
+}
+
+// A limit that grants nearly every call, so the tables measure decisions,
+// with a rate low enough that buckets stay live between visits.
+var benchLimit = fleetrate.PerSecond(100, 1<<27)
+
+const keyspace = 10_000
+
+var keyNames = func() []string {
+	k := make([]string, keyspace)
+	for i := range k {
+		k[i] = "bench:" + strconv.Itoa(i)
+	}
+	return k
+}()
+
+type measurement struct {
+	ops      float64 // decisions per second
+	p50, p99 time.Duration
+	errors   int64
+}
+
+// measure runs f from g goroutines for d and reports throughput and
+// latency percentiles.
+func measure(g int, d time.Duration, f func(ctx context.Context, i int) error) measurement {
+	var (
+		next   atomic.Int64
+		errs   atomic.Int64
+		mu     sync.Mutex
+		lat    []time.Duration
+		wg     sync.WaitGroup
+		ctx    = context.Background()
+		finish = time.Now().Add(d)
+	)
+	start := time.Now()
+	for range g {
+		wg.Go(func() {
+			local := make([]time.Duration, 0, 4096)
+			for time.Now().Before(finish) {
+				i := int(next.Add(1))
+				t0 := time.Now()
+				if err := f(ctx, i); err != nil {
+					errs.Add(1)
+				}
+				local = append(local, time.Since(t0))
+			}
+			mu.Lock()
+			lat = append(lat, local...)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	el := time.Since(start)
+	slices.Sort(lat)
+	m := measurement{ops: float64(len(lat)) / el.Seconds(), errors: errs.Load()}
+	if len(lat) > 0 {
+		m.p50, m.p99 = lat[len(lat)/2], lat[len(lat)*99/100]
+	}
+	return m
+}
+
+type redisRow struct {
+	impl    string
+	hot     bool
+	g       int
+	m       measurement
+	ceiling float64
+}
+
+func newClient(srv *redistest.Server, g int) *redis.Client {
+	return redis.NewClient(&redis.Options{Addr: srv.Addr(), PoolSize: g + 4, ContextTimeoutEnabled: true})
+}
+
+func fleetLimiter(c redisstore.Client, fold bool) (*fleetrate.Limiter, error) {
+	s, err := redisstore.New(c, redisstore.Options{Timeout: 5 * time.Second, FoldHotKeys: fold})
+	if err != nil {
+		return nil, err
+	}
+	if err := s.LoadScripts(context.Background()); err != nil {
+		return nil, err
+	}
+	return fleetrate.New(s, fleetrate.Config{Prefix: "fr:", Limits: []fleetrate.Limit{benchLimit}})
+}
+
+func redisTable(srv *redistest.Server, cfg config, out io.Writer) ([]redisRow, error) {
+	ceilHot, err := ceiling(srv, true, cfg)
+	if err != nil {
+		return nil, err
+	}
+	ceilSpread, err := ceiling(srv, false, cfg)
+	if err != nil {
+		return nil, err
+	}
+	type impl struct {
+		name  string
+		build func(c *redis.Client) (func(ctx context.Context, key string) error, func(), error)
+	}
+	impls := []impl{
+		{"fleetrate", func(c *redis.Client) (func(context.Context, string) error, func(), error) {
+			l, err := fleetLimiter(c, false)
+			return limiterAllow(l), func() {}, err
+		}},
+		{"fleetrate + autopipeline", func(c *redis.Client) (func(context.Context, string) error, func(), error) {
+			ap, err := c.AutoPipeline()
+			if err != nil {
+				return nil, nil, err
+			}
+			l, err := fleetLimiter(ap, false)
+			return limiterAllow(l), func() { _ = ap.Close() }, err
+		}},
+		{"fleetrate + fold hot keys", func(c *redis.Client) (func(context.Context, string) error, func(), error) {
+			l, err := fleetLimiter(c, true)
+			return limiterAllow(l), func() {}, err
+		}},
+		{"redis_rate v10", func(c *redis.Client) (func(context.Context, string) error, func(), error) {
+			l := redis_rate.NewLimiter(c)
+			lim := redis_rate.Limit{Rate: 100, Burst: 1 << 27, Period: time.Second}
+			return func(ctx context.Context, key string) error {
+				_, err := l.Allow(ctx, key, lim)
+				return err
+			}, func() {}, nil
+		}},
+	}
+	var rows []redisRow
+	for _, hot := range []bool{true, false} {
+		for _, g := range cfg.goroutines {
+			for _, im := range impls {
+				c := newClient(srv, g)
+				f, closeFn, err := im.build(c)
+				if err != nil {
+					return nil, fmt.Errorf("%s: %w", im.name, err)
+				}
+				m := measure(g, cfg.duration, func(ctx context.Context, i int) error {
+					key := "hot"
+					if !hot {
+						key = keyNames[i%keyspace]
+					}
+					return f(ctx, key)
+				})
+				closeFn()
+				_ = c.Close()
+				ceil := ceilSpread
+				if hot {
+					ceil = ceilHot
+				}
+				rows = append(rows, redisRow{impl: im.name, hot: hot, g: g, m: m, ceiling: ceil})
+				fmt.Fprintf(os.Stderr, "redis %-26s hot=%-5v g=%-3d %9.0f/s p99 %v errors %d\n", im.name, hot, g, m.ops, m.p99, m.errors)
+			}
+		}
+	}
+	fmt.Fprintf(out, "## Redis: Allow decisions per second\n\n")
+	fmt.Fprintf(out, "The ceiling is `redis-benchmark` running fleetrate's own take script with EVALSHA, 50 clients, pipelining 32: %.0f/s on one hot key, %.0f/s over %d keys.\n\n",
+		ceilHot, ceilSpread, keyspace)
+	fmt.Fprintf(out, "| keys | goroutines | implementation | decisions/s | × ceiling | × redis_rate | p50 | p99 | errors |\n|---|---|---|---|---|---|---|---|---|\n")
+	for _, r := range rows {
+		var peer float64
+		for _, p := range rows {
+			if p.impl == "redis_rate v10" && p.hot == r.hot && p.g == r.g {
+				peer = p.m.ops
+			}
+		}
+		keys := strconv.Itoa(keyspace)
+		if r.hot {
+			keys = "1 (hot)"
+		}
+		fmt.Fprintf(out, "| %s | %d | %s | %.0f | %.2f | %.2f | %v | %v | %d |\n", keys, r.g, r.impl, r.m.ops, r.m.ops/r.ceiling, r.m.ops/peer,
+			r.m.p50.Round(time.Microsecond), r.m.p99.Round(time.Microsecond), r.m.errors)
+	}
+	fmt.Fprintln(out)
+	return rows, nil
+}
+
+func limiterAllow(l *fleetrate.Limiter) func(context.Context, string) error {
+	return func(ctx context.Context, key string) error {
+		_, err := l.Allow(ctx, key)
+		return err
+	}
+}
+
+// ceiling runs redis-benchmark with fleetrate's take script, pipelined.
+func ceiling(srv *redistest.Server, hot bool, cfg config) (float64, error) {
+	c := newClient(srv, 1)
+	defer c.Close()
+	l, err := fleetLimiter(c, false)
+	if err != nil {
+		return 0, err
+	}
+	// Load the script through one take, then call it by its SHA.
+	if _, err := l.Allow(context.Background(), "warm"); err != nil {
+		return 0, err
+	}
+	sha := redisstore.TakeScriptSHA()
+	key := "fr:hot"
+	args := []string{"-h", "127.0.0.1", "-p", strconv.Itoa(srv.Port()), "-c", "50", "-P", "32", "-q"}
+	n := 1_000_000
+	if cfg.quick {
+		n = 50_000
+	}
+	args = append(args, "-n", strconv.Itoa(n))
+	if !hot {
+		key = "fr:bench:__rand_int__"
+		args = append(args, "-r", strconv.Itoa(keyspace))
+	}
+	iv := benchLimit.Interval()
+	args = append(args, "EVALSHA", sha, "1", key, "1", "0", "1", "1", strconv.FormatInt(iv, 10), strconv.FormatInt(benchLimit.Burst, 10))
+	outb, err := exec.Command("redis-benchmark", args...).CombinedOutput()
+	if err != nil {
+		return 0, fmt.Errorf("redis-benchmark: %v: %s", err, outb)
+	}
+	// The quiet output ends with "<name>: <n> requests per second, ...".
+	for _, line := range bytes.Split(outb, []byte("\r")) {
+		s := string(bytes.TrimSpace(line))
+		if i := strings.Index(s, " requests per second"); i > 0 {
+			f := strings.Fields(s[:i])
+			if v, err := strconv.ParseFloat(f[len(f)-1], 64); err == nil {
+				return v, nil
+			}
+		}
+	}
+	return 0, fmt.Errorf("redis-benchmark: no throughput in %q", outb)
+}
+
+// waitTable measures Wait mode: Redis calls per grant, utilisation and
+// lateness with 10 and 100 waiters on one bucket.
+func waitTable(srv *redistest.Server, cfg config, out io.Writer) error {
+	fmt.Fprintf(out, "## Redis: Wait mode on one saturated bucket (1000/s, burst 10)\n\n")
+	fmt.Fprintf(out, "| waiters | grants | Redis calls per grant | utilisation | lateness p50 | lateness p99 |\n|---|---|---|---|---|---|\n")
+	for _, waiters := range []int{10, 100} {
+		var calls atomic.Int64
+		c := newClient(srv, waiters)
+		c.AddHook(scriptCounter{&calls})
+		s, err := redisstore.New(c, redisstore.Options{Timeout: 5 * time.Second})
+		if err != nil {
+			return err
+		}
+		_ = s.LoadScripts(context.Background())
+		lim := fleetrate.PerSecond(1000, 10)
+		l, err := fleetrate.New(s, fleetrate.Config{Prefix: "fw:", Limits: []fleetrate.Limit{lim}, MaxWait: time.Minute})
+		if err != nil {
+			return err
+		}
+		key := "wait" + strconv.Itoa(waiters)
+		calls.Store(0)
+		var (
+			mu    sync.Mutex
+			late  []time.Duration
+			first = int64(1<<63 - 1)
+			last  int64
+			wg    sync.WaitGroup
+		)
+		finish := time.Now().Add(cfg.duration)
+		for range waiters {
+			wg.Go(func() {
+				for time.Now().Before(finish) {
+					t0 := time.Now()
+					res, err := l.WaitN(context.Background(), 1, key)
+					woke := time.Now()
+					if err != nil {
+						continue
+					}
+					booked := res.At.UnixNano() + int64(res.Wait)
+					mu.Lock()
+					late = append(late, woke.Sub(t0.Add(res.Wait)))
+					first, last = min(first, booked), max(last, booked)
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+		_ = c.Close()
+		slices.Sort(late)
+		span := time.Duration(last - first).Seconds()
+		util := float64(len(late)) / (float64(lim.Burst) + lim.Rate*span)
+		fmt.Fprintf(out, "| %d | %d | %.3f | %.4f | %v | %v |\n", waiters, len(late), float64(calls.Load())/float64(len(late)), util,
+			late[len(late)/2].Round(time.Microsecond), late[len(late)*99/100].Round(time.Microsecond))
+	}
+	fmt.Fprintf(out, "\nLateness is the time a waiter woke after its booked slot (local timer and scheduling), measured from just before the reservation.\n\n")
+	return nil
+}
+
+type scriptCounter struct{ n *atomic.Int64 }
+
+func (h scriptCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h scriptCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if n := strings.ToLower(cmd.Name()); n == "evalsha" || n == "eval" {
+			h.n.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h scriptCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// memTable compares the in-memory store with x/time/rate and uber's
+// ratelimit using testing.Benchmark.
+func memTable(cfg config, out io.Writer) {
+	ctx := context.Background()
+	mem := func() *fleetrate.Limiter {
+		l, _ := fleetrate.New(memstore.New(memstore.Options{}), fleetrate.Config{Limits: []fleetrate.Limit{benchLimit}})
+		return l
+	}
+	type row struct {
+		name string
+		r    testing.BenchmarkResult
+	}
+	bench := func(f func(b *testing.B)) testing.BenchmarkResult {
+		if cfg.quick {
+			return testing.Benchmark(func(b *testing.B) {
+				if b.N > 1000 {
+					b.N = 1000
+				}
+				f(b)
+			})
+		}
+		return testing.Benchmark(f)
+	}
+	single := []row{
+		{"fleetrate memstore", bench(func(b *testing.B) {
+			l := mem()
+			b.ReportAllocs()
+			for b.Loop() {
+				_, _ = l.Allow(ctx, "k")
+			}
+		})},
+		{"x/time/rate", bench(func(b *testing.B) {
+			l := rate.NewLimiter(rate.Limit(benchLimit.Rate), int(benchLimit.Burst))
+			b.ReportAllocs()
+			for b.Loop() {
+				l.Allow()
+			}
+		})},
+		{"go.uber.org/ratelimit (Take, never blocks here)", bench(func(b *testing.B) {
+			l := ratelimit.New(1e9, ratelimit.WithoutSlack)
+			b.ReportAllocs()
+			for b.Loop() {
+				l.Take()
+			}
+		})},
+	}
+	parallel := []row{
+		{"fleetrate memstore", bench(func(b *testing.B) {
+			l := mem()
+			var seq atomic.Int64
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				i := int(seq.Add(7919))
+				for pb.Next() {
+					i++
+					_, _ = l.Allow(ctx, keyNames[i%keyspace])
+				}
+			})
+		})},
+		{"x/time/rate, map + mutex", bench(func(b *testing.B) {
+			var mu sync.Mutex
+			m := map[string]*rate.Limiter{}
+			var seq atomic.Int64
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				i := int(seq.Add(7919))
+				for pb.Next() {
+					i++
+					k := keyNames[i%keyspace]
+					mu.Lock()
+					l, ok := m[k]
+					if !ok {
+						l = rate.NewLimiter(rate.Limit(benchLimit.Rate), int(benchLimit.Burst))
+						m[k] = l
+					}
+					mu.Unlock()
+					l.Allow()
+				}
+			})
+		})},
+	}
+	fmt.Fprintf(out, "## In memory: Allow\n\n| case | implementation | ns/op | allocs/op | × x/time/rate |\n|---|---|---|---|---|\n")
+	for _, set := range []struct {
+		name string
+		rows []row
+	}{{"1 goroutine, 1 key", single}, {"all cores, 10,000 keys", parallel}} {
+		peer := float64(set.rows[1].r.NsPerOp())
+		for _, r := range set.rows {
+			ns := float64(r.r.NsPerOp())
+			fmt.Fprintf(out, "| %s | %s | %.1f | %d | %.2f (throughput %.2f×) |\n", set.name, r.name, ns, r.r.AllocsPerOp(), ns/peer, peer/ns)
+		}
+	}
+	fmt.Fprintln(out)
+}
