@@ -7,6 +7,7 @@ package memstore
 
 import (
 	"context"
+	"fmt"
 	"hash/maphash"
 	"math/bits"
 	"runtime"
@@ -269,6 +270,9 @@ func (s *Store) takeOne(req fleetrate.Request) fleetrate.Result {
 
 // Refund implements fleetrate.Store.
 func (s *Store) Refund(ctx context.Context, buckets []fleetrate.Bucket, n int64) error {
+	if n < 0 {
+		return fmt.Errorf("%w: refund n must be >= 0, got %d", fleetrate.ErrInvalid, n)
+	}
 	return s.update(ctx, buckets, func(now int64, b fleetrate.Bucket, st *fleetrate.BucketState) {
 		fleetrate.Refund(now, b.Limits, st, n)
 	})
@@ -276,6 +280,9 @@ func (s *Store) Refund(ctx context.Context, buckets []fleetrate.Bucket, n int64)
 
 // Drain implements fleetrate.Store.
 func (s *Store) Drain(ctx context.Context, buckets []fleetrate.Bucket, d time.Duration) error {
+	if d < 0 || d > fleetrate.MaxWaitCap {
+		return fmt.Errorf("%w: drain duration must be between 0 and %v, got %v", fleetrate.ErrInvalid, fleetrate.MaxWaitCap, d)
+	}
 	return s.update(ctx, buckets, func(now int64, b fleetrate.Bucket, st *fleetrate.BucketState) {
 		fleetrate.Drain(now, b.Limits, st, d)
 	})

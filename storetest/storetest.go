@@ -155,22 +155,25 @@ func peek(t *testing.T, s fleetrate.Store, key func(string) string) {
 }
 
 func reserve(t *testing.T, s fleetrate.Store, key func(string) string) {
-	lim := fleetrate.Every(time.Second, 1)
+	// Intervals of 10 s keep the scenario exact however slow the machine:
+	// the expectations are computed from the store's own decision times.
+	const iv = 10 * time.Second
+	lim := fleetrate.Every(iv, 1)
 	k := key("r")
-	r1 := mustTake(t, s, one(k, 1, 5*time.Second, lim))
+	r1 := mustTake(t, s, one(k, 1, 5*iv, lim))
 	if !r1.Allowed || r1.Wait != 0 {
 		t.Fatalf("first: %+v", r1)
 	}
-	r2 := mustTake(t, s, one(k, 1, 5*time.Second, lim))
-	if want := time.Second - r2.At.Sub(r1.At); !r2.Allowed || r2.Wait != want {
+	r2 := mustTake(t, s, one(k, 1, 5*iv, lim))
+	if want := iv - r2.At.Sub(r1.At); !r2.Allowed || r2.Wait != want {
 		t.Fatalf("second: %+v, want booked with wait %v", r2, want)
 	}
-	r3 := mustTake(t, s, one(k, 1, 1500*time.Millisecond, lim))
-	if want := 2*time.Second - r3.At.Sub(r1.At); r3.Allowed || r3.RetryAfter != want {
+	r3 := mustTake(t, s, one(k, 1, iv+iv/2, lim))
+	if want := 2*iv - r3.At.Sub(r1.At); r3.Allowed || r3.RetryAfter != want {
 		t.Fatalf("third: %+v, want denied with retry %v", r3, want)
 	}
-	r4 := mustTake(t, s, one(k, 1, 5*time.Second, lim))
-	if want := 2*time.Second - r4.At.Sub(r1.At); !r4.Allowed || r4.Wait != want {
+	r4 := mustTake(t, s, one(k, 1, 5*iv, lim))
+	if want := 2*iv - r4.At.Sub(r1.At); !r4.Allowed || r4.Wait != want {
 		t.Fatalf("fourth: %+v, want booked with wait %v (FIFO after second)", r4, want)
 	}
 }
@@ -202,6 +205,16 @@ func invalidRequest(t *testing.T, s fleetrate.Store, key func(string) string) {
 	}
 	if err := s.Drain(ctx, []fleetrate.Bucket{{Key: key("i")}}, time.Second); !errors.Is(err, fleetrate.ErrInvalid) {
 		t.Errorf("drain without limits: %v", err)
+	}
+	ok := []fleetrate.Bucket{{Key: key("i"), Limits: []fleetrate.Limit{fleetrate.PerSecond(1, 1)}}}
+	if err := s.Drain(ctx, ok, -time.Second); !errors.Is(err, fleetrate.ErrInvalid) {
+		t.Errorf("negative drain: %v", err)
+	}
+	if err := s.Drain(ctx, ok, fleetrate.MaxWaitCap+1); !errors.Is(err, fleetrate.ErrInvalid) {
+		t.Errorf("drain beyond MaxWaitCap: %v", err)
+	}
+	if err := s.Refund(ctx, ok, -1); !errors.Is(err, fleetrate.ErrInvalid) {
+		t.Errorf("negative refund: %v", err)
 	}
 }
 

@@ -19,7 +19,7 @@ import (
 // testing package parses its flags.
 func init() {
 	if os.Getenv(demoChildEnv) == "1" {
-		if err := run(context.Background(), os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		if err := run(context.Background(), os.Args[1:], os.Getenv, os.Stdout, os.Stderr); err != nil {
 			os.Stderr.WriteString("fleetrate: " + err.Error() + "\n")
 			os.Exit(1)
 		}
@@ -58,7 +58,7 @@ func runDemoForTest(t *testing.T, args ...string) (string, string, error) {
 	var out, errb bytes.Buffer
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
-	err := run(ctx, append([]string{"demo"}, args...), &out, &errb)
+	err := run(ctx, append([]string{"demo"}, args...), os.Getenv, &out, &errb)
 	return out.String(), errb.String(), err
 }
 
@@ -140,7 +140,7 @@ func TestDemoWorkerFlagErrors(t *testing.T) {
 	for _, tc := range tests {
 		var out, errb bytes.Buffer
 		// Later flags win, so each case overrides one valid flag.
-		err := run(t.Context(), append(append([]string{"demo", "worker"}, ok...), tc.args...), &out, &errb)
+		err := run(t.Context(), append(append([]string{"demo", "worker"}, ok...), tc.args...), os.Getenv, &out, &errb)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: err = %v, want it to mention %q", tc.args, err, tc.want)
 		}

@@ -15,7 +15,7 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
 	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "fleetrate:", err)
@@ -23,8 +23,9 @@ func main() {
 	}
 }
 
-// run builds the command tree and executes it with args.
-func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+// run builds the command tree and executes it with args, reading the
+// environment only through getenv.
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	root := &cobra.Command{
 		Use:           "fleetrate",
 		Short:         "Share one rate allowance across a fleet of workers",
@@ -37,6 +38,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	root.AddCommand(
 		newDemoCmd(),
 		newSimulateCmd(),
+		serveCommand(getenv),
 	// subcommands: one constructor per file (demo.go, simulate.go, serve.go, bench.go)
 	)
 	return root.ExecuteContext(ctx)

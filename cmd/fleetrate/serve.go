@@ -1,0 +1,440 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/fleetrate/fleetrate"
+	"github.com/fleetrate/fleetrate/internal/config"
+	"github.com/fleetrate/fleetrate/internal/server"
+	"github.com/fleetrate/fleetrate/memstore"
+)
+
+const serveLong = `Run the fleetrate rate-limit service.
+
+It speaks Envoy's rate limit protocol (gRPC RLS v3, ShouldRateLimit) on
+--grpc-addr, and HTTP on --http-addr: POST /json (envoyproxy/ratelimit's
+JSON API), POST /v1/take, /v1/wait, /v1/refund, /v1/drain and /v1/reset for
+fleets in any language, the raw store API /v1/store/... for Go workers
+using remotestore, GET /healthz, /readyz and /metrics. See docs/API.md.
+
+The configuration file is an envoyproxy/ratelimit file (loaded unchanged),
+plus fleetrate's extensions: burst, rate_limits, buckets and a server
+section. It is reloaded on SIGHUP and when it changes on disk; a bad file
+keeps the configuration in force and logs why.
+
+Every setting below comes from, in order of precedence: the flag, the
+environment variable FLEETRATE_<FLAG> (upper case, dashes as underscores,
+e.g. FLEETRATE_HTTP_ADDR), the file's server section (the flag's name with
+underscores, e.g. http_addr), then the default. The config file itself is
+--config, else FLEETRATE_CONFIG, else fleetrate.yaml. Bearer tokens come from
+--auth-token-file (one per line) and from FLEETRATE_AUTH_TOKEN
+(comma-separated), never from a flag.
+
+The store is the embedded in-memory one unless --redis gives a URL:
+  redis://[user:password@]host:6379[/db]        standalone Redis
+  rediss://...                                   the same over TLS
+  redis+sentinel://[user:pw@]s1:26379[/db]?master_name=mymaster&addr=s2:26379
+                                                 Sentinel (user:pw are the
+                                                 sentinels'; username= and
+                                                 password= for the master)
+  redis+cluster://[user:pw@]n1:6379?addr=n2:6379&addr=n3:6379
+                                                 Redis Cluster
+  rediss+sentinel://, rediss+cluster://          the same over TLS
+go-redis query options (dial_timeout, pool_size, ...) are accepted.`
+
+// serveSettings is the resolved configuration of one run of the service.
+type serveSettings struct {
+	configPath      string
+	cfg             *config.Config
+	httpAddr        string
+	grpcAddr        string
+	redis           string
+	prefix          string
+	maxWait         time.Duration
+	readTimeout     time.Duration
+	writeTimeout    time.Duration
+	idleTimeout     time.Duration
+	shutdownTimeout time.Duration
+	drainDelay      time.Duration
+	storeTimeout    time.Duration
+	reloadInterval  time.Duration
+	maxRequestBytes int64
+	authTokenFile   string
+	tlsCertFile     string
+	tlsKeyFile      string
+	tlsClientCAFile string
+	logFormat       string
+	logLevel        string
+	responseHeaders bool
+	shadowMode      bool
+	storeAPI        bool
+	tokens          []string
+}
+
+// Flag names and their defaults.
+const (
+	defaultConfig = "fleetrate.yaml"
+	envPrefix     = "FLEETRATE_"
+)
+
+// serveCommand returns the "serve" command; it reads the environment only
+// through getenv.
+func serveCommand(getenv func(string) string) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run the rate-limit service (Envoy RLS gRPC, HTTP/JSON, metrics)",
+		Long:  serveLong,
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			st, err := resolveSettings(cmd.Flags(), getenv)
+			if err != nil {
+				return err
+			}
+			return serve(cmd.Context(), st, cmd.ErrOrStderr())
+		},
+	}
+	f := cmd.Flags()
+	f.String("config", defaultConfig, "configuration file (YAML)")
+	f.String("http-addr", ":8080", "HTTP listen address (/json, /v1, /healthz, /readyz, /metrics); \"off\" disables")
+	f.String("grpc-addr", ":8081", "gRPC listen address (Envoy RLS v3); \"off\" disables")
+	f.String("redis", "", "Redis URL; empty means the in-memory store (see above for Sentinel and Cluster)")
+	f.String("prefix", server.DefaultPrefix, "prefix of every store key")
+	f.Duration("max-wait", server.DefaultMaxWait, "default and largest max wait of /v1/wait")
+	f.Duration("read-timeout", server.DefaultReadTimeout, "HTTP read timeout")
+	f.Duration("write-timeout", server.DefaultWriteTimeout, "HTTP write timeout")
+	f.Duration("idle-timeout", server.DefaultIdleTimeout, "HTTP keep-alive idle timeout")
+	f.Duration("shutdown-timeout", server.DefaultShutdownTimeout, "how long in-flight requests get to finish on SIGTERM")
+	f.Duration("drain-delay", 0, "how long to keep serving, with /readyz failing, after SIGTERM")
+	f.Duration("store-timeout", server.DefaultStoreTimeout, "bound on each store call")
+	f.Duration("reload-interval", 2*time.Second, "how often to check the config file for changes; 0 reloads on SIGHUP only")
+	f.Int64("max-request-bytes", server.DefaultMaxRequestBytes, "largest request body (HTTP) or message (gRPC)")
+	f.String("auth-token-file", "", "file of bearer tokens, one per line; when set, the APIs need one")
+	f.String("tls-cert-file", "", "TLS certificate (PEM); with --tls-key-file, serves HTTPS and gRPC over TLS")
+	f.String("tls-key-file", "", "TLS private key (PEM)")
+	f.String("tls-client-ca-file", "", "CA bundle (PEM) to require and verify client certificates (mTLS)")
+	f.String("log-format", "text", "log format: text or json")
+	f.String("log-level", "info", "log level: debug, info, warn or error")
+	f.Bool("response-headers", false, "add RateLimit-Limit, -Remaining and -Reset to RLS responses")
+	f.Bool("shadow-mode", false, "answer OK to every RLS request while still counting (global shadow mode)")
+	f.Bool("store-api", true, "serve the raw store API (/v1/store/...) used by remotestore")
+	return cmd
+}
+
+// envName is the environment variable of a flag: FLEETRATE_HTTP_ADDR.
+func envName(flag string) string {
+	return envPrefix + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
+}
+
+// resolver picks each setting from the flag, the environment, the file
+// and the default, in that order.
+type resolver struct {
+	fs     *pflag.FlagSet
+	getenv func(string) string
+	errs   []error
+}
+
+// source returns the raw value of a setting given by flag or environment.
+func (r *resolver) source(name string) (string, bool) {
+	if fl := r.fs.Lookup(name); fl != nil && fl.Changed {
+		return fl.Value.String(), true
+	}
+	if v := r.getenv(envName(name)); v != "" {
+		return v, true
+	}
+	return "", false
+}
+
+func (r *resolver) fail(name, v string, err error) {
+	r.errs = append(r.errs, fmt.Errorf("--%s / %s: invalid value %q: %v", name, envName(name), v, err))
+}
+
+func (r *resolver) str(name string, file *string) string {
+	if v, ok := r.source(name); ok {
+		return v
+	}
+	if file != nil {
+		return *file
+	}
+	v, _ := r.fs.GetString(name)
+	return v
+}
+
+func (r *resolver) dur(name string, file *time.Duration) time.Duration {
+	if v, ok := r.source(name); ok {
+		d, err := time.ParseDuration(v)
+		if err == nil && d < 0 {
+			err = errors.New("must not be negative")
+		}
+		if err != nil {
+			r.fail(name, v, err)
+		}
+		return d
+	}
+	if file != nil {
+		return *file
+	}
+	d, _ := r.fs.GetDuration(name)
+	return d
+}
+
+func (r *resolver) boolean(name string, file *bool) bool {
+	if v, ok := r.source(name); ok {
+		var b bool
+		switch strings.ToLower(v) {
+		case "true", "1", "yes", "on":
+			b = true
+		case "false", "0", "no", "off":
+		default:
+			r.fail(name, v, errors.New("want true or false"))
+		}
+		return b
+	}
+	if file != nil {
+		return *file
+	}
+	b, _ := r.fs.GetBool(name)
+	return b
+}
+
+func (r *resolver) int64(name string, file *int64) int64 {
+	if v, ok := r.source(name); ok {
+		var n int64
+		if _, err := fmt.Sscan(v, &n); err != nil || n <= 0 {
+			r.fail(name, v, errors.New("want a positive whole number"))
+		}
+		return n
+	}
+	if file != nil {
+		return *file
+	}
+	n, _ := r.fs.GetInt64(name)
+	return n
+}
+
+// resolveSettings loads the config file and resolves every setting, with
+// flags over environment over file over defaults.
+func resolveSettings(fs *pflag.FlagSet, getenv func(string) string) (serveSettings, error) {
+	r := &resolver{fs: fs, getenv: getenv}
+	st := serveSettings{configPath: r.str("config", nil)}
+	cfg, err := config.LoadFile(st.configPath)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return st, fmt.Errorf("config file %s not found: give one with --config (try --config examples/fleetrate.yaml)", st.configPath)
+		}
+		return st, err
+	}
+	st.cfg = cfg
+	s := cfg.Settings
+	st.httpAddr = r.str("http-addr", s.HTTPAddr)
+	st.grpcAddr = r.str("grpc-addr", s.GRPCAddr)
+	st.redis = r.str("redis", s.Redis)
+	st.prefix = r.str("prefix", s.Prefix)
+	st.maxWait = r.dur("max-wait", s.MaxWait)
+	st.readTimeout = r.dur("read-timeout", s.ReadTimeout)
+	st.writeTimeout = r.dur("write-timeout", s.WriteTimeout)
+	st.idleTimeout = r.dur("idle-timeout", s.IdleTimeout)
+	st.shutdownTimeout = r.dur("shutdown-timeout", s.ShutdownTimeout)
+	st.drainDelay = r.dur("drain-delay", s.DrainDelay)
+	st.storeTimeout = r.dur("store-timeout", s.StoreTimeout)
+	st.reloadInterval = r.dur("reload-interval", s.ReloadInterval)
+	st.maxRequestBytes = r.int64("max-request-bytes", s.MaxRequestBytes)
+	st.authTokenFile = r.str("auth-token-file", s.AuthTokenFile)
+	st.tlsCertFile = r.str("tls-cert-file", s.TLSCertFile)
+	st.tlsKeyFile = r.str("tls-key-file", s.TLSKeyFile)
+	st.tlsClientCAFile = r.str("tls-client-ca-file", s.TLSClientCAFile)
+	st.logFormat = r.str("log-format", s.LogFormat)
+	st.logLevel = r.str("log-level", s.LogLevel)
+	st.responseHeaders = r.boolean("response-headers", s.ResponseHeaders)
+	st.shadowMode = r.boolean("shadow-mode", s.ShadowMode)
+	st.storeAPI = r.boolean("store-api", s.StoreAPI)
+	if err := errors.Join(r.errs...); err != nil {
+		return st, err
+	}
+	if st.maxWait > fleetrate.MaxWaitCap {
+		return st, fmt.Errorf("max wait must be at most %v, got %v", fleetrate.MaxWaitCap, st.maxWait)
+	}
+	if st.httpAddr == "off" && st.grpcAddr == "off" {
+		return st, errors.New("http-addr and grpc-addr are both off: nothing to serve")
+	}
+	if (st.tlsCertFile == "") != (st.tlsKeyFile == "") {
+		return st, errors.New("give both tls-cert-file and tls-key-file, or neither")
+	}
+	switch st.logFormat {
+	case "text", "json":
+	default:
+		return st, fmt.Errorf("log-format must be text or json, got %q", st.logFormat)
+	}
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(st.logLevel)); err != nil {
+		return st, fmt.Errorf("log-level must be debug, info, warn or error, got %q", st.logLevel)
+	}
+	if st.authTokenFile != "" {
+		toks, err := readTokens(st.authTokenFile)
+		if err != nil {
+			return st, err
+		}
+		st.tokens = append(st.tokens, toks...)
+	}
+	for _, t := range strings.Split(getenv(envPrefix+"AUTH_TOKEN"), ",") {
+		if t = strings.TrimSpace(t); t != "" {
+			st.tokens = append(st.tokens, t)
+		}
+	}
+	return st, nil
+}
+
+// readTokens reads bearer tokens, one per line; blank lines and lines
+// starting with # are skipped.
+func readTokens(path string) ([]string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("auth token file: %w", err)
+	}
+	defer f.Close()
+	var toks []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		toks = append(toks, line)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("auth token file %s: %w", path, err)
+	}
+	if len(toks) == 0 {
+		return nil, fmt.Errorf("auth token file %s holds no token", path)
+	}
+	return toks, nil
+}
+
+func newLogger(format, level string, w io.Writer) *slog.Logger {
+	var lvl slog.Level
+	_ = lvl.UnmarshalText([]byte(level))
+	opts := &slog.HandlerOptions{Level: lvl}
+	if format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+func loadTLS(st serveSettings) (*tls.Config, error) {
+	if st.tlsCertFile == "" {
+		return nil, nil
+	}
+	cert, err := tls.LoadX509KeyPair(st.tlsCertFile, st.tlsKeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("tls: %w", err)
+	}
+	c := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	if st.tlsClientCAFile != "" {
+		pem, err := os.ReadFile(st.tlsClientCAFile)
+		if err != nil {
+			return nil, fmt.Errorf("tls client CA: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("tls client CA %s: no PEM certificate found", st.tlsClientCAFile)
+		}
+		c.ClientCAs, c.ClientAuth = pool, tls.RequireAndVerifyClientCert
+	}
+	return c, nil
+}
+
+func listen(addr string) (net.Listener, error) {
+	if addr == "" || addr == "off" {
+		return nil, nil
+	}
+	return net.Listen("tcp", addr)
+}
+
+// serve runs the service until ctx ends (SIGTERM or interrupt), reloading
+// the configuration on SIGHUP.
+func serve(ctx context.Context, st serveSettings, logOut io.Writer) error {
+	log := newLogger(st.logFormat, st.logLevel, logOut)
+	tlsCfg, err := loadTLS(st)
+	if err != nil {
+		return err
+	}
+	var (
+		store     fleetrate.Store = memstore.New(memstore.Options{})
+		storeName                 = "memory"
+		closeFn                   = func() error { return nil }
+	)
+	if st.redis != "" {
+		rs, err := openServeRedis(ctx, st.redis, log)
+		if err != nil {
+			return err
+		}
+		store, storeName, closeFn = rs.store, rs.name, rs.close
+	}
+	defer closeFn()
+	srv, err := server.New(server.Options{
+		Store:           store,
+		StoreName:       storeName,
+		Config:          st.cfg,
+		ConfigPath:      st.configPath,
+		ReloadInterval:  st.reloadInterval,
+		Prefix:          st.prefix,
+		MaxWait:         st.maxWait,
+		StoreTimeout:    st.storeTimeout,
+		MaxRequestBytes: st.maxRequestBytes,
+		ReadTimeout:     st.readTimeout,
+		WriteTimeout:    st.writeTimeout,
+		IdleTimeout:     st.idleTimeout,
+		ShutdownTimeout: st.shutdownTimeout,
+		DrainDelay:      st.drainDelay,
+		AuthTokens:      st.tokens,
+		TLS:             tlsCfg,
+		ResponseHeaders: st.responseHeaders,
+		ShadowMode:      st.shadowMode,
+		DisableStoreAPI: !st.storeAPI,
+		Logger:          log,
+	})
+	if err != nil {
+		return err
+	}
+	hl, err := listen(st.httpAddr)
+	if err != nil {
+		return fmt.Errorf("http-addr: %w", err)
+	}
+	gl, err := listen(st.grpcAddr)
+	if err != nil {
+		if hl != nil {
+			hl.Close()
+		}
+		return fmt.Errorf("grpc-addr: %w", err)
+	}
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-hup:
+				log.Info("SIGHUP: reloading the configuration", "path", st.configPath)
+				_ = srv.Reload() // a failure is logged and keeps the old config
+			}
+		}
+	}()
+	return srv.Serve(ctx, hl, gl)
+}

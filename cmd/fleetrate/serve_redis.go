@@ -1,0 +1,97 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetrate/fleetrate"
+	"github.com/fleetrate/fleetrate/redisstore"
+)
+
+// serveRedis is an opened Redis store.
+type serveRedis struct {
+	store fleetrate.Store
+	name  string // the URL without its password, for logs
+	close func() error
+}
+
+// newServeRedisClient builds a go-redis client from a URL. The scheme selects
+// the deployment: redis:// and rediss:// (TLS) a standalone server (or a
+// proxy), redis+sentinel:// a Sentinel-managed primary, redis+cluster:// a
+// Redis Cluster; each with an s for TLS. unix:// is a local socket.
+func newServeRedisClient(raw string) (redis.UniversalClient, string, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return nil, "", fmt.Errorf("redis URL: %w", err)
+	}
+	name := u.Redacted()
+	base, mode, _ := strings.Cut(u.Scheme, "+")
+	switch base {
+	case "redis", "rediss":
+	case "unix":
+		if mode != "" {
+			return nil, name, fmt.Errorf("redis URL %s: unix sockets serve a standalone server only", name)
+		}
+	default:
+		return nil, name, fmt.Errorf("redis URL %s: scheme must be redis, rediss, redis+sentinel, rediss+sentinel, redis+cluster, rediss+cluster or unix", name)
+	}
+	plain := *u
+	plain.Scheme = base
+	switch mode {
+	case "":
+		o, err := redis.ParseURL(plain.String())
+		if err != nil {
+			return nil, name, fmt.Errorf("redis URL %s: %w", name, err)
+		}
+		o.ContextTimeoutEnabled = true
+		return redis.NewClient(o), name, nil
+	case "sentinel":
+		o, err := redis.ParseFailoverURL(plain.String())
+		if err != nil {
+			return nil, name, fmt.Errorf("redis URL %s: %w", name, err)
+		}
+		if o.MasterName == "" {
+			return nil, name, fmt.Errorf("redis URL %s: a sentinel URL needs ?master_name=", name)
+		}
+		o.ContextTimeoutEnabled = true
+		return redis.NewFailoverClient(o), name, nil
+	case "cluster":
+		o, err := redis.ParseClusterURL(plain.String())
+		if err != nil {
+			return nil, name, fmt.Errorf("redis URL %s: %w", name, err)
+		}
+		o.ContextTimeoutEnabled = true
+		return redis.NewClusterClient(o), name, nil
+	}
+	return nil, name, fmt.Errorf("redis URL %s: unknown mode %q (want sentinel or cluster)", name, mode)
+}
+
+// openServeRedis connects to Redis. An unreachable server is not fatal: the
+// service starts, /readyz fails and decisions report the store as
+// unavailable until Redis answers.
+func openServeRedis(ctx context.Context, raw string, log *slog.Logger) (serveRedis, error) {
+	c, name, err := newServeRedisClient(raw)
+	if err != nil {
+		return serveRedis{}, err
+	}
+	// The server bounds every store call with its store timeout.
+	st, err := redisstore.New(c, redisstore.Options{Timeout: -1})
+	if err != nil {
+		c.Close()
+		return serveRedis{}, err
+	}
+	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if err := c.Ping(pctx).Err(); err != nil {
+		log.Warn("redis does not answer yet; starting anyway (/readyz fails until it does)", "redis", name, "error", err.Error())
+	} else if err := st.LoadScripts(pctx); err != nil {
+		log.Warn("loading the Lua scripts into redis failed; they load on first use", "redis", name, "error", err.Error())
+	}
+	return serveRedis{store: st, name: name, close: c.Close}, nil
+}

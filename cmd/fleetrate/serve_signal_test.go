@@ -1,0 +1,152 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// serveChildEnv makes TestServeChildProcess act as `fleetrate serve`.
+const serveChildEnv = "FLEETRATE_TEST_SERVE_CHILD_ARGS"
+
+// TestServeChildProcess is the service process of TestServeSIGTERM: it
+// runs main's code path, with SIGTERM cancelling the context.
+func TestServeChildProcess(t *testing.T) {
+	args := os.Getenv(serveChildEnv)
+	if args == "" {
+		t.Skip("runs only as the child of TestServeSIGTERM")
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, strings.Split(args, "\n"), os.Getenv, os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "fleetrate:", err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
+
+// TestServeSIGTERM sends a real SIGTERM to a service process while
+// requests are in flight (their bodies half sent): every one of them
+// still gets its answer, and the process exits 0.
+func TestServeSIGTERM(t *testing.T) {
+	t.Parallel()
+	path := serveWriteFile(t, "fleetrate.yaml", serveTestConfig)
+	args := []string{"serve", "--config", path, "--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0", "--log-format", "json", "--log-level", "info"}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestServeChildProcess$")
+	cmd.Env = append(os.Environ(), serveChildEnv+"="+strings.Join(args, "\n"))
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+
+	lines := make(chan map[string]any, 100)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			var m map[string]any
+			if json.Unmarshal(sc.Bytes(), &m) == nil {
+				lines <- m
+			}
+		}
+	}()
+	waitLine := func(msg string) map[string]any {
+		t.Helper()
+		for {
+			select {
+			case m, ok := <-lines:
+				if !ok {
+					t.Fatalf("the service exited before logging %q", msg)
+				}
+				if m["msg"] == msg {
+					return m
+				}
+			case <-ctx.Done():
+				t.Fatalf("no %q log line", msg)
+			}
+		}
+	}
+	addr := waitLine("fleetrate serving")["http"].(string)
+
+	// Requests whose bodies are half sent are in flight in the service.
+	const n = 8
+	body := `{"bucket":"booking_com/availability"}`
+	conns := make([]net.Conn, n)
+	for i := range conns {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		fmt.Fprintf(c, "POST /v1/take HTTP/1.1\r\nHost: fleetrate\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body[:10])
+		conns[i] = c
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for !strings.Contains(metricsOf(t, addr), fmt.Sprintf("fleetrate_requests_in_flight %d", n)) {
+		if time.Now().After(deadline) {
+			t.Fatal("the requests never got in flight")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	waitLine("shutting down: finishing in-flight requests")
+
+	var wg sync.WaitGroup
+	for i, c := range conns {
+		wg.Go(func() {
+			if _, err := io.WriteString(c, body[10:]); err != nil {
+				t.Errorf("request %d: finishing the body: %v", i, err)
+				return
+			}
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Errorf("request %d: lost: %v", i, err)
+				return
+			}
+			defer resp.Body.Close()
+			var d struct{ Allowed bool }
+			if err := json.NewDecoder(resp.Body).Decode(&d); err != nil || resp.StatusCode != http.StatusOK || !d.Allowed {
+				t.Errorf("request %d: status %d, %+v, %v", i, resp.StatusCode, d, err)
+			}
+		})
+	}
+	wg.Wait()
+	waitLine("stopped")
+	for range lines { // read stderr to its end before Wait
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("the service exited with %v, want 0", err)
+	}
+}
+
+func metricsOf(t *testing.T, addr string) string {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}

@@ -1,0 +1,58 @@
+package config
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/fleetrate/fleetrate"
+)
+
+// FuzzLoad checks that no input makes Load panic or hang, that every
+// error is an ErrInvalid with a file name, and that whatever loads can be
+// matched and enforced.
+func FuzzLoad(f *testing.F) {
+	f.Add(envoyExample)
+	f.Add("domain: d\ndescriptors:\n  - key: k\n    rate_limits:\n      - {unit: second, requests_per_unit: 20, burst: 40}\n      - {unit: minute, requests_per_unit: 1000}\n")
+	f.Add("buckets:\n  - {channel: booking_com, endpoint: availability, rate_limit: {unit: second, requests_per_unit: 20, burst: 40}}\n")
+	f.Add("server:\n  http_addr: :8080\n  max_wait: 5s\n  response_headers: true\n")
+	f.Add("domain: d\ndescriptors:\n  - &a {key: k, rate_limit: {unit: second, requests_per_unit: 1}}\n  - *a\n")
+	f.Add("domain: d\n---\ndomain: e\ndescriptors: []\n")
+	f.Add("domain: d\ndescriptors:\n  - key: k\n    value: v*\n    share_threshold: true\n    descriptors:\n      - key: j\n        rate_limit: {unlimited: true}\n")
+	f.Add("{")
+	f.Add("domain: [1, 2]\n")
+	f.Add("<<: {domain: d}\n")
+	f.Fuzz(func(t *testing.T, src string) {
+		cfg, err := Load("fuzz.yaml", []byte(src))
+		if err != nil {
+			if !errors.Is(err, fleetrate.ErrInvalid) {
+				t.Fatalf("error %v does not wrap ErrInvalid", err)
+			}
+			if !strings.HasPrefix(err.Error(), "fuzz.yaml") {
+				t.Fatalf("error %q does not name the file", err)
+			}
+			return
+		}
+		for _, d := range cfg.Domains {
+			d.Walk(func(r *Rule) {
+				if r.Unlimited || r.Denies() {
+					return
+				}
+				for _, l := range r.TokenLimits() {
+					if err := l.Validate(); err != nil {
+						t.Fatalf("rule %s loaded with an invalid limit: %v", r.ID, err)
+					}
+				}
+			})
+			d.Match([]Entry{{Key: "k", Value: "v"}, {Key: "j", Value: "w"}})
+		}
+		for _, b := range cfg.Buckets {
+			if got, ok := cfg.Bucket(b.Name); !ok || got.Key != b.Key {
+				t.Fatalf("bucket %q not found by name", b.Name)
+			}
+			if err := fleetrate.ValidateBuckets([]fleetrate.Bucket{{Key: b.Key, Limits: b.TokenLimits()}}); err != nil {
+				t.Fatalf("bucket %q loaded invalid: %v", b.Name, err)
+			}
+		}
+	})
+}

@@ -1,0 +1,96 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"runtime/debug"
+
+	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+)
+
+// rlsService implements envoy.service.ratelimit.v3.RateLimitService.
+type rlsService struct {
+	rlspb.UnimplementedRateLimitServiceServer
+	s *Server
+}
+
+// ShouldRateLimit implements the Envoy rate limit service. A bad request
+// is INVALID_ARGUMENT; a store failure is UNAVAILABLE, never OVER_LIMIT.
+func (r rlsService) ShouldRateLimit(ctx context.Context, req *rlspb.RateLimitRequest) (*rlspb.RateLimitResponse, error) {
+	resp, err := r.s.shouldRateLimit(ctx, req)
+	if err != nil {
+		return nil, grpcError(err)
+	}
+	return resp, nil
+}
+
+func grpcError(err error) error {
+	switch {
+	case isInvalid(err):
+		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, context.Canceled):
+		return status.Error(codes.Canceled, err.Error())
+	}
+	return status.Error(codes.Unavailable, err.Error())
+}
+
+const healthService = "envoy.service.ratelimit.v3.RateLimitService"
+
+func (s *Server) newGRPC() *grpc.Server {
+	opts := []grpc.ServerOption{
+		grpc.MaxRecvMsgSize(int(s.opts.MaxRequestBytes)),
+		grpc.ChainUnaryInterceptor(s.grpcRecover, s.grpcAuth),
+	}
+	if s.opts.TLS != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(s.opts.TLS)))
+	}
+	g := grpc.NewServer(opts...)
+	rlspb.RegisterRateLimitServiceServer(g, rlsService{s: s})
+	s.health = health.NewServer()
+	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	s.health.SetServingStatus(healthService, healthpb.HealthCheckResponse_SERVING)
+	healthpb.RegisterHealthServer(g, s.health)
+	return g
+}
+
+// setHealth reports the gRPC health status.
+func (s *Server) setHealth(serving bool) {
+	st := healthpb.HealthCheckResponse_NOT_SERVING
+	if serving {
+		st = healthpb.HealthCheckResponse_SERVING
+	}
+	s.health.SetServingStatus("", st)
+	s.health.SetServingStatus(healthService, st)
+}
+
+func (s *Server) grpcAuth(ctx context.Context, req any, info *grpc.UnaryServerInfo, next grpc.UnaryHandler) (any, error) {
+	if len(s.opts.AuthTokens) == 0 || info.FullMethod == healthpb.Health_Check_FullMethodName {
+		return next(ctx, req)
+	}
+	md, _ := metadata.FromIncomingContext(ctx)
+	for _, v := range md.Get("authorization") {
+		if s.authorized(v) {
+			return next(ctx, req)
+		}
+	}
+	return nil, status.Error(codes.Unauthenticated, "missing or wrong bearer token in the authorization metadata")
+}
+
+func (s *Server) grpcRecover(ctx context.Context, req any, info *grpc.UnaryServerInfo, next grpc.UnaryHandler) (resp any, err error) {
+	s.metrics.inflight.Inc()
+	defer s.metrics.inflight.Dec()
+	defer func() {
+		if v := recover(); v != nil {
+			s.log.Error("panic serving gRPC", "method", info.FullMethod, "panic", v, "stack", string(debug.Stack()))
+			resp, err = nil, status.Error(codes.Internal, "internal error")
+		}
+	}()
+	return next(ctx, req)
+}

@@ -1,0 +1,681 @@
+package server
+
+import (
+	"bytes"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"runtime/debug"
+	"slices"
+	"strings"
+	"time"
+
+	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/fleetrate/fleetrate"
+	"github.com/fleetrate/fleetrate/internal/config"
+	"github.com/fleetrate/fleetrate/internal/headers"
+	"github.com/fleetrate/fleetrate/internal/server/wire"
+)
+
+// httpError is a request the HTTP API refuses.
+type httpError struct {
+	status int
+	code   string
+	msg    string
+}
+
+// Error returns the message.
+func (e *httpError) Error() string { return e.msg }
+
+func badRequest(code, format string, args ...any) *httpError {
+	return &httpError{status: http.StatusBadRequest, code: code, msg: fmt.Sprintf(format, args...)}
+}
+
+func (s *Server) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", s.open(http.MethodGet, s.healthz))
+	mux.HandleFunc("/readyz", s.open(http.MethodGet, s.readyz))
+	mux.Handle("/metrics", s.open(http.MethodGet, promhttp.HandlerFor(s.opts.Registry, promhttp.HandlerOpts{}).ServeHTTP))
+	mux.HandleFunc("/json", s.api(http.MethodPost, s.handleJSON))
+	mux.HandleFunc("/v1/take", s.api(http.MethodPost, s.handleTake))
+	mux.HandleFunc("/v1/wait", s.api(http.MethodPost, s.handleWait))
+	mux.HandleFunc("/v1/refund", s.api(http.MethodPost, s.handleRefund))
+	mux.HandleFunc("/v1/drain", s.api(http.MethodPost, s.handleDrain))
+	mux.HandleFunc("/v1/reset", s.api(http.MethodPost, s.handleReset))
+	mux.HandleFunc("/v1/config", s.api(http.MethodGet, s.handleConfig))
+	mux.HandleFunc(wire.TakePath, s.api(http.MethodPost, s.storeAPI(s.handleStoreTake)))
+	mux.HandleFunc(wire.RefundPath, s.api(http.MethodPost, s.storeAPI(s.handleStoreRefund)))
+	mux.HandleFunc(wire.DrainPath, s.api(http.MethodPost, s.storeAPI(s.handleStoreDrain)))
+	mux.HandleFunc(wire.ResetPath, s.api(http.MethodPost, s.storeAPI(s.handleStoreReset)))
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, &httpError{status: http.StatusNotFound, code: wire.CodeNotFound, msg: fmt.Sprintf("no such endpoint %s %s", r.Method, r.URL.Path)})
+	})
+	return s.recoverPanics(mux)
+}
+
+func (s *Server) recoverPanics(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() {
+			if v := recover(); v != nil {
+				if v == http.ErrAbortHandler {
+					panic(v)
+				}
+				s.log.Error("panic serving HTTP", "path", r.URL.Path, "panic", v, "stack", string(debug.Stack()))
+				writeError(w, &httpError{status: http.StatusInternalServerError, code: wire.CodeInternal, msg: "internal error"})
+			}
+		}()
+		next.ServeHTTP(w, r)
+	})
+}
+
+// open serves an endpoint that needs no token.
+func (s *Server) open(method string, h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != method && !(method == http.MethodGet && r.Method == http.MethodHead) {
+			w.Header().Set("Allow", method)
+			writeError(w, &httpError{status: http.StatusMethodNotAllowed, code: wire.CodeMethod, msg: fmt.Sprintf("%s needs %s, got %s", r.URL.Path, method, r.Method)})
+			return
+		}
+		h(w, r)
+	}
+}
+
+// api serves an API endpoint: method check, bearer token, body limit.
+func (s *Server) api(method string, h func(http.ResponseWriter, *http.Request) error) http.HandlerFunc {
+	return s.open(method, func(w http.ResponseWriter, r *http.Request) {
+		s.metrics.inflight.Inc()
+		defer s.metrics.inflight.Dec()
+		if !s.authorized(r.Header.Get("Authorization")) {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="fleetrate"`)
+			writeError(w, &httpError{status: http.StatusUnauthorized, code: wire.CodeUnauthorized, msg: "missing or wrong bearer token in the Authorization header"})
+			return
+		}
+		r.Body = http.MaxBytesReader(w, r.Body, s.opts.MaxRequestBytes)
+		if err := h(w, r); err != nil {
+			var he *httpError
+			if !errors.As(err, &he) {
+				he = s.failure(err)
+			}
+			writeError(w, he)
+		}
+	})
+}
+
+func (s *Server) storeAPI(h func(http.ResponseWriter, *http.Request) error) func(http.ResponseWriter, *http.Request) error {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		if s.opts.DisableStoreAPI {
+			return &httpError{status: http.StatusForbidden, code: wire.CodeDisabled, msg: "the raw store API is disabled on this server (store_api: false)"}
+		}
+		return h(w, r)
+	}
+}
+
+// failure maps an error from deciding to an HTTP error: a bad argument is
+// 400, anything else is the store failing (503), never a denial.
+func (s *Server) failure(err error) *httpError {
+	switch {
+	case errors.Is(err, fleetrate.ErrBurstExceeded):
+		return badRequest(wire.CodeBurstExceeded, "%v", err)
+	case errors.Is(err, fleetrate.ErrInvalid):
+		return badRequest(wire.CodeInvalid, "%v", err)
+	}
+	return &httpError{status: http.StatusServiceUnavailable, code: wire.CodeStoreUnavailable, msg: err.Error()}
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	data, err := json.Marshal(v)
+	if err != nil {
+		status, data = http.StatusInternalServerError, []byte(`{"error":"encoding the response failed","code":"internal"}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	w.Write(append(data, '\n'))
+}
+
+func writeError(w http.ResponseWriter, e *httpError) {
+	writeJSON(w, e.status, wire.Error{Error: e.msg, Code: e.code})
+}
+
+// readBody reads the whole (size-limited) body.
+func readBody(r *http.Request) ([]byte, error) {
+	data, err := io.ReadAll(r.Body)
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return nil, badRequest(wire.CodeBodyTooLarge, "request body is larger than the limit of %d bytes", mbe.Limit)
+		}
+		return nil, badRequest(wire.CodeInvalidJSON, "reading the request body: %v", err)
+	}
+	if len(bytes.TrimSpace(data)) == 0 {
+		return nil, badRequest(wire.CodeInvalidJSON, "request body is empty; want a JSON object")
+	}
+	return data, nil
+}
+
+// decodeJSON decodes one JSON object strictly: unknown fields, wrong types
+// and trailing data are errors that name the field.
+func decodeJSON(data []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		var se *json.SyntaxError
+		var te *json.UnmarshalTypeError
+		switch {
+		case errors.As(err, &se):
+			return badRequest(wire.CodeInvalidJSON, "malformed JSON at byte %d: %v", se.Offset, se)
+		case errors.As(err, &te):
+			return badRequest(wire.CodeInvalidJSON, "field %q: want %s, got JSON %s", te.Field, te.Type, te.Value)
+		case errors.Is(err, io.ErrUnexpectedEOF):
+			return badRequest(wire.CodeInvalidJSON, "malformed JSON: unexpected end of the body")
+		case strings.HasPrefix(err.Error(), "json: unknown field "):
+			return badRequest(wire.CodeInvalidJSON, "unknown field %s", strings.TrimPrefix(err.Error(), "json: unknown field "))
+		}
+		return badRequest(wire.CodeInvalidJSON, "malformed JSON: %v", err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return badRequest(wire.CodeInvalidJSON, "unexpected data after the JSON object")
+	}
+	return nil
+}
+
+func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+	if err := s.ready(r.Context()); err != nil {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready", "error": err.Error()})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+}
+
+// handleJSON is envoyproxy/ratelimit's /json: a RateLimitRequest in
+// proto3 JSON; 200 when OK, 429 when over limit, the RateLimitResponse in
+// proto3 JSON either way.
+func (s *Server) handleJSON(w http.ResponseWriter, r *http.Request) error {
+	data, err := readBody(r)
+	if err != nil {
+		return err
+	}
+	req := &rlspb.RateLimitRequest{}
+	if err := protojson.Unmarshal(data, req); err != nil {
+		msg := strings.TrimPrefix(err.Error(), "proto: ")
+		if strings.Contains(msg, "invalid value for uint") {
+			msg += " (hits_addend, requests_per_unit and unit_multiplier must be whole numbers >= 0)"
+		}
+		return badRequest(wire.CodeInvalidJSON, "%s", msg)
+	}
+	resp, err := s.shouldRateLimit(r.Context(), req)
+	if err != nil {
+		return err
+	}
+	out, err := protojson.Marshal(resp)
+	if err != nil {
+		return err
+	}
+	code := http.StatusOK
+	if resp.OverallCode == rlspb.RateLimitResponse_OVER_LIMIT {
+		code = http.StatusTooManyRequests
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	w.Write(append(out, '\n'))
+	return nil
+}
+
+// BucketsRequest names the buckets of a /v1 request: one in Bucket, or
+// several (taken together, all or nothing) in Buckets.
+type BucketsRequest struct {
+	Bucket  string   `json:"bucket,omitempty"`
+	Buckets []string `json:"buckets,omitempty"`
+}
+
+// TakeRequest is the body of POST /v1/take. N defaults to 1; 0 peeks.
+type TakeRequest struct {
+	Bucket  string   `json:"bucket,omitempty"`
+	Buckets []string `json:"buckets,omitempty"`
+	N       *int64   `json:"n,omitempty"`
+}
+
+// WaitRequest is the body of POST /v1/wait. MaxWaitMS defaults to, and
+// is capped at, the server's max wait.
+type WaitRequest struct {
+	Bucket    string   `json:"bucket,omitempty"`
+	Buckets   []string `json:"buckets,omitempty"`
+	N         *int64   `json:"n,omitempty"`
+	MaxWaitMS *float64 `json:"max_wait_ms,omitempty"`
+}
+
+// RefundRequest is the body of POST /v1/refund. N defaults to 1.
+type RefundRequest struct {
+	Bucket  string   `json:"bucket,omitempty"`
+	Buckets []string `json:"buckets,omitempty"`
+	N       *int64   `json:"n,omitempty"`
+}
+
+// DrainRequest is the body of POST /v1/drain: pause for PauseMS, or
+// until Until (RFC 3339), whichever is given; neither empties the buckets
+// now.
+type DrainRequest struct {
+	Bucket  string     `json:"bucket,omitempty"`
+	Buckets []string   `json:"buckets,omitempty"`
+	PauseMS *float64   `json:"pause_ms,omitempty"`
+	Until   *time.Time `json:"until,omitempty"`
+}
+
+// Decision is the response of /v1/take and /v1/wait. Durations are
+// milliseconds, with microsecond precision, rounded up.
+type Decision struct {
+	Allowed      bool       `json:"allowed"`
+	N            int64      `json:"n"`
+	Remaining    int64      `json:"remaining"`
+	WaitMS       float64    `json:"wait_ms"`
+	RetryAfterMS float64    `json:"retry_after_ms"`
+	ResetAfterMS float64    `json:"reset_after_ms"`
+	MaxWaitMS    *float64   `json:"max_wait_ms,omitempty"`
+	Bucket       string     `json:"bucket"`
+	Limit        wire.Limit `json:"limit"`
+}
+
+// Done is the response of /v1/refund, /v1/drain and /v1/reset.
+type Done struct {
+	OK      bool     `json:"ok"`
+	PauseMS *float64 `json:"pause_ms,omitempty"`
+}
+
+func millis(d time.Duration) float64 {
+	us := (d + time.Microsecond - 1) / time.Microsecond
+	return float64(us) / 1000
+}
+
+// fromMillis converts a client's millisecond count, naming field.
+func fromMillis(field string, ms float64, limit time.Duration) (time.Duration, error) {
+	if math.IsNaN(ms) || ms < 0 || ms > float64(limit/time.Millisecond) {
+		return 0, badRequest(wire.CodeInvalid, "%s: must be between 0 and %d, got %v", field, limit/time.Millisecond, ms)
+	}
+	return time.Duration(ms * float64(time.Millisecond)), nil
+}
+
+// resolve maps bucket names to configured buckets.
+func (s *Server) resolve(one string, many []string) ([]string, []fleetrate.Bucket, error) {
+	names := many
+	switch {
+	case one != "" && len(many) > 0:
+		return nil, nil, badRequest(wire.CodeInvalid, "give bucket or buckets, not both")
+	case one != "":
+		names = []string{one}
+	case len(many) == 0:
+		return nil, nil, badRequest(wire.CodeInvalid, "bucket: required (or buckets, a list)")
+	case len(many) > MaxBuckets:
+		return nil, nil, badRequest(wire.CodeInvalid, "buckets: at most %d, got %d", MaxBuckets, len(many))
+	}
+	st := s.state.Load()
+	canon := make([]string, len(names))
+	bs := make([]fleetrate.Bucket, len(names))
+	for i, n := range names {
+		b, ok := st.buckets[n]
+		if !ok {
+			return nil, nil, &httpError{status: http.StatusBadRequest, code: wire.CodeUnknownBucket,
+				msg: fmt.Sprintf("bucket %q is not configured%s", n, s.knownBuckets(st))}
+		}
+		cb, _ := st.cfg.Bucket(n)
+		canon[i], bs[i] = cb.Name, b
+		if slices.Contains(canon[:i], cb.Name) {
+			return nil, nil, badRequest(wire.CodeInvalid, "bucket %q is named twice", cb.Name)
+		}
+	}
+	return canon, bs, nil
+}
+
+func (s *Server) knownBuckets(st *state) string {
+	if len(st.cfg.Buckets) == 0 {
+		return " (the configuration has no buckets)"
+	}
+	names := make([]string, 0, 10)
+	for _, b := range st.cfg.Buckets {
+		if len(names) == cap(names) {
+			names = append(names, "...")
+			break
+		}
+		names = append(names, b.Name)
+	}
+	return "; configured: " + strings.Join(names, ", ")
+}
+
+func cost(n *int64, def int64) (int64, error) {
+	if n == nil {
+		return def, nil
+	}
+	if *n < 0 {
+		return 0, badRequest(wire.CodeInvalid, "n: must be >= 0, got %d", *n)
+	}
+	return *n, nil
+}
+
+func (s *Server) handleTake(w http.ResponseWriter, r *http.Request) error {
+	var req TakeRequest
+	if err := s.decodeBody(r, &req); err != nil {
+		return err
+	}
+	n, err := cost(req.N, 1)
+	if err != nil {
+		return err
+	}
+	return s.take(w, r, apiTake, req.Bucket, req.Buckets, n, 0, false)
+}
+
+func (s *Server) handleWait(w http.ResponseWriter, r *http.Request) error {
+	var req WaitRequest
+	if err := s.decodeBody(r, &req); err != nil {
+		return err
+	}
+	n, err := cost(req.N, 1)
+	if err != nil {
+		return err
+	}
+	maxWait := s.opts.MaxWait
+	if req.MaxWaitMS != nil {
+		d, err := fromMillis("max_wait_ms", *req.MaxWaitMS, fleetrate.MaxWaitCap)
+		if err != nil {
+			return err
+		}
+		maxWait = min(d, s.opts.MaxWait)
+	}
+	return s.take(w, r, apiWait, req.Bucket, req.Buckets, n, maxWait, true)
+}
+
+func (s *Server) decodeBody(r *http.Request, v any) error {
+	data, err := readBody(r)
+	if err != nil {
+		return err
+	}
+	return decodeJSON(data, v)
+}
+
+func (s *Server) take(w http.ResponseWriter, r *http.Request, api, one string, many []string, n int64, maxWait time.Duration, wait bool) error {
+	names, bs, err := s.resolve(one, many)
+	if err != nil {
+		return err
+	}
+	// The metric names one bucket, the one that decided, so that lists of
+	// buckets cannot multiply the label values.
+	label := names[0]
+	req := fleetrate.Request{Buckets: bs, N: n, MaxWait: maxWait}
+	if err := req.Validate(); err != nil {
+		return err
+	}
+	ctx, cancel := s.storeCtx(r.Context())
+	defer cancel()
+	res, err := s.store.Take(ctx, req)
+	if err != nil {
+		s.metrics.decisions.WithLabelValues(api, "", label, resultError).Inc()
+		return err
+	}
+	result := resultAllowed
+	if !res.Allowed {
+		result = resultOverLimit
+	}
+	if res.Bucket >= 0 && res.Bucket < len(names) {
+		label = names[res.Bucket]
+	}
+	s.metrics.decisions.WithLabelValues(api, "", label, result).Inc()
+	d := Decision{
+		Allowed:      res.Allowed,
+		N:            res.N,
+		Remaining:    res.Remaining,
+		WaitMS:       millis(res.Wait),
+		RetryAfterMS: millis(res.RetryAfter),
+		ResetAfterMS: millis(res.ResetAfter),
+		Limit:        wire.FromLimit(res.Limit),
+	}
+	if res.Bucket >= 0 && res.Bucket < len(names) {
+		d.Bucket = names[res.Bucket]
+	}
+	if wait {
+		mw := millis(maxWait)
+		d.MaxWaitMS = &mw
+	}
+	if !res.Allowed {
+		w.Header().Set(headers.RetryAfter, headers.FormatRetryAfter(res.RetryAfter))
+	}
+	writeJSON(w, http.StatusOK, d)
+	return nil
+}
+
+func (s *Server) handleRefund(w http.ResponseWriter, r *http.Request) error {
+	var req RefundRequest
+	if err := s.decodeBody(r, &req); err != nil {
+		return err
+	}
+	n, err := cost(req.N, 1)
+	if err != nil {
+		return err
+	}
+	if n > fleetrate.MaxBurst {
+		return badRequest(wire.CodeInvalid, "n: must be at most %d, got %d", int64(fleetrate.MaxBurst), n)
+	}
+	_, bs, err := s.resolve(req.Bucket, req.Buckets)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := s.storeCtx(r.Context())
+	defer cancel()
+	if err := s.store.Refund(ctx, bs, n); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, Done{OK: true})
+	return nil
+}
+
+func (s *Server) handleDrain(w http.ResponseWriter, r *http.Request) error {
+	var req DrainRequest
+	if err := s.decodeBody(r, &req); err != nil {
+		return err
+	}
+	var d time.Duration
+	switch {
+	case req.PauseMS != nil && req.Until != nil:
+		return badRequest(wire.CodeInvalid, "give pause_ms or until, not both")
+	case req.PauseMS != nil:
+		var err error
+		if d, err = fromMillis("pause_ms", *req.PauseMS, fleetrate.MaxWaitCap); err != nil {
+			return err
+		}
+	case req.Until != nil:
+		d = max(req.Until.Sub(s.opts.Clock()), 0)
+		if d > fleetrate.MaxWaitCap {
+			return badRequest(wire.CodeInvalid, "until: must be at most %v from now, got %v", fleetrate.MaxWaitCap, d)
+		}
+	}
+	_, bs, err := s.resolve(req.Bucket, req.Buckets)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := s.storeCtx(r.Context())
+	defer cancel()
+	if err := s.store.Drain(ctx, bs, d); err != nil {
+		return err
+	}
+	ms := millis(d)
+	writeJSON(w, http.StatusOK, Done{OK: true, PauseMS: &ms})
+	return nil
+}
+
+func (s *Server) handleReset(w http.ResponseWriter, r *http.Request) error {
+	var req BucketsRequest
+	if err := s.decodeBody(r, &req); err != nil {
+		return err
+	}
+	_, bs, err := s.resolve(req.Bucket, req.Buckets)
+	if err != nil {
+		return err
+	}
+	keys := make([]string, len(bs))
+	for i, b := range bs {
+		keys[i] = b.StoreKey()
+	}
+	ctx, cancel := s.storeCtx(r.Context())
+	defer cancel()
+	if err := s.store.Reset(ctx, keys...); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, Done{OK: true})
+	return nil
+}
+
+// configView is the JSON of GET /v1/config.
+type configView struct {
+	Path    string       `json:"path"`
+	SHA256  string       `json:"sha256"`
+	Domains []domainView `json:"domains"`
+	Buckets []bucketView `json:"buckets"`
+}
+
+type domainView struct {
+	Name  string     `json:"name"`
+	Rules []ruleView `json:"rules"`
+}
+
+type ruleView struct {
+	ID         string   `json:"id"`
+	Limits     []string `json:"limits,omitempty"`
+	Unlimited  bool     `json:"unlimited,omitempty"`
+	ShadowMode bool     `json:"shadow_mode,omitempty"`
+	Line       int      `json:"line"`
+}
+
+type bucketView struct {
+	Name   string   `json:"name"`
+	Key    string   `json:"key"`
+	Limits []string `json:"limits"`
+	Line   int      `json:"line"`
+}
+
+func specs(ls []config.LimitSpec) []string {
+	out := make([]string, len(ls))
+	for i, l := range ls {
+		out[i] = l.String()
+	}
+	return out
+}
+
+func (s *Server) handleConfig(w http.ResponseWriter, r *http.Request) error {
+	cfg := s.Config()
+	v := configView{Path: cfg.Path, SHA256: hex.EncodeToString(cfg.Hash[:]), Domains: []domainView{}, Buckets: []bucketView{}}
+	names, _, _ := cfg.Summary()
+	for _, name := range names {
+		dv := domainView{Name: name, Rules: []ruleView{}}
+		cfg.Domains[name].Walk(func(r *config.Rule) {
+			dv.Rules = append(dv.Rules, ruleView{ID: r.ID, Limits: specs(r.Limits), Unlimited: r.Unlimited, ShadowMode: r.ShadowMode, Line: r.Line})
+		})
+		slices.SortFunc(dv.Rules, func(a, b ruleView) int { return strings.Compare(a.ID, b.ID) })
+		v.Domains = append(v.Domains, dv)
+	}
+	for _, b := range cfg.Buckets {
+		v.Buckets = append(v.Buckets, bucketView{Name: b.Name, Key: s.opts.Prefix + b.Key, Limits: specs(b.Limits), Line: b.Line})
+	}
+	writeJSON(w, http.StatusOK, v)
+	return nil
+}
+
+func checkWireBuckets(bs []wire.Bucket) error {
+	if len(bs) > MaxBuckets {
+		return badRequest(wire.CodeInvalid, "buckets: at most %d, got %d", MaxBuckets, len(bs))
+	}
+	return nil
+}
+
+func (s *Server) handleStoreTake(w http.ResponseWriter, r *http.Request) error {
+	var req wire.TakeRequest
+	if err := s.decodeBody(r, &req); err != nil {
+		return err
+	}
+	if err := checkWireBuckets(req.Buckets); err != nil {
+		return err
+	}
+	freq := fleetrate.Request{Buckets: wire.ToBuckets(req.Buckets), N: req.N, MaxWait: time.Duration(req.MaxWaitNS)}
+	if err := freq.Validate(); err != nil {
+		return err
+	}
+	ctx, cancel := s.storeCtx(r.Context())
+	defer cancel()
+	res, err := s.store.Take(ctx, freq)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, wire.FromResult(res))
+	return nil
+}
+
+func (s *Server) handleStoreRefund(w http.ResponseWriter, r *http.Request) error {
+	var req wire.RefundRequest
+	if err := s.decodeBody(r, &req); err != nil {
+		return err
+	}
+	if err := checkWireBuckets(req.Buckets); err != nil {
+		return err
+	}
+	bs := wire.ToBuckets(req.Buckets)
+	if err := fleetrate.ValidateBuckets(bs); err != nil {
+		return err
+	}
+	if req.N < 0 || req.N > fleetrate.MaxBurst {
+		return badRequest(wire.CodeInvalid, "n: must be between 0 and %d, got %d", int64(fleetrate.MaxBurst), req.N)
+	}
+	ctx, cancel := s.storeCtx(r.Context())
+	defer cancel()
+	if err := s.store.Refund(ctx, bs, req.N); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, wire.OK{OK: true})
+	return nil
+}
+
+func (s *Server) handleStoreDrain(w http.ResponseWriter, r *http.Request) error {
+	var req wire.DrainRequest
+	if err := s.decodeBody(r, &req); err != nil {
+		return err
+	}
+	if err := checkWireBuckets(req.Buckets); err != nil {
+		return err
+	}
+	bs := wire.ToBuckets(req.Buckets)
+	if err := fleetrate.ValidateBuckets(bs); err != nil {
+		return err
+	}
+	if req.DurationNS < 0 || req.DurationNS > int64(fleetrate.MaxWaitCap) {
+		return badRequest(wire.CodeInvalid, "duration_ns: must be between 0 and %d, got %d", int64(fleetrate.MaxWaitCap), req.DurationNS)
+	}
+	ctx, cancel := s.storeCtx(r.Context())
+	defer cancel()
+	if err := s.store.Drain(ctx, bs, time.Duration(req.DurationNS)); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, wire.OK{OK: true})
+	return nil
+}
+
+func (s *Server) handleStoreReset(w http.ResponseWriter, r *http.Request) error {
+	var req wire.ResetRequest
+	if err := s.decodeBody(r, &req); err != nil {
+		return err
+	}
+	if len(req.Keys) > MaxBuckets {
+		return badRequest(wire.CodeInvalid, "keys: at most %d, got %d", MaxBuckets, len(req.Keys))
+	}
+	ctx, cancel := s.storeCtx(r.Context())
+	defer cancel()
+	if err := s.store.Reset(ctx, req.Keys...); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, wire.OK{OK: true})
+	return nil
+}

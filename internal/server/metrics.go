@@ -1,0 +1,140 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/fleetrate/fleetrate"
+)
+
+// Label values of fleetrate_decisions_total's result.
+const (
+	resultAllowed    = "allowed"
+	resultOverLimit  = "over_limit"
+	resultShadow     = "shadow_over_limit"
+	resultUnlimited  = "unlimited"
+	resultUnmatched  = "unmatched"
+	resultRefunded   = "refunded"
+	resultError      = "error"
+	labelUnknown     = "_unknown"
+	labelUnmatched   = "_unmatched"
+	apiRLS           = "rls"
+	apiTake          = "take"
+	apiWait          = "wait"
+	reloadSuccess    = "success"
+	reloadFailure    = "failure"
+	reloadUnchanged  = "unchanged"
+	storeOpTake      = "take"
+	storeOpRefund    = "refund"
+	storeOpDrain     = "drain"
+	storeOpReset     = "reset"
+	metricsNamespace = "fleetrate"
+)
+
+type metrics struct {
+	reg        *prometheus.Registry
+	decisions  *prometheus.CounterVec
+	storeTime  *prometheus.HistogramVec
+	storeErrs  *prometheus.CounterVec
+	reloads    *prometheus.CounterVec
+	lastReload prometheus.Gauge
+	inflight   prometheus.Gauge
+}
+
+func newMetrics(reg *prometheus.Registry) *metrics {
+	m := &metrics{
+		reg: reg,
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: metricsNamespace,
+			Name:      "decisions_total",
+			Help:      "Rate-limit decisions by API (rls, take, wait), domain, descriptor or bucket, and result.",
+		}, []string{"api", "domain", "descriptor", "result"}),
+		storeTime: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: metricsNamespace,
+			Name:      "store_duration_seconds",
+			Help:      "Latency of store operations, failed ones included.",
+			Buckets:   []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
+		}, []string{"op"}),
+		storeErrs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: metricsNamespace,
+			Name:      "store_errors_total",
+			Help:      "Store operations that failed (store unavailable or timed out).",
+		}, []string{"op"}),
+		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: metricsNamespace,
+			Name:      "config_reloads_total",
+			Help:      "Configuration reloads by result (success, failure, unchanged).",
+		}, []string{"result"}),
+		lastReload: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: metricsNamespace,
+			Name:      "config_last_reload_success_timestamp_seconds",
+			Help:      "When the configuration in force was loaded.",
+		}),
+		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: metricsNamespace,
+			Name:      "requests_in_flight",
+			Help:      "API requests being served (HTTP and gRPC).",
+		}),
+	}
+	reg.MustRegister(m.decisions, m.storeTime, m.storeErrs, m.reloads, m.lastReload, m.inflight,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// instrumented wraps a store with latency and error metrics.
+type instrumented struct {
+	fleetrate.Store
+	m *metrics
+}
+
+var _ fleetrate.Store = instrumented{}
+
+func (s instrumented) observe(op string, start time.Time, err error) {
+	s.m.storeTime.WithLabelValues(op).Observe(time.Since(start).Seconds())
+	if isStoreFailure(err) {
+		s.m.storeErrs.WithLabelValues(op).Inc()
+	}
+}
+
+// isStoreFailure reports whether err means the store did not answer: it
+// failed or timed out. Invalid arguments and the caller's cancellation are
+// not store failures.
+func isStoreFailure(err error) bool {
+	return err != nil && (errors.Is(err, fleetrate.ErrStoreUnavailable) || errors.Is(err, context.DeadlineExceeded))
+}
+
+// Take implements fleetrate.Store, timing the call.
+func (s instrumented) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Result, error) {
+	start := time.Now()
+	res, err := s.Store.Take(ctx, req)
+	s.observe(storeOpTake, start, err)
+	return res, err
+}
+
+// Refund implements fleetrate.Store, timing the call.
+func (s instrumented) Refund(ctx context.Context, buckets []fleetrate.Bucket, n int64) error {
+	start := time.Now()
+	err := s.Store.Refund(ctx, buckets, n)
+	s.observe(storeOpRefund, start, err)
+	return err
+}
+
+// Drain implements fleetrate.Store, timing the call.
+func (s instrumented) Drain(ctx context.Context, buckets []fleetrate.Bucket, d time.Duration) error {
+	start := time.Now()
+	err := s.Store.Drain(ctx, buckets, d)
+	s.observe(storeOpDrain, start, err)
+	return err
+}
+
+// Reset implements fleetrate.Store, timing the call.
+func (s instrumented) Reset(ctx context.Context, keys ...string) error {
+	start := time.Now()
+	err := s.Store.Reset(ctx, keys...)
+	s.observe(storeOpReset, start, err)
+	return err
+}

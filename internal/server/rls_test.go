@@ -1,0 +1,409 @@
+package server
+
+import (
+	"math"
+	"testing"
+	"time"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+)
+
+const (
+	ok   = rlspb.RateLimitResponse_OK
+	over = rlspb.RateLimitResponse_OVER_LIMIT
+)
+
+// rlsConfig is an envoyproxy/ratelimit configuration plus fleetrate's
+// extensions.
+const rlsConfig = `
+domain: edge
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: second, requests_per_unit: 3}
+  - key: remote_address
+    value: 50.0.0.5
+    rate_limit: {unit: second, requests_per_unit: 0}
+  - key: api_key
+    rate_limits:
+      - {name: burst, unit: second, requests_per_unit: 2, burst: 4}
+      - {name: daily, unit: day, requests_per_unit: 5}
+  - key: ldap
+    rate_limit: {unlimited: true}
+  - key: shadowed
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: tier
+    value: free
+    rate_limit: {name: free, unit: minute, requests_per_unit: 1}
+  - key: user
+    value: vip
+    rate_limit: {replaces: [{name: free}], unit: minute, requests_per_unit: 100}
+`
+
+func codes_(resp *rlspb.RateLimitResponse) []rlspb.RateLimitResponse_Code {
+	var cs []rlspb.RateLimitResponse_Code
+	for _, s := range resp.Statuses {
+		cs = append(cs, s.Code)
+	}
+	return cs
+}
+
+func TestGRPCAllowedThenOverLimit(t *testing.T) {
+	t.Parallel()
+	ts := start(t, rlsConfig)
+	for i, want := range []uint32{2, 1, 0} {
+		resp := ts.should(t, "edge", 0, desc("remote_address", "10.0.0.1"))
+		if resp.OverallCode != ok {
+			t.Fatalf("request %d: %v, want OK", i, resp.OverallCode)
+		}
+		st := resp.Statuses[0]
+		if st.LimitRemaining != want || st.CurrentLimit.GetRequestsPerUnit() != 3 || st.CurrentLimit.GetUnit() != rlspb.RateLimitResponse_RateLimit_SECOND {
+			t.Errorf("request %d: status %v, want remaining %d of 3/second", i, st, want)
+		}
+	}
+	resp := ts.should(t, "edge", 0, desc("remote_address", "10.0.0.1"))
+	if resp.OverallCode != over || resp.Statuses[0].Code != over {
+		t.Fatalf("4th request: %v, want OVER_LIMIT", resp)
+	}
+	// A token bucket refills one token every 1/3 s, not a whole window.
+	if got, want := resp.Statuses[0].DurationUntilReset.AsDuration(), 333333334*time.Nanosecond; got != want {
+		t.Errorf("duration_until_reset = %v, want %v", got, want)
+	}
+	// Another address has its own bucket.
+	if r := ts.should(t, "edge", 0, desc("remote_address", "10.0.0.2")); r.OverallCode != ok {
+		t.Errorf("other address: %v, want OK", r.OverallCode)
+	}
+	ts.clock.Advance(334 * time.Millisecond)
+	if r := ts.should(t, "edge", 0, desc("remote_address", "10.0.0.1")); r.OverallCode != ok || r.Statuses[0].LimitRemaining != 0 {
+		t.Errorf("after one refill interval: %v, want OK with 0 left", r)
+	}
+}
+
+func TestGRPCRequestHitsAddendZeroCountsAsOne(t *testing.T) {
+	t.Parallel()
+	ts := start(t, rlsConfig)
+	if r := ts.should(t, "edge", 0, desc("remote_address", "a")); r.Statuses[0].LimitRemaining != 2 {
+		t.Errorf("hits_addend 0: remaining %d, want 2 (counted as one hit)", r.Statuses[0].LimitRemaining)
+	}
+	if r := ts.should(t, "edge", 2, desc("remote_address", "a")); r.OverallCode != ok || r.Statuses[0].LimitRemaining != 0 {
+		t.Errorf("hits_addend 2: %v, want OK with 0 left", r)
+	}
+	if r := ts.should(t, "edge", 0, desc("remote_address", "a")); r.OverallCode != over {
+		t.Errorf("hits_addend 0 on an empty bucket: %v, want OVER_LIMIT", r.OverallCode)
+	}
+}
+
+func TestGRPCDescriptorHitsAddendZeroPeeks(t *testing.T) {
+	t.Parallel()
+	ts := start(t, rlsConfig)
+	peek := desc("remote_address", "p")
+	peek.HitsAddend = wrapperspb.UInt64(0)
+	for i := 0; i < 3; i++ {
+		r := ts.should(t, "edge", 5, peek) // the descriptor's 0 overrides the request's 5
+		if r.OverallCode != ok || r.Statuses[0].LimitRemaining != 3 {
+			t.Fatalf("peek %d: %v, want OK with 3 left", i, r)
+		}
+	}
+	take := desc("remote_address", "p")
+	take.HitsAddend = wrapperspb.UInt64(3)
+	if r := ts.should(t, "edge", 1, take); r.OverallCode != ok || r.Statuses[0].LimitRemaining != 0 {
+		t.Fatalf("descriptor hits_addend 3: %v, want OK with 0 left", r)
+	}
+	r := ts.should(t, "edge", 0, peek)
+	if r.OverallCode != over || r.Statuses[0].LimitRemaining != 0 {
+		t.Errorf("peek at an empty bucket: %v, want OVER_LIMIT", r)
+	}
+	ts.clock.Advance(334 * time.Millisecond)
+	if r := ts.should(t, "edge", 0, peek); r.OverallCode != ok || r.Statuses[0].LimitRemaining != 1 {
+		t.Errorf("peek after a refill: %v, want OK with 1 left", r)
+	}
+}
+
+func TestGRPCSeveralDescriptors(t *testing.T) {
+	t.Parallel()
+	ts := start(t, rlsConfig)
+	// 50.0.0.5 is denied outright; the other descriptor is fine alone.
+	r := ts.should(t, "edge", 0, desc("remote_address", "10.1.1.1"), desc("remote_address", "50.0.0.5"), desc("nope", "x"))
+	if r.OverallCode != over {
+		t.Fatalf("overall %v, want OVER_LIMIT when any descriptor is over", r.OverallCode)
+	}
+	if got := codes_(r); got[0] != ok || got[1] != over || got[2] != ok {
+		t.Errorf("statuses %v, want [OK OVER_LIMIT OK]", got)
+	}
+	if len(r.Statuses) != 3 {
+		t.Fatalf("%d statuses, want 3", len(r.Statuses))
+	}
+	// The denied request spent nothing from the allowed descriptor.
+	if got := r.Statuses[0].LimitRemaining; got != 3 {
+		t.Errorf("remaining reported %d, want 3 (tokens given back)", got)
+	}
+	if r := ts.should(t, "edge", 0, desc("remote_address", "10.1.1.1")); r.Statuses[0].LimitRemaining != 2 {
+		t.Errorf("after a denied multi-descriptor request, remaining %d, want 2", r.Statuses[0].LimitRemaining)
+	}
+	r = ts.should(t, "edge", 0, desc("remote_address", "10.1.1.2"), desc("ldap", "u"))
+	if r.OverallCode != ok || codes_(r)[0] != ok || codes_(r)[1] != ok {
+		t.Errorf("all under limit: %v", r)
+	}
+}
+
+func TestGRPCUnknownDescriptorsAllowed(t *testing.T) {
+	t.Parallel()
+	ts := start(t, rlsConfig)
+	for _, tc := range []struct {
+		name   string
+		domain string
+		d      *rlcommon.RateLimitDescriptor
+	}{
+		{"unknown domain", "nope", desc("remote_address", "1")},
+		{"unknown key", "edge", desc("header", "x")},
+		{"too many entries", "edge", desc("remote_address", "1", "path", "/")},
+	} {
+		for i := 0; i < 10; i++ {
+			r := ts.should(t, tc.domain, 0, tc.d)
+			if r.OverallCode != ok || r.Statuses[0].Code != ok || r.Statuses[0].CurrentLimit != nil {
+				t.Fatalf("%s: %v, want OK without a limit", tc.name, r)
+			}
+		}
+	}
+}
+
+func TestGRPCRuleKinds(t *testing.T) {
+	t.Parallel()
+	ts := start(t, rlsConfig)
+	t.Run("unlimited", func(t *testing.T) {
+		r := ts.should(t, "edge", 1000, desc("ldap", "u"))
+		if r.OverallCode != ok || r.Statuses[0].LimitRemaining != math.MaxUint32 {
+			t.Errorf("%v, want OK with MaxUint32 left", r)
+		}
+	})
+	t.Run("requests_per_unit 0 denies", func(t *testing.T) {
+		r := ts.should(t, "edge", 0, desc("remote_address", "50.0.0.5"))
+		if r.OverallCode != over || r.Statuses[0].CurrentLimit.GetRequestsPerUnit() != 0 {
+			t.Errorf("%v, want OVER_LIMIT with a 0 limit", r)
+		}
+	})
+	t.Run("shadow mode", func(t *testing.T) {
+		for i := 0; i < 3; i++ {
+			if r := ts.should(t, "edge", 0, desc("shadowed", "s")); r.OverallCode != ok || r.Statuses[0].Code != ok {
+				t.Fatalf("request %d: %v, want OK", i, r)
+			}
+		}
+		if !metricHas(t, ts, `fleetrate_decisions_total{api="rls",descriptor="edge.shadowed",domain="edge",result="shadow_over_limit"} 2`) {
+			t.Error("shadow_over_limit not counted")
+		}
+	})
+	t.Run("several limits", func(t *testing.T) {
+		for i := 0; i < 4; i++ {
+			if r := ts.should(t, "edge", 0, desc("api_key", "k")); r.OverallCode != ok {
+				t.Fatalf("request %d: %v", i, r)
+			}
+		}
+		r := ts.should(t, "edge", 0, desc("api_key", "k"))
+		if r.OverallCode != over || r.Statuses[0].CurrentLimit.GetName() != "burst" || r.Statuses[0].DurationUntilReset.AsDuration() != 500*time.Millisecond {
+			t.Errorf("5th: %v, want OVER_LIMIT by the burst limit for 500ms (daily has 1 left)", r)
+		}
+		ts.clock.Advance(time.Second)
+		r = ts.should(t, "edge", 0, desc("api_key", "k"))
+		if r.OverallCode != ok || r.Statuses[0].CurrentLimit.GetName() != "daily" || r.Statuses[0].LimitRemaining != 0 {
+			t.Errorf("after 1s: %v, want OK with the daily limit empty", r)
+		}
+		ts.clock.Advance(time.Second)
+		if r := ts.should(t, "edge", 0, desc("api_key", "k")); r.OverallCode != over || r.Statuses[0].CurrentLimit.GetName() != "daily" {
+			t.Errorf("daily limit spent: %v, want OVER_LIMIT by daily", r)
+		}
+	})
+	t.Run("replaces", func(t *testing.T) {
+		ts.should(t, "edge", 0, desc("tier", "free"))
+		if r := ts.should(t, "edge", 0, desc("tier", "free")); r.OverallCode != over {
+			t.Fatalf("free tier alone: %v, want OVER_LIMIT", r.OverallCode)
+		}
+		r := ts.should(t, "edge", 0, desc("tier", "free"), desc("user", "vip"))
+		if r.OverallCode != ok || r.Statuses[0].CurrentLimit != nil {
+			t.Errorf("with the vip rule replacing free: %v, want OK", r)
+		}
+	})
+}
+
+func TestGRPCLimitOverride(t *testing.T) {
+	t.Parallel()
+	ts := start(t, rlsConfig)
+	d := desc("remote_address", "o")
+	d.Limit = &rlcommon.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1, Unit: typev3.RateLimitUnit_HOUR}
+	r := ts.should(t, "edge", 0, d)
+	if r.OverallCode != ok || r.Statuses[0].CurrentLimit.GetRequestsPerUnit() != 1 || r.Statuses[0].CurrentLimit.GetUnit() != rlspb.RateLimitResponse_RateLimit_HOUR {
+		t.Fatalf("%v, want OK under 1/hour", r)
+	}
+	if r := ts.should(t, "edge", 0, d); r.OverallCode != over {
+		t.Errorf("second request: %v, want OVER_LIMIT", r.OverallCode)
+	}
+	d.Limit.UnitMultiplier = wrapperspb.UInt32(0)
+	_, err := ts.rls.ShouldRateLimit(ctxT(t), &rlspb.RateLimitRequest{Domain: "edge", Descriptors: []*rlcommon.RateLimitDescriptor{d}})
+	if status.Code(err) != codes.InvalidArgument {
+		t.Errorf("unit_multiplier 0: %v, want InvalidArgument", err)
+	}
+}
+
+func TestGRPCNegativeHits(t *testing.T) {
+	t.Parallel()
+	ts := start(t, rlsConfig)
+	ts.should(t, "edge", 3, desc("remote_address", "n"))
+	d := desc("remote_address", "n")
+	d.HitsAddend, d.IsNegativeHits = wrapperspb.UInt64(2), true
+	if r := ts.should(t, "edge", 0, d); r.OverallCode != ok || r.Statuses[0].LimitRemaining != 2 {
+		t.Errorf("negative hits: %v, want OK with 2 given back", r)
+	}
+}
+
+func TestGRPCResponseHeaders(t *testing.T) {
+	t.Parallel()
+	ts := start(t, rlsConfig, func(o *Options) { o.ResponseHeaders = true })
+	r := ts.should(t, "edge", 0, desc("remote_address", "h"), desc("ldap", "x"))
+	got := map[string]string{}
+	for _, h := range r.ResponseHeadersToAdd {
+		got[h.Key] = h.Value
+	}
+	want := map[string]string{HeaderLimit: "3", HeaderRemaining: "2", HeaderReset: "1"}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("header %s = %q, want %q (all: %v)", k, got[k], v, got)
+		}
+	}
+}
+
+func TestGRPCGlobalShadowMode(t *testing.T) {
+	t.Parallel()
+	ts := start(t, rlsConfig, func(o *Options) { o.ShadowMode = true })
+	r := ts.should(t, "edge", 0, desc("remote_address", "50.0.0.5"))
+	if r.OverallCode != ok || r.Statuses[0].Code != over {
+		t.Errorf("%v, want overall OK with the descriptor's real OVER_LIMIT", r)
+	}
+}
+
+func TestGRPCInvalidRequests(t *testing.T) {
+	t.Parallel()
+	ts := start(t, rlsConfig)
+	for _, tc := range []struct {
+		name string
+		req  *rlspb.RateLimitRequest
+	}{
+		{"missing domain", &rlspb.RateLimitRequest{Descriptors: []*rlcommon.RateLimitDescriptor{desc("a", "b")}}},
+		{"no descriptors", &rlspb.RateLimitRequest{Domain: "edge"}},
+		{"empty descriptor", &rlspb.RateLimitRequest{Domain: "edge", Descriptors: []*rlcommon.RateLimitDescriptor{{}}}},
+		{"empty key", &rlspb.RateLimitRequest{Domain: "edge", Descriptors: []*rlcommon.RateLimitDescriptor{desc("", "b")}}},
+	} {
+		_, err := ts.rls.ShouldRateLimit(ctxT(t), tc.req)
+		if status.Code(err) != codes.InvalidArgument {
+			t.Errorf("%s: %v, want InvalidArgument", tc.name, err)
+		}
+	}
+	if r := ts.should(t, "edge", 0, desc("remote_address", "still")); r.OverallCode != ok {
+		t.Errorf("after bad requests: %v", r.OverallCode)
+	}
+}
+
+func TestGRPCStoreDownIsAnErrorNotADenial(t *testing.T) {
+	t.Parallel()
+	ts := start(t, rlsConfig, func(o *Options) { o.Store = failingStore{} })
+	_, err := ts.rls.ShouldRateLimit(ctxT(t), &rlspb.RateLimitRequest{Domain: "edge", Descriptors: []*rlcommon.RateLimitDescriptor{desc("remote_address", "x")}})
+	if status.Code(err) != codes.Unavailable {
+		t.Errorf("err = %v, want Unavailable", err)
+	}
+	// Descriptors that need no store still answer.
+	if r := ts.should(t, "edge", 0, desc("ldap", "x")); r.OverallCode != ok {
+		t.Errorf("unlimited with the store down: %v", r.OverallCode)
+	}
+	if !metricHas(t, ts, `fleetrate_store_errors_total{op="take"} 1`) {
+		t.Error("store error not counted")
+	}
+}
+
+func TestGRPCAuth(t *testing.T) {
+	t.Parallel()
+	ts := start(t, rlsConfig, func(o *Options) { o.AuthTokens = []string{"s3cret", "next"} })
+	req := &rlspb.RateLimitRequest{Domain: "edge", Descriptors: []*rlcommon.RateLimitDescriptor{desc("remote_address", "x")}}
+	if _, err := ts.rls.ShouldRateLimit(ctxT(t), req); status.Code(err) != codes.Unauthenticated {
+		t.Errorf("no token: %v, want Unauthenticated", err)
+	}
+	bad := metadata.AppendToOutgoingContext(ctxT(t), "authorization", "Bearer nope")
+	if _, err := ts.rls.ShouldRateLimit(bad, req); status.Code(err) != codes.Unauthenticated {
+		t.Errorf("wrong token: %v, want Unauthenticated", err)
+	}
+	good := metadata.AppendToOutgoingContext(ctxT(t), "authorization", "Bearer next")
+	if _, err := ts.rls.ShouldRateLimit(good, req); err != nil {
+		t.Errorf("good token: %v", err)
+	}
+}
+
+// TestEnvoyConfigIsATokenBucket loads an envoyproxy/ratelimit file as it
+// is and checks it behaves as a token bucket: a full burst at once, then
+// one request per requests_per_unit/unit, not a fixed window.
+func TestEnvoyConfigIsATokenBucket(t *testing.T) {
+	t.Parallel()
+	ts := start(t, `
+domain: mongo_cps
+descriptors:
+  - key: database
+    value: users
+    rate_limit:
+      unit: minute
+      requests_per_unit: 10
+  - key: database
+    value: default
+    rate_limit:
+      unit: second
+      requests_per_unit: 500
+`)
+	users := desc("database", "users")
+	for i := 0; i < 10; i++ {
+		if r := ts.should(t, "mongo_cps", 0, users); r.OverallCode != ok {
+			t.Fatalf("burst request %d: %v", i, r.OverallCode)
+		}
+	}
+	r := ts.should(t, "mongo_cps", 0, users)
+	if r.OverallCode != over {
+		t.Fatalf("11th: %v, want OVER_LIMIT", r.OverallCode)
+	}
+	if got := r.Statuses[0].DurationUntilReset.AsDuration(); got != 6*time.Second {
+		t.Errorf("retry after %v, want 6s (one token per 60s/10)", got)
+	}
+	ts.clock.Advance(6 * time.Second)
+	if r := ts.should(t, "mongo_cps", 0, users); r.OverallCode != ok {
+		t.Errorf("after 6s: %v, want OK (a fixed window would wait for the minute)", r.OverallCode)
+	}
+	if r := ts.should(t, "mongo_cps", 0, users); r.OverallCode != over {
+		t.Errorf("right after: %v, want OVER_LIMIT", r.OverallCode)
+	}
+	ts.clock.Advance(time.Minute)
+	for i := 0; i < 10; i++ {
+		if r := ts.should(t, "mongo_cps", 0, users); r.OverallCode != ok {
+			t.Fatalf("after a full refill, request %d: %v", i, r.OverallCode)
+		}
+	}
+	if r := ts.should(t, "mongo_cps", 0, users); r.OverallCode != over {
+		t.Errorf("burst is capped at requests_per_unit: %v", r.OverallCode)
+	}
+}
+
+func TestGRPCHealth(t *testing.T) {
+	t.Parallel()
+	ts := start(t, rlsConfig)
+	conn, err := grpc.NewClient(ts.grpcAdr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	hc := healthpb.NewHealthClient(conn)
+	resp, err := hc.Check(ctxT(t), &healthpb.HealthCheckRequest{Service: "envoy.service.ratelimit.v3.RateLimitService"})
+	if err != nil || resp.Status != healthpb.HealthCheckResponse_SERVING {
+		t.Errorf("health: %v, %v; want SERVING", resp, err)
+	}
+}

@@ -1,0 +1,439 @@
+// Package server is the fleetrate rate-limit service: Envoy's rate limit
+// service protocol (RLS v3, gRPC ShouldRateLimit), the same over HTTP/JSON
+// (POST /json), fleetrate's own HTTP API for fleets in any language
+// (/v1/take, /v1/wait, /v1/refund, /v1/drain, /v1/reset), a raw store API
+// for remotestore (/v1/store/...), health checks and Prometheus metrics.
+//
+// The server decides nothing itself: every decision is one call to a
+// fleetrate.Store, so several instances over one Redis enforce one budget.
+// A store failure is always reported as an error (gRPC UNAVAILABLE, HTTP
+// 503), never as a denial; Envoy's failure_mode_deny decides what then
+// happens to traffic.
+package server
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"reflect"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+
+	"github.com/fleetrate/fleetrate"
+	"github.com/fleetrate/fleetrate/internal/config"
+)
+
+// Defaults applied by New when an Options field is zero.
+const (
+	DefaultPrefix          = fleetrate.DefaultPrefix
+	DefaultMaxWait         = fleetrate.DefaultMaxWait
+	DefaultStoreTimeout    = time.Second
+	DefaultMaxRequestBytes = 1 << 20
+	DefaultReadTimeout     = 10 * time.Second
+	DefaultWriteTimeout    = 10 * time.Second
+	DefaultIdleTimeout     = 2 * time.Minute
+	DefaultShutdownTimeout = 30 * time.Second
+	// MaxDescriptors bounds the descriptors of one rate limit request.
+	MaxDescriptors = 64
+	// MaxBuckets bounds the buckets of one /v1 or raw store request.
+	MaxBuckets = 64
+	// ProbeKey is the bucket (after the prefix) that /readyz peeks.
+	ProbeKey = "_readyz"
+)
+
+// Options configure a Server. The zero value of each field means its
+// default.
+type Options struct {
+	// Store keeps the buckets. Required.
+	Store fleetrate.Store
+	// StoreName describes the store in logs, e.g. "memory" or
+	// "redis://10.0.0.5:6379". Default "store".
+	StoreName string
+	// Config is the configuration in force at start. Required.
+	Config *config.Config
+	// ConfigPath is the file Reload reads. Empty disables reloading.
+	ConfigPath string
+	// ReloadInterval is how often Serve checks ConfigPath for changes.
+	// Zero disables watching; Reload (e.g. on SIGHUP) still works.
+	ReloadInterval time.Duration
+	// Prefix is prepended to every store key. Default "fleetrate:".
+	Prefix string
+	// MaxWait is the default and the largest max wait of /v1/wait.
+	// Default 5 s.
+	MaxWait time.Duration
+	// StoreTimeout bounds each store call. Default 1 s.
+	StoreTimeout time.Duration
+	// MaxRequestBytes bounds request bodies (HTTP) and messages (gRPC).
+	// Default 1 MiB.
+	MaxRequestBytes int64
+	// ReadTimeout, WriteTimeout and IdleTimeout configure the HTTP server.
+	// Defaults 10 s, 10 s and 2 min.
+	ReadTimeout, WriteTimeout, IdleTimeout time.Duration
+	// ShutdownTimeout bounds the graceful shutdown: in-flight requests get
+	// this long to finish. Default 30 s.
+	ShutdownTimeout time.Duration
+	// DrainDelay is how long the server keeps serving, with /readyz
+	// failing, after shutdown begins, so that load balancers stop sending
+	// traffic first. Default 0.
+	DrainDelay time.Duration
+	// AuthTokens, when not empty, are the bearer tokens accepted on the
+	// APIs (everything but /healthz, /readyz and /metrics).
+	AuthTokens []string
+	// TLS, when set, serves HTTP and gRPC over TLS.
+	TLS *tls.Config
+	// ResponseHeaders adds RateLimit-Limit, RateLimit-Remaining and
+	// RateLimit-Reset to RLS responses (response_headers_to_add).
+	ResponseHeaders bool
+	// ShadowMode makes every RLS response OK while still counting, as
+	// envoyproxy/ratelimit's global SHADOW_MODE does.
+	ShadowMode bool
+	// DisableStoreAPI turns off the raw store API (/v1/store/...).
+	DisableStoreAPI bool
+	// Logger receives the service's logs. Default slog.Default().
+	Logger *slog.Logger
+	// Clock is used to turn /v1/drain's "until" into a duration. Default
+	// time.Now.
+	Clock func() time.Time
+	// Registry receives the metrics. Default a new registry, so that
+	// several servers can live in one process.
+	Registry *prometheus.Registry
+}
+
+// Server is the rate-limit service. Create it with New, run it with
+// Serve.
+type Server struct {
+	opts     Options
+	store    fleetrate.Store
+	log      *slog.Logger
+	metrics  *metrics
+	state    atomic.Pointer[state]
+	draining atomic.Bool
+	reloadMu sync.Mutex
+	tried    [32]byte // hash of the last file Reload looked at
+	handler  http.Handler
+	grpc     *grpc.Server
+	health   *health.Server
+}
+
+// state is a loaded configuration with its buckets resolved.
+type state struct {
+	cfg     *config.Config
+	buckets map[string]fleetrate.Bucket
+	rules   map[*config.Rule][]fleetrate.Limit
+}
+
+func (s *Server) newState(cfg *config.Config) *state {
+	st := &state{cfg: cfg, buckets: map[string]fleetrate.Bucket{}, rules: map[*config.Rule][]fleetrate.Limit{}}
+	for _, b := range cfg.Buckets {
+		fb := fleetrate.Bucket{Prefix: s.opts.Prefix, Key: b.Key, Limits: b.TokenLimits()}
+		st.buckets[b.Name] = fb
+		st.buckets[b.Key] = fb
+	}
+	for _, d := range cfg.Domains {
+		d.Walk(func(r *config.Rule) {
+			if !r.Unlimited && !r.Denies() {
+				st.rules[r] = r.TokenLimits()
+			}
+		})
+	}
+	return st
+}
+
+// New returns a Server, or an error naming the invalid option.
+func New(opts Options) (*Server, error) {
+	if opts.Store == nil {
+		return nil, fmt.Errorf("%w: server: store is required", fleetrate.ErrInvalid)
+	}
+	if opts.Config == nil {
+		return nil, fmt.Errorf("%w: server: config is required", fleetrate.ErrInvalid)
+	}
+	if opts.MaxWait < 0 || opts.MaxWait > fleetrate.MaxWaitCap {
+		return nil, fmt.Errorf("%w: server: max wait must be between 0 and %v, got %v", fleetrate.ErrInvalid, fleetrate.MaxWaitCap, opts.MaxWait)
+	}
+	for i, t := range opts.AuthTokens {
+		if t == "" || strings.ContainsAny(t, " \t\r\n") {
+			return nil, fmt.Errorf("%w: server: auth token %d must be non-empty and without spaces", fleetrate.ErrInvalid, i+1)
+		}
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	if opts.Prefix == "" {
+		opts.Prefix = DefaultPrefix
+	}
+	def(&opts.MaxWait, DefaultMaxWait)
+	def(&opts.StoreTimeout, DefaultStoreTimeout)
+	def(&opts.ReadTimeout, DefaultReadTimeout)
+	def(&opts.WriteTimeout, DefaultWriteTimeout)
+	def(&opts.IdleTimeout, DefaultIdleTimeout)
+	def(&opts.ShutdownTimeout, DefaultShutdownTimeout)
+	if opts.MaxRequestBytes <= 0 {
+		opts.MaxRequestBytes = DefaultMaxRequestBytes
+	}
+	if opts.StoreName == "" {
+		opts.StoreName = "store"
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Clock == nil {
+		opts.Clock = time.Now
+	}
+	if opts.Registry == nil {
+		opts.Registry = prometheus.NewRegistry()
+	}
+	s := &Server{opts: opts, log: opts.Logger}
+	s.metrics = newMetrics(opts.Registry)
+	s.store = instrumented{Store: opts.Store, m: s.metrics}
+	s.state.Store(s.newState(opts.Config))
+	s.tried = opts.Config.Hash
+	s.metrics.lastReload.SetToCurrentTime()
+	s.handler = s.routes()
+	s.grpc = s.newGRPC()
+	return s, nil
+}
+
+// Config returns the configuration in force.
+func (s *Server) Config() *config.Config { return s.state.Load().cfg }
+
+// Handler returns the HTTP handler: /json, /v1/..., /healthz, /readyz and
+// /metrics.
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// GRPCServer returns the gRPC server, with RateLimitService and the gRPC
+// health service registered.
+func (s *Server) GRPCServer() *grpc.Server { return s.grpc }
+
+// SetConfig puts cfg in force at once. Requests already deciding finish
+// with the configuration they started with.
+func (s *Server) SetConfig(cfg *config.Config) {
+	s.state.Store(s.newState(cfg))
+	s.metrics.lastReload.SetToCurrentTime()
+}
+
+// Reload reads ConfigPath again. A file that fails to load leaves the
+// configuration in force unchanged; the error says why, and is logged.
+// A file identical to the one in force is not reloaded.
+func (s *Server) Reload() error {
+	if s.opts.ConfigPath == "" {
+		return fmt.Errorf("%w: server: no config file to reload", fleetrate.ErrInvalid)
+	}
+	s.reloadMu.Lock()
+	defer s.reloadMu.Unlock()
+	cfg, err := config.LoadFile(s.opts.ConfigPath)
+	if err != nil {
+		s.metrics.reloads.WithLabelValues(reloadFailure).Inc()
+		s.log.Error("config reload failed; keeping the configuration in force",
+			"path", s.opts.ConfigPath, "error", err.Error())
+		return err
+	}
+	s.tried = cfg.Hash
+	if cfg.Hash == s.Config().Hash {
+		s.metrics.reloads.WithLabelValues(reloadUnchanged).Inc()
+		s.log.Info("config unchanged", "path", s.opts.ConfigPath)
+		return nil
+	}
+	if !reflect.DeepEqual(cfg.Settings, s.Config().Settings) {
+		s.log.Warn("config reload: the server section changed; restart to apply it", "path", s.opts.ConfigPath)
+	}
+	s.SetConfig(cfg)
+	s.metrics.reloads.WithLabelValues(reloadSuccess).Inc()
+	domains, rules, buckets := cfg.Summary()
+	s.log.Info("config reloaded", "path", s.opts.ConfigPath, "domains", domains, "rules", rules, "buckets", buckets)
+	return nil
+}
+
+// watch reloads the config file whenever its content changes.
+func (s *Server) watch(ctx context.Context) {
+	t := time.NewTicker(s.opts.ReloadInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		data, err := os.ReadFile(s.opts.ConfigPath)
+		if err != nil {
+			continue // a file being replaced may be missing for a moment
+		}
+		if h := sha256.Sum256(data); h != s.lastTried() {
+			_ = s.Reload()
+			s.reloadMu.Lock()
+			s.tried = h
+			s.reloadMu.Unlock()
+		}
+	}
+}
+
+func (s *Server) lastTried() [32]byte {
+	s.reloadMu.Lock()
+	defer s.reloadMu.Unlock()
+	return s.tried
+}
+
+// Serve serves HTTP on httpLn and gRPC on grpcLn (either may be nil) until
+// ctx ends, then shuts down gracefully: /readyz starts failing, new
+// connections are refused, and in-flight requests finish (up to
+// ShutdownTimeout) before Serve returns. It closes the listeners.
+func (s *Server) Serve(ctx context.Context, httpLn, grpcLn net.Listener) error {
+	if httpLn == nil && grpcLn == nil {
+		return fmt.Errorf("%w: server: no listener", fleetrate.ErrInvalid)
+	}
+	if s.opts.TLS != nil && httpLn != nil {
+		httpLn = tls.NewListener(httpLn, s.opts.TLS)
+	}
+	hs := &http.Server{
+		Handler:           s.handler,
+		ReadTimeout:       s.opts.ReadTimeout,
+		ReadHeaderTimeout: s.opts.ReadTimeout,
+		WriteTimeout:      s.opts.WriteTimeout,
+		IdleTimeout:       s.opts.IdleTimeout,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+	}
+	errc := make(chan error, 2)
+	var running int
+	if httpLn != nil {
+		running++
+		go func() {
+			if err := hs.Serve(httpLn); !errors.Is(err, http.ErrServerClosed) {
+				errc <- fmt.Errorf("http: %w", err)
+				return
+			}
+			errc <- nil
+		}()
+	}
+	if grpcLn != nil {
+		running++
+		go func() { errc <- wrapErr("grpc", s.grpc.Serve(grpcLn)) }()
+	}
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	if s.opts.ConfigPath != "" && s.opts.ReloadInterval > 0 {
+		go s.watch(wctx)
+	}
+	s.logStart(httpLn, grpcLn)
+
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+		running--
+	}
+	s.draining.Store(true)
+	s.setHealth(false)
+	if err == nil && s.opts.DrainDelay > 0 {
+		s.log.Info("shutting down: draining", "delay", s.opts.DrainDelay)
+		time.Sleep(s.opts.DrainDelay)
+	}
+	s.log.Info("shutting down: finishing in-flight requests", "timeout", s.opts.ShutdownTimeout)
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.ShutdownTimeout)
+	defer cancel()
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if httpLn != nil {
+			if e := hs.Shutdown(sctx); e != nil {
+				s.log.Warn("http shutdown timed out; closing connections", "error", e.Error())
+				hs.Close()
+			}
+		}
+	})
+	wg.Go(func() {
+		if grpcLn == nil {
+			return
+		}
+		done := make(chan struct{})
+		go func() { s.grpc.GracefulStop(); close(done) }()
+		select {
+		case <-done:
+		case <-sctx.Done():
+			s.log.Warn("grpc shutdown timed out; closing connections")
+			s.grpc.Stop()
+			<-done
+		}
+	})
+	wg.Wait()
+	for ; running > 0; running-- {
+		if e := <-errc; e != nil && err == nil {
+			err = e
+		}
+	}
+	s.log.Info("stopped")
+	return err
+}
+
+func wrapErr(what string, err error) error {
+	if err == nil || errors.Is(err, grpc.ErrServerStopped) {
+		return nil
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
+
+func (s *Server) logStart(httpLn, grpcLn net.Listener) {
+	addr := func(l net.Listener) string {
+		if l == nil {
+			return "off"
+		}
+		return l.Addr().String()
+	}
+	cfg := s.Config()
+	domains, rules, buckets := cfg.Summary()
+	s.log.Info("fleetrate serving",
+		"http", addr(httpLn), "grpc", addr(grpcLn), "store", s.opts.StoreName,
+		"config", cfg.Path, "domains", domains, "rules", rules, "buckets", buckets,
+		"tls", s.opts.TLS != nil, "auth", len(s.opts.AuthTokens) > 0,
+		"store_api", !s.opts.DisableStoreAPI, "shadow_mode", s.opts.ShadowMode,
+		"reload_interval", s.opts.ReloadInterval)
+}
+
+// authorized reports whether the Authorization value carries a known
+// bearer token. It is true when no tokens are configured.
+func (s *Server) authorized(header string) bool {
+	if len(s.opts.AuthTokens) == 0 {
+		return true
+	}
+	scheme, tok, ok := strings.Cut(header, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return false
+	}
+	tok = strings.TrimSpace(tok)
+	found := 0
+	for _, t := range s.opts.AuthTokens {
+		found |= subtle.ConstantTimeCompare([]byte(tok), []byte(t))
+	}
+	return found == 1
+}
+
+// storeCtx bounds a store call by StoreTimeout.
+func (s *Server) storeCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, s.opts.StoreTimeout)
+}
+
+// ready reports whether the store answers a peek of the probe bucket.
+func (s *Server) ready(ctx context.Context) error {
+	if s.draining.Load() {
+		return errors.New("shutting down")
+	}
+	ctx, cancel := s.storeCtx(ctx)
+	defer cancel()
+	_, err := s.store.Take(ctx, fleetrate.Request{
+		Buckets: []fleetrate.Bucket{{Prefix: s.opts.Prefix, Key: ProbeKey, Limits: []fleetrate.Limit{{Name: "probe", Rate: 1, Burst: 1}}}},
+	})
+	return err
+}

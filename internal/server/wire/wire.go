@@ -1,0 +1,202 @@
+// Package wire holds the JSON messages of the service's raw store API
+// (/v1/store/...), shared by the server and remotestore. Durations are
+// whole nanoseconds, so a remote store answers exactly what the store
+// behind the service answered.
+package wire
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/fleetrate/fleetrate"
+)
+
+// Paths of the raw store API.
+const (
+	TakePath   = "/v1/store/take"
+	RefundPath = "/v1/store/refund"
+	DrainPath  = "/v1/store/drain"
+	ResetPath  = "/v1/store/reset"
+)
+
+// Error codes carried in Error.Code. They map to fleetrate's sentinels.
+const (
+	CodeInvalid          = "invalid"
+	CodeBurstExceeded    = "burst_exceeded"
+	CodeStoreUnavailable = "store_unavailable"
+	CodeUnauthorized     = "unauthorized"
+	CodeBodyTooLarge     = "body_too_large"
+	CodeInvalidJSON      = "invalid_json"
+	CodeNotFound         = "not_found"
+	CodeMethod           = "method_not_allowed"
+	CodeInternal         = "internal"
+	CodeUnknownBucket    = "unknown_bucket"
+	CodeDisabled         = "disabled"
+)
+
+// Error is the body of every error response of the service.
+type Error struct {
+	// Error is a human-readable message naming the offending field.
+	Error string `json:"error"`
+	// Code is a stable machine-readable code, such as "invalid".
+	Code string `json:"code"`
+}
+
+// Limit is a fleetrate.Limit.
+type Limit struct {
+	Name  string  `json:"name,omitempty"`
+	Rate  float64 `json:"rate"`
+	Burst int64   `json:"burst"`
+}
+
+// Bucket is a fleetrate.Bucket.
+type Bucket struct {
+	Prefix string  `json:"prefix,omitempty"`
+	Key    string  `json:"key"`
+	Limits []Limit `json:"limits"`
+}
+
+// TakeRequest is a fleetrate.Request.
+type TakeRequest struct {
+	Buckets   []Bucket `json:"buckets"`
+	N         int64    `json:"n"`
+	MaxWaitNS int64    `json:"max_wait_ns"`
+}
+
+// Result is a fleetrate.Result.
+type Result struct {
+	Allowed      bool  `json:"allowed"`
+	N            int64 `json:"n"`
+	Remaining    int64 `json:"remaining"`
+	WaitNS       int64 `json:"wait_ns"`
+	RetryAfterNS int64 `json:"retry_after_ns"`
+	ResetAfterNS int64 `json:"reset_after_ns"`
+	Limit        Limit `json:"limit"`
+	Bucket       int   `json:"bucket"`
+	// AtUnixMicro is the store's clock at the decision, in microseconds.
+	AtUnixMicro int64 `json:"at_unix_micro"`
+}
+
+// RefundRequest asks for Store.Refund.
+type RefundRequest struct {
+	Buckets []Bucket `json:"buckets"`
+	N       int64    `json:"n"`
+}
+
+// DrainRequest asks for Store.Drain.
+type DrainRequest struct {
+	Buckets    []Bucket `json:"buckets"`
+	DurationNS int64    `json:"duration_ns"`
+}
+
+// ResetRequest asks for Store.Reset.
+type ResetRequest struct {
+	Keys []string `json:"keys"`
+}
+
+// OK is the body of a successful refund, drain or reset.
+type OK struct {
+	OK bool `json:"ok"`
+}
+
+// FromLimit converts a fleetrate.Limit.
+func FromLimit(l fleetrate.Limit) Limit {
+	return Limit{Name: l.Name, Rate: l.Rate, Burst: l.Burst}
+}
+
+// ToLimit converts to a fleetrate.Limit.
+func (l Limit) ToLimit() fleetrate.Limit {
+	return fleetrate.Limit{Name: l.Name, Rate: l.Rate, Burst: l.Burst}
+}
+
+// FromBuckets converts fleetrate buckets.
+func FromBuckets(bs []fleetrate.Bucket) []Bucket {
+	out := make([]Bucket, len(bs))
+	for i, b := range bs {
+		ls := make([]Limit, len(b.Limits))
+		for j, l := range b.Limits {
+			ls[j] = FromLimit(l)
+		}
+		out[i] = Bucket{Prefix: b.Prefix, Key: b.Key, Limits: ls}
+	}
+	return out
+}
+
+// ToBuckets converts to fleetrate buckets.
+func ToBuckets(bs []Bucket) []fleetrate.Bucket {
+	out := make([]fleetrate.Bucket, len(bs))
+	for i, b := range bs {
+		ls := make([]fleetrate.Limit, len(b.Limits))
+		for j, l := range b.Limits {
+			ls[j] = l.ToLimit()
+		}
+		out[i] = fleetrate.Bucket{Prefix: b.Prefix, Key: b.Key, Limits: ls}
+	}
+	return out
+}
+
+// FromResult converts a fleetrate.Result.
+func FromResult(r fleetrate.Result) Result {
+	w := Result{
+		Allowed:      r.Allowed,
+		N:            r.N,
+		Remaining:    r.Remaining,
+		WaitNS:       int64(r.Wait),
+		RetryAfterNS: int64(r.RetryAfter),
+		ResetAfterNS: int64(r.ResetAfter),
+		Limit:        FromLimit(r.Limit),
+		Bucket:       r.Bucket,
+	}
+	if !r.At.IsZero() {
+		w.AtUnixMicro = r.At.UnixMicro()
+	}
+	return w
+}
+
+// ToResult converts to a fleetrate.Result.
+func (r Result) ToResult() fleetrate.Result {
+	res := fleetrate.Result{
+		Allowed:    r.Allowed,
+		N:          r.N,
+		Remaining:  r.Remaining,
+		Wait:       time.Duration(r.WaitNS),
+		RetryAfter: time.Duration(r.RetryAfterNS),
+		ResetAfter: time.Duration(r.ResetAfterNS),
+		Limit:      r.Limit.ToLimit(),
+		Bucket:     r.Bucket,
+	}
+	if r.AtUnixMicro != 0 {
+		res.At = time.UnixMicro(r.AtUnixMicro)
+	}
+	return res
+}
+
+// CodeOf returns the error code for err: invalid, burst_exceeded or
+// store_unavailable (for every other failure, including timeouts).
+func CodeOf(err error) string {
+	switch {
+	case errors.Is(err, fleetrate.ErrBurstExceeded):
+		return CodeBurstExceeded
+	case errors.Is(err, fleetrate.ErrInvalid):
+		return CodeInvalid
+	}
+	return CodeStoreUnavailable
+}
+
+// Err turns an error response back into an error wrapping the matching
+// fleetrate sentinel. Codes other than invalid and burst_exceeded wrap
+// fleetrate.ErrStoreUnavailable: to the caller the remote store failed.
+func (e Error) Err(status int) error {
+	switch e.Code {
+	case CodeInvalid, CodeInvalidJSON, CodeUnknownBucket:
+		return fmt.Errorf("%w: %s", fleetrate.ErrInvalid, e.Error)
+	case CodeBurstExceeded:
+		return fmt.Errorf("%w: %s", fleetrate.ErrBurstExceeded, e.Error)
+	}
+	msg := e.Error
+	if msg == "" {
+		msg = fmt.Sprintf("HTTP %d", status)
+	}
+	return fmt.Errorf("%w: remote: %s (%s)", fleetrate.ErrStoreUnavailable, msg, e.Code)
+}

@@ -1,0 +1,185 @@
+// Package remotestore is a fleetrate.Store backed by the fleetrate service
+// (fleetrate serve). Go workers use it to share the service's buckets
+// without a connection to Redis: each call is one HTTP request to the
+// service's raw store API, which applies it to the service's own store.
+//
+// The store never turns a failure into a decision: when the service cannot
+// be reached, answers with an error, or times out, the call returns an
+// error wrapping fleetrate.ErrStoreUnavailable, and the caller decides
+// whether to fail open or closed.
+package remotestore
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/fleetrate/fleetrate"
+	"github.com/fleetrate/fleetrate/internal/server/wire"
+)
+
+// DefaultTimeout bounds every call that has no earlier deadline.
+const DefaultTimeout = time.Second
+
+// maxResponse bounds the body read from the service.
+const maxResponse = 1 << 20
+
+// Options configure a Store. The zero value of each field means its
+// default.
+type Options struct {
+	// HTTPClient sends the requests. The default keeps up to 64 idle
+	// connections to the service, so that concurrent callers reuse them.
+	HTTPClient *http.Client
+	// Token, when set, is sent as "Authorization: Bearer <Token>", for a
+	// service started with auth tokens.
+	Token string
+	// Timeout bounds each call; a context with an earlier deadline keeps
+	// it. The default is DefaultTimeout (1 s); a negative value means no
+	// bound beyond the context's.
+	Timeout time.Duration
+}
+
+// Store is a fleetrate.Store that forwards every call to a fleetrate
+// service. It is safe for concurrent use.
+type Store struct {
+	base    string
+	client  *http.Client
+	auth    string
+	timeout time.Duration
+}
+
+var _ fleetrate.Store = (*Store)(nil)
+
+// New returns a Store talking to the service at baseURL, such as
+// "http://fleetrate:8080" or "https://fleetrate.internal".
+func New(baseURL string, opts Options) (*Store, error) {
+	u, err := url.Parse(baseURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("%w: remotestore: base URL must be http://host:port or https://host:port, got %q", fleetrate.ErrInvalid, baseURL)
+	}
+	if strings.ContainsAny(opts.Token, " \t\r\n") {
+		return nil, fmt.Errorf("%w: remotestore: token must not contain spaces", fleetrate.ErrInvalid)
+	}
+	s := &Store{base: strings.TrimSuffix(u.String(), "/"), client: opts.HTTPClient, timeout: opts.Timeout}
+	if s.client == nil {
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.MaxIdleConns = 64
+		t.MaxIdleConnsPerHost = 64
+		s.client = &http.Client{Transport: t}
+	}
+	if s.timeout == 0 {
+		s.timeout = DefaultTimeout
+	}
+	if opts.Token != "" {
+		s.auth = "Bearer " + opts.Token
+	}
+	return s, nil
+}
+
+// Close releases the idle connections to the service.
+func (s *Store) Close() error {
+	s.client.CloseIdleConnections()
+	return nil
+}
+
+// Take implements fleetrate.Store.
+func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Result, error) {
+	if err := req.Validate(); err != nil {
+		return fleetrate.Result{}, err
+	}
+	var res wire.Result
+	body := wire.TakeRequest{Buckets: wire.FromBuckets(req.Buckets), N: req.N, MaxWaitNS: int64(req.MaxWait)}
+	if err := s.call(ctx, wire.TakePath, body, &res); err != nil {
+		return fleetrate.Result{}, err
+	}
+	if res.Bucket < 0 || res.Bucket >= len(req.Buckets) {
+		return fleetrate.Result{}, fmt.Errorf("%w: remote: answer names bucket %d of %d", fleetrate.ErrStoreUnavailable, res.Bucket, len(req.Buckets))
+	}
+	return res.ToResult(), nil
+}
+
+// Refund implements fleetrate.Store.
+func (s *Store) Refund(ctx context.Context, buckets []fleetrate.Bucket, n int64) error {
+	if err := fleetrate.ValidateBuckets(buckets); err != nil {
+		return err
+	}
+	if n < 0 || n > fleetrate.MaxBurst {
+		return fmt.Errorf("%w: refund n must be between 0 and %d, got %d", fleetrate.ErrInvalid, int64(fleetrate.MaxBurst), n)
+	}
+	return s.call(ctx, wire.RefundPath, wire.RefundRequest{Buckets: wire.FromBuckets(buckets), N: n}, &wire.OK{})
+}
+
+// Drain implements fleetrate.Store.
+func (s *Store) Drain(ctx context.Context, buckets []fleetrate.Bucket, d time.Duration) error {
+	if err := fleetrate.ValidateBuckets(buckets); err != nil {
+		return err
+	}
+	if d < 0 || d > fleetrate.MaxWaitCap {
+		return fmt.Errorf("%w: drain duration must be between 0 and %v, got %v", fleetrate.ErrInvalid, fleetrate.MaxWaitCap, d)
+	}
+	return s.call(ctx, wire.DrainPath, wire.DrainRequest{Buckets: wire.FromBuckets(buckets), DurationNS: int64(d)}, &wire.OK{})
+}
+
+// Reset implements fleetrate.Store.
+func (s *Store) Reset(ctx context.Context, keys ...string) error {
+	if len(keys) == 0 {
+		return ctx.Err()
+	}
+	return s.call(ctx, wire.ResetPath, wire.ResetRequest{Keys: keys}, &wire.OK{})
+}
+
+// call posts body to path and decodes a 200 answer into out. Every
+// failure other than a rejected argument wraps ErrStoreUnavailable; a
+// context the caller cancelled returns its error.
+func (s *Store) call(ctx context.Context, path string, body, out any) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	data, err := json.Marshal(body)
+	if err != nil {
+		return fmt.Errorf("%w: remotestore: encoding the request: %w", fleetrate.ErrInvalid, err)
+	}
+	cctx, cancel := ctx, context.CancelFunc(func() {})
+	if s.timeout > 0 {
+		cctx, cancel = context.WithTimeout(ctx, s.timeout)
+	}
+	defer cancel()
+	req, err := http.NewRequestWithContext(cctx, http.MethodPost, s.base+path, bytes.NewReader(data))
+	if err != nil {
+		return fmt.Errorf("%w: remote: %w", fleetrate.ErrStoreUnavailable, err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if s.auth != "" {
+		req.Header.Set("Authorization", s.auth)
+	}
+	resp, err := s.client.Do(req)
+	if err != nil {
+		if errors.Is(ctx.Err(), context.Canceled) {
+			return ctx.Err()
+		}
+		return fmt.Errorf("%w: remote: %w", fleetrate.ErrStoreUnavailable, err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, maxResponse))
+	if err != nil {
+		return fmt.Errorf("%w: remote: reading the answer: %w", fleetrate.ErrStoreUnavailable, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		var e wire.Error
+		if json.Unmarshal(raw, &e) != nil || e.Code == "" {
+			return fmt.Errorf("%w: remote: HTTP %s", fleetrate.ErrStoreUnavailable, resp.Status)
+		}
+		return e.Err(resp.StatusCode)
+	}
+	if err := json.Unmarshal(raw, out); err != nil {
+		return fmt.Errorf("%w: remote: malformed answer: %w", fleetrate.ErrStoreUnavailable, err)
+	}
+	return nil
+}
