@@ -93,8 +93,8 @@ func (l Limit) Validate() error {
 	case l.Burst > MaxBurst:
 		return fmt.Errorf("burst must be at most %d, got %d", int64(MaxBurst), l.Burst)
 	}
-	iv := l.Interval()
-	if iv > int64(MaxFillTime)/l.Burst {
+	// Compare in floats first: a tiny rate's interval overflows int64.
+	if float64(l.Burst)/l.Rate > MaxFillTime.Seconds() || l.Interval() > int64(MaxFillTime)/l.Burst {
 		return fmt.Errorf("burst/rate (time to fill) must be at most %v, got burst %d at %g/s", MaxFillTime, l.Burst, l.Rate)
 	}
 	return nil
@@ -104,6 +104,9 @@ func (l Limit) Validate() error {
 // takes to refill, rounded up to a whole nanosecond. The rate must be valid.
 func (l Limit) Interval() int64 {
 	iv := float64(time.Second) / l.Rate
+	if !(iv < math.MaxInt64/2) { // also NaN: an invalid rate
+		return math.MaxInt64 / 2
+	}
 	f := math.Floor(iv)
 	// A quotient a few ulps above an integer, such as 1e9/(100/60) =
 	// 600000000.0000001, is float noise: take it as exact. Anything else

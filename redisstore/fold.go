@@ -135,7 +135,6 @@ func (f *folder) run(id string, g *group) {
 	}
 }
 
-
 // cloneRequest copies the slices of req, which belong to the caller and
 // may be reused once its call returns, while the group lives on.
 func cloneRequest(req fleetrate.Request) fleetrate.Request {
