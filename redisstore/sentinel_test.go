@@ -34,7 +34,7 @@ func TestSentinelFailoverDuringFleet(t *testing.T) {
 		failAt     = 2 * time.Second
 		// The bucket refills in 3 s, longer than the switch takes (about
 		// 1 s), so that what the old master grants unseen by the new one
-		// stays within a burst. See docs/OPERATIONS-REDIS.md.
+		// stays within a burst. See docs/OPERATIONS.md.
 		rate, burst = 100, 300
 	)
 	lim := fleetrate.PerSecond(rate, burst)

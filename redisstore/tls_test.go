@@ -23,7 +23,7 @@ import (
 // script calls are checked against the caller's ACL too).
 var fleetCommands = []string{"+evalsha", "+eval", "+script|load", "+get", "+set", "+del", "+time"}
 
-// The lines docs/OPERATIONS-REDIS.md gives operators, for a standalone
+// The lines docs/OPERATIONS.md gives operators, for a standalone
 // (or Sentinel) server and for every node of a Cluster.
 const (
 	documentedACL        = "ACL SETUSER fleet on >secret resetkeys ~fleetrate:* resetchannels -@all +evalsha +eval +script|load +get +set +del +time"
