@@ -63,3 +63,23 @@ func TestFleetMixedAllowAndWait(t *testing.T) {
 		t.Error("no Allow was ever granted; the mix did not happen")
 	}
 }
+
+// TestFleetFoldedHotKey runs the fleet with hot-key folding: concurrent
+// takes of each process go out as one script call, and the fleet still
+// conforms exactly, with fewer script calls than grants.
+func TestFleetFoldedHotKey(t *testing.T) {
+	srv := redistest.Start(t)
+	lim := fleetrate.PerSecond(400, 40)
+	rep := Run(t, Options{Addrs: []string{srv.Addr()}, Limit: lim, Fold: true, Skews: skews})
+	check(t, rep, lim)
+	capacity := float64(lim.Burst) + lim.Rate*rep.Span.Seconds()
+	perGrant := float64(rep.WaitCalls) / float64(rep.WaitGrants)
+	t.Logf("folded fleet: %d grants in %v, utilisation %.4f, %.4f script calls per granted Wait",
+		len(rep.Grants), rep.Span, float64(len(rep.Grants))/capacity, perGrant)
+	if perGrant > 1.0 {
+		t.Errorf("%.3f script calls per granted Wait, want at most 1 (folding shares calls)", perGrant)
+	}
+	if err := CheckFIFO(rep.Grants); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -36,6 +36,8 @@ type Options struct {
 	// for a Cluster (Cluster must be true).
 	Addrs   []string
 	Cluster bool
+	// Fold turns on redisstore's FoldHotKeys in every worker.
+	Fold bool
 	// Processes and Goroutines size the fleet (defaults 4 and 16).
 	Processes, Goroutines int
 	// Duration is how long each worker keeps taking (default 3 s).
@@ -175,12 +177,17 @@ func Run(t testing.TB, o Options) Report {
 
 // callCounter counts the script calls (EVALSHA, and EVAL on a cache miss)
 // that waiting goroutines send; connection handshakes are not decisions.
-type callCounter struct{ n *atomic.Int64 }
+type callCounter struct {
+	n *atomic.Int64
+	// all counts every script call, for folded runs whose calls belong to
+	// no single caller's context.
+	all bool
+}
 
 func (c callCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (c callCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if ctx.Value(countKey{}) != nil && isScriptCall(cmd) {
+		if (c.all || ctx.Value(countKey{}) != nil) && isScriptCall(cmd) {
 			c.n.Add(1)
 		}
 		return next(ctx, cmd)
@@ -188,7 +195,7 @@ func (c callCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 }
 func (c callCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		if ctx.Value(countKey{}) != nil {
+		if c.all || ctx.Value(countKey{}) != nil {
 			for _, cmd := range cmds {
 				if isScriptCall(cmd) {
 					c.n.Add(1)
@@ -216,7 +223,7 @@ func newClient(o Options, calls *atomic.Int64) redis.UniversalClient {
 	} else {
 		c = redis.NewClient(&redis.Options{Addr: o.Addrs[0], PoolSize: o.Goroutines + 4})
 	}
-	c.AddHook(callCounter{calls})
+	c.AddHook(callCounter{n: calls, all: o.Fold})
 	return c
 }
 
@@ -226,7 +233,7 @@ func work(o Options) workerOut {
 	var calls atomic.Int64
 	c := newClient(o, &calls)
 	defer c.Close()
-	store, err := redisstore.New(c, redisstore.Options{Timeout: 5 * time.Second})
+	store, err := redisstore.New(c, redisstore.Options{Timeout: 5 * time.Second, FoldHotKeys: o.Fold})
 	if err != nil {
 		return workerOut{Errors: []string{err.Error()}}
 	}

@@ -415,17 +415,7 @@ func memTable(cfg config, out io.Writer) {
 		name string
 		r    testing.BenchmarkResult
 	}
-	bench := func(f func(b *testing.B)) testing.BenchmarkResult {
-		if cfg.quick {
-			return testing.Benchmark(func(b *testing.B) {
-				if b.N > 1000 {
-					b.N = 1000
-				}
-				f(b)
-			})
-		}
-		return testing.Benchmark(f)
-	}
+	bench := testing.Benchmark
 	single := []row{
 		{"fleetrate memstore", bench(func(b *testing.B) {
 			l := mem()
