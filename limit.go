@@ -40,6 +40,26 @@ type Limit struct {
 	// Burst is the capacity: the most tokens the bucket can hold and so the
 	// largest burst it admits. It must be at least 1.
 	Burst int64
+
+	// iv caches Interval on the validated copies a Limiter keeps; it is
+	// never set on a Limit a caller sees.
+	iv int64
+}
+
+// compiled returns a copy of l, already validated, that caches its
+// interval.
+func (l Limit) compiled() Limit {
+	l.iv = l.Interval()
+	return l
+}
+
+// compileLimits copies limits with their intervals cached.
+func compileLimits(limits []Limit) []Limit {
+	out := make([]Limit, len(limits))
+	for i, l := range limits {
+		out[i] = l.compiled()
+	}
+	return out
 }
 
 // PerSecond returns a limit of rate tokens per second with the given burst.
@@ -83,6 +103,9 @@ func (l Limit) String() string {
 // Validate reports whether the limit can be enforced exactly. The error
 // names the offending field and value.
 func (l Limit) Validate() error {
+	if l.iv > 0 {
+		return nil // a Limiter's copy, validated when it was made
+	}
 	switch {
 	case math.IsNaN(l.Rate) || math.IsInf(l.Rate, 0) || l.Rate <= 0:
 		return fmt.Errorf("rate must be positive and finite, got %v", l.Rate)
@@ -103,6 +126,9 @@ func (l Limit) Validate() error {
 // Interval returns the emission interval in nanoseconds: the time one token
 // takes to refill, rounded up to a whole nanosecond. The rate must be valid.
 func (l Limit) Interval() int64 {
+	if l.iv > 0 {
+		return l.iv
+	}
 	iv := float64(time.Second) / l.Rate
 	if !(iv < math.MaxInt64/2) { // also NaN: an invalid rate
 		return math.MaxInt64 / 2

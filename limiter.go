@@ -104,7 +104,8 @@ type Limiter struct {
 	named   map[string]Bucket
 	maxWait time.Duration
 	now     func() time.Time
-	scratch sync.Pool // of *[]Bucket, reused across calls
+	scratch sync.Pool   // of *[]Bucket, reused across calls
+	single  SingleTaker // the store's single-bucket path, if it has one
 }
 
 // New returns a Limiter over store, or an error naming the invalid field.
@@ -118,7 +119,7 @@ func New(store Store, cfg Config) (*Limiter, error) {
 	l := &Limiter{
 		store:   store,
 		prefix:  cfg.Prefix,
-		limits:  cfg.Limits,
+		limits:  compileLimits(cfg.Limits),
 		named:   make(map[string]Bucket, len(cfg.Buckets)),
 		maxWait: cfg.MaxWait,
 		now:     cfg.Clock,
@@ -133,9 +134,10 @@ func New(store Store, cfg Config) (*Limiter, error) {
 		l.now = time.Now
 	}
 	for _, b := range cfg.Buckets {
-		l.named[b.Name] = Bucket{Prefix: l.prefix, Key: b.Name, Limits: b.Limits}
+		l.named[b.Name] = Bucket{Prefix: l.prefix, Key: b.Name, Limits: compileLimits(b.Limits)}
 	}
 	l.scratch.New = func() any { s := make([]Bucket, 0, 4); return &s }
+	l.single, _ = store.(SingleTaker)
 	return l, nil
 }
 
@@ -147,6 +149,22 @@ func (l *Limiter) MaxWait() time.Duration { return l.maxWait }
 
 // Bucket resolves a name to its store key and limits.
 func (l *Limiter) Bucket(name string) (Bucket, error) {
+	b, err := l.bucket(name)
+	if err != nil {
+		return Bucket{}, err
+	}
+	ls := make([]Limit, len(b.Limits))
+	for i, x := range b.Limits {
+		x.iv = 0
+		ls[i] = x
+	}
+	b.Limits = ls
+	return b, nil
+}
+
+// bucket is Bucket without copying: its limits are the Limiter's own
+// compiled ones and must not reach the caller.
+func (l *Limiter) bucket(name string) (Bucket, error) {
 	if len(l.named) > 0 {
 		if b, ok := l.named[name]; ok {
 			return b, nil
@@ -169,7 +187,7 @@ func (l *Limiter) buckets(names []string) (*[]Bucket, error) {
 	}
 	bs := l.scratch.Get().(*[]Bucket)
 	for _, n := range names {
-		b, err := l.Bucket(n)
+		b, err := l.bucket(n)
 		if err != nil {
 			l.release(bs)
 			return nil, err
@@ -193,11 +211,21 @@ func (l *Limiter) take(ctx context.Context, n int64, maxWait time.Duration, name
 		return Result{}, nil, err
 	}
 	res, err := l.store.Take(ctx, Request{Buckets: *bs, N: n, MaxWait: maxWait})
+	res.Limit.iv = 0
 	return res, bs, err
 }
 
 // takeNow is take for the calls that keep nothing.
 func (l *Limiter) takeNow(ctx context.Context, n int64, names []string) (Result, error) {
+	if l.single != nil && len(names) == 1 {
+		b, err := l.bucket(names[0])
+		if err != nil {
+			return Result{}, err
+		}
+		res, err := l.single.TakeOne(ctx, b, n, 0)
+		res.Limit.iv = 0
+		return res, err
+	}
 	res, bs, err := l.take(ctx, n, 0, names)
 	if bs != nil {
 		l.release(bs)

@@ -176,3 +176,12 @@ type Store interface {
 	// Reset deletes the buckets, leaving them full.
 	Reset(ctx context.Context, keys ...string) error
 }
+
+// SingleTaker is an optional Store method for the common take from a
+// single bucket. TakeOne(ctx, b, n, w) must be equivalent to
+// Take(ctx, Request{Buckets: []Bucket{b}, N: n, MaxWait: w}); a store
+// implements it to spare the request's slice. Limiter.Allow and Peek use it
+// when the store has it.
+type SingleTaker interface {
+	TakeOne(ctx context.Context, b Bucket, n int64, maxWait time.Duration) (Result, error)
+}

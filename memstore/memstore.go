@@ -48,6 +48,20 @@ const (
 type entry struct {
 	state   fleetrate.BucketState
 	expires int64 // µs; the bucket is full from then on
+	// inline holds the debts of buckets with up to two limits, so that a
+	// decision touches one allocation, not two.
+	inline [2]int64
+}
+
+func newEntry(st fleetrate.BucketState, exp int64) *entry {
+	e := &entry{expires: exp}
+	e.state.Stamp = st.Stamp
+	if len(st.Debts) <= len(e.inline) {
+		e.state.Debts = e.inline[:copy(e.inline[:], st.Debts)]
+	} else {
+		e.state.Debts = st.Debts
+	}
+	return e
 }
 
 type shard struct {
@@ -66,7 +80,10 @@ type Store struct {
 	shardCap int
 }
 
-var _ fleetrate.Store = (*Store)(nil)
+var (
+	_ fleetrate.Store       = (*Store)(nil)
+	_ fleetrate.SingleTaker = (*Store)(nil)
+)
 
 // New returns a ready Store.
 func New(opts Options) *Store {
@@ -134,43 +151,45 @@ func (s *Store) unlock(idx []int) {
 	}
 }
 
-// load returns the live state of key, or a full state when it is absent
-// or expired (reusing an expired entry's memory). The state shares its
-// debts with the entry, so the caller must save it back. The caller holds
-// the shard's lock.
-func (s *Store) load(key []byte, now int64) fleetrate.BucketState {
-	sh := &s.shards[s.shardOf(key)]
-	e, ok := sh.m[string(key)]
+// load returns key's entry (nil when absent) and its live state, or a
+// full state when it is absent or expired (reusing an expired entry's
+// memory). The state shares its debts with the entry, so the caller must
+// save it back. The caller holds the shard's lock.
+func (s *Store) load(sh *shard, key []byte, now int64) (*entry, fleetrate.BucketState) {
+	e := sh.m[string(key)]
 	switch {
-	case !ok:
-		return fleetrate.BucketState{}
+	case e == nil:
+		return nil, fleetrate.BucketState{}
 	case e.expires <= now:
 		clear(e.state.Debts)
-		return fleetrate.BucketState{Stamp: now, Debts: e.state.Debts}
+		return e, fleetrate.BucketState{Stamp: now, Debts: e.state.Debts}
 	}
-	return e.state
+	return e, e.state
 }
 
-// save writes st for key, or deletes it when it is already full. The
-// caller holds the shard's lock.
-func (s *Store) save(key []byte, st fleetrate.BucketState) {
-	sh := &s.shards[s.shardOf(key)]
+// save writes st into e, the entry load returned for key, creating it when
+// absent, or deletes it when the bucket is full again. The caller holds
+// the shard's lock.
+func (s *Store) save(sh *shard, key []byte, e *entry, st fleetrate.BucketState) {
 	ttl := st.TTL()
-	e, ok := sh.m[string(key)]
 	if ttl <= 0 {
-		if ok {
+		if e != nil {
 			delete(sh.m, string(key))
 		}
 		return
 	}
 	exp := st.Stamp + int64(ttl/time.Microsecond) + 1
-	if ok {
+	if e != nil {
+		if len(st.Debts) <= len(e.inline) && (len(e.state.Debts) == 0 || &st.Debts[0] != &e.inline[0]) {
+			// The limits changed and Elapse made new debts: move them in.
+			st.Debts = e.inline[:copy(e.inline[:], st.Debts)]
+		}
 		e.state, e.expires = st, exp
 	} else {
 		if s.shardCap > 0 && len(sh.m) >= s.shardCap {
 			s.evict(sh, st.Stamp)
 		}
-		sh.m[string(key)] = &entry{state: fleetrate.BucketState{Stamp: st.Stamp, Debts: st.Debts}, expires: exp}
+		sh.m[string(key)] = newEntry(st, exp)
 	}
 	if sh.writes++; sh.writes%sweepEvery == 0 {
 		s.sweep(sh, st.Stamp)
@@ -241,15 +260,31 @@ func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Resu
 	now := s.clock().UnixMicro()
 	state := stateBuf[:0]
 	for _, k := range keys {
-		state = append(state, s.load(k, now))
+		_, st := s.load(&s.shards[s.shardOf(k)], k, now)
+		state = append(state, st)
 	}
 	// Decide refills the loaded debts in place, so the state is saved back
-	// even when the decision changed nothing.
+	// even when the decision changed nothing. A bucket's entry is looked up
+	// again in case an earlier save in this loop evicted it.
 	res, _ := fleetrate.Decide(now, req, state)
 	for i, k := range keys {
-		s.save(k, state[i])
+		sh := &s.shards[s.shardOf(k)]
+		s.save(sh, k, sh.m[string(k)], state[i])
 	}
 	return res, nil
+}
+
+// TakeOne implements fleetrate.SingleTaker: Take for one bucket.
+func (s *Store) TakeOne(ctx context.Context, b fleetrate.Bucket, n int64, maxWait time.Duration) (fleetrate.Result, error) {
+	if err := ctx.Err(); err != nil {
+		return fleetrate.Result{}, err
+	}
+	bs := [1]fleetrate.Bucket{b}
+	req := fleetrate.Request{Buckets: bs[:], N: n, MaxWait: maxWait}
+	if err := req.Validate(); err != nil {
+		return fleetrate.Result{}, err
+	}
+	return s.takeOne(req), nil
 }
 
 // takeOne is Take for one bucket, the common case, without allocating:
@@ -262,9 +297,10 @@ func (s *Store) takeOne(req fleetrate.Request) fleetrate.Result {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	now := s.clock().UnixMicro()
-	state := [1]fleetrate.BucketState{s.load(key, now)}
+	e, st := s.load(sh, key, now)
+	state := [1]fleetrate.BucketState{st}
 	res, _ := fleetrate.Decide(now, req, state[:])
-	s.save(key, state[0])
+	s.save(sh, key, e, state[0])
 	return res
 }
 
@@ -301,9 +337,10 @@ func (s *Store) update(ctx context.Context, buckets []fleetrate.Bucket, apply fu
 	defer s.unlock(idx)
 	now := s.clock().UnixMicro()
 	for i, b := range buckets {
-		st := s.load(keys[i], now)
+		sh := &s.shards[s.shardOf(keys[i])]
+		e, st := s.load(sh, keys[i], now)
 		apply(now, b, &st)
-		s.save(keys[i], st)
+		s.save(sh, keys[i], e, st)
 	}
 	return nil
 }
