@@ -128,3 +128,15 @@ func ExampleLimiter_Reset() {
 	fmt.Println(res.Remaining)
 	// Output: 3
 }
+
+func ExampleLimiter_Refund() {
+	store := memstore.New(memstore.Options{Clock: fixedClock})
+	lim, _ := fleetrate.New(store, fleetrate.Config{Limits: []fleetrate.Limit{fleetrate.PerSecond(1, 5)}})
+	ctx := context.Background()
+	_, _ = lim.AllowN(ctx, 5, "k")
+	// The work the tokens paid for never happened: give them back.
+	_ = lim.Refund(ctx, 2, "k")
+	res, _ := lim.Peek(ctx, "k")
+	fmt.Println(res.Remaining)
+	// Output: 2
+}

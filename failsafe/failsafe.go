@@ -26,6 +26,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -109,7 +110,23 @@ type Options struct {
 	Registerer prometheus.Registerer
 	// Clock is the breaker's time source. Default time.Now.
 	Clock func() time.Time
+	// EmptyAfterOutage makes every bucket start empty, rather than full,
+	// after the store was unavailable: a restarted Redis without
+	// persistence has lost every bucket, and an absent bucket is a full
+	// one, so the fleet could spend one extra burst. For RecoveryWindow
+	// after the breaker closes again, the first take of each bucket first
+	// drains it (one extra round trip), so it refills from empty. If the
+	// outage was only a network fault, this gives up tokens the fleet still
+	// had: it errs on the side of the upstream.
+	EmptyAfterOutage bool
+	// RecoveryWindow is how long after an outage EmptyAfterOutage applies;
+	// buckets first used later have had time to refill anyway. Default
+	// DefaultRecoveryWindow (1 minute).
+	RecoveryWindow time.Duration
 }
+
+// DefaultRecoveryWindow is the default Options.RecoveryWindow.
+const DefaultRecoveryWindow = time.Minute
 
 const (
 	closed int32 = iota
@@ -131,6 +148,12 @@ type Store struct {
 	gauge    prometheus.Gauge
 	failed   prometheus.Counter
 	degraded prometheus.Counter
+
+	// Buckets drained since the last outage, for EmptyAfterOutage; nil
+	// when no outage is recent. recovered is zero until the breaker closes.
+	recMu     sync.Mutex
+	recovered time.Time
+	emptied   map[string]bool
 }
 
 var _ fleetrate.Store = (*Store)(nil)
@@ -164,6 +187,12 @@ func New(primary fleetrate.Store, opts Options) (*Store, error) {
 	}
 	if opts.Clock == nil {
 		opts.Clock = time.Now
+	}
+	if opts.RecoveryWindow < 0 {
+		return nil, fmt.Errorf("%w: failsafe: recovery window must not be negative, got %v", fleetrate.ErrInvalid, opts.RecoveryWindow)
+	}
+	if opts.RecoveryWindow == 0 {
+		opts.RecoveryWindow = DefaultRecoveryWindow
 	}
 	s := &Store{primary: primary, fallback: opts.Fallback, opts: opts}
 	if s.fallback == nil && opts.Policy == LocalFallback {
@@ -213,7 +242,37 @@ func (s *Store) succeeded() {
 	if s.state.Swap(closed) != closed {
 		s.gauge.Set(0)
 		s.opts.Logger.Info("fleetrate store recovered; circuit closed", "store", s.opts.Name)
+		if s.opts.EmptyAfterOutage {
+			s.recMu.Lock()
+			s.recovered = s.opts.Clock()
+			s.recMu.Unlock()
+		}
 	}
+}
+
+// toEmpty returns the buckets of req that must be drained before their
+// first take after an outage, and marks them done.
+func (s *Store) toEmpty(bs []fleetrate.Bucket) []fleetrate.Bucket {
+	if !s.opts.EmptyAfterOutage {
+		return nil
+	}
+	s.recMu.Lock()
+	defer s.recMu.Unlock()
+	if s.emptied == nil {
+		return nil
+	}
+	if !s.recovered.IsZero() && s.opts.Clock().Sub(s.recovered) > s.opts.RecoveryWindow {
+		s.emptied = nil // the window is over; free the set
+		return nil
+	}
+	var out []fleetrate.Bucket
+	for _, b := range bs {
+		if k := b.StoreKey(); !s.emptied[k] {
+			s.emptied[k] = true
+			out = append(out, b)
+		}
+	}
+	return out
 }
 
 func (s *Store) failedWith(err error) {
@@ -223,6 +282,12 @@ func (s *Store) failedWith(err error) {
 	if st == probing || (st == closed && n >= int32(s.opts.FailureThreshold)) {
 		s.openUntil.Store(s.opts.Clock().Add(s.opts.CoolOff).UnixNano())
 		if s.state.Swap(open) == closed {
+			if s.opts.EmptyAfterOutage {
+				// From the probe on, every bucket's first take drains it.
+				s.recMu.Lock()
+				s.recovered, s.emptied = time.Time{}, map[string]bool{}
+				s.recMu.Unlock()
+			}
 			s.gauge.Set(1)
 			s.opts.Logger.Warn("fleetrate store unavailable; circuit open",
 				"store", s.opts.Name, "policy", s.opts.Policy.String(), "failures", n, "cool_off", s.opts.CoolOff, "err", err)
@@ -265,6 +330,16 @@ func (s *Store) call(ctx context.Context, f func() error) (ok bool, err error) {
 func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Result, error) {
 	var res fleetrate.Result
 	ok, err := s.call(ctx, func() (err error) {
+		if drain := s.toEmpty(req.Buckets); len(drain) > 0 {
+			if err := s.primary.Drain(ctx, drain, 0); err != nil {
+				s.recMu.Lock()
+				for _, b := range drain {
+					delete(s.emptied, b.StoreKey())
+				}
+				s.recMu.Unlock()
+				return err
+			}
+		}
 		res, err = s.primary.Take(ctx, req)
 		return err
 	})

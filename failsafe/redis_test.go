@@ -214,3 +214,58 @@ func TestRedisOutOfMemory(t *testing.T) {
 		t.Fatalf("peek on OOM: %+v %v", res, err)
 	}
 }
+
+// TestEmptyAfterOutage restarts Redis, losing every bucket: with
+// EmptyAfterOutage the buckets start empty and refill at their rate, so
+// the fleet does not spend an extra burst.
+func TestEmptyAfterOutage(t *testing.T) {
+	for _, empty := range []bool{false, true} {
+		t.Run(fmt.Sprintf("EmptyAfterOutage=%v", empty), func(t *testing.T) {
+			srv := redistest.Start(t)
+			c := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
+			t.Cleanup(func() { _ = c.Close() })
+			rs, err := redisstore.New(c, redisstore.Options{Timeout: storeTimeout})
+			if err != nil {
+				t.Fatal(err)
+			}
+			fs, err := failsafe.New(rs, failsafe.Options{
+				Policy: failsafe.FailClosed, FailureThreshold: 1, CoolOff: 50 * time.Millisecond,
+				EmptyAfterOutage: empty, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			lim, err := fleetrate.New(fs, fleetrate.Config{Limits: []fleetrate.Limit{fleetrate.Every(time.Minute, 10)}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			if res, err := lim.AllowN(ctx, 10, "k"); err != nil || !res.Allowed {
+				t.Fatalf("spending the burst: %+v %v", res, err)
+			}
+			srv.Kill()
+			if _, err := lim.Allow(ctx, "k"); !errors.Is(err, fleetrate.ErrStoreUnavailable) {
+				t.Fatalf("Redis down: %v", err)
+			}
+			srv.Restart() // the bucket is gone: it reads as full
+			var res fleetrate.Result
+			deadline := time.Now().Add(5 * time.Second)
+			for {
+				res, err = lim.Allow(ctx, "k")
+				if err == nil || time.Now().After(deadline) {
+					break
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			if err != nil {
+				t.Fatalf("after restart: %v", err)
+			}
+			if res.Allowed == empty {
+				t.Fatalf("first take after the restart: %+v; want allowed=%v", res, !empty)
+			}
+			if empty && res.RetryAfter < 55*time.Second {
+				t.Fatalf("bucket did not start empty: %+v", res)
+			}
+		})
+	}
+}
