@@ -33,6 +33,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fleetrate/fleetrate"
+	"github.com/fleetrate/fleetrate/internal/promreg"
 	"github.com/fleetrate/fleetrate/memstore"
 )
 
@@ -210,10 +211,14 @@ func New(primary fleetrate.Store, opts Options) (*Store, error) {
 		ConstLabels: prometheus.Labels{"store": opts.Name, "policy": opts.Policy.String()},
 	})
 	if opts.Registerer != nil {
-		for _, c := range []prometheus.Collector{s.gauge, s.failed, s.degraded} {
-			if err := opts.Registerer.Register(c); err != nil {
-				return nil, fmt.Errorf("failsafe: registering metrics: %w", err)
+		var err error
+		if s.gauge, err = promreg.Register(opts.Registerer, s.gauge); err == nil {
+			if s.failed, err = promreg.Register(opts.Registerer, s.failed); err == nil {
+				s.degraded, err = promreg.Register(opts.Registerer, s.degraded)
 			}
+		}
+		if err != nil {
+			return nil, fmt.Errorf("failsafe: registering metrics: %w", err)
 		}
 	}
 	return s, nil

@@ -1,11 +1,12 @@
 package httplimit
 
 import (
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/fleetrate/fleetrate/internal/promreg"
 )
 
 // Outcomes, the values of the "outcome" label of
@@ -48,32 +49,16 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"policy"}),
 	}
 	var err error
-	if m.requests, err = register(reg, m.requests); err != nil {
+	if m.requests, err = registerMetric(reg, m.requests); err != nil {
 		return nil, err
 	}
-	if m.storeErrors, err = register(reg, m.storeErrors); err != nil {
+	if m.storeErrors, err = registerMetric(reg, m.storeErrors); err != nil {
 		return nil, err
 	}
-	if m.storeTime, err = register(reg, m.storeTime); err != nil {
+	if m.storeTime, err = registerMetric(reg, m.storeTime); err != nil {
 		return nil, err
 	}
 	return m, nil
-}
-
-// register registers c, or returns the identical collector already
-// registered (by another Middleware on the same registry).
-func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
-	err := reg.Register(c)
-	if err == nil {
-		return c, nil
-	}
-	var are prometheus.AlreadyRegisteredError
-	if errors.As(err, &are) {
-		if existing, ok := are.ExistingCollector.(C); ok {
-			return existing, nil
-		}
-	}
-	return c, fmt.Errorf("httplimit: registering metrics: %w", err)
 }
 
 func (m *metrics) request(policy, outcome string) {
@@ -92,4 +77,14 @@ func (m *metrics) observe(policy string, d time.Duration) {
 	if m != nil {
 		m.storeTime.WithLabelValues(policy).Observe(d.Seconds())
 	}
+}
+
+// registerMetric registers c, or returns the equal collector already
+// registered by another user of the same registry.
+func registerMetric[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
+	c, err := promreg.Register(reg, c)
+	if err != nil {
+		return c, fmt.Errorf("httplimit: registering metrics: %w", err)
+	}
+	return c, nil
 }

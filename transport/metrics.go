@@ -1,12 +1,13 @@
 package transport
 
 import (
-	"errors"
 	"fmt"
 	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/fleetrate/fleetrate/internal/promreg"
 )
 
 // Metric names, all labelled by channel and endpoint.
@@ -50,14 +51,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	labels := []string{"channel", "endpoint"}
 	counter := func(name, help string, extra ...string) (*prometheus.CounterVec, error) {
-		return register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, append(labels, extra...)))
+		return registerMetric(reg, prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, append(labels, extra...)))
 	}
 	m := &metrics{}
 	var err error
 	if m.waits, err = counter(MetricWaits, "Requests that waited for the shared rate-limit bucket."); err != nil {
 		return nil, err
 	}
-	if m.waitSeconds, err = register(reg, prometheus.NewHistogramVec(prometheus.HistogramOpts{
+	if m.waitSeconds, err = registerMetric(reg, prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    MetricWaitSeconds,
 		Help:    "Time requests waited for the shared rate-limit bucket.",
 		Buckets: waitBuckets,
@@ -77,21 +78,6 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return nil, err
 	}
 	return m, nil
-}
-
-// register registers c, or returns the equal collector already there.
-func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
-	err := reg.Register(c)
-	if err == nil {
-		return c, nil
-	}
-	var are prometheus.AlreadyRegisteredError
-	if errors.As(err, &are) {
-		if existing, ok := are.ExistingCollector.(C); ok {
-			return existing, nil
-		}
-	}
-	return c, fmt.Errorf("transport: registering metrics: %w", err)
 }
 
 func (m *metrics) waited(t Target, d time.Duration) {
@@ -126,4 +112,14 @@ func (m *metrics) gaveUpOn(t Target) {
 	if m != nil {
 		m.gaveUp.WithLabelValues(t.Channel, t.Endpoint).Inc()
 	}
+}
+
+// registerMetric registers c, or returns the equal collector already
+// registered by another user of the same registry.
+func registerMetric[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
+	c, err := promreg.Register(reg, c)
+	if err != nil {
+		return c, fmt.Errorf("transport: registering metrics: %w", err)
+	}
+	return c, nil
 }
