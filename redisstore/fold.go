@@ -45,26 +45,40 @@ type waiter struct {
 // maxFold bounds one folded call, so that one script never runs long.
 const maxFold = 512
 
-// identity names a request shape: the same keys, limits, cost and max
-// wait. Only identical takes fold together.
+// identity names the buckets, cost and max wait of a request; takes with
+// the same identity and the same limits fold together.
 func identity(req fleetrate.Request) string {
-	var b strings.Builder
-	b.WriteString(strconv.FormatInt(req.N, 10))
-	b.WriteByte(' ')
-	b.WriteString(strconv.FormatInt(int64(req.MaxWait), 10))
-	for _, bk := range req.Buckets {
-		b.WriteByte('\x00')
-		b.WriteString(bk.StoreKey())
-		for _, l := range bk.Limits {
-			b.WriteByte(' ')
-			b.WriteString(strconv.FormatInt(l.Interval(), 10))
-			b.WriteByte('/')
-			b.WriteString(strconv.FormatInt(l.Burst, 10))
-			b.WriteByte('/')
-			b.WriteString(l.Name)
+	if len(req.Buckets) == 1 {
+		b := req.Buckets[0]
+		return b.Prefix + b.Key + "\x00" + strconv.FormatInt(req.N, 10) + "\x00" + strconv.FormatInt(int64(req.MaxWait), 10)
+	}
+	var sb strings.Builder
+	for _, b := range req.Buckets {
+		sb.WriteString(b.Prefix)
+		sb.WriteString(b.Key)
+		sb.WriteByte(0)
+	}
+	sb.WriteString(strconv.FormatInt(req.N, 10))
+	sb.WriteByte(0)
+	sb.WriteString(strconv.FormatInt(int64(req.MaxWait), 10))
+	return sb.String()
+}
+
+// sameLimits reports whether two requests on the same buckets carry the
+// same limits, so that their takes may fold.
+func sameLimits(a, b fleetrate.Request) bool {
+	for i := range a.Buckets {
+		x, y := a.Buckets[i].Limits, b.Buckets[i].Limits
+		if len(x) != len(y) {
+			return false
+		}
+		for j := range x {
+			if x[j].Rate != y[j].Rate || x[j].Burst != y[j].Burst || x[j].Name != y[j].Name {
+				return false
+			}
 		}
 	}
-	return b.String()
+	return true
 }
 
 // take queues req with the takes of the same shape and waits for its own
@@ -74,6 +88,11 @@ func (f *folder) take(ctx context.Context, req fleetrate.Request) (fleetrate.Res
 	id := identity(req)
 	f.mu.Lock()
 	g, running := f.groups[id]
+	if running && !sameLimits(g.req, req) {
+		// The limits changed under a running group: take alone.
+		f.mu.Unlock()
+		return f.s.takeMany(ctx, req, 1)
+	}
 	if !running {
 		g = &group{req: cloneRequest(req)}
 		f.groups[id] = g
