@@ -132,7 +132,11 @@ func (s *Store) Reset(ctx context.Context, keys ...string) error {
 	if len(keys) == 0 {
 		return ctx.Err()
 	}
-	return s.call(ctx, wire.ResetPath, wire.ResetRequest{Keys: keys}, &wire.OK{})
+	wk := make([]wire.Bytes, len(keys))
+	for i, k := range keys {
+		wk[i] = wire.Bytes(k)
+	}
+	return s.call(ctx, wire.ResetPath, wire.ResetRequest{Keys: wk}, &wire.OK{})
 }
 
 // call posts body to path and decodes a 200 answer into out. Every

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -48,6 +49,7 @@ func Run(t *testing.T, newStore func(t *testing.T) fleetrate.Store) {
 		{"LimitsChanged", limitsChanged},
 		{"ConcurrentExact", concurrentExact},
 		{"CancelledContext", cancelledContext},
+		{"HostileKeys", hostileKeys},
 		{"MatchesModel", matchesModel},
 	}
 	for _, sc := range scenarios {
@@ -316,6 +318,27 @@ func cancelledContext(t *testing.T, s fleetrate.Store, key func(string) string) 
 	res, err := s.Take(ctx, one(key("x"), 1, 0, fleetrate.PerSecond(1, 1)))
 	if err == nil || res.Allowed {
 		t.Fatalf("cancelled context: %+v, %v; want an error", res, err)
+	}
+}
+
+// hostileKeys checks that binary keys, braces, separators and newlines are
+// ordinary, distinct buckets.
+func hostileKeys(t *testing.T, s fleetrate.Store, key func(string) string) {
+	lim := fleetrate.Every(time.Hour, 1)
+	names := []string{"\x00\xff\x01", "\xfe", "\xff", "{}", "}{", "a\nb", "a\r\nb", "a b", "a:b", "a%3Ab", strings.Repeat("\xfe", 300)}
+	keys := make([]string, len(names))
+	for i, n := range names {
+		keys[i] = key(n)
+	}
+	for i, n := range names {
+		if res := mustTake(t, s, one(keys[i], 1, 0, lim)); !res.Allowed {
+			t.Fatalf("first take of %q: %+v (shares a bucket with another key?)", n, res)
+		}
+	}
+	for i, n := range names {
+		if res := mustTake(t, s, one(keys[i], 1, 0, lim)); res.Allowed {
+			t.Fatalf("second take of %q allowed: the key did not keep its bucket", n)
+		}
 	}
 }
 

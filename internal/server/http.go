@@ -673,7 +673,11 @@ func (s *Server) handleStoreReset(w http.ResponseWriter, r *http.Request) error 
 	}
 	ctx, cancel := s.storeCtx(r.Context())
 	defer cancel()
-	if err := s.store.Reset(ctx, req.Keys...); err != nil {
+	keys := make([]string, len(req.Keys))
+	for i, k := range req.Keys {
+		keys[i] = string(k)
+	}
+	if err := s.store.Reset(ctx, keys...); err != nil {
 		return err
 	}
 	writeJSON(w, http.StatusOK, wire.OK{OK: true})

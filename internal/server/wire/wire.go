@@ -5,9 +5,13 @@
 package wire
 
 import (
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
+	"unicode/utf8"
 
 	"github.com/fleetrate/fleetrate"
 )
@@ -52,9 +56,48 @@ type Limit struct {
 
 // Bucket is a fleetrate.Bucket.
 type Bucket struct {
-	Prefix string  `json:"prefix,omitempty"`
-	Key    string  `json:"key"`
+	Prefix Bytes   `json:"prefix,omitempty"`
+	Key    Bytes   `json:"key"`
 	Limits []Limit `json:"limits"`
+}
+
+// Bytes is a key that may hold any bytes. It travels as a plain JSON
+// string when it is valid UTF-8, and otherwise as {"base64": "..."}: JSON
+// strings cannot carry other bytes, and replacing them would make two
+// different keys one bucket.
+type Bytes string
+
+type base64Form struct {
+	Base64 string `json:"base64"`
+}
+
+// MarshalJSON implements json.Marshaler.
+func (b Bytes) MarshalJSON() ([]byte, error) {
+	if utf8.ValidString(string(b)) {
+		return json.Marshal(string(b))
+	}
+	return json.Marshal(base64Form{Base64: base64.StdEncoding.EncodeToString([]byte(b))})
+}
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (b *Bytes) UnmarshalJSON(data []byte) error {
+	var s string
+	if err := json.Unmarshal(data, &s); err == nil {
+		*b = Bytes(s)
+		return nil
+	}
+	var f base64Form
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&f); err != nil {
+		return fmt.Errorf("want a string or {\"base64\": \"...\"}")
+	}
+	raw, err := base64.StdEncoding.DecodeString(f.Base64)
+	if err != nil {
+		return fmt.Errorf("base64: %w", err)
+	}
+	*b = Bytes(raw)
+	return nil
 }
 
 // TakeRequest is a fleetrate.Request.
@@ -76,6 +119,9 @@ type Result struct {
 	Bucket       int   `json:"bucket"`
 	// AtUnixMicro is the store's clock at the decision, in microseconds.
 	AtUnixMicro int64 `json:"at_unix_micro"`
+	// Degraded marks a decision a failure policy made without the shared
+	// store.
+	Degraded bool `json:"degraded,omitempty"`
 }
 
 // RefundRequest asks for Store.Refund.
@@ -92,7 +138,7 @@ type DrainRequest struct {
 
 // ResetRequest asks for Store.Reset.
 type ResetRequest struct {
-	Keys []string `json:"keys"`
+	Keys []Bytes `json:"keys"`
 }
 
 // OK is the body of a successful refund, drain or reset.
@@ -118,7 +164,7 @@ func FromBuckets(bs []fleetrate.Bucket) []Bucket {
 		for j, l := range b.Limits {
 			ls[j] = FromLimit(l)
 		}
-		out[i] = Bucket{Prefix: b.Prefix, Key: b.Key, Limits: ls}
+		out[i] = Bucket{Prefix: Bytes(b.Prefix), Key: Bytes(b.Key), Limits: ls}
 	}
 	return out
 }
@@ -131,7 +177,7 @@ func ToBuckets(bs []Bucket) []fleetrate.Bucket {
 		for j, l := range b.Limits {
 			ls[j] = l.ToLimit()
 		}
-		out[i] = fleetrate.Bucket{Prefix: b.Prefix, Key: b.Key, Limits: ls}
+		out[i] = fleetrate.Bucket{Prefix: string(b.Prefix), Key: string(b.Key), Limits: ls}
 	}
 	return out
 }
@@ -147,6 +193,7 @@ func FromResult(r fleetrate.Result) Result {
 		ResetAfterNS: int64(r.ResetAfter),
 		Limit:        FromLimit(r.Limit),
 		Bucket:       r.Bucket,
+		Degraded:     r.Degraded,
 	}
 	if !r.At.IsZero() {
 		w.AtUnixMicro = r.At.UnixMicro()
@@ -165,6 +212,7 @@ func (r Result) ToResult() fleetrate.Result {
 		ResetAfter: time.Duration(r.ResetAfterNS),
 		Limit:      r.Limit.ToLimit(),
 		Bucket:     r.Bucket,
+		Degraded:   r.Degraded,
 	}
 	if r.AtUnixMicro != 0 {
 		res.At = time.UnixMicro(r.AtUnixMicro)
