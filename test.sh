@@ -1,31 +1,46 @@
 #!/usr/bin/env bash
-# The whole test suite: formatting, vet, staticcheck, and every test with
-# the race detector (real redis-server processes included).
+# The whole test suite: formatting, vet, staticcheck, every test with the
+# race detector (real redis-server processes included), brief fuzzing of
+# every parser, and one run of every benchmark.
 set -euo pipefail
 cd "$(dirname "$0")"
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+
 unformatted=$(gofmt -l .)
 if [ -n "$unformatted" ]; then
   echo "gofmt would change:"; echo "$unformatted"; exit 1
 fi
 go vet ./...
 go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
-go test -race -count=1 -timeout 15m ./...
+go test -race -count=1 -timeout 15m ./... 2>&1 | tee -a "$log"
+
 # Every parser and input boundary is fuzzed briefly on each run; run one
 # longer by hand, e.g. go test -fuzz=FuzzLoad -fuzztime=10m ./internal/config
 fuzztime=${FUZZTIME:-3s}
-for target in \
-  .:FuzzDecide .:FuzzLimitValidate \
-  ./redisstore:FuzzSlot \
-  ./transport:FuzzParseRetryAfter \
-  ./internal/headers:FuzzParseList ./internal/headers:FuzzFormatPolicy \
-  ./internal/headers:FuzzFormatRateLimit ./internal/headers:FuzzRetryAfter \
-  ./httplimit:FuzzBucketName \
-  ./internal/config:FuzzLoad ./internal/server:FuzzJSONAPI; do
-  go test -run '^$' -fuzz "^${target#*:}\$" -fuzztime "$fuzztime" "${target%%:*}" >/dev/null \
-    || { echo "fuzzing ${target} failed:"; go test -run "^${target#*:}\$" "${target%%:*}"; exit 1; }
+targets=(
+  .:FuzzDecide .:FuzzLimitValidate
+  ./redisstore:FuzzSlot
+  ./transport:FuzzParseRetryAfter
+  ./internal/headers:FuzzParseList ./internal/headers:FuzzFormatPolicy
+  ./internal/headers:FuzzFormatRateLimit ./internal/headers:FuzzRetryAfter
+  ./httplimit:FuzzBucketName
+  ./internal/config:FuzzLoad ./internal/server:FuzzJSONAPI
+)
+for target in "${targets[@]}"; do
+  pkg=${target%%:*} name=${target#*:}
+  if ! go test -run '^$' -fuzz "^${name}\$" -fuzztime "$fuzztime" "$pkg" >/dev/null 2>&1; then
+    echo "fuzzing $name in $pkg failed:"; go test -run "^${name}\$" "$pkg"; exit 1
+  fi
 done
-echo "fuzzed 11 targets for $fuzztime each"
+echo "fuzzed ${#targets[@]} targets for $fuzztime each"
+
 # The benchmarks module (peers live there, not in the library): compile and
 # run every benchmark once so they stay working.
 (cd benchmarks && go vet ./... && go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./... \
-  && go test -count=1 -run '^$' -bench . -benchtime=1x ./...)
+  && go test -count=1 -run '^$' -bench . -benchtime=1x ./...) 2>&1 | tee -a "$log"
+
+passed=$(grep -c '^ok ' "$log" || true)
+failed=$(grep -c '^FAIL' "$log" || true)
+echo "packages: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
