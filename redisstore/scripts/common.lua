@@ -6,7 +6,8 @@
 -- Every number is an integer below 2^53, exact in Lua's doubles.
 --
 -- ARGV layout after the operation's own leading arguments: for each key, the
--- number of limits m, then m pairs of (interval_ns, burst).
+-- number of limits m, then m pairs of (interval_ns, burst). A bucket's limits
+-- are read into one flat table {iv1, burst1, iv2, burst2, ...}.
 
 if redis.replicate_commands then redis.replicate_commands() end
 
@@ -19,14 +20,14 @@ local function now_us()
 end
 
 -- read_limits parses one bucket's limits starting at ARGV[pos] and returns
--- them with the position after them.
+-- them (flat), their number, and the position after them.
 local function read_limits(pos)
   local m = tonumber(ARGV[pos])
   local lims = {}
-  for i = 1, m do
-    lims[i] = { tonumber(ARGV[pos + 2 * i - 1]), tonumber(ARGV[pos + 2 * i]) }
+  for i = 1, 2 * m do
+    lims[i] = tonumber(ARGV[pos + i])
   end
-  return lims, pos + 1 + 2 * m
+  return lims, m, pos + 1 + 2 * m
 end
 
 -- load returns the debts of key refilled up to now. A missing key, or one
@@ -35,14 +36,19 @@ local function load(key, m, now)
   local d = {}
   local raw = redis.call('GET', key)
   if raw then
-    local f = {}
-    for w in string.gmatch(raw, '%S+') do f[#f + 1] = tonumber(w) end
-    if #f == m + 1 then
-      local el = 0
-      if now > f[1] then el = math.min(now - f[1], MAX_ELAPSE_US) * 1000 end
-      for i = 1, m do d[i] = math.max(f[i + 1] - el, 0) end
-      return d
+    local sp = string.find(raw, ' ', 1, true)
+    local stamp = sp and tonumber(string.sub(raw, 1, sp - 1))
+    local el = 0
+    if stamp and now > stamp then el = math.min(now - stamp, MAX_ELAPSE_US) * 1000 end
+    local n = 0
+    while sp do
+      local nx = string.find(raw, ' ', sp + 1, true)
+      n = n + 1
+      d[n] = math.max(tonumber(string.sub(raw, sp + 1, (nx or 0) - 1)) - el, 0)
+      sp = nx
     end
+    if n == m then return d end
+    d = {}
   end
   for i = 1, m do d[i] = 0 end
   return d
@@ -52,16 +58,22 @@ end
 -- again plus slack; a full bucket is simply deleted.
 local function save(key, now, d)
   local mx = 0
-  local parts = { string.format('%.0f', now) }
   for i = 1, #d do
     if d[i] > mx then mx = d[i] end
-    parts[i + 1] = string.format('%.0f', d[i])
   end
   if mx <= 0 then
     redis.call('DEL', key)
     return
   end
-  redis.call('SET', key, table.concat(parts, ' '), 'PX', math.ceil(mx / 1000000) + TTL_SLACK_MS)
+  local v
+  if #d == 1 then
+    v = string.format('%.0f %.0f', now, d[1])
+  else
+    local parts = { string.format('%.0f', now) }
+    for i = 1, #d do parts[i + 1] = string.format('%.0f', d[i]) end
+    v = table.concat(parts, ' ')
+  end
+  redis.call('SET', key, v, 'PX', math.ceil(mx / 1000000) + TTL_SLACK_MS)
 end
 
 -- idiv is exact floor division for non-negative integers below 2^53.

@@ -5,10 +5,10 @@ local dur = tonumber(ARGV[1])
 local now = now_us()
 local pos = 2
 for b = 1, #KEYS do
-  local lims
-  lims, pos = read_limits(pos)
-  local d = load(KEYS[b], #lims, now)
-  for i, l in ipairs(lims) do d[i] = math.max(d[i], dur + l[2] * l[1]) end
+  local lims, m
+  lims, m, pos = read_limits(pos)
+  local d = load(KEYS[b], m, now)
+  for i = 1, m do d[i] = math.max(d[i], dur + lims[2 * i] * lims[2 * i - 1]) end
   save(KEYS[b], now, d)
 end
 return now

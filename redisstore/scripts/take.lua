@@ -12,11 +12,11 @@ local max_wait = tonumber(ARGV[2])
 local count = tonumber(ARGV[3])
 local now = now_us()
 
-local lims, debts = {}, {}
+local lims, ms, debts = {}, {}, {}
 local pos = 4
 for b = 1, #KEYS do
-  lims[b], pos = read_limits(pos)
-  debts[b] = load(KEYS[b], #lims[b], now)
+  lims[b], ms[b], pos = read_limits(pos)
+  debts[b] = load(KEYS[b], ms[b], now)
 end
 
 local out = {}
@@ -24,9 +24,10 @@ local booked = false
 for _ = 1, count do
   local need, wb, wl = nil, 1, 1
   for b = 1, #KEYS do
-    local d = debts[b]
-    for i, l in ipairs(lims[b]) do
-      local w = d[i] + n * l[1] - l[2] * l[1]
+    local d, l = debts[b], lims[b]
+    for i = 1, ms[b] do
+      local iv = l[2 * i - 1]
+      local w = d[i] + n * iv - l[2 * i] * iv
       if need == nil or w > need then need, wb, wl = w, b, i end
     end
   end
@@ -38,19 +39,20 @@ for _ = 1, count do
     if n > 0 then
       booked = true
       for b = 1, #KEYS do
-        local d = debts[b]
-        for i, l in ipairs(lims[b]) do d[i] = math.max(d[i], wait) + n * l[1] end
+        local d, l = debts[b], lims[b]
+        for i = 1, ms[b] do d[i] = math.max(d[i], wait) + n * l[2 * i - 1] end
       end
     end
   end
 
   local remaining, reset = nil, 0
   for b = 1, #KEYS do
-    for i, l in ipairs(lims[b]) do
-      local d = debts[b][i]
+    local l = lims[b]
+    for i = 1, ms[b] do
+      local d, iv = debts[b][i], l[2 * i - 1]
       local tokens = 0
-      local left = l[2] * l[1] - d
-      if left > 0 then tokens = idiv(left, l[1]) end
+      local left = l[2 * i] * iv - d
+      if left > 0 then tokens = idiv(left, iv) end
       if remaining == nil or tokens < remaining then
         remaining = tokens
         if allowed == 1 then wb, wl = b, i end
