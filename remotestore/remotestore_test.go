@@ -73,7 +73,7 @@ func TestConformance(t *testing.T) {
 func TestAuthToken(t *testing.T) {
 	t.Parallel()
 	url := serve(t, "s3cret")
-	req := fleetrate.Request{Buckets: []fleetrate.Bucket{{Key: "k", Limits: []fleetrate.Limit{fleetrate.PerSecond(1, 1)}}}, N: 1}
+	req := fleetrate.Request{Buckets: []fleetrate.Bucket{{Prefix: "fleetrate:", Key: "k", Limits: []fleetrate.Limit{fleetrate.PerSecond(1, 1)}}}, N: 1}
 	_, err := newStore(t, url, remotestore.Options{}).Take(context.Background(), req)
 	if !errors.Is(err, fleetrate.ErrStoreUnavailable) {
 		t.Errorf("without token: err = %v, want ErrStoreUnavailable", err)
@@ -86,7 +86,7 @@ func TestAuthToken(t *testing.T) {
 
 func TestFailuresAreErrorsNotDenials(t *testing.T) {
 	t.Parallel()
-	req := fleetrate.Request{Buckets: []fleetrate.Bucket{{Key: "k", Limits: []fleetrate.Limit{fleetrate.PerSecond(1, 1)}}}, N: 1}
+	req := fleetrate.Request{Buckets: []fleetrate.Bucket{{Prefix: "fleetrate:", Key: "k", Limits: []fleetrate.Limit{fleetrate.PerSecond(1, 1)}}}, N: 1}
 	// A port nothing listens on.
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -141,11 +141,11 @@ func TestFailuresAreErrorsNotDenials(t *testing.T) {
 func TestInvalidArgumentsNeedNoRoundTrip(t *testing.T) {
 	t.Parallel()
 	s := newStore(t, "http://127.0.0.1:1", remotestore.Options{})
-	_, err := s.Take(context.Background(), fleetrate.Request{Buckets: []fleetrate.Bucket{{Key: "k", Limits: []fleetrate.Limit{fleetrate.PerSecond(1, 2)}}}, N: 3})
+	_, err := s.Take(context.Background(), fleetrate.Request{Buckets: []fleetrate.Bucket{{Prefix: "fleetrate:", Key: "k", Limits: []fleetrate.Limit{fleetrate.PerSecond(1, 2)}}}, N: 3})
 	if !errors.Is(err, fleetrate.ErrBurstExceeded) {
 		t.Errorf("n > burst: %v", err)
 	}
-	if err := s.Drain(context.Background(), []fleetrate.Bucket{{Key: "k", Limits: []fleetrate.Limit{fleetrate.PerSecond(1, 2)}}}, -time.Second); !errors.Is(err, fleetrate.ErrInvalid) {
+	if err := s.Drain(context.Background(), []fleetrate.Bucket{{Prefix: "fleetrate:", Key: "k", Limits: []fleetrate.Limit{fleetrate.PerSecond(1, 2)}}}, -time.Second); !errors.Is(err, fleetrate.ErrInvalid) {
 		t.Errorf("negative drain: %v", err)
 	}
 	for _, u := range []string{"", "redis://x:1", "http://", "::"} {

@@ -57,7 +57,7 @@ func Run(t *testing.T, newStore func(t *testing.T) fleetrate.Store) {
 			s := newStore(t)
 			id := runID.Add(1)
 			key := func(name string) string {
-				return fmt.Sprintf("storetest:%d:%d:%s", time.Now().UnixNano(), id, name)
+				return fmt.Sprintf("fleetrate:storetest:%d:%d:%s", time.Now().UnixNano(), id, name)
 			}
 			sc.fn(t, s, key)
 		})

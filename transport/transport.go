@@ -480,7 +480,18 @@ func (t *Transport) wait(ctx context.Context, tg Target, attrs []slog.Attr) erro
 		}
 		if err := sleep(ctx, d); err != nil {
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeTimeout)
-			_ = store.Refund(rctx, bs, n)
+			// A refund subtracts from the bucket's debt. While a 429's pause
+			// is in force that debt is the drain itself, so a refund would
+			// shorten the pause for the whole fleet: then the booking is
+			// left to the drain, which has absorbed it.
+			paused := false
+			if ps := t.pauses(tg); len(ps) > 0 {
+				p, perr := t.lim.Peek(rctx, ps...)
+				paused = perr != nil || !p.Allowed
+			}
+			if !paused {
+				_ = store.Refund(rctx, bs, n)
+			}
 			cancel()
 			return fmt.Errorf("transport: %s/%s: waiting for the bucket: %w", tg.Channel, tg.Endpoint, err)
 		}

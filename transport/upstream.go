@@ -189,6 +189,9 @@ func (u Upstream) Validate() error {
 			return fmt.Errorf("%w: upstream %q: credential[%d]: %w", fleetrate.ErrInvalid, u.Channel, i, err)
 		}
 	}
+	if u.DrainCredential && len(u.Credential) == 0 {
+		return fmt.Errorf("%w: upstream %q: drain credential needs credential limits", fleetrate.ErrInvalid, u.Channel)
+	}
 	seen := make(map[string]bool, len(u.Endpoints))
 	for i, e := range u.Endpoints {
 		field := fmt.Sprintf("upstream %q: endpoints[%d]", u.Channel, i)
@@ -214,6 +217,11 @@ func (u Upstream) Validate() error {
 			}
 			if e.Cost > l.Burst {
 				return fmt.Errorf("%w: %s.cost: %d exceeds burst %d of limits[%d]", fleetrate.ErrInvalid, field, e.Cost, l.Burst, j)
+			}
+		}
+		for j, l := range u.Credential {
+			if e.Cost > l.Burst {
+				return fmt.Errorf("%w: %s.cost: %d exceeds burst %d of credential[%d]", fleetrate.ErrInvalid, field, e.Cost, l.Burst, j)
 			}
 		}
 	}

@@ -14,7 +14,7 @@ import (
 func otaUpstream() transport.Upstream {
 	return transport.Upstream{
 		Channel:    "booking_com",
-		Credential: []fleetrate.Limit{fleetrate.PerSecond(28.5, 1)},
+		Credential: []fleetrate.Limit{fleetrate.PerSecond(28.5, 2)},
 		Endpoints: []transport.Endpoint{
 			{Name: "availability", Pattern: "POST /v1/hotels/{hotel}/availability", Limits: []fleetrate.Limit{fleetrate.PerSecond(19, 1)}},
 			{Name: "rates", Pattern: "POST /v1/hotels/{hotel}/rates", Limits: []fleetrate.Limit{fleetrate.PerSecond(4.75, 1)}},
@@ -102,6 +102,8 @@ func TestUpstreamValidate(t *testing.T) {
 		{"no limits", transport.Upstream{Channel: "c", Endpoints: []transport.Endpoint{{Name: "a", Pattern: "/a"}}}, "endpoints[0].limits: at least one limit is required"},
 		{"bad limit", transport.Upstream{Channel: "c", Endpoints: []transport.Endpoint{{Name: "a", Pattern: "/a", Limits: []fleetrate.Limit{{Rate: 1, Burst: 0}}}}}, "endpoints[0].limits[0]: burst must be at least 1"},
 		{"cost above burst", transport.Upstream{Channel: "c", Endpoints: []transport.Endpoint{{Name: "a", Pattern: "/a", Cost: 3, Limits: []fleetrate.Limit{ok}}}}, "cost: 3 exceeds burst 1"},
+		{"drain credential without one", transport.Upstream{Channel: "c", DrainCredential: true, Endpoints: []transport.Endpoint{ep("a", "/a")}}, "drain credential needs credential limits"},
+		{"cost above credential burst", transport.Upstream{Channel: "c", Credential: []fleetrate.Limit{ok}, Endpoints: []transport.Endpoint{{Name: "a", Pattern: "/a", Cost: 2, Limits: []fleetrate.Limit{fleetrate.PerSecond(10, 5)}}}}, "cost: 2 exceeds burst 1 of credential[0]"},
 		{"negative cost", transport.Upstream{Channel: "c", Endpoints: []transport.Endpoint{{Name: "a", Pattern: "/a", Cost: -1, Limits: []fleetrate.Limit{ok}}}}, "endpoints[0].cost: must be >= 0, got -1"},
 	}
 	for _, tc := range tests {

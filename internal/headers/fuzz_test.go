@@ -149,15 +149,19 @@ func FuzzFormatRateLimit(f *testing.F) {
 
 // FuzzRetryAfter checks that a formatted Retry-After is never earlier
 // than the wait it encodes and never a whole second later, and that
-// ParseRetryAfter never panics.
+// ParseRetryAfter never panics and never answers outside [0, MaxRetryAfter]
+// (10-12 digit values once overflowed to a negative wait).
 func FuzzRetryAfter(f *testing.F) {
 	f.Add(int64(1), "120")
 	f.Add(int64(999_999_999), "Sun, 06 Nov 1994 08:49:37 GMT")
 	f.Add(int64(-5), "-1")
 	f.Add(int64(1<<62), "99999999999999999999")
+	f.Add(int64(1), "9999999999")
 	f.Fuzz(func(t *testing.T, ns int64, raw string) {
 		now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-		_, _ = ParseRetryAfter(raw, now)
+		if got, err := ParseRetryAfter(raw, now); err == nil && (got < 0 || got > MaxRetryAfter) {
+			t.Fatalf("ParseRetryAfter(%q) = %v, outside [0, %v]", raw, got, MaxRetryAfter)
+		}
 		d := time.Duration(ns)
 		if d <= 0 || d > MaxRetryAfter {
 			return

@@ -144,6 +144,9 @@ func ParseRetryAfter(v string, now time.Time) (time.Duration, error) {
 			return 0, invalid("Retry-After %q exceeds %v", v, MaxRetryAfter)
 		}
 		n, _ := strconv.ParseInt(v, 10, 64)
+		if n > int64(MaxRetryAfter/time.Second) {
+			return 0, invalid("Retry-After %q exceeds %v", v, MaxRetryAfter)
+		}
 		d := time.Duration(n) * time.Second
 		if d > MaxRetryAfter {
 			return 0, invalid("Retry-After %q exceeds %v", v, MaxRetryAfter)

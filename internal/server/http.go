@@ -593,6 +593,25 @@ func checkWireBuckets(bs []wire.Bucket) error {
 	return nil
 }
 
+// ownKey keeps the raw store API to the service's own keys: without it a
+// client could delete or overwrite any key of the Redis behind it.
+func (s *Server) ownKey(field, key string) error {
+	if !strings.HasPrefix(key, s.opts.Prefix) {
+		return badRequest(wire.CodeInvalid, "%s: key %q must start with the service's prefix %q", field, key, s.opts.Prefix)
+	}
+	return nil
+}
+
+// ownBuckets checks ownKey for every bucket.
+func (s *Server) ownBuckets(bs []fleetrate.Bucket) error {
+	for i, b := range bs {
+		if err := s.ownKey(fmt.Sprintf("buckets[%d]", i), b.StoreKey()); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 func (s *Server) handleStoreTake(w http.ResponseWriter, r *http.Request) error {
 	var req wire.TakeRequest
 	if err := s.decodeBody(r, &req); err != nil {
@@ -603,6 +622,9 @@ func (s *Server) handleStoreTake(w http.ResponseWriter, r *http.Request) error {
 	}
 	freq := fleetrate.Request{Buckets: wire.ToBuckets(req.Buckets), N: req.N, MaxWait: time.Duration(req.MaxWaitNS)}
 	if err := freq.Validate(); err != nil {
+		return err
+	}
+	if err := s.ownBuckets(freq.Buckets); err != nil {
 		return err
 	}
 	ctx, cancel := s.storeCtx(r.Context())
@@ -627,6 +649,9 @@ func (s *Server) handleStoreRefund(w http.ResponseWriter, r *http.Request) error
 	if err := fleetrate.ValidateBuckets(bs); err != nil {
 		return err
 	}
+	if err := s.ownBuckets(bs); err != nil {
+		return err
+	}
 	if req.N < 0 || req.N > fleetrate.MaxBurst {
 		return badRequest(wire.CodeInvalid, "n: must be between 0 and %d, got %d", int64(fleetrate.MaxBurst), req.N)
 	}
@@ -649,6 +674,9 @@ func (s *Server) handleStoreDrain(w http.ResponseWriter, r *http.Request) error 
 	}
 	bs := wire.ToBuckets(req.Buckets)
 	if err := fleetrate.ValidateBuckets(bs); err != nil {
+		return err
+	}
+	if err := s.ownBuckets(bs); err != nil {
 		return err
 	}
 	if req.DurationNS < 0 || req.DurationNS > int64(fleetrate.MaxWaitCap) {
@@ -676,6 +704,9 @@ func (s *Server) handleStoreReset(w http.ResponseWriter, r *http.Request) error 
 	keys := make([]string, len(req.Keys))
 	for i, k := range req.Keys {
 		keys[i] = string(k)
+		if err := s.ownKey(fmt.Sprintf("keys[%d]", i), keys[i]); err != nil {
+			return err
+		}
 	}
 	if err := s.store.Reset(ctx, keys...); err != nil {
 		return err

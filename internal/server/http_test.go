@@ -269,9 +269,23 @@ func TestConfigEndpointAndStoreAPI(t *testing.T) {
 		t.Errorf("/v1/config = %+v", v)
 	}
 	var res wire.Result
-	req := wire.TakeRequest{Buckets: []wire.Bucket{{Key: "raw", Limits: []wire.Limit{{Rate: 1, Burst: 2}}}}, N: 2}
+	req := wire.TakeRequest{Buckets: []wire.Bucket{{Prefix: "fleetrate:", Key: "raw", Limits: []wire.Limit{{Rate: 1, Burst: 2}}}}, N: 2}
 	if code := ts.post(t, wire.TakePath, req, &res); code != 200 || !res.Allowed || res.Remaining != 0 {
 		t.Errorf("store take: %d %+v", code, res)
+	}
+	// The raw API cannot reach keys outside the service's prefix, such as
+	// another application's keys in the same Redis.
+	foreign := []wire.Bucket{{Key: "app:session:42", Limits: []wire.Limit{{Rate: 1, Burst: 2}}}}
+	for path, body := range map[string]any{
+		wire.TakePath:   wire.TakeRequest{Buckets: foreign, N: 1},
+		wire.RefundPath: wire.RefundRequest{Buckets: foreign, N: 1},
+		wire.DrainPath:  wire.DrainRequest{Buckets: foreign, DurationNS: 1},
+		wire.ResetPath:  wire.ResetRequest{Keys: []wire.Bytes{"app:session:42"}},
+	} {
+		var e wire.Error
+		if code := ts.post(t, path, body, &e); code != http.StatusBadRequest || e.Code != wire.CodeInvalid || !strings.Contains(e.Error, `"app:session:42"`) {
+			t.Errorf("%s with a foreign key: %d %+v", path, code, e)
+		}
 	}
 	off := start(t, bucketConfig, func(o *Options) { o.DisableStoreAPI = true })
 	var e wire.Error

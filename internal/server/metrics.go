@@ -22,6 +22,7 @@ const (
 	resultError      = "error"
 	labelUnknown     = "_unknown"
 	labelUnmatched   = "_unmatched"
+	labelOverride    = "_override"
 	apiRLS           = "rls"
 	apiTake          = "take"
 	apiWait          = "wait"

@@ -158,14 +158,17 @@ func (s *Server) plan(st *state, req *rlspb.RateLimitRequest) ([]plan, error) {
 			if err != nil {
 				return nil, err
 			}
-			id := req.GetDomain() + "." + keysOf(entries)
+			// An override that matches no rule is labelled by a fixed name:
+			// its descriptor keys come from the client and would grow the
+			// metrics without bound.
+			id, metric := req.GetDomain()+"."+keysOf(entries), req.GetDomain()+"."+labelOverride
 			if m.Rule != nil {
-				id = m.Rule.ID
+				id, metric = m.Rule.ID, m.Metric
 			}
 			m = config.Match{
 				Rule:   &config.Rule{ID: id, Limits: []config.LimitSpec{spec}},
 				Key:    config.DescriptorKey(req.GetDomain(), entries),
-				Metric: id,
+				Metric: metric,
 			}
 			if dom == nil {
 				m.Metric = labelUnknown
