@@ -58,7 +58,9 @@ func needs(limits []Limit, debts []int64, n int64) (need int64, worst int) {
 	need = minInt64
 	for i, l := range limits {
 		iv := l.Interval()
-		if w := debts[i] + n*iv - l.Burst*iv; w > need {
+		// (Burst-n)*T first keeps every intermediate below 2^53, as the Lua
+		// mirror needs; n <= Burst is validated.
+		if w := debts[i] - (l.Burst-n)*iv; w > need {
 			need, worst = w, i
 		}
 	}
@@ -159,7 +161,12 @@ func fillStatus(res *Result, req Request, states []BucketState, pickTightest boo
 func Refund(now int64, limits []Limit, s *BucketState, n int64) {
 	s.Elapse(now, len(limits))
 	for i, l := range limits {
-		s.Debts[i] = max(s.Debts[i]-n*l.Interval(), 0)
+		// Compare before multiplying: n*T can overflow for a huge n.
+		if iv := l.Interval(); n > s.Debts[i]/iv {
+			s.Debts[i] = 0
+		} else {
+			s.Debts[i] -= n * iv
+		}
 	}
 }
 

@@ -114,6 +114,12 @@ func TestRefundAndDrain(t *testing.T) {
 	if sts[0].Debts[0] != 0 {
 		t.Fatalf("refund overfilled: %v", sts[0].Debts)
 	}
+	// A refund so large that n*T overflows int64 still just fills the bucket.
+	Decide(0, req, sts)
+	Refund(0, l, &sts[0], 1<<62)
+	if sts[0].Debts[0] != 0 {
+		t.Fatalf("huge refund: debts %v, want a full bucket", sts[0].Debts)
+	}
 	Drain(0, l, &sts[0], 2*time.Second)
 	res, _ := Decide(sec, take(Bucket{Key: "k", Limits: l}, 1, 0), sts)
 	if res.Allowed || res.RetryAfter != time.Second+100*time.Millisecond {
@@ -183,6 +189,12 @@ func TestInterval(t *testing.T) {
 			t.Errorf("%v interval = %d, want %d", c.l, got, c.want)
 		}
 	}
+	// Whatever the rate, the interval never grants faster than it.
+	for _, l := range []Limit{PerPeriod(7, 60*24*time.Hour), PerSecond(1.0/3, 1), PerSecond(999_999.7, 1), PerPeriod(13, time.Hour)} {
+		if iv := l.Interval(); float64(time.Second)/float64(iv) > l.Rate {
+			t.Errorf("%v: interval %d ns grants %v/s, faster than the rate", l, iv, float64(time.Second)/float64(iv))
+		}
+	}
 }
 
 func TestRequestValidate(t *testing.T) {
@@ -196,6 +208,10 @@ func TestRequestValidate(t *testing.T) {
 	}
 	if err := (Request{Buckets: []Bucket{b, b}, N: 1}).Validate(); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("duplicate key: %v", err)
+	}
+	split := []Bucket{{Prefix: "a", Key: "bc", Limits: b.Limits}, {Prefix: "ab", Key: "c", Limits: b.Limits}}
+	if err := (Request{Buckets: split, N: 1}).Validate(); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("the same store key split two ways: %v", err)
 	}
 	if err := (Request{Buckets: []Bucket{{Key: "", Limits: b.Limits}}}).Validate(); err == nil || !strings.Contains(err.Error(), "buckets[0].key") {
 		t.Fatalf("empty key: %v", err)

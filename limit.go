@@ -134,10 +134,10 @@ func (l Limit) Interval() int64 {
 		return math.MaxInt64 / 2
 	}
 	f := math.Floor(iv)
-	// A quotient a few ulps above an integer, such as 1e9/(100/60) =
-	// 600000000.0000001, is float noise: take it as exact. Anything else
-	// rounds up, so the limit never grants faster than Rate.
-	if iv-f > iv*1e-15 {
+	// Round up unless the whole number of nanoseconds already grants no
+	// faster than Rate: 1e9/(100/60) = 600000000.0000001 stays 600000000,
+	// 3/s becomes 333333334, and the limit never grants faster than Rate.
+	if f < 1 || float64(time.Second)/f > l.Rate {
 		f++
 	}
 	return max(int64(f), 1)

@@ -289,8 +289,10 @@ func (l *Limiter) Reserve(ctx context.Context, name string) (*Reservation, error
 // nothing is booked and the error is a *BackpressureError. n larger than a
 // burst fails at once with ErrBurstExceeded.
 func (l *Limiter) ReserveN(ctx context.Context, n int64, names ...string) (*Reservation, error) {
-	start := time.Now()
 	res, bs, err := l.take(ctx, n, l.maxWait, names)
+	// Wait counts from the store's decision, which came before the answer
+	// arrived: counting from the answer never wakes before the slot.
+	answered := time.Now()
 	if bs != nil {
 		defer l.release(bs)
 	}
@@ -300,7 +302,7 @@ func (l *Limiter) ReserveN(ctx context.Context, n int64, names ...string) (*Rese
 	if !res.Allowed {
 		return nil, &BackpressureError{RetryAfter: res.RetryAfter, MaxWait: l.maxWait, Result: res}
 	}
-	return &Reservation{Result: res, l: l, bs: slices.Clone(*bs), n: n, due: start.Add(res.Wait)}, nil
+	return &Reservation{Result: res, l: l, bs: slices.Clone(*bs), n: n, due: answered.Add(res.Wait)}, nil
 }
 
 // Wait blocks until one token of the named bucket is granted. See WaitN.
@@ -325,6 +327,7 @@ func (l *Limiter) WaitN(ctx context.Context, n int64, names ...string) (Result, 
 		maxWait = max(min(maxWait, dl.Sub(start)), 0)
 	}
 	res, bs, err := l.take(ctx, n, maxWait, names)
+	answered := time.Now() // see ReserveN
 	if bs != nil {
 		defer l.release(bs)
 	}
@@ -334,7 +337,7 @@ func (l *Limiter) WaitN(ctx context.Context, n int64, names ...string) (Result, 
 	if !res.Allowed {
 		return Result{}, &BackpressureError{RetryAfter: res.RetryAfter, MaxWait: maxWait, Result: res}
 	}
-	d := time.Until(start.Add(res.Wait))
+	d := time.Until(answered.Add(res.Wait))
 	if d <= 0 {
 		return res, nil
 	}

@@ -83,7 +83,7 @@ func (r Request) Validate() error {
 			return err
 		}
 		for _, o := range r.Buckets[:i] {
-			if o.Key == b.Key && o.Prefix == b.Prefix {
+			if o.StoreKey() == b.StoreKey() {
 				return fmt.Errorf("%w: buckets[%d].key: %q appears twice", ErrInvalid, i, b.StoreKey())
 			}
 		}

@@ -201,6 +201,33 @@ func TestPolicies(t *testing.T) {
 			t.Fatalf("after 1s the fallback allowed %d, want 2", allowed)
 		}
 	})
+	t.Run("local fallback through a Limiter divides the rate too", func(t *testing.T) {
+		t.Parallel()
+		clk := &clock{t: time.Unix(1_700_000_000, 0)}
+		local := memstore.New(memstore.Options{Clock: clk.now})
+		s, _ := failsafe.New(down(), failsafe.Options{Policy: failsafe.LocalFallback, FleetSize: 10, Fallback: local})
+		lim, err := fleetrate.New(s, fleetrate.Config{Limits: []fleetrate.Limit{fleetrate.PerSecond(1000, 100)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		allowed := 0
+		for range 100 {
+			clk.add(10 * time.Millisecond) // 1 s in all: 100/s locally, burst 10
+			for {
+				res, err := lim.Allow(ctx, "k")
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !res.Allowed {
+					break
+				}
+				allowed++
+			}
+		}
+		if allowed > 110 {
+			t.Fatalf("local fallback granted %d in 1 s, want at most burst 10 + 100/s", allowed)
+		}
+	})
 	t.Run("bad options", func(t *testing.T) {
 		t.Parallel()
 		if _, err := failsafe.New(nil, failsafe.Options{}); !errors.Is(err, fleetrate.ErrInvalid) {

@@ -47,16 +47,15 @@ const maxFold = 512
 
 // identity names the buckets, cost and max wait of a request; takes with
 // the same identity and the same limits fold together.
+// Each key is length-prefixed, so that keys holding any bytes (a NUL
+// included) can never make two different requests look the same.
 func identity(req fleetrate.Request) string {
-	if len(req.Buckets) == 1 {
-		b := req.Buckets[0]
-		return b.Prefix + b.Key + "\x00" + strconv.FormatInt(req.N, 10) + "\x00" + strconv.FormatInt(int64(req.MaxWait), 10)
-	}
 	var sb strings.Builder
 	for _, b := range req.Buckets {
+		sb.WriteString(strconv.Itoa(len(b.Prefix) + len(b.Key)))
+		sb.WriteByte(':')
 		sb.WriteString(b.Prefix)
 		sb.WriteString(b.Key)
-		sb.WriteByte(0)
 	}
 	sb.WriteString(strconv.FormatInt(req.N, 10))
 	sb.WriteByte(0)
@@ -67,6 +66,9 @@ func identity(req fleetrate.Request) string {
 // sameLimits reports whether two requests on the same buckets carry the
 // same limits, so that their takes may fold.
 func sameLimits(a, b fleetrate.Request) bool {
+	if len(a.Buckets) != len(b.Buckets) {
+		return false
+	}
 	for i := range a.Buckets {
 		x, y := a.Buckets[i].Limits, b.Buckets[i].Limits
 		if len(x) != len(y) {

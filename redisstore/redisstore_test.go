@@ -153,6 +153,38 @@ func TestConformanceFolded(t *testing.T) {
 	storetest.Run(t, func(*testing.T) fleetrate.Store { return s })
 }
 
+// TestFoldedKeysWithNULs mixes a one-bucket take on "A\x00B" with a
+// two-bucket take on "A" and "B": they must never fold together.
+func TestFoldedKeysWithNULs(t *testing.T) {
+	srv := redistest.Start(t)
+	s, err := redisstore.New(srv.Client(), redisstore.Options{Timeout: 2 * time.Second, FoldHotKeys: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim := []fleetrate.Limit{fleetrate.Every(time.Hour, 1000)}
+	one := fleetrate.Request{Buckets: []fleetrate.Bucket{{Key: "A\x00B", Limits: lim}}, N: 1}
+	two := fleetrate.Request{Buckets: []fleetrate.Bucket{{Key: "A", Limits: lim}, {Key: "B", Limits: lim}}, N: 1}
+	var wg sync.WaitGroup
+	for i := range 200 {
+		wg.Go(func() {
+			req := one
+			if i%2 == 1 {
+				req = two
+			}
+			if res, err := s.Take(context.Background(), req); err != nil || !res.Allowed {
+				t.Errorf("take %d: %+v %v", i, res, err)
+			}
+		})
+	}
+	wg.Wait()
+	for _, k := range []string{"A\x00B", "A", "B"} {
+		peek := fleetrate.Request{Buckets: []fleetrate.Bucket{{Key: k, Limits: lim}}}
+		if res, err := s.Take(context.Background(), peek); err != nil || res.Remaining != 900 {
+			t.Errorf("bucket %q: %+v %v, want 100 taken", k, res, err)
+		}
+	}
+}
+
 // TestFoldedTakesAreExact sends many concurrent takes at one hot bucket
 // through the folding store: exactly the burst is granted, and reservations
 // get distinct consecutive slots.

@@ -50,6 +50,7 @@ func Run(t *testing.T, newStore func(t *testing.T) fleetrate.Store) {
 		{"ConcurrentExact", concurrentExact},
 		{"CancelledContext", cancelledContext},
 		{"HostileKeys", hostileKeys},
+		{"ExtremeLimits", extremeLimits},
 		{"MatchesModel", matchesModel},
 	}
 	for _, sc := range scenarios {
@@ -318,6 +319,25 @@ func cancelledContext(t *testing.T, s fleetrate.Store, key func(string) string) 
 	res, err := s.Take(ctx, one(key("x"), 1, 0, fleetrate.PerSecond(1, 1)))
 	if err == nil || res.Allowed {
 		t.Fatalf("cancelled context: %+v, %v; want an error", res, err)
+	}
+}
+
+// extremeLimits uses the longest fill time and drain the bounds allow, where
+// an intermediate sum would pass 2^53 ns and lose precision in Lua's
+// doubles: the answer must still be exact to the nanosecond.
+func extremeLimits(t *testing.T, s fleetrate.Store, key func(string) string) {
+	lim := fleetrate.Every(30*24*time.Hour, 2) // fill time: the 60-day maximum
+	k := key("x")
+	b := []fleetrate.Bucket{{Key: k, Limits: []fleetrate.Limit{lim}}}
+	if err := s.Drain(context.Background(), b, fleetrate.MaxWaitCap-1); err != nil {
+		t.Fatal(err)
+	}
+	res := mustTake(t, s, one(k, 1, 0, lim))
+	if res.Allowed {
+		t.Fatalf("take during a 30-day drain allowed: %+v", res)
+	}
+	if got, want := res.ResetAfter-res.RetryAfter, time.Duration(lim.Interval()); got != want {
+		t.Fatalf("reset-after minus retry-after = %v, want exactly one interval %v (%+v)", got, want, res)
 	}
 }
 

@@ -457,8 +457,10 @@ func (t *Transport) wait(ctx context.Context, tg Target, attrs []slog.Attr) erro
 		if err := req.Validate(); err != nil {
 			return fmt.Errorf("transport: %s/%s: %w", tg.Channel, tg.Endpoint, err)
 		}
-		booked := time.Now()
 		res, err := store.Take(ctx, req)
+		// The wait counts from the store's decision; counting from its
+		// answer never sends before the booked slot.
+		booked := time.Now()
 		if err != nil {
 			return t.waitFailed(ctx, tg, attrs, err)
 		}

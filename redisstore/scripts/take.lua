@@ -27,7 +27,7 @@ for _ = 1, count do
     local d, l = debts[b], lims[b]
     for i = 1, ms[b] do
       local iv = l[2 * i - 1]
-      local w = d[i] + n * iv - l[2 * i] * iv
+      local w = d[i] - (l[2 * i] - n) * iv
       if need == nil or w > need then need, wb, wl = w, b, i end
     end
   end
