@@ -79,8 +79,8 @@ func TestTLSAndACL(t *testing.T) {
 		t.Fatalf("the tested ACL line\n%s\ndiffers from the documented one\n%s", got, documentedACL)
 	}
 	setUser(t, srv, "fleet", aclRules("fleetrate:*", fleetCommands))
-	// The conformance suite names its keys storetest:*.
-	setUser(t, srv, "conformance", aclRules("storetest:*", fleetCommands))
+	// The conformance suite names its keys fleetrate:storetest:*.
+	setUser(t, srv, "conformance", aclRules("fleetrate:storetest:*", fleetCommands))
 
 	t.Run("ConformanceOverTLSAsACLUser", func(t *testing.T) {
 		s := tlsStore(t, rediss(t, srv, "conformance", "secret"))
