@@ -35,6 +35,7 @@ type BackpressureError struct {
 	Result Result
 }
 
+// Error describes the wait and the bound it exceeded.
 func (e *BackpressureError) Error() string {
 	return fmt.Sprintf("fleetrate: wait of %v exceeds max wait %v", e.RetryAfter, e.MaxWait)
 }

@@ -50,6 +50,7 @@ const (
 	LocalFallback
 )
 
+// String returns the policy's configuration name, such as "fail_open".
 func (p Policy) String() string {
 	switch p {
 	case FailOpen:

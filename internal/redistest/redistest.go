@@ -269,12 +269,14 @@ type syncBuffer struct {
 	buf bytes.Buffer
 }
 
+// Write appends p under the lock.
 func (b *syncBuffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.Write(p)
 }
 
+// String returns what was written so far.
 func (b *syncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
