@@ -186,6 +186,7 @@ type callCounter struct {
 
 // DialHook implements redis.Hook; dials are not counted.
 func (c callCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+
 // ProcessHook implements redis.Hook, counting script calls.
 func (c callCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
@@ -195,6 +196,7 @@ func (c callCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		return next(ctx, cmd)
 	}
 }
+
 // ProcessPipelineHook implements redis.Hook.
 func (c callCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {

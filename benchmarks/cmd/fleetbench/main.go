@@ -392,6 +392,7 @@ type scriptCounter struct{ n *atomic.Int64 }
 
 // DialHook implements redis.Hook; dials are not counted.
 func (h scriptCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+
 // ProcessHook implements redis.Hook, counting script calls.
 func (h scriptCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
@@ -401,6 +402,7 @@ func (h scriptCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		return next(ctx, cmd)
 	}
 }
+
 // ProcessPipelineHook implements redis.Hook.
 func (h scriptCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
