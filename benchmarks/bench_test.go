@@ -205,3 +205,24 @@ func runParallel(b *testing.B, g int, f func(i int) error) {
 	wg.Wait()
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "decisions/s")
 }
+
+// BenchmarkRedisAllowHotFolded is 64 goroutines on one hot key with
+// FoldHotKeys.
+func BenchmarkRedisAllowHotFolded(b *testing.B) {
+	ctx := context.Background()
+	c := redisClient(redisSrv, 68)
+	defer c.Close()
+	s, err := redisstore.New(c, redisstore.Options{Timeout: time.Second, FoldHotKeys: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	_ = s.LoadScripts(ctx)
+	l, err := fleetrate.New(s, fleetrate.Config{Limits: []fleetrate.Limit{fleetrate.PerSecond(benchRate, benchBurst)}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	runParallel(b, 64, func(int) error {
+		_, err := l.Allow(ctx, "hot")
+		return err
+	})
+}
