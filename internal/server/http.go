@@ -602,6 +602,19 @@ func (s *Server) ownKey(field, key string) error {
 	return nil
 }
 
+// storeBuckets converts and checks the buckets of a raw store request
+// other than a take: count, limits, and the service's own keys.
+func (s *Server) storeBuckets(wb []wire.Bucket) ([]fleetrate.Bucket, error) {
+	if err := checkWireBuckets(wb); err != nil {
+		return nil, err
+	}
+	bs := wire.ToBuckets(wb)
+	if err := fleetrate.ValidateBuckets(bs); err != nil {
+		return nil, err
+	}
+	return bs, s.ownBuckets(bs)
+}
+
 // ownBuckets checks ownKey for every bucket.
 func (s *Server) ownBuckets(bs []fleetrate.Bucket) error {
 	for i, b := range bs {
@@ -642,14 +655,8 @@ func (s *Server) handleStoreRefund(w http.ResponseWriter, r *http.Request) error
 	if err := s.decodeBody(r, &req); err != nil {
 		return err
 	}
-	if err := checkWireBuckets(req.Buckets); err != nil {
-		return err
-	}
-	bs := wire.ToBuckets(req.Buckets)
-	if err := fleetrate.ValidateBuckets(bs); err != nil {
-		return err
-	}
-	if err := s.ownBuckets(bs); err != nil {
+	bs, err := s.storeBuckets(req.Buckets)
+	if err != nil {
 		return err
 	}
 	if req.N < 0 || req.N > fleetrate.MaxBurst {
@@ -669,14 +676,8 @@ func (s *Server) handleStoreDrain(w http.ResponseWriter, r *http.Request) error 
 	if err := s.decodeBody(r, &req); err != nil {
 		return err
 	}
-	if err := checkWireBuckets(req.Buckets); err != nil {
-		return err
-	}
-	bs := wire.ToBuckets(req.Buckets)
-	if err := fleetrate.ValidateBuckets(bs); err != nil {
-		return err
-	}
-	if err := s.ownBuckets(bs); err != nil {
+	bs, err := s.storeBuckets(req.Buckets)
+	if err != nil {
 		return err
 	}
 	if req.DurationNS < 0 || req.DurationNS > int64(fleetrate.MaxWaitCap) {
