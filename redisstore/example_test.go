@@ -1,0 +1,46 @@
+package redisstore_test
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetrate/fleetrate"
+	"github.com/fleetrate/fleetrate/redisstore"
+)
+
+// Every process of the fleet builds the same limiter over the same Redis.
+// A Cluster client works the same way; give buckets taken together a
+// common {hash tag}.
+func ExampleNew() {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379", ContextTimeoutEnabled: true})
+	store, err := redisstore.New(rdb, redisstore.Options{
+		Timeout:     50 * time.Millisecond, // the default: a dead Redis costs at most this
+		FoldHotKeys: true,                  // many goroutines on one bucket share script calls
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	lim, err := fleetrate.New(store, fleetrate.Config{Buckets: []fleetrate.BucketConfig{
+		{Name: "{booking_com}/availability", Limits: []fleetrate.Limit{fleetrate.PerSecond(20, 40)}},
+		{Name: "{booking_com}", Limits: []fleetrate.Limit{fleetrate.PerSecond(30, 30)}},
+	}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	// Endpoint and credential-wide bucket, all or nothing, on Redis's clock.
+	res, err := lim.WaitN(context.Background(), 1, "{booking_com}/availability", "{booking_com}")
+	if err != nil {
+		log.Print(err) // wraps fleetrate.ErrStoreUnavailable when Redis fails
+		return
+	}
+	fmt.Println(res.Allowed)
+}
+
+func ExampleSlot() {
+	fmt.Println(redisstore.Slot("fleetrate:{booking_com}/availability") == redisstore.Slot("fleetrate:{booking_com}"))
+	// Output: true
+}
