@@ -18,7 +18,7 @@ const (
 	// MaxFillTime is the longest time a limit may take to refill from
 	// empty to full (Burst / Rate).
 	MaxFillTime = 60 * 24 * time.Hour
-	// MaxWaitCap bounds every max wait, refund and drain duration.
+	// MaxWaitCap bounds every max wait and every drain duration.
 	MaxWaitCap = 30 * 24 * time.Hour
 )
 
