@@ -264,3 +264,29 @@ func TestWindowBound(t *testing.T) {
 		}
 	}
 }
+
+// TestCompiledLimitFollowsChanges checks that a Limiter's cached interval
+// never outlives a change of the limit's Rate or Burst.
+func TestCompiledLimitFollowsChanges(t *testing.T) {
+	t.Parallel()
+	l := PerSecond(10, 5).compiled()
+	if l.Interval() != 100_000_000 || l.Validate() != nil {
+		t.Fatalf("compiled %v: interval %d, %v", l, l.Interval(), l.Validate())
+	}
+	l.Rate = 1000
+	if got := l.Interval(); got != 1_000_000 {
+		t.Fatalf("after changing the rate the interval is %d, want 1000000", got)
+	}
+	l.Rate = 0
+	if l.Validate() == nil {
+		t.Fatal("a compiled limit changed to rate 0 still validates")
+	}
+	l = PerSecond(10, 5).compiled()
+	l.Burst = 0
+	if l.Validate() == nil {
+		t.Fatal("a compiled limit changed to burst 0 still validates")
+	}
+	if p := PerSecond(10, 5).compiled().plain(); p != PerSecond(10, 5) {
+		t.Fatalf("plain() = %+v, want the limit as callers built it", p)
+	}
+}

@@ -41,16 +41,31 @@ type Limit struct {
 	// largest burst it admits. It must be at least 1.
 	Burst int64
 
-	// iv caches Interval on the validated copies a Limiter keeps; it is
-	// never set on a Limit a caller sees.
-	iv int64
+	// iv caches Interval on the validated copies a Limiter keeps, for the
+	// Rate and Burst it was computed from: a copy whose Rate or Burst was
+	// changed afterwards no longer matches and is computed and validated
+	// afresh. A Limit a caller sees never carries it.
+	iv      int64
+	ivRate  float64
+	ivBurst int64
 }
 
 // compiled returns a copy of l, already validated, that caches its
 // interval.
 func (l Limit) compiled() Limit {
-	l.iv = l.Interval()
+	l.iv, l.ivRate, l.ivBurst = l.Interval(), l.Rate, l.Burst
 	return l
+}
+
+// cached reports whether l carries an interval cached for its own Rate and
+// Burst.
+func (l Limit) cached() bool {
+	return l.iv > 0 && l.ivRate == l.Rate && l.ivBurst == l.Burst
+}
+
+// plain returns l without its cache, as callers see limits.
+func (l Limit) plain() Limit {
+	return Limit{Name: l.Name, Rate: l.Rate, Burst: l.Burst}
 }
 
 // compileLimits copies limits with their intervals cached.
@@ -103,7 +118,7 @@ func (l Limit) String() string {
 // Validate reports whether the limit can be enforced exactly. The error
 // names the offending field and value.
 func (l Limit) Validate() error {
-	if l.iv > 0 {
+	if l.cached() {
 		return nil // a Limiter's copy, validated when it was made
 	}
 	switch {
@@ -126,7 +141,7 @@ func (l Limit) Validate() error {
 // Interval returns the emission interval in nanoseconds: the time one token
 // takes to refill, rounded up to a whole nanosecond. The rate must be valid.
 func (l Limit) Interval() int64 {
-	if l.iv > 0 {
+	if l.cached() {
 		return l.iv
 	}
 	iv := float64(time.Second) / l.Rate

@@ -155,8 +155,7 @@ func (l *Limiter) Bucket(name string) (Bucket, error) {
 	}
 	ls := make([]Limit, len(b.Limits))
 	for i, x := range b.Limits {
-		x.iv = 0
-		ls[i] = x
+		ls[i] = x.plain()
 	}
 	b.Limits = ls
 	return b, nil
@@ -211,7 +210,7 @@ func (l *Limiter) take(ctx context.Context, n int64, maxWait time.Duration, name
 		return Result{}, nil, err
 	}
 	res, err := l.store.Take(ctx, Request{Buckets: *bs, N: n, MaxWait: maxWait})
-	res.Limit.iv = 0
+	res.Limit = res.Limit.plain()
 	return res, bs, err
 }
 
@@ -223,7 +222,7 @@ func (l *Limiter) takeNow(ctx context.Context, n int64, names []string) (Result,
 			return Result{}, err
 		}
 		res, err := l.single.TakeOne(ctx, b, n, 0)
-		res.Limit.iv = 0
+		res.Limit = res.Limit.plain()
 		return res, err
 	}
 	res, bs, err := l.take(ctx, n, 0, names)

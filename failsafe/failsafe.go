@@ -392,8 +392,7 @@ func (s *Store) scaleLimits(limits []fleetrate.Limit, n int64) []fleetrate.Limit
 	}
 	out := make([]fleetrate.Limit, len(limits))
 	for i, l := range limits {
-		// A fresh Limit: the one given may carry a Limiter's cached
-		// interval, which would keep the undivided rate.
+		// A fresh Limit with only the scaled fields.
 		l = fleetrate.Limit{Name: l.Name, Rate: l.Rate / float64(s.opts.FleetSize), Burst: max(l.Burst/int64(s.opts.FleetSize), n, 1)}
 		// Keep the local bucket valid: its fill time may not exceed the
 		// bound a shared limit respects.
