@@ -86,6 +86,11 @@ func sameLimits(a, b fleetrate.Request) bool {
 // take queues req with the takes of the same shape and waits for its own
 // decision.
 func (f *folder) take(ctx context.Context, req fleetrate.Request) (fleetrate.Result, error) {
+	// A caller that has already given up must not be queued: its decision
+	// could come back before the select below noticed the context.
+	if err := ctx.Err(); err != nil {
+		return fleetrate.Result{}, unavailable("take", err)
+	}
 	w := &waiter{done: make(chan struct{})}
 	id := identity(req)
 	f.mu.Lock()
