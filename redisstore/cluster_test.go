@@ -81,6 +81,43 @@ func TestCluster(t *testing.T) {
 		t.Logf("%d keys on %d slots; per master: %v", len(keys), len(slots), perMaster)
 	})
 
+	t.Run("Batch", func(t *testing.T) {
+		bs, err := redisstore.New(cl.Client(), redisstore.Options{Timeout: 5 * time.Second, Batch: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		storetest.Run(t, func(*testing.T) fleetrate.Store { return bs })
+		// Concurrent takes on keys of every slot: each batch holds one
+		// slot's keys, so none fails with CROSSSLOT, and every key gets
+		// exactly its own tokens.
+		lim, err := fleetrate.New(bs, fleetrate.Config{Prefix: "batch:", Limits: hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		var granted atomic.Int64
+		for g := range 32 {
+			wg.Go(func() {
+				for i := g; i < len(spread); i += 32 {
+					for range 11 {
+						res, err := lim.Allow(ctx, spread[i])
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						if res.Allowed {
+							granted.Add(1)
+						}
+					}
+				}
+			})
+		}
+		wg.Wait()
+		if want := int64(10 * len(spread)); granted.Load() != want {
+			t.Fatalf("granted %d, want %d (10 per key)", granted.Load(), want)
+		}
+	})
+
 	t.Run("CredentialPlusEndpointIsAtomic", func(t *testing.T) {
 		lim, err := fleetrate.New(s, fleetrate.Config{Buckets: []fleetrate.BucketConfig{
 			{Name: "{booking_com}/availability", Limits: []fleetrate.Limit{fleetrate.Every(time.Hour, 6)}},

@@ -26,6 +26,8 @@ var (
 	commonLua string
 	//go:embed scripts/take.lua
 	takeLua string
+	//go:embed scripts/take_batch.lua
+	batchLua string
 	//go:embed scripts/refund.lua
 	refundLua string
 	//go:embed scripts/drain.lua
@@ -38,6 +40,7 @@ var (
 // no error.
 var (
 	takeScript   = redis.NewScript(commonLua + takeLua)
+	batchScript  = redis.NewScript(commonLua + batchLua)
 	refundScript = redis.NewScript(commonLua + refundLua)
 	drainScript  = redis.NewScript(commonLua + drainLua)
 )
@@ -77,6 +80,16 @@ type Options struct {
 	// scripts one Redis core runs a second. Every caller still gets its own
 	// exact decision and wait. Off by default.
 	FoldHotKeys bool
+	// Batch gathers the takes that this process makes while earlier ones
+	// are in flight, on any buckets, into one script call (per hash slot
+	// on a Cluster), run one after the other at one instant. Redis then
+	// parses one command and runs one script for many decisions, and the
+	// client makes one round trip for them, so many concurrent callers
+	// reach several times the throughput of one call per take. Each
+	// caller still gets its own exact decision. With a single caller at a
+	// time it only adds a goroutine hand-off, so it is off by default.
+	// It takes precedence over FoldHotKeys.
+	Batch bool
 }
 
 // Store is a fleetrate.Store in Redis. It is safe for concurrent use.
@@ -92,6 +105,8 @@ type Store struct {
 	cluster bool
 	// fold is set with Options.FoldHotKeys.
 	fold *folder
+	// batch is set with Options.Batch.
+	batch *batcher
 }
 
 var _ fleetrate.Store = (*Store)(nil)
@@ -106,7 +121,10 @@ func New(c Client, opts Options) (*Store, error) {
 	if s.timeout == 0 {
 		s.timeout = DefaultTimeout
 	}
-	if opts.FoldHotKeys {
+	switch {
+	case opts.Batch:
+		s.batch = newBatcher(s)
+	case opts.FoldHotKeys:
 		s.fold = &folder{s: s, groups: map[string]*group{}}
 	}
 	return s, nil
@@ -194,7 +212,7 @@ func (s *Store) LoadScripts(ctx context.Context) error {
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
 	err := s.bounded(ctx, func(ctx context.Context) error {
-		for _, sc := range []*redis.Script{takeScript, refundScript, drainScript} {
+		for _, sc := range []*redis.Script{takeScript, batchScript, refundScript, drainScript} {
 			if err := sc.Load(ctx, s.c).Err(); err != nil {
 				return err
 			}
@@ -211,6 +229,9 @@ func (s *Store) LoadScripts(ctx context.Context) error {
 func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Result, error) {
 	if err := req.Validate(); err != nil {
 		return fleetrate.Result{}, err
+	}
+	if s.batch != nil {
+		return s.batch.take(ctx, req)
 	}
 	if s.fold != nil && req.N > 0 {
 		return s.fold.take(ctx, req)
@@ -249,36 +270,58 @@ func (s *Store) takeBatch(ctx context.Context, req fleetrate.Request, count int)
 	if err != nil {
 		return nil, unavailable("take", err)
 	}
-	if len(reply) == 0 || len(reply)%8 != 0 || len(reply) > 8*count {
-		return nil, unavailable("take", fmt.Errorf("unexpected reply of %d values for %d takes", len(reply), count))
+	if len(reply) < 1 {
+		return nil, unavailable("take", errors.New("empty reply"))
 	}
-	out := make([]fleetrate.Result, len(reply)/8)
-	for i := range out {
-		if out[i], err = decodeTake(req, reply[8*i:8*i+8]); err != nil {
-			return nil, err
-		}
+	out, rest, err := replay(req, reply[0], reply[1:], count)
+	if err == nil && len(rest) != 0 {
+		err = unavailable("take", fmt.Errorf("%d unexpected values at the end of the reply", len(rest)))
 	}
-	return out, nil
+	return out, err
 }
 
-// decodeTake turns one decision of the take script's reply into a Result,
-// checking it rather than trusting it.
-func decodeTake(req fleetrate.Request, r []int64) (fleetrate.Result, error) {
-	b, l := r[5], r[6]
-	if b < 0 || int(b) >= len(req.Buckets) || l < 0 || int(l) >= len(req.Buckets[b].Limits) {
-		return fleetrate.Result{}, unavailable("take", fmt.Errorf("reply names bucket %d limit %d out of range", b, l))
+// replay reads one take's part of a script's reply, the number of
+// decisions the script made for count identical takes of req and the debts
+// of req's buckets before them, and returns those decisions and the rest of
+// the reply. It makes the decisions again with fleetrate.Decide from that
+// state, at the script's instant now (µs): the scripts mirror Decide, so
+// the replay is exact, and a script need not report anything per decision.
+// A reply the replay does not agree with is an error, never a decision.
+func replay(req fleetrate.Request, now int64, reply []int64, count int) ([]fleetrate.Result, []int64, error) {
+	bad := func(format string, a ...any) ([]fleetrate.Result, []int64, error) {
+		return nil, nil, unavailable("take", fmt.Errorf("take script reply: "+format, a...))
 	}
-	return fleetrate.Result{
-		Allowed:    r[0] == 1,
-		N:          req.N,
-		Remaining:  r[1],
-		Wait:       time.Duration(r[2]),
-		RetryAfter: time.Duration(r[3]),
-		ResetAfter: time.Duration(r[4]),
-		Bucket:     int(b),
-		Limit:      req.Buckets[b].Limits[l],
-		At:         time.UnixMicro(r[7]),
-	}, nil
+	if len(reply) < 1 {
+		return bad("ends early")
+	}
+	made, pos := reply[0], 1
+	if made < 1 || made > int64(count) {
+		return bad("%d decisions for %d takes", made, count)
+	}
+	states := make([]fleetrate.BucketState, len(req.Buckets))
+	for b, bk := range req.Buckets {
+		m := len(bk.Limits)
+		if len(reply) < pos+m {
+			return bad("ends early")
+		}
+		debts := reply[pos : pos+m : pos+m]
+		for _, d := range debts {
+			if d < 0 {
+				return bad("negative debt %d", d)
+			}
+		}
+		states[b] = fleetrate.BucketState{Stamp: now, Debts: debts}
+		pos += m
+	}
+	out := make([]fleetrate.Result, made)
+	for i := range out {
+		out[i], _ = fleetrate.Decide(now, req, states)
+		last := i == len(out)-1
+		if !out[i].Allowed && !last || out[i].Allowed && last && made < int64(count) {
+			return bad("decision %d of %d is allowed=%v on replay", i+1, made, out[i].Allowed)
+		}
+	}
+	return out, reply[pos:], nil
 }
 
 // Refund implements fleetrate.Store.

@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -75,8 +76,16 @@ func TestScriptFlushIsInvisible(t *testing.T) {
 }
 
 func TestStoppedRedisIsAnErrorWithinTheTimeout(t *testing.T) {
+	for _, batch := range []bool{false, true} {
+		t.Run(fmt.Sprintf("batch=%v", batch), func(t *testing.T) {
+			stoppedRedisIsAnError(t, redisstore.Options{Timeout: 100 * time.Millisecond, Batch: batch})
+		})
+	}
+}
+
+func stoppedRedisIsAnError(t *testing.T, opts redisstore.Options) {
 	srv := redistest.Start(t)
-	s, err := redisstore.New(srv.Client(), redisstore.Options{Timeout: 100 * time.Millisecond})
+	s, err := redisstore.New(srv.Client(), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,39 +137,66 @@ func TestAnyGoRedisClient(t *testing.T) {
 		"Ring":      redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": srv.Addr()}}),
 	}
 	for name, c := range clients {
-		t.Run(name, func(t *testing.T) {
-			s, err := redisstore.New(c, redisstore.Options{Timeout: 2 * time.Second})
-			if err != nil {
-				t.Fatal(err)
-			}
-			req := fleetrate.Request{Buckets: []fleetrate.Bucket{{Key: "any:" + name, Limits: []fleetrate.Limit{fleetrate.PerSecond(1, 2)}}}, N: 2}
-			if res, err := s.Take(context.Background(), req); err != nil || !res.Allowed {
-				t.Fatalf("%+v %v", res, err)
-			}
-		})
+		for _, batch := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/batch=%v", name, batch), func(t *testing.T) {
+				s, err := redisstore.New(c, redisstore.Options{Timeout: 2 * time.Second, Batch: batch})
+				if err != nil {
+					t.Fatal(err)
+				}
+				key := fmt.Sprintf("any:%s:%v", name, batch)
+				req := fleetrate.Request{Buckets: []fleetrate.Bucket{{Key: key, Limits: []fleetrate.Limit{fleetrate.PerSecond(1, 2)}}}, N: 2}
+				if res, err := s.Take(context.Background(), req); err != nil || !res.Allowed {
+					t.Fatalf("%+v %v", res, err)
+				}
+			})
+		}
 	}
 	if _, err := redisstore.New(nil, redisstore.Options{}); !errors.Is(err, fleetrate.ErrInvalid) {
 		t.Fatalf("nil client: %v", err)
 	}
 }
 
-func TestConformanceFolded(t *testing.T) {
-	srv := redistest.Start(t)
-	s, err := redisstore.New(srv.Client(), redisstore.Options{Timeout: 2 * time.Second, FoldHotKeys: true})
-	if err != nil {
-		t.Fatal(err)
+// sharedModes are the options under which one script call serves several
+// callers; every test of folding runs under each.
+var sharedModes = []struct {
+	name string
+	opts redisstore.Options
+}{
+	{"FoldHotKeys", redisstore.Options{Timeout: 2 * time.Second, FoldHotKeys: true}},
+	{"Batch", redisstore.Options{Timeout: 2 * time.Second, Batch: true}},
+}
+
+// forSharedModes runs f once for each of sharedModes, on a fresh store.
+func forSharedModes(t *testing.T, srv *redistest.Server, f func(t *testing.T, s *redisstore.Store)) {
+	for _, m := range sharedModes {
+		t.Run(m.name, func(t *testing.T) {
+			s, err := redisstore.New(srv.Client(), m.opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			f(t, s)
+		})
 	}
-	storetest.Run(t, func(*testing.T) fleetrate.Store { return s })
+}
+
+func TestConformanceShared(t *testing.T) {
+	srv := redistest.Start(t)
+	forSharedModes(t, srv, func(t *testing.T, s *redisstore.Store) {
+		storetest.Run(t, func(*testing.T) fleetrate.Store { return s })
+	})
 }
 
 // TestFoldedKeysWithNULs mixes a one-bucket take on "A\x00B" with a
 // two-bucket take on "A" and "B": they must never fold together.
 func TestFoldedKeysWithNULs(t *testing.T) {
 	srv := redistest.Start(t)
-	s, err := redisstore.New(srv.Client(), redisstore.Options{Timeout: 2 * time.Second, FoldHotKeys: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	forSharedModes(t, srv, func(t *testing.T, s *redisstore.Store) {
+		srv.Client().FlushAll(context.Background())
+		foldedKeysWithNULs(t, s)
+	})
+}
+
+func foldedKeysWithNULs(t *testing.T, s *redisstore.Store) {
 	lim := []fleetrate.Limit{fleetrate.Every(time.Hour, 1000)}
 	one := fleetrate.Request{Buckets: []fleetrate.Bucket{{Key: "A\x00B", Limits: lim}}, N: 1}
 	two := fleetrate.Request{Buckets: []fleetrate.Bucket{{Key: "A", Limits: lim}, {Key: "B", Limits: lim}}, N: 1}
@@ -190,10 +226,13 @@ func TestFoldedKeysWithNULs(t *testing.T) {
 // get distinct consecutive slots.
 func TestFoldedTakesAreExact(t *testing.T) {
 	srv := redistest.Start(t)
-	s, err := redisstore.New(srv.Client(), redisstore.Options{Timeout: 2 * time.Second, FoldHotKeys: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	forSharedModes(t, srv, func(t *testing.T, s *redisstore.Store) {
+		srv.Client().FlushAll(context.Background())
+		foldedTakesAreExact(t, s)
+	})
+}
+
+func foldedTakesAreExact(t *testing.T, s *redisstore.Store) {
 	ctx := context.Background()
 	lim := fleetrate.Every(time.Hour, 100)
 	allow := fleetrate.Request{Buckets: []fleetrate.Bucket{{Key: "hot", Limits: []fleetrate.Limit{lim}}}, N: 1}
@@ -246,4 +285,82 @@ func TestFoldedTakesAreExact(t *testing.T) {
 			t.Fatalf("slots %d and %d are %v apart, want >= 1ms", i-1, i, time.Duration(gap))
 		}
 	}
+}
+
+// TestBatchCallerThatGivesUpIsRefunded holds Redis still while a batched
+// take is in flight, lets its caller's context end, and checks that the
+// token the script granted meanwhile goes back to the bucket.
+func TestBatchCallerThatGivesUpIsRefunded(t *testing.T) {
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer c.Close()
+	// Every script call that names the bucket, by its arguments: a batch
+	// take of it, then the refund.
+	var mu sync.Mutex
+	var calls []string
+	c.AddHook(argsHook(func(args []any) {
+		if len(args) > 3 && args[3] == "gave-up" {
+			mu.Lock()
+			calls = append(calls, fmt.Sprint(args[4:]))
+			mu.Unlock()
+		}
+	}))
+	s, err := redisstore.New(c, redisstore.Options{Timeout: 2 * time.Second, Batch: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim := []fleetrate.Limit{fleetrate.Every(time.Hour, 5)}
+	req := fleetrate.Request{Buckets: []fleetrate.Bucket{{Key: "gave-up", Limits: lim}}, N: 1}
+	srv.Pause()
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Take(ctx, req)
+		done <- err
+	}()
+	if err := <-done; !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Take with Redis paused = %v, want the caller's deadline", err)
+	}
+	srv.Resume()
+	// The abandoned take runs once Redis resumes, then is refunded.
+	peek := fleetrate.Request{Buckets: req.Buckets}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		res, err := s.Take(context.Background(), peek)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, ok, err := s.State(context.Background(), "gave-up")
+		if err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		seen := slices.Clone(calls)
+		mu.Unlock()
+		// The batch took one token, and a refund of one followed.
+		took := slices.Contains(seen, fmt.Sprint([]any{1, 1, int64(1), int64(0), 1, 1, lim[0].Interval(), lim[0].Burst}))
+		refunded := slices.Contains(seen, fmt.Sprint([]any{int64(1), 1, lim[0].Interval(), lim[0].Burst}))
+		if res.Remaining == 5 && !ok && took && refunded {
+			return // taken and given back: the bucket is full and absent
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("bucket not refunded: %+v, state %+v %v, took %v refunded %v", res, st, ok, took, refunded)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// argsHook calls f with the arguments of every command sent alone.
+type argsHook func(args []any)
+
+func (f argsHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (f argsHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		f(cmd.Args())
+		return next(ctx, cmd)
+	}
+}
+func (f argsHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }

@@ -64,13 +64,25 @@ func TestFleetMixedAllowAndWait(t *testing.T) {
 	}
 }
 
-// TestFleetFoldedHotKey runs the fleet with hot-key folding: concurrent
-// takes of each process go out as one script call, and the fleet still
-// conforms exactly, with fewer script calls than grants.
+// TestFleetFoldedHotKey runs the fleet with hot-key folding, and then with
+// batching: concurrent takes of each process go out as one script call, and
+// the fleet still conforms exactly, with fewer script calls than grants.
 func TestFleetFoldedHotKey(t *testing.T) {
 	srv := redistest.Start(t)
 	lim := fleetrate.PerSecond(400, 40)
-	rep := Run(t, Options{Addrs: []string{srv.Addr()}, Limit: lim, Fold: true, Skews: skews})
+	for _, o := range []Options{{Fold: true}, {Batch: true}} {
+		name := "FoldHotKeys"
+		if o.Batch {
+			name = "Batch"
+		}
+		t.Run(name, func(t *testing.T) {
+			o.Addrs, o.Limit, o.Skews = []string{srv.Addr()}, lim, skews
+			foldedFleet(t, Run(t, o), lim)
+		})
+	}
+}
+
+func foldedFleet(t *testing.T, rep Report, lim fleetrate.Limit) {
 	check(t, rep, lim)
 	capacity := float64(lim.Burst) + lim.Rate*rep.Span.Seconds()
 	perGrant := float64(rep.WaitCalls) / float64(rep.WaitGrants)

@@ -38,6 +38,8 @@ type Options struct {
 	Cluster bool
 	// Fold turns on redisstore's FoldHotKeys in every worker.
 	Fold bool
+	// Batch turns on redisstore's Batch in every worker.
+	Batch bool
 	// Processes and Goroutines size the fleet (defaults 4 and 16).
 	Processes, Goroutines int
 	// Duration is how long each worker keeps taking (default 3 s).
@@ -228,7 +230,7 @@ func newClient(o Options, calls *atomic.Int64) redis.UniversalClient {
 	} else {
 		c = redis.NewClient(&redis.Options{Addr: o.Addrs[0], PoolSize: o.Goroutines + 4})
 	}
-	c.AddHook(callCounter{n: calls, all: o.Fold})
+	c.AddHook(callCounter{n: calls, all: o.Fold || o.Batch})
 	return c
 }
 
@@ -238,7 +240,7 @@ func work(o Options) workerOut {
 	var calls atomic.Int64
 	c := newClient(o, &calls)
 	defer c.Close()
-	store, err := redisstore.New(c, redisstore.Options{Timeout: 5 * time.Second, FoldHotKeys: o.Fold})
+	store, err := redisstore.New(c, redisstore.Options{Timeout: 5 * time.Second, FoldHotKeys: o.Fold, Batch: o.Batch})
 	if err != nil {
 		return workerOut{Errors: []string{err.Error()}}
 	}

@@ -30,11 +30,11 @@ local function read_limits(pos)
   return lims, m, pos + 1 + 2 * m
 end
 
--- load returns the debts of key refilled up to now. A missing key, or one
--- written for a different number of limits, is a full bucket.
-local function load(key, m, now)
+-- parse returns the debts held in raw (a bucket key's value, or false when
+-- the key is missing) refilled up to now. A missing key, or one written for
+-- a different number of limits, is a full bucket.
+local function parse(raw, m, now)
   local d = {}
-  local raw = redis.call('GET', key)
   if raw then
     local sp = string.find(raw, ' ', 1, true)
     local stamp = sp and tonumber(string.sub(raw, 1, sp - 1))
@@ -52,6 +52,11 @@ local function load(key, m, now)
   end
   for i = 1, m do d[i] = 0 end
   return d
+end
+
+-- load is parse for a key read now.
+local function load(key, m, now)
+  return parse(redis.call('GET', key), m, now)
 end
 
 -- save writes the debts with a TTL of the time until the bucket is full
@@ -76,13 +81,48 @@ local function save(key, now, d)
   redis.call('SET', key, v, 'PX', math.ceil(mx / 1000000) + TTL_SLACK_MS)
 end
 
--- idiv is exact floor division for non-negative integers below 2^53.
-local function idiv(a, b)
-  local q = math.floor(a / b)
-  if q * b > a then
-    q = q - 1
-  elseif (q + 1) * b <= a then
-    q = q + 1
+-- take_all makes count identical, consecutive takes of n tokens at one
+-- instant, each all or nothing across buckets 1..nb (debts[b], lims[b] and
+-- ms[b] per bucket) and booked up to max_wait ns ahead, updating the debts
+-- in place as fleetrate.Decide does. It stops at the first denial (every
+-- later take would be denied the same way) and returns the number of
+-- decisions made, that denial included, and whether any tokens were booked.
+-- The scripts reply with the debts from before the takes; the client
+-- replays the decisions from them with fleetrate.Decide, so the script
+-- computes no report of its own.
+local function take_all(debts, lims, ms, nb, n, max_wait, count)
+  local made, booked = 0, false
+  for _ = 1, count do
+    local need = nil
+    for b = 1, nb do
+      local d, l = debts[b], lims[b]
+      for i = 1, ms[b] do
+        local w = d[i] - (l[2 * i] - n) * l[2 * i - 1]
+        if need == nil or w > need then need = w end
+      end
+    end
+    made = made + 1
+    local wait = math.max(need, 0)
+    if wait > max_wait then break end
+    if n > 0 then
+      booked = true
+      for b = 1, nb do
+        local d, l = debts[b], lims[b]
+        for i = 1, ms[b] do d[i] = math.max(d[i], wait) + n * l[2 * i - 1] end
+      end
+    end
   end
-  return q
+  return made, booked
+end
+
+-- append_debts appends the debts of buckets 1..nb to out.
+local function append_debts(out, debts, ms, nb)
+  local k = #out
+  for b = 1, nb do
+    local d = debts[b]
+    for i = 1, ms[b] do
+      k = k + 1
+      out[k] = d[i]
+    end
+  end
 end

@@ -17,6 +17,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -48,6 +49,9 @@ type config struct {
 	goroutines []int
 	chart      string
 	quick      bool
+	only       map[string]bool
+	impl       string
+	hot        string
 }
 
 func run(args []string, out io.Writer) error {
@@ -58,6 +62,10 @@ func run(args []string, out io.Writer) error {
 	fs.StringVar(&gs, "goroutines", "1,8,64,256", "goroutine counts for the Redis table")
 	fs.StringVar(&cfg.chart, "chart", "", "write a PNG chart of Redis throughput to this file")
 	fs.BoolVar(&cfg.quick, "quick", false, "a short smoke run (CI)")
+	fs.StringVar(&cfg.impl, "impl", "", "measure only the Redis implementations whose name contains this (redis_rate always runs)")
+	fs.StringVar(&cfg.hot, "keys", "hot,spread", "Redis key patterns: hot (one key), spread (10,000 keys), or both")
+	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of this process to this file")
+	only := fs.String("only", "redis,wait,mem", "which tables to measure: any of redis, wait, mem")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -67,6 +75,26 @@ func run(args []string, out io.Writer) error {
 			return fmt.Errorf("-goroutines: %q is not a positive integer", f)
 		}
 		cfg.goroutines = append(cfg.goroutines, g)
+	}
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	cfg.only = map[string]bool{}
+	for _, t := range strings.Split(*only, ",") {
+		switch t = strings.TrimSpace(t); t {
+		case "redis", "wait", "mem":
+			cfg.only[t] = true
+		default:
+			return fmt.Errorf("-only: unknown table %q (want redis, wait or mem)", t)
+		}
 	}
 	if cfg.quick {
 		cfg.duration = 200 * time.Millisecond
@@ -85,15 +113,21 @@ func run(args []string, out io.Writer) error {
 
 	fmt.Fprintf(out, "Measured %s by `cd benchmarks && go run ./cmd/fleetbench -duration %v`; redis-server on loopback, %d CPU cores shared by client and server.\n\n",
 		time.Now().UTC().Format("2006-01-02"), cfg.duration, nproc())
-	redisRows, err := redisTable(srv, cfg, out)
-	if err != nil {
-		return err
+	var redisRows []redisRow
+	if cfg.only["redis"] {
+		if redisRows, err = redisTable(srv, cfg, out); err != nil {
+			return err
+		}
 	}
-	if err := waitTable(srv, cfg, out); err != nil {
-		return err
+	if cfg.only["wait"] {
+		if err := waitTable(srv, cfg, out); err != nil {
+			return err
+		}
 	}
-	memTable(cfg, out)
-	if cfg.chart != "" {
+	if cfg.only["mem"] {
+		memTable(cfg, out)
+	}
+	if cfg.chart != "" && redisRows != nil {
 		if err := writeChart(cfg.chart, redisRows); err != nil {
 			return err
 		}
@@ -181,8 +215,9 @@ func newClient(srv *redistest.Server, g int) *redis.Client {
 	return redis.NewClient(&redis.Options{Addr: srv.Addr(), PoolSize: g + 4, ContextTimeoutEnabled: true})
 }
 
-func fleetLimiter(c redisstore.Client, fold bool) (*fleetrate.Limiter, error) {
-	s, err := redisstore.New(c, redisstore.Options{Timeout: 5 * time.Second, FoldHotKeys: fold})
+func fleetLimiter(c redisstore.Client, opts redisstore.Options) (*fleetrate.Limiter, error) {
+	opts.Timeout = 5 * time.Second
+	s, err := redisstore.New(c, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -207,7 +242,7 @@ func redisTable(srv *redistest.Server, cfg config, out io.Writer) ([]redisRow, e
 	}
 	impls := []impl{
 		{"fleetrate", func(c *redis.Client) (func(context.Context, string) error, func(), error) {
-			l, err := fleetLimiter(c, false)
+			l, err := fleetLimiter(c, redisstore.Options{})
 			return limiterAllow(l), func() {}, err
 		}},
 		{"fleetrate + autopipeline", func(c *redis.Client) (func(context.Context, string) error, func(), error) {
@@ -215,11 +250,15 @@ func redisTable(srv *redistest.Server, cfg config, out io.Writer) ([]redisRow, e
 			if err != nil {
 				return nil, nil, err
 			}
-			l, err := fleetLimiter(ap, false)
+			l, err := fleetLimiter(ap, redisstore.Options{})
 			return limiterAllow(l), func() { _ = ap.Close() }, err
 		}},
 		{"fleetrate + fold hot keys", func(c *redis.Client) (func(context.Context, string) error, func(), error) {
-			l, err := fleetLimiter(c, true)
+			l, err := fleetLimiter(c, redisstore.Options{FoldHotKeys: true})
+			return limiterAllow(l), func() {}, err
+		}},
+		{"fleetrate + batch", func(c *redis.Client) (func(context.Context, string) error, func(), error) {
+			l, err := fleetLimiter(c, redisstore.Options{Batch: true})
 			return limiterAllow(l), func() {}, err
 		}},
 		{"redis_rate v10", func(c *redis.Client) (func(context.Context, string) error, func(), error) {
@@ -231,8 +270,22 @@ func redisTable(srv *redistest.Server, cfg config, out io.Writer) ([]redisRow, e
 			}, func() {}, nil
 		}},
 	}
+	impls = slices.DeleteFunc(impls, func(im impl) bool {
+		return im.name != "redis_rate v10" && !strings.Contains(im.name, cfg.impl)
+	})
+	var patterns []bool
+	for _, p := range strings.Split(cfg.hot, ",") {
+		switch strings.TrimSpace(p) {
+		case "hot":
+			patterns = append(patterns, true)
+		case "spread":
+			patterns = append(patterns, false)
+		default:
+			return nil, fmt.Errorf("-keys: unknown pattern %q (want hot or spread)", p)
+		}
+	}
 	var rows []redisRow
-	for _, hot := range []bool{true, false} {
+	for _, hot := range patterns {
 		for _, g := range cfg.goroutines {
 			for _, im := range impls {
 				c := newClient(srv, g)
@@ -291,7 +344,7 @@ func limiterAllow(l *fleetrate.Limiter) func(context.Context, string) error {
 func ceiling(srv *redistest.Server, hot bool, cfg config) (float64, error) {
 	c := newClient(srv, 1)
 	defer c.Close()
-	l, err := fleetLimiter(c, false)
+	l, err := fleetLimiter(c, redisstore.Options{})
 	if err != nil {
 		return 0, err
 	}

@@ -1,0 +1,110 @@
+package redisstore
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/fleetrate/fleetrate"
+	"github.com/fleetrate/fleetrate/internal/redistest"
+)
+
+// TestBatchMatchesSequentialModel sends batches of random takes, many on
+// the same keys and some naming a key with a different number of limits,
+// through one call of the batch script, and checks every decision and the
+// stored state against fleetrate.Decide applied to the takes one after the
+// other at the batch's instant.
+func TestBatchMatchesSequentialModel(t *testing.T) {
+	srv := redistest.Start(t)
+	s, err := New(srv.Client(), Options{Timeout: 2 * time.Second, Batch: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 11))
+	limitSets := [][]fleetrate.Limit{
+		{fleetrate.PerSecond(1000, 5)},
+		{fleetrate.PerSecond(50, 3), fleetrate.Every(time.Minute, 7)},
+		{fleetrate.Every(time.Hour, 2)},
+	}
+	for round := range 40 {
+		model := map[string]*fleetrate.BucketState{}
+		keys := make([]string, 4)
+		for i := range keys {
+			keys[i] = fmt.Sprintf("fleetrate:batchtest:%d:%d", round, i)
+			model[keys[i]] = &fleetrate.BucketState{}
+		}
+		var batch []*batchCall
+		for range 1 + rng.IntN(maxBatch/4) {
+			req := fleetrate.Request{N: rng.Int64N(3), MaxWait: time.Duration(rng.Int64N(int64(10 * time.Millisecond)))}
+			if rng.IntN(3) == 0 {
+				req.MaxWait = 0
+			}
+			for _, i := range rng.Perm(len(keys))[:1+rng.IntN(2)] {
+				ls := limitSets[rng.IntN(len(limitSets))]
+				if rng.IntN(8) != 0 {
+					ls = limitSets[i%2] // mostly the key's usual limits
+				}
+				req.Buckets = append(req.Buckets, fleetrate.Bucket{Key: keys[i], Limits: ls})
+			}
+			if err := req.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			c := &batchCall{waiter: waiter{done: make(chan struct{})}, req: req}
+			for _, b := range req.Buckets {
+				c.keys = append(c.keys, b.StoreKey())
+			}
+			batch = append(batch, c)
+		}
+		s.batch.send(batch)
+
+		at := int64(-1)
+		for i, c := range batch {
+			if c.err != nil {
+				t.Fatalf("round %d take %d: %v", round, i, c.err)
+			}
+			got := c.rs[0]
+			if at == -1 {
+				at = got.At.UnixMicro()
+			} else if got.At.UnixMicro() != at {
+				t.Fatalf("round %d take %d decided at %v, the batch at %d µs", round, i, got.At, at)
+			}
+			states := make([]fleetrate.BucketState, len(c.req.Buckets))
+			for j, b := range c.req.Buckets {
+				states[j] = fleetrate.BucketState{Stamp: model[b.Key].Stamp, Debts: slices.Clone(model[b.Key].Debts)}
+			}
+			// Like the stores, the model keeps a state only when the take
+			// changed it (a take under other limits that books nothing
+			// leaves the key as it was).
+			want, changed := fleetrate.Decide(at, c.req, states)
+			for j, b := range c.req.Buckets {
+				if changed {
+					*model[b.Key] = states[j]
+				}
+			}
+			if got != want {
+				t.Fatalf("round %d take %d (%+v):\nbatch decided %+v\nmodel decided %+v", round, i, c.req, got, want)
+			}
+		}
+		// What the batch left in Redis is what the model holds (a full
+		// bucket is absent).
+		for _, k := range keys {
+			st, ok, err := s.State(t.Context(), k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := model[k]
+			full := !slices.ContainsFunc(want.Debts, func(d int64) bool { return d > 0 })
+			if !ok {
+				if !full {
+					t.Fatalf("round %d key %s absent, model holds %+v", round, k, *want)
+				}
+				continue
+			}
+			if !slices.Equal(st.Debts, want.Debts) {
+				t.Fatalf("round %d key %s holds %+v, model %+v", round, k, st, *want)
+			}
+		}
+	}
+}
