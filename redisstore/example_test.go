@@ -18,8 +18,8 @@ import (
 func ExampleNew() {
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379", ContextTimeoutEnabled: true})
 	store, err := redisstore.New(rdb, redisstore.Options{
-		Timeout:     50 * time.Millisecond, // the default: a dead Redis costs at most this
-		FoldHotKeys: true,                  // many goroutines on one bucket share script calls
+		Timeout: 50 * time.Millisecond, // the default: a dead Redis costs at most this
+		Batch:   true,                  // concurrent takes share script calls
 	})
 	if err != nil {
 		log.Fatal(err)

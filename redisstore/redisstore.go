@@ -5,6 +5,10 @@
 //
 // Any go-redis v9 client works: *redis.Client, *redis.ClusterClient,
 // *redis.Ring, a failover (Sentinel) client or a redis.UniversalClient.
+//
+// Many goroutines deciding at once should set Options.Batch: their takes
+// then share script calls (one call for up to 256 takes), each still with
+// its own exact decision.
 package redisstore
 
 import (

@@ -84,6 +84,7 @@ type serveSettings struct {
 	responseHeaders bool
 	shadowMode      bool
 	storeAPI        bool
+	redisBatch      bool
 	tokens          []string
 }
 
@@ -133,6 +134,7 @@ func serveCommand(getenv func(string) string) *cobra.Command {
 	f.Bool("response-headers", false, "add RateLimit-Limit, -Remaining and -Reset to RLS responses")
 	f.Bool("shadow-mode", false, "answer OK to every RLS request while still counting (global shadow mode)")
 	f.Bool("store-api", true, "serve the raw store API (/v1/store/...) used by remotestore")
+	f.Bool("redis-batch", true, "send concurrent decisions to Redis as one script call (redisstore.Options.Batch)")
 	return cmd
 }
 
@@ -263,6 +265,7 @@ func resolveSettings(fs *pflag.FlagSet, getenv func(string) string) (serveSettin
 	st.responseHeaders = r.boolean("response-headers", s.ResponseHeaders)
 	st.shadowMode = r.boolean("shadow-mode", s.ShadowMode)
 	st.storeAPI = r.boolean("store-api", s.StoreAPI)
+	st.redisBatch = r.boolean("redis-batch", s.RedisBatch)
 	if err := errors.Join(r.errs...); err != nil {
 		return st, err
 	}
@@ -379,7 +382,7 @@ func serve(ctx context.Context, st serveSettings, logOut io.Writer) error {
 		closeFn                   = func() error { return nil }
 	)
 	if st.redis != "" {
-		rs, err := openServeRedis(ctx, st.redis, log)
+		rs, err := openServeRedis(ctx, st.redis, st.redisBatch, log)
 		if err != nil {
 			return err
 		}

@@ -75,13 +75,14 @@ func newServeRedisClient(raw string) (redis.UniversalClient, string, error) {
 // openServeRedis connects to Redis. An unreachable server is not fatal: the
 // service starts, /readyz fails and decisions report the store as
 // unavailable until Redis answers.
-func openServeRedis(ctx context.Context, raw string, log *slog.Logger) (serveRedis, error) {
+func openServeRedis(ctx context.Context, raw string, batch bool, log *slog.Logger) (serveRedis, error) {
 	c, name, err := newServeRedisClient(raw)
 	if err != nil {
 		return serveRedis{}, err
 	}
-	// The server bounds every store call with its store timeout.
-	st, err := redisstore.New(c, redisstore.Options{Timeout: -1})
+	// The server bounds every store call with its store timeout (a batched
+	// call, which belongs to no request, has the store's default bound).
+	st, err := redisstore.New(c, redisstore.Options{Timeout: -1, Batch: batch})
 	if err != nil {
 		c.Close()
 		return serveRedis{}, err

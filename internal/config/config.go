@@ -274,6 +274,7 @@ type Settings struct {
 	ResponseHeaders *bool
 	ShadowMode      *bool
 	StoreAPI        *bool
+	RedisBatch      *bool
 }
 
 // Config is a loaded configuration file. It is immutable once loaded and

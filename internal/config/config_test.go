@@ -204,6 +204,7 @@ server:
   http_addr: ":9090"
   max_wait: 2s
   response_headers: true
+  redis_batch: false
   max_request_bytes: 4096
 `)
 	r := cfg.Domain("api").Match(entries("api_key", "k")).Rule
@@ -234,7 +235,8 @@ server:
 	}
 	s := cfg.Settings
 	if s.HTTPAddr == nil || *s.HTTPAddr != ":9090" || s.MaxWait == nil || *s.MaxWait != 2*time.Second ||
-		s.ResponseHeaders == nil || !*s.ResponseHeaders || s.MaxRequestBytes == nil || *s.MaxRequestBytes != 4096 || s.GRPCAddr != nil {
+		s.ResponseHeaders == nil || !*s.ResponseHeaders || s.MaxRequestBytes == nil || *s.MaxRequestBytes != 4096 || s.GRPCAddr != nil ||
+		s.RedisBatch == nil || *s.RedisBatch {
 		t.Errorf("settings = %+v", s)
 	}
 }

@@ -635,6 +635,7 @@ func (p *parser) settings(n *yaml.Node, s *Settings) {
 	}
 	bools := map[string]**bool{
 		"response_headers": &s.ResponseHeaders, "shadow_mode": &s.ShadowMode, "store_api": &s.StoreAPI,
+		"redis_batch": &s.RedisBatch,
 	}
 	allowed := []string{"max_request_bytes"}
 	for k := range strs {
