@@ -111,6 +111,60 @@ const (
 //
 // Decide assumes a validated request.
 func Decide(now int64, req Request, states []BucketState) (Result, bool) {
+	if len(req.Buckets) == 1 && len(req.Buckets[0].Limits) == 1 {
+		var res Result
+		changed := decideOne(now, &req.Buckets[0].Limits[0], req.N, req.MaxWait, &states[0], &res)
+		return res, changed
+	}
+	return decide(now, req, states)
+}
+
+// DecideOne is Decide for a take from a single bucket, for a store's hot
+// path: limits are the bucket's, s its state, and the result is written
+// into *res rather than returned. It reports whether s changed. It is the
+// same as Decide(now, Request{Buckets: []Bucket{{Limits: limits}}, N: n,
+// MaxWait: maxWait}, []BucketState{*s}) without the slices and the copies
+// of the Result. It assumes a validated request and keeps no pointer.
+func DecideOne(now int64, limits []Limit, n int64, maxWait time.Duration, s *BucketState, res *Result) bool {
+	if len(limits) == 1 {
+		return decideOne(now, &limits[0], n, maxWait, s, res)
+	}
+	bs, states := [1]Bucket{{Limits: limits}}, [1]BucketState{*s}
+	r, changed := decide(now, Request{Buckets: bs[:], N: n, MaxWait: maxWait}, states[:])
+	*s, *res = states[0], r
+	return changed
+}
+
+// decideOne is Decide for one bucket with one limit, the common case: the
+// same steps as decide, with the loops over buckets and limits unrolled.
+func decideOne(now int64, lim *Limit, n int64, maxWait time.Duration, s *BucketState, res *Result) (booked bool) {
+	s.Elapse(now, 1)
+	iv := lim.interval()
+	debt := s.Debts[0]
+	wait := max(debt-(lim.Burst-n)*iv, 0) // see needs
+	// Field by field: building a Result aside and copying it is slower.
+	*res = Result{}
+	res.At, res.N = time.UnixMicro(now), n
+	res.Limit.Name, res.Limit.Rate, res.Limit.Burst = lim.Name, lim.Rate, lim.Burst
+	if wait > int64(maxWait) {
+		res.RetryAfter = time.Duration(wait)
+	} else {
+		res.Allowed = true
+		res.Wait = time.Duration(wait)
+		if n > 0 {
+			debt = max(debt, wait) + n*iv // see book
+			s.Debts[0], booked = debt, true
+		}
+	}
+	if left := lim.Burst*iv - debt; left > 0 { // see status
+		res.Remaining = left / iv
+	}
+	res.ResetAfter = time.Duration(max(debt, 0))
+	return booked
+}
+
+// decide is Decide for any number of buckets and limits.
+func decide(now int64, req Request, states []BucketState) (Result, bool) {
 	need, wb, wl := int64(minInt64), 0, 0
 	for b, bk := range req.Buckets {
 		states[b].Elapse(now, len(bk.Limits))
@@ -122,7 +176,7 @@ func Decide(now int64, req Request, states []BucketState) (Result, bool) {
 	res := Result{At: time.UnixMicro(now), N: req.N}
 	if wait > int64(req.MaxWait) {
 		res.RetryAfter = time.Duration(wait)
-		res.Bucket, res.Limit = wb, req.Buckets[wb].Limits[wl]
+		res.Bucket, res.Limit = wb, req.Buckets[wb].Limits[wl].plain()
 		fillStatus(&res, req, states, false)
 		return res, false
 	}
@@ -147,7 +201,7 @@ func fillStatus(res *Result, req Request, states []BucketState, pickTightest boo
 		if rem < res.Remaining {
 			res.Remaining = rem
 			if pickTightest {
-				res.Bucket, res.Limit = b, bk.Limits[tight]
+				res.Bucket, res.Limit = b, bk.Limits[tight].plain()
 			}
 		}
 		reset = max(reset, rs)

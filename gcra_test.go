@@ -4,6 +4,7 @@ import (
 	"errors"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -288,5 +289,75 @@ func TestCompiledLimitFollowsChanges(t *testing.T) {
 	}
 	if p := PerSecond(10, 5).compiled().plain(); p != PerSecond(10, 5) {
 		t.Fatalf("plain() = %+v, want the limit as callers built it", p)
+	}
+}
+
+// TestDecideOneMatchesDecide holds the single-limit fast path to the
+// general algorithm on random limits, states and requests.
+func TestDecideOneMatchesDecide(t *testing.T) {
+	t.Parallel()
+	rng := rand.New(rand.NewPCG(1, 2))
+	for trial := range 20_000 {
+		lim := Limit{Name: "l", Rate: float64(rng.IntN(1_000_000) + 1), Burst: rng.Int64N(100) + 1}
+		if lim.Validate() != nil {
+			continue
+		}
+		if rng.IntN(2) == 0 {
+			lim = lim.compiled()
+		}
+		b := Bucket{Key: "k", Limits: []Limit{lim}}
+		now := int64(1_700_000_000)*sec + rng.Int64N(10*sec)
+		var st BucketState
+		switch rng.IntN(4) {
+		case 0: // absent
+		case 1: // limits changed
+			st = BucketState{Stamp: now - rng.Int64N(sec), Debts: []int64{1, 2}}
+		default:
+			st = BucketState{Stamp: now - rng.Int64N(2*sec) + sec/2, Debts: []int64{rng.Int64N(lim.Burst*lim.Interval()*2+1) - 1000}}
+		}
+		n := rng.Int64N(lim.Burst + 1)
+		maxWait := time.Duration(rng.Int64N(int64(lim.FillTime()) + 1))
+		if rng.IntN(2) == 0 {
+			maxWait = 0
+		}
+		clone := func() BucketState {
+			return BucketState{Stamp: st.Stamp, Debts: append([]int64(nil), st.Debts...)}
+		}
+		ref := []BucketState{clone()}
+		want, wantChanged := decide(now, take(b, n, maxWait), ref)
+
+		fast := []BucketState{clone()}
+		got, changed := Decide(now, take(b, n, maxWait), fast)
+		if got != want || changed != wantChanged || fast[0].Stamp != ref[0].Stamp || fast[0].Debts[0] != ref[0].Debts[0] {
+			t.Fatalf("trial %d: Decide %+v %v %+v, want %+v %v %+v", trial, got, changed, fast[0], want, wantChanged, ref[0])
+		}
+		one := clone()
+		res := Result{Allowed: true, Bucket: 7, Degraded: true} // overwritten
+		changed = DecideOne(now, b.Limits, n, maxWait, &one, &res)
+		if res != want || changed != wantChanged || one.Stamp != ref[0].Stamp || one.Debts[0] != ref[0].Debts[0] {
+			t.Fatalf("trial %d: DecideOne %+v %v %+v, want %+v %v %+v", trial, res, changed, one, want, wantChanged, ref[0])
+		}
+		if got.Limit != lim.plain() {
+			t.Fatalf("trial %d: result limit %+v carries the cache", trial, got.Limit)
+		}
+	}
+}
+
+// TestDecideOneSeveralLimits checks DecideOne on a bucket with several
+// limits against Decide.
+func TestDecideOneSeveralLimits(t *testing.T) {
+	t.Parallel()
+	limits := []Limit{PerSecond(10, 3).compiled(), Every(time.Minute, 5)}
+	now := int64(1_700_000_000) * sec
+	ref, one := []BucketState{{}}, BucketState{}
+	for i := range 12 {
+		req := take(Bucket{Key: "k", Limits: limits}, int64(i%3), time.Duration(i%2)*time.Minute)
+		want, wantChanged := Decide(now, req, ref)
+		var got Result
+		changed := DecideOne(now, limits, req.N, req.MaxWait, &one, &got)
+		if got != want || changed != wantChanged || one.Stamp != ref[0].Stamp || !slices.Equal(one.Debts, ref[0].Debts) {
+			t.Fatalf("step %d: DecideOne %+v %v %+v, want %+v %v %+v", i, got, changed, one, want, wantChanged, ref[0])
+		}
+		now += 40_000
 	}
 }

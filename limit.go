@@ -59,13 +59,18 @@ func (l Limit) compiled() Limit {
 
 // cached reports whether l carries an interval cached for its own Rate and
 // Burst.
-func (l Limit) cached() bool {
+func (l *Limit) cached() bool {
 	return l.iv > 0 && l.ivRate == l.Rate && l.ivBurst == l.Burst
 }
 
 // plain returns l without its cache, as callers see limits.
 func (l Limit) plain() Limit {
 	return Limit{Name: l.Name, Rate: l.Rate, Burst: l.Burst}
+}
+
+// strip drops l's cache in place.
+func (l *Limit) strip() {
+	l.iv, l.ivRate, l.ivBurst = 0, 0, 0
 }
 
 // compileLimits copies limits with their intervals cached.
@@ -121,6 +126,12 @@ func (l Limit) Validate() error {
 	if l.cached() {
 		return nil // a Limiter's copy, validated when it was made
 	}
+	return l.validate()
+}
+
+// validate is Validate without the shortcut for a Limiter's copies, kept
+// apart so that Validate inlines.
+func (l Limit) validate() error {
 	switch {
 	case math.IsNaN(l.Rate) || math.IsInf(l.Rate, 0) || l.Rate <= 0:
 		return fmt.Errorf("rate must be positive and finite, got %v", l.Rate)
@@ -156,6 +167,14 @@ func (l Limit) Interval() int64 {
 		f++
 	}
 	return max(int64(f), 1)
+}
+
+// interval is Interval without copying l, for the hot path.
+func (l *Limit) interval() int64 {
+	if l.cached() {
+		return l.iv
+	}
+	return l.Interval()
 }
 
 // FillTime returns the time this limit takes to refill from empty to full.

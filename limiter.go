@@ -101,11 +101,18 @@ type Limiter struct {
 	store   Store
 	prefix  string
 	limits  []Limit
-	named   map[string]Bucket
+	named   map[string]namedBucket
 	maxWait time.Duration
 	now     func() time.Time
-	scratch sync.Pool   // of *[]Bucket, reused across calls
-	single  SingleTaker // the store's single-bucket path, if it has one
+	scratch sync.Pool  // of *[]Bucket, reused across calls
+	bound   BoundTaker // the store's taker for the default limits, if any
+}
+
+// namedBucket is a configured bucket and, when the store is a Binder, its
+// bound taker.
+type namedBucket struct {
+	Bucket
+	taker BoundTaker
 }
 
 // New returns a Limiter over store, or an error naming the invalid field.
@@ -120,7 +127,7 @@ func New(store Store, cfg Config) (*Limiter, error) {
 		store:   store,
 		prefix:  cfg.Prefix,
 		limits:  compileLimits(cfg.Limits),
-		named:   make(map[string]Bucket, len(cfg.Buckets)),
+		named:   make(map[string]namedBucket, len(cfg.Buckets)),
 		maxWait: cfg.MaxWait,
 		now:     cfg.Clock,
 	}
@@ -133,12 +140,41 @@ func New(store Store, cfg Config) (*Limiter, error) {
 	if l.now == nil {
 		l.now = time.Now
 	}
+	binder, _ := store.(Binder)
+	// A store that refuses to bind is left to refuse each take instead.
+	bind := func(limits []Limit) BoundTaker {
+		if binder == nil || len(limits) == 0 {
+			return nil
+		}
+		t, err := binder.Bind(l.prefix, limits)
+		if err != nil {
+			return nil
+		}
+		return t
+	}
+	l.bound = bind(l.limits)
 	for _, b := range cfg.Buckets {
-		l.named[b.Name] = Bucket{Prefix: l.prefix, Key: b.Name, Limits: compileLimits(b.Limits)}
+		nb := namedBucket{Bucket: Bucket{Prefix: l.prefix, Key: b.Name, Limits: compileLimits(b.Limits)}}
+		nb.taker = bind(nb.Limits)
+		l.named[b.Name] = nb
 	}
 	l.scratch.New = func() any { s := make([]Bucket, 0, 4); return &s }
-	l.single, _ = store.(SingleTaker)
 	return l, nil
+}
+
+// taker returns the bound taker for a take from the named bucket, or nil
+// when the store is no Binder or the name is invalid (the general path
+// then reports the error).
+func (l *Limiter) taker(name string) BoundTaker {
+	if len(l.named) > 0 {
+		if nb, ok := l.named[name]; ok {
+			return nb.taker
+		}
+	}
+	if name == "" || len(name) > MaxNameLen {
+		return nil
+	}
+	return l.bound
 }
 
 // Store returns the limiter's store.
@@ -165,8 +201,8 @@ func (l *Limiter) Bucket(name string) (Bucket, error) {
 // compiled ones and must not reach the caller.
 func (l *Limiter) bucket(name string) (Bucket, error) {
 	if len(l.named) > 0 {
-		if b, ok := l.named[name]; ok {
-			return b, nil
+		if nb, ok := l.named[name]; ok {
+			return nb.Bucket, nil
 		}
 	}
 	if err := validateName(name); err != nil {
@@ -210,20 +246,18 @@ func (l *Limiter) take(ctx context.Context, n int64, maxWait time.Duration, name
 		return Result{}, nil, err
 	}
 	res, err := l.store.Take(ctx, Request{Buckets: *bs, N: n, MaxWait: maxWait})
-	res.Limit = res.Limit.plain()
+	res.Limit.strip()
 	return res, bs, err
 }
 
 // takeNow is take for the calls that keep nothing.
-func (l *Limiter) takeNow(ctx context.Context, n int64, names []string) (Result, error) {
-	if l.single != nil && len(names) == 1 {
-		b, err := l.bucket(names[0])
-		if err != nil {
-			return Result{}, err
+func (l *Limiter) takeNow(ctx context.Context, n int64, names []string) (res Result, err error) {
+	if len(names) == 1 {
+		if t := l.taker(names[0]); t != nil {
+			res, err = t.TakeKey(ctx, names[0], n, 0)
+			res.Limit.strip() // in case the store passed back its bound limit
+			return res, err
 		}
-		res, err := l.single.TakeOne(ctx, b, n, 0)
-		res.Limit = res.Limit.plain()
-		return res, err
 	}
 	res, bs, err := l.take(ctx, n, 0, names)
 	if bs != nil {
@@ -234,7 +268,13 @@ func (l *Limiter) takeNow(ctx context.Context, n int64, names []string) (Result,
 
 // Allow takes one token from the named bucket if it has one now. A denial
 // is a Result with Allowed false; an error means the store failed.
-func (l *Limiter) Allow(ctx context.Context, name string) (Result, error) {
+func (l *Limiter) Allow(ctx context.Context, name string) (res Result, err error) {
+	if t := l.taker(name); t != nil {
+		// takeNow's bound path, inline on the hottest path.
+		res, err = t.TakeKey(ctx, name, 1, 0)
+		res.Limit.strip()
+		return res, err
+	}
 	return l.AllowN(ctx, 1, name)
 }
 

@@ -251,3 +251,44 @@ func TestStoreFailureIsAnErrorNotADenial(t *testing.T) {
 		t.Fatalf("Wait = %v", err)
 	}
 }
+
+// TestAllowThroughBoundTakers checks the Binder path of Allow and Peek: the
+// default and the named limits apply, results carry the limits as
+// configured, and invalid names still fail.
+func TestAllowThroughBoundTakers(t *testing.T) {
+	t.Parallel()
+	def := fleetrate.Every(time.Hour, 2).Named("default")
+	own := fleetrate.Every(time.Hour, 1).Named("own")
+	l := newLimiter(t, fleetrate.Config{
+		Limits:  []fleetrate.Limit{def},
+		Buckets: []fleetrate.BucketConfig{{Name: "named", Limits: []fleetrate.Limit{own}}},
+	})
+	ctx := context.Background()
+	for i, want := range []bool{true, true, false} {
+		res, err := l.Allow(ctx, "k")
+		if err != nil || res.Allowed != want || res.Limit != def {
+			t.Fatalf("take %d of k: %+v, %v; want allowed %v by %+v", i, res, err, want, def)
+		}
+	}
+	if res, err := l.Peek(ctx, "k"); err != nil || !res.Allowed || res.Remaining != 0 || res.Limit != def {
+		t.Fatalf("peek of k: %+v, %v", res, err)
+	}
+	for i, want := range []bool{true, false} {
+		res, err := l.Allow(ctx, "named")
+		if err != nil || res.Allowed != want || res.Limit != own {
+			t.Fatalf("take %d of named: %+v, %v; want allowed %v by %+v", i, res, err, want, own)
+		}
+	}
+	for _, name := range []string{"", strings.Repeat("x", fleetrate.MaxNameLen+1)} {
+		if _, err := l.Allow(ctx, name); !errors.Is(err, fleetrate.ErrInvalid) {
+			t.Errorf("Allow(%d-byte name): %v, want ErrInvalid", len(name), err)
+		}
+	}
+	only := newLimiter(t, fleetrate.Config{Buckets: []fleetrate.BucketConfig{{Name: "named", Limits: []fleetrate.Limit{own}}}})
+	if _, err := only.Allow(ctx, "other"); !errors.Is(err, fleetrate.ErrInvalid) {
+		t.Errorf("Allow of an unknown bucket without default limits: %v", err)
+	}
+	if res, err := only.AllowN(ctx, 2, "named"); !errors.Is(err, fleetrate.ErrBurstExceeded) || res.Allowed {
+		t.Errorf("AllowN beyond the burst: %+v, %v", res, err)
+	}
+}

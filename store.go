@@ -54,6 +54,20 @@ type Bucket struct {
 	Limits []Limit
 }
 
+// compiled reports whether b is valid for a take of n tokens because its
+// limits are a Limiter's validated copies.
+func (b *Bucket) compiled(n int64) bool {
+	if b.Key == "" || len(b.Limits) == 0 {
+		return false
+	}
+	for i := range b.Limits {
+		if l := &b.Limits[i]; !l.cached() || n > l.Burst {
+			return false
+		}
+	}
+	return true
+}
+
 // StoreKey returns the full store key, Prefix + Key.
 func (b Bucket) StoreKey() string { return b.Prefix + b.Key }
 
@@ -70,6 +84,14 @@ type Request struct {
 
 // Validate checks the request, naming the failing field.
 func (r Request) Validate() error {
+	if len(r.Buckets) == 1 && r.N >= 0 && r.MaxWait >= 0 && r.MaxWait <= MaxWaitCap && r.Buckets[0].compiled(r.N) {
+		return nil // a Limiter's take from one bucket, the hot path
+	}
+	return r.validate()
+}
+
+// validate is Validate without the shortcut for a Limiter's requests.
+func (r Request) validate() error {
 	if len(r.Buckets) == 0 {
 		return fmt.Errorf("%w: request: at least one bucket is required", ErrInvalid)
 	}
@@ -178,11 +200,23 @@ type Store interface {
 	Reset(ctx context.Context, keys ...string) error
 }
 
-// SingleTaker is an optional Store method for the common take from a
-// single bucket. TakeOne(ctx, b, n, w) must be equivalent to
-// Take(ctx, Request{Buckets: []Bucket{b}, N: n, MaxWait: w}); a store
-// implements it to spare the request's slice. Limiter.Allow and Peek use it
-// when the store has it.
-type SingleTaker interface {
-	TakeOne(ctx context.Context, b Bucket, n int64, maxWait time.Duration) (Result, error)
+// Binder is an optional Store method for the hot path of Allow and Peek.
+// New binds the default limits of a Limiter, and the limits of each of its
+// named buckets, once; Allow and Peek then take from one bucket through
+// the bound taker, without building a Request or validating the limits on
+// every call.
+type Binder interface {
+	// Bind returns a taker for the buckets under prefix that enforce
+	// limits, or an error wrapping ErrInvalid when the limits are invalid.
+	// The limits are a Limiter's own copies, never changed after the call,
+	// so the store may keep them.
+	Bind(prefix string, limits []Limit) (BoundTaker, error)
+}
+
+// BoundTaker takes from the buckets of one prefix and one list of limits.
+// TakeKey(ctx, key, n, w) must be equivalent to Store.Take(ctx,
+// Request{Buckets: []Bucket{{Prefix: prefix, Key: key, Limits: limits}},
+// N: n, MaxWait: w}), argument checks included.
+type BoundTaker interface {
+	TakeKey(ctx context.Context, key string, n int64, maxWait time.Duration) (Result, error)
 }

@@ -145,28 +145,36 @@ func redisClient(srv *redistest.Server, pool int) *redis.Client {
 	return redis.NewClient(&redis.Options{Addr: srv.Addr(), PoolSize: pool, ContextTimeoutEnabled: true})
 }
 
-// BenchmarkRedisAllow compares one Allow on Redis at 1 and 64 goroutines.
+// BenchmarkRedisAllow compares one Allow on Redis over 10,000 keys at 1
+// and 64 goroutines: fleetrate with one call per take, fleetrate with
+// Batch, and redis_rate.
 func BenchmarkRedisAllow(b *testing.B) {
 	srv := redisSrv
 	ctx := context.Background()
 	for _, g := range []int{1, 64} {
-		b.Run("fleetrate/g="+strconv.Itoa(g), func(b *testing.B) {
-			c := redisClient(srv, g+4)
-			defer c.Close()
-			s, err := redisstore.New(c, redisstore.Options{Timeout: time.Second})
-			if err != nil {
-				b.Fatal(err)
+		for _, batch := range []bool{false, true} {
+			name := "fleetrate/g="
+			if batch {
+				name = "fleetrate-batch/g="
 			}
-			_ = s.LoadScripts(ctx)
-			l, err := fleetrate.New(s, fleetrate.Config{Limits: []fleetrate.Limit{fleetrate.PerSecond(benchRate, benchBurst)}})
-			if err != nil {
-				b.Fatal(err)
-			}
-			runParallel(b, g, func(i int) error {
-				_, err := l.Allow(ctx, keyNames[i%keys])
-				return err
+			b.Run(name+strconv.Itoa(g), func(b *testing.B) {
+				c := redisClient(srv, g+4)
+				defer c.Close()
+				s, err := redisstore.New(c, redisstore.Options{Timeout: time.Second, Batch: batch})
+				if err != nil {
+					b.Fatal(err)
+				}
+				_ = s.LoadScripts(ctx)
+				l, err := fleetrate.New(s, fleetrate.Config{Limits: []fleetrate.Limit{fleetrate.PerSecond(benchRate, benchBurst)}})
+				if err != nil {
+					b.Fatal(err)
+				}
+				runParallel(b, g, func(i int) error {
+					_, err := l.Allow(ctx, keyNames[i%keys])
+					return err
+				})
 			})
-		})
+		}
 		b.Run("redis_rate/g="+strconv.Itoa(g), func(b *testing.B) {
 			c := redisClient(srv, g+4)
 			defer c.Close()

@@ -21,10 +21,17 @@ import (
 // Options configure a Store. The zero value of each field means its
 // default.
 type Options struct {
-	// Clock is the store's time source. The default is time.Now.
+	// Clock is the store's time source. The default is the wall clock
+	// read when the store is made plus the monotonic time elapsed since, as
+	// time.Now reads it but at half the cost (one clock read, not two):
+	// refill follows elapsed time exactly, as in golang.org/x/time/rate,
+	// and a step of the wall clock (an NTP correction) neither refills nor
+	// freezes the buckets, though Result.At then differs from time.Now by
+	// the step.
 	Clock func() time.Time
 	// Shards is the number of independently locked shards, rounded up to a
-	// power of two. The default is 16 × GOMAXPROCS.
+	// power of two. The default is 64 × GOMAXPROCS, so that goroutines
+	// on different keys rarely meet on a shard.
 	Shards int
 	// MaxKeys bounds the number of buckets held. When a shard is full, the
 	// bucket closest to refilling among a small sample is dropped, which
@@ -36,8 +43,9 @@ type Options struct {
 // DefaultMaxKeys is the default bound on the number of buckets.
 const DefaultMaxKeys = 1_000_000
 
-// sweepEvery is how many writes to a shard pass between incremental sweeps
-// of expired buckets; sweepBatch is how many entries a sweep looks at.
+// sweepEvery is how many new buckets a shard takes in between incremental
+// sweeps of expired buckets; sweepBatch is how many entries a sweep looks
+// at.
 const (
 	sweepEvery  = 256
 	sweepBatch  = 128
@@ -46,6 +54,9 @@ const (
 )
 
 type entry struct {
+	key     string
+	hash    uint64
+	next    *entry // the next entry whose key has the same hash
 	state   fleetrate.BucketState
 	expires int64 // µs; the bucket is full from then on
 	// inline holds the debts of buckets with up to two limits, so that a
@@ -53,8 +64,8 @@ type entry struct {
 	inline [2]int64
 }
 
-func newEntry(st fleetrate.BucketState, exp int64) *entry {
-	e := &entry{expires: exp}
+func newEntry(key []byte, st fleetrate.BucketState, exp int64) *entry {
+	e := &entry{key: string(key), expires: exp}
 	e.state.Stamp = st.Stamp
 	if len(st.Debts) <= len(e.inline) {
 		e.state.Debts = e.inline[:copy(e.inline[:], st.Debts)]
@@ -65,15 +76,19 @@ func newEntry(st fleetrate.BucketState, exp int64) *entry {
 }
 
 type shard struct {
-	mu     sync.Mutex
-	m      map[string]*entry
-	writes int
-	_      [40]byte // keep shards on separate cache lines
+	mu      sync.Mutex
+	t       table
+	inserts int
+	// Pad shards to 128 bytes: CPUs fetch cache lines in pairs, and a
+	// shard written by one core must not slow down its neighbours.
+	_ [128 - 32]byte
 }
 
 // Store is an in-memory fleetrate.Store. It is safe for concurrent use.
 type Store struct {
-	clock    func() time.Time
+	clock    func() time.Time // nil: the monotonic clock from start
+	start    time.Time        // when the store was made, with a monotonic reading
+	startNs  int64            // start in ns since the Unix epoch
 	seed     maphash.Seed
 	shards   []shard
 	mask     uint64
@@ -81,15 +96,15 @@ type Store struct {
 }
 
 var (
-	_ fleetrate.Store       = (*Store)(nil)
-	_ fleetrate.SingleTaker = (*Store)(nil)
+	_ fleetrate.Store  = (*Store)(nil)
+	_ fleetrate.Binder = (*Store)(nil)
 )
 
 // New returns a ready Store.
 func New(opts Options) *Store {
 	n := opts.Shards
 	if n <= 0 {
-		n = 16 * runtime.GOMAXPROCS(0)
+		n = 64 * runtime.GOMAXPROCS(0)
 	}
 	n = 1 << bits.Len(uint(n-1))
 	s := &Store{
@@ -99,7 +114,8 @@ func New(opts Options) *Store {
 		mask:   uint64(n - 1),
 	}
 	if s.clock == nil {
-		s.clock = time.Now
+		s.start = time.Now()
+		s.startNs = s.start.UnixNano()
 	}
 	switch {
 	case opts.MaxKeys == 0:
@@ -108,14 +124,24 @@ func New(opts Options) *Store {
 		s.shardCap = max(opts.MaxKeys/n, 1)
 	}
 	for i := range s.shards {
-		s.shards[i].m = make(map[string]*entry)
+		s.shards[i].t = newTable()
 	}
 	return s
 }
 
-func (s *Store) shardOf(key []byte) int {
-	return int(maphash.Bytes(s.seed, key) & s.mask)
+// now returns the store's clock in µs since the Unix epoch.
+func (s *Store) now() int64 {
+	if s.clock != nil {
+		return s.clock().UnixMicro()
+	}
+	return (s.startNs + int64(time.Since(s.start))) / 1000
 }
+
+// hash returns key's hash, which picks its shard and indexes the shard's
+// table.
+func (s *Store) hash(key []byte) uint64 { return maphash.Bytes(s.seed, key) }
+
+func (s *Store) shardOf(h uint64) *shard { return &s.shards[h&s.mask] }
 
 // fullKeys returns each bucket's full key (Prefix + Key).
 func fullKeys(bs []fleetrate.Bucket) [][]byte {
@@ -133,7 +159,7 @@ func fullKeys(bs []fleetrate.Bucket) [][]byte {
 // unlock, written into idx.
 func (s *Store) lock(keys [][]byte, idx []int) []int {
 	for _, k := range keys {
-		n := s.shardOf(k)
+		n := int(s.hash(k) & s.mask)
 		if !slices.Contains(idx, n) {
 			idx = append(idx, n)
 		}
@@ -155,8 +181,8 @@ func (s *Store) unlock(idx []int) {
 // full state when it is absent or expired (reusing an expired entry's
 // memory). The state shares its debts with the entry, so the caller must
 // save it back. The caller holds the shard's lock.
-func (s *Store) load(sh *shard, key []byte, now int64) (*entry, fleetrate.BucketState) {
-	e := sh.m[string(key)]
+func (s *Store) load(sh *shard, h uint64, key []byte, now int64) (*entry, fleetrate.BucketState) {
+	e := sh.t.get(h, key)
 	switch {
 	case e == nil:
 		return nil, fleetrate.BucketState{}
@@ -167,14 +193,14 @@ func (s *Store) load(sh *shard, key []byte, now int64) (*entry, fleetrate.Bucket
 	return e, e.state
 }
 
-// save writes st into e, the entry load returned for key, creating it when
-// absent, or deletes it when the bucket is full again. The caller holds
-// the shard's lock.
-func (s *Store) save(sh *shard, key []byte, e *entry, st fleetrate.BucketState) {
+// save writes st into e, the entry load returned for key (hash h),
+// creating it when absent, or deletes it when the bucket is full again.
+// The caller holds the shard's lock.
+func (s *Store) save(sh *shard, h uint64, key []byte, e *entry, st fleetrate.BucketState) {
 	ttl := st.TTL()
 	if ttl <= 0 {
 		if e != nil {
-			delete(sh.m, string(key))
+			sh.t.del(e)
 		}
 		return
 	}
@@ -186,13 +212,15 @@ func (s *Store) save(sh *shard, key []byte, e *entry, st fleetrate.BucketState) 
 		}
 		e.state, e.expires = st, exp
 	} else {
-		if s.shardCap > 0 && len(sh.m) >= s.shardCap {
+		if s.shardCap > 0 && sh.t.n >= s.shardCap {
 			s.evict(sh, st.Stamp)
 		}
-		sh.m[string(key)] = newEntry(st, exp)
-	}
-	if sh.writes++; sh.writes%sweepEvery == 0 {
-		s.sweep(sh, st.Stamp)
+		sh.t.put(h, newEntry(key, st, exp))
+		// Only new buckets grow a shard, so only they pay for sweeps: a
+		// shard of busy buckets is never scanned.
+		if sh.inserts++; sh.inserts%sweepEvery == 0 {
+			s.sweep(sh, st.Stamp)
+		}
 	}
 }
 
@@ -203,15 +231,14 @@ func (s *Store) save(sh *shard, key []byte, e *entry, st fleetrate.BucketState) 
 func (s *Store) sweep(sh *shard, now int64) {
 	for range sweepRounds {
 		seen, dropped := 0, 0
-		for k, e := range sh.m {
+		sh.t.sample(sweepBatch, func(e *entry) bool {
 			if e.expires <= now {
-				delete(sh.m, k)
+				sh.t.del(e)
 				dropped++
 			}
-			if seen++; seen >= sweepBatch {
-				break
-			}
-		}
+			seen++
+			return true
+		})
 		if dropped*4 <= seen {
 			return
 		}
@@ -221,21 +248,19 @@ func (s *Store) sweep(sh *shard, now int64) {
 // evict makes room in a full shard: it drops every expired bucket in a
 // small sample, or else the sampled bucket that refills soonest.
 func (s *Store) evict(sh *shard, now int64) {
-	var victim string
-	soonest, seen, freed := int64(1<<63-1), 0, false
-	for k, e := range sh.m {
+	var victim *entry
+	soonest, freed := int64(1<<63-1), false
+	sh.t.sample(evictScan, func(e *entry) bool {
 		if e.expires <= now {
-			delete(sh.m, k)
+			sh.t.del(e)
 			freed = true
 		} else if e.expires < soonest {
-			soonest, victim = e.expires, k
+			soonest, victim = e.expires, e
 		}
-		if seen++; seen >= evictScan {
-			break
-		}
-	}
-	if !freed && victim != "" {
-		delete(sh.m, victim)
+		return true
+	})
+	if !freed && victim != nil {
+		sh.t.del(victim)
 	}
 }
 
@@ -248,7 +273,10 @@ func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Resu
 		return fleetrate.Result{}, err
 	}
 	if len(req.Buckets) == 1 {
-		return s.takeOne(req), nil
+		var res fleetrate.Result
+		b := &req.Buckets[0]
+		s.takeOne(b.Prefix, b.Key, b.Limits, req.N, req.MaxWait, &res)
+		return res, nil
 	}
 	var (
 		stateBuf [4]fleetrate.BucketState
@@ -257,10 +285,11 @@ func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Resu
 	keys := fullKeys(req.Buckets)
 	idx := s.lock(keys, idxBuf[:0])
 	defer s.unlock(idx)
-	now := s.clock().UnixMicro()
+	now := s.now()
 	state := stateBuf[:0]
 	for _, k := range keys {
-		_, st := s.load(&s.shards[s.shardOf(k)], k, now)
+		h := s.hash(k)
+		_, st := s.load(s.shardOf(h), h, k, now)
 		state = append(state, st)
 	}
 	// Decide refills the loaded debts in place, so the state is saved back
@@ -268,40 +297,61 @@ func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Resu
 	// again in case an earlier save in this loop evicted it.
 	res, _ := fleetrate.Decide(now, req, state)
 	for i, k := range keys {
-		sh := &s.shards[s.shardOf(k)]
-		s.save(sh, k, sh.m[string(k)], state[i])
+		h := s.hash(k)
+		sh := s.shardOf(h)
+		s.save(sh, h, k, sh.t.get(h, k), state[i])
 	}
 	return res, nil
 }
 
-// TakeOne implements fleetrate.SingleTaker: Take for one bucket.
-func (s *Store) TakeOne(ctx context.Context, b fleetrate.Bucket, n int64, maxWait time.Duration) (fleetrate.Result, error) {
+// Bind implements fleetrate.Binder.
+func (s *Store) Bind(prefix string, limits []fleetrate.Limit) (fleetrate.BoundTaker, error) {
+	if err := fleetrate.ValidateBuckets([]fleetrate.Bucket{{Prefix: prefix, Key: "*", Limits: limits}}); err != nil {
+		return nil, err
+	}
+	t := &bound{s: s, prefix: prefix, limits: slices.Clone(limits), maxN: limits[0].Burst}
+	for _, l := range limits {
+		t.maxN = min(t.maxN, l.Burst)
+	}
+	return t, nil
+}
+
+// bound is a Store bound to one prefix and one list of validated limits.
+type bound struct {
+	s      *Store
+	prefix string
+	limits []fleetrate.Limit
+	maxN   int64 // the smallest burst: no take may ask for more
+}
+
+// TakeKey implements fleetrate.BoundTaker.
+func (t *bound) TakeKey(ctx context.Context, key string, n int64, maxWait time.Duration) (res fleetrate.Result, err error) {
 	if err := ctx.Err(); err != nil {
 		return fleetrate.Result{}, err
 	}
-	bs := [1]fleetrate.Bucket{b}
-	req := fleetrate.Request{Buckets: bs[:], N: n, MaxWait: maxWait}
-	if err := req.Validate(); err != nil {
-		return fleetrate.Result{}, err
+	if key == "" || n < 0 || n > t.maxN || maxWait < 0 || maxWait > fleetrate.MaxWaitCap {
+		// Let Validate name the invalid argument.
+		bs := []fleetrate.Bucket{{Prefix: t.prefix, Key: key, Limits: t.limits}}
+		return fleetrate.Result{}, fleetrate.Request{Buckets: bs, N: n, MaxWait: maxWait}.Validate()
 	}
-	return s.takeOne(req), nil
+	t.s.takeOne(t.prefix, key, t.limits, n, maxWait, &res)
+	return res, nil
 }
 
 // takeOne is Take for one bucket, the common case, without allocating:
-// the key is built on the stack and the map is read with it in place.
-func (s *Store) takeOne(req fleetrate.Request) fleetrate.Result {
-	b := req.Buckets[0]
+// the key is built on the stack, the map is read with it in place, and
+// the decision is written straight into *res.
+func (s *Store) takeOne(prefix, name string, limits []fleetrate.Limit, n int64, maxWait time.Duration, res *fleetrate.Result) {
 	var buf [128]byte
-	key := append(append(buf[:0], b.Prefix...), b.Key...)
-	sh := &s.shards[s.shardOf(key)]
+	key := append(append(buf[:0], prefix...), name...)
+	h := s.hash(key)
+	sh := s.shardOf(h)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	now := s.clock().UnixMicro()
-	e, st := s.load(sh, key, now)
-	state := [1]fleetrate.BucketState{st}
-	res, _ := fleetrate.Decide(now, req, state[:])
-	s.save(sh, key, e, state[0])
-	return res
+	now := s.now()
+	e, st := s.load(sh, h, key, now)
+	fleetrate.DecideOne(now, limits, n, maxWait, &st, res)
+	s.save(sh, h, key, e, st)
 }
 
 // Refund implements fleetrate.Store.
@@ -335,12 +385,13 @@ func (s *Store) update(ctx context.Context, buckets []fleetrate.Bucket, apply fu
 	keys := fullKeys(buckets)
 	idx := s.lock(keys, idxBuf[:0])
 	defer s.unlock(idx)
-	now := s.clock().UnixMicro()
+	now := s.now()
 	for i, b := range buckets {
-		sh := &s.shards[s.shardOf(keys[i])]
-		e, st := s.load(sh, keys[i], now)
+		h := s.hash(keys[i])
+		sh := s.shardOf(h)
+		e, st := s.load(sh, h, keys[i], now)
 		apply(now, b, &st)
-		s.save(sh, keys[i], e, st)
+		s.save(sh, h, keys[i], e, st)
 	}
 	return nil
 }
@@ -351,9 +402,12 @@ func (s *Store) Reset(ctx context.Context, keys ...string) error {
 		return err
 	}
 	for _, k := range keys {
-		sh := &s.shards[s.shardOf([]byte(k))]
+		h := s.hash([]byte(k))
+		sh := s.shardOf(h)
 		sh.mu.Lock()
-		delete(sh.m, k)
+		if e := sh.t.get(h, []byte(k)); e != nil {
+			sh.t.del(e)
+		}
 		sh.mu.Unlock()
 	}
 	return nil
@@ -366,7 +420,7 @@ func (s *Store) Len() int {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		n += len(sh.m)
+		n += sh.t.n
 		sh.mu.Unlock()
 	}
 	return n
@@ -375,11 +429,12 @@ func (s *Store) Len() int {
 // State returns a copy of the stored state of a bucket, for tests and
 // debugging. ok is false when the bucket is absent or expired (full).
 func (s *Store) State(_ context.Context, key string) (st fleetrate.BucketState, ok bool, err error) {
-	sh := &s.shards[s.shardOf([]byte(key))]
+	h := s.hash([]byte(key))
+	sh := s.shardOf(h)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	e, found := sh.m[key]
-	if !found || e.expires <= s.clock().UnixMicro() {
+	e := sh.t.get(h, []byte(key))
+	if e == nil || e.expires <= s.now() {
 		return st, false, nil
 	}
 	return fleetrate.BucketState{Stamp: e.state.Stamp, Debts: slices.Clone(e.state.Debts)}, true, nil

@@ -2,6 +2,7 @@ package memstore_test
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"testing"
 	"time"
@@ -73,5 +74,84 @@ func TestKeysArePrefixPlusKey(t *testing.T) {
 	}
 	if res, _ := s.Take(ctx, a); !res.Allowed {
 		t.Fatal("Reset by full key did not reset the prefixed bucket")
+	}
+}
+
+// TestBoundTakerMatchesTake drives a bound taker and Take on two stores
+// with one clock and checks that every decision is the same.
+func TestBoundTakerMatchesTake(t *testing.T) {
+	t.Parallel()
+	now := time.Unix(1_700_000_000, 0)
+	clock := func() time.Time { return now }
+	viaBind := memstore.New(memstore.Options{Clock: clock, Shards: 4})
+	viaTake := memstore.New(memstore.Options{Clock: clock, Shards: 4})
+	ctx := context.Background()
+	for _, limits := range [][]fleetrate.Limit{
+		{fleetrate.PerSecond(1000, 5).Named("second")},
+		{fleetrate.PerSecond(700, 3), fleetrate.PerSecond(3, 7)},
+		{fleetrate.PerSecond(100, 2), fleetrate.PerSecond(50, 4), fleetrate.Every(time.Minute, 6)},
+	} {
+		bt, err := viaBind.Bind("p:", limits)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range 2000 {
+			key := strconv.Itoa(i % 7)
+			n := int64(i % 3)
+			maxWait := time.Duration(i%4) * time.Millisecond
+			got, err := bt.TakeKey(ctx, key, n, maxWait)
+			if err != nil {
+				t.Fatal(err)
+			}
+			req := fleetrate.Request{Buckets: []fleetrate.Bucket{{Prefix: "p:", Key: key, Limits: limits}}, N: n, MaxWait: maxWait}
+			want, err := viaTake.Take(ctx, req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != want {
+				t.Fatalf("%v take %d: bound taker decided\n%+v\nTake decided\n%+v", limits, i, got, want)
+			}
+			now = now.Add(time.Duration(i%5) * 300 * time.Microsecond)
+		}
+	}
+}
+
+func TestBoundTakerChecksArguments(t *testing.T) {
+	t.Parallel()
+	s := memstore.New(memstore.Options{})
+	ctx := context.Background()
+	if _, err := s.Bind("p:", nil); !errors.Is(err, fleetrate.ErrInvalid) {
+		t.Errorf("Bind without limits: %v", err)
+	}
+	if _, err := s.Bind("p:", []fleetrate.Limit{fleetrate.PerSecond(0, 1)}); !errors.Is(err, fleetrate.ErrInvalid) {
+		t.Errorf("Bind with rate 0: %v", err)
+	}
+	bt, err := s.Bind("p:", []fleetrate.Limit{fleetrate.PerSecond(10, 5), fleetrate.PerSecond(1, 3)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		key     string
+		n       int64
+		maxWait time.Duration
+		want    error
+	}{
+		{"", 1, 0, fleetrate.ErrInvalid},
+		{"k", -1, 0, fleetrate.ErrInvalid},
+		{"k", 1, -time.Second, fleetrate.ErrInvalid},
+		{"k", 1, fleetrate.MaxWaitCap + 1, fleetrate.ErrInvalid},
+		{"k", 4, 0, fleetrate.ErrBurstExceeded}, // beyond the smaller burst
+	} {
+		if res, err := bt.TakeKey(ctx, c.key, c.n, c.maxWait); !errors.Is(err, c.want) || res.Allowed {
+			t.Errorf("TakeKey(%q, %d, %v) = %+v, %v; want %v", c.key, c.n, c.maxWait, res, err, c.want)
+		}
+	}
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	if res, err := bt.TakeKey(cancelled, "k", 1, 0); err == nil || res.Allowed {
+		t.Errorf("cancelled context: %+v, %v", res, err)
+	}
+	if res, err := bt.TakeKey(ctx, "k", 3, 0); err != nil || !res.Allowed {
+		t.Errorf("take of the smaller burst: %+v, %v", res, err)
 	}
 }

@@ -1,0 +1,68 @@
+package memstore
+
+// table maps bucket keys to entries by the 64-bit hash the store already
+// computed to pick the shard, so that a lookup hashes the key once, not
+// twice. Entries whose keys share a hash (with a random seed, about never)
+// are chained; every lookup compares the full key.
+type table struct {
+	m map[uint64]*entry
+	n int // entries, chained ones included
+}
+
+func newTable() table { return table{m: map[uint64]*entry{}} }
+
+// get returns the entry for key, whose hash is h, or nil.
+func (t *table) get(h uint64, key []byte) *entry {
+	for e := t.m[h]; e != nil; e = e.next {
+		if e.key == string(key) {
+			return e
+		}
+	}
+	return nil
+}
+
+// put adds e, whose key is absent and hashes to h.
+func (t *table) put(h uint64, e *entry) {
+	e.hash, e.next = h, t.m[h]
+	t.m[h] = e
+	t.n++
+}
+
+// del removes e, which the table holds.
+func (t *table) del(e *entry) {
+	head := t.m[e.hash]
+	switch {
+	case head == e && e.next == nil:
+		delete(t.m, e.hash)
+	case head == e:
+		t.m[e.hash] = e.next
+	default:
+		for p := head; p != nil; p = p.next {
+			if p.next == e {
+				p.next = e.next
+				break
+			}
+		}
+	}
+	e.next = nil
+	t.n--
+}
+
+// sample calls f with up to limit entries, starting at a random place
+// (Go's map iteration order), until f returns false. f may delete the
+// entry it is given.
+func (t *table) sample(limit int, f func(e *entry) bool) {
+	seen := 0
+	for _, head := range t.m {
+		for e := head; e != nil; {
+			next := e.next
+			if !f(e) {
+				return
+			}
+			if seen++; seen >= limit {
+				return
+			}
+			e = next
+		}
+	}
+}
