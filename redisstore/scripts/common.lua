@@ -14,6 +14,13 @@ if redis.replicate_commands then redis.replicate_commands() end
 local MAX_ELAPSE_US = 7776000000000 -- (MaxFillTime + MaxWaitCap) in µs
 local TTL_SLACK_MS = 1000
 
+-- '%d' formats an integral double exactly and faster than '%.0f' where
+-- Lua's integer format is 64 bits wide (every 64-bit Redis); elsewhere the
+-- scripts fall back to '%.0f'.
+local INT = '%.0f'
+if string.format('%d', 2 ^ 52 + 1) == '4503599627370497' then INT = '%d' end
+local INT2 = INT .. ' ' .. INT
+
 local function now_us()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -72,10 +79,10 @@ local function save(key, now, d)
   end
   local v
   if #d == 1 then
-    v = string.format('%.0f %.0f', now, d[1])
+    v = string.format(INT2, now, d[1])
   else
-    local parts = { string.format('%.0f', now) }
-    for i = 1, #d do parts[i + 1] = string.format('%.0f', d[i]) end
+    local parts = { string.format(INT, now) }
+    for i = 1, #d do parts[i + 1] = string.format(INT, d[i]) end
     v = table.concat(parts, ' ')
   end
   redis.call('SET', key, v, 'PX', math.ceil(mx / 1000000) + TTL_SLACK_MS)

@@ -11,36 +11,48 @@ local now = now_us()
 local takes = tonumber(ARGV[1])
 local raws = redis.call('MGET', unpack(KEYS))
 local pos, kpos = 2, 0
-local cache = {} -- key -> {m = limits, d = debts, dirty = written since read}
+-- key -> its debts, which also record the number of limits they were read
+-- for (m) and whether a take booked them (dirty).
+local cache = {}
 local out = { now }
+-- The current take's buckets; the tables are reused from take to take.
+local lims, ms, debts = {}, {}, {}
 
 for _ = 1, takes do
   local nb, n, max_wait, count = tonumber(ARGV[pos]), tonumber(ARGV[pos + 1]), tonumber(ARGV[pos + 2]), tonumber(ARGV[pos + 3])
   pos = pos + 4
-  local lims, ms, debts, entries = {}, {}, {}, {}
   for b = 1, nb do
     kpos = kpos + 1
     local key = KEYS[kpos]
-    lims[b], ms[b], pos = read_limits(pos)
-    local e = cache[key]
-    if not e then
-      e = { m = ms[b], d = parse(raws[kpos], ms[b], now), dirty = false }
-      cache[key] = e
-    elseif e.m ~= ms[b] then
+    local m = tonumber(ARGV[pos])
+    local l = lims[b]
+    if not l then
+      l = {}
+      lims[b] = l
+    end
+    for i = 1, 2 * m do l[i] = tonumber(ARGV[pos + i]) end
+    pos = pos + 1 + 2 * m
+    ms[b] = m
+    local d = cache[key]
+    if not d then
+      d = parse(raws[kpos], m, now)
+      d.m = m
+      cache[key] = d
+    elseif d.m ~= m then
       -- Run alone, an earlier take that booked would have written the key
       -- for a different number of limits, which this take reads as full;
       -- one that booked nothing would have left the key as it is.
-      if e.dirty then
-        save(key, now, e.d)
-        local d = {}
-        for i = 1, ms[b] do d[i] = 0 end
-        e = { m = ms[b], d = d, dirty = false }
+      if d.dirty then
+        save(key, now, d)
+        d = {}
+        for i = 1, m do d[i] = 0 end
       else
-        e = { m = ms[b], d = load(key, ms[b], now), dirty = false }
+        d = load(key, m, now)
       end
-      cache[key] = e
+      d.m = m
+      cache[key] = d
     end
-    debts[b], entries[b] = e.d, e
+    debts[b] = d
   end
   local k = #out + 1
   out[k] = 0
@@ -48,11 +60,11 @@ for _ = 1, takes do
   local made, booked = take_all(debts, lims, ms, nb, n, max_wait, count)
   out[k] = made
   if booked then
-    for b = 1, nb do entries[b].dirty = true end
+    for b = 1, nb do debts[b].dirty = true end
   end
 end
 
-for key, e in pairs(cache) do
-  if e.dirty then save(key, now, e.d) end
+for key, d in pairs(cache) do
+  if d.dirty then save(key, now, d) end
 end
 return out
