@@ -42,6 +42,9 @@ type batchCall struct {
 	req  fleetrate.Request
 	keys []string
 	rs   []fleetrate.Result
+	// The backing of req.Buckets and keys for a take from one bucket.
+	bucket [1]fleetrate.Bucket
+	key    [1]string
 }
 
 const (
@@ -67,18 +70,26 @@ func newBatcher(s *Store) *batcher {
 	return b
 }
 
-// take queues an already validated req and waits for its decision.
-func (b *batcher) take(ctx context.Context, req fleetrate.Request) (fleetrate.Result, error) {
+// take queues an already validated req and waits for its decision. owned
+// reports that req's limits belong to the store (a bound taker's), so that
+// only the request's own slices need copying.
+func (b *batcher) take(ctx context.Context, req fleetrate.Request, owned bool) (fleetrate.Result, error) {
 	if err := ctx.Err(); err != nil {
 		return fleetrate.Result{}, unavailable("take", err)
 	}
-	c := &batchCall{waiter: waiter{done: make(chan struct{})}, req: cloneRequest(req)}
-	c.keys = make([]string, len(req.Buckets))
-	for i, bk := range req.Buckets {
-		c.keys[i] = bk.StoreKey()
-	}
-	if err := b.s.sameSlot(c.keys); err != nil {
-		return fleetrate.Result{}, err
+	c := &batchCall{waiter: waiter{done: make(chan struct{})}, req: req}
+	if owned && len(req.Buckets) == 1 {
+		c.bucket[0], c.key[0] = req.Buckets[0], req.Buckets[0].StoreKey()
+		c.req.Buckets, c.keys = c.bucket[:], c.key[:]
+	} else {
+		c.req = cloneRequest(req)
+		c.keys = make([]string, len(req.Buckets))
+		for i, bk := range req.Buckets {
+			c.keys[i] = bk.StoreKey()
+		}
+		if err := b.s.sameSlot(c.keys); err != nil {
+			return fleetrate.Result{}, err
+		}
 	}
 	route := b.route(c.keys[0])
 	b.mu.Lock()

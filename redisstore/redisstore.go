@@ -16,6 +16,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -113,7 +114,10 @@ type Store struct {
 	batch *batcher
 }
 
-var _ fleetrate.Store = (*Store)(nil)
+var (
+	_ fleetrate.Store  = (*Store)(nil)
+	_ fleetrate.Binder = (*Store)(nil)
+)
 
 // New returns a Store over c.
 func New(c Client, opts Options) (*Store, error) {
@@ -234,13 +238,46 @@ func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Resu
 	if err := req.Validate(); err != nil {
 		return fleetrate.Result{}, err
 	}
+	return s.take(ctx, req, false)
+}
+
+// take is Take for a validated request; owned is as for batcher.take.
+func (s *Store) take(ctx context.Context, req fleetrate.Request, owned bool) (fleetrate.Result, error) {
 	if s.batch != nil {
-		return s.batch.take(ctx, req)
+		return s.batch.take(ctx, req, owned)
 	}
 	if s.fold != nil && req.N > 0 {
 		return s.fold.take(ctx, req)
 	}
 	return s.takeMany(ctx, req, 1)
+}
+
+// Bind implements fleetrate.Binder: a Limiter's Allow and Peek then skip
+// building and checking a request of their own, and a batched take copies
+// nothing but its key.
+func (s *Store) Bind(prefix string, limits []fleetrate.Limit) (fleetrate.BoundTaker, error) {
+	b := fleetrate.Bucket{Prefix: prefix, Key: "*", Limits: slices.Clone(limits)}
+	if err := fleetrate.ValidateBuckets([]fleetrate.Bucket{b}); err != nil {
+		return nil, err
+	}
+	return &bound{s: s, b: b}, nil
+}
+
+// bound is a Store bound to one prefix and one list of validated limits.
+type bound struct {
+	s *Store
+	b fleetrate.Bucket // Key is set per take
+}
+
+// TakeKey implements fleetrate.BoundTaker.
+func (t *bound) TakeKey(ctx context.Context, key string, n int64, maxWait time.Duration) (fleetrate.Result, error) {
+	b := t.b
+	b.Key = key
+	req := fleetrate.Request{Buckets: []fleetrate.Bucket{b}, N: n, MaxWait: maxWait}
+	if err := req.Validate(); err != nil {
+		return fleetrate.Result{}, err
+	}
+	return t.s.take(ctx, req, true)
 }
 
 // takeMany runs count identical takes in one script call and returns the

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -363,4 +364,46 @@ func (f argsHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 }
 func (f argsHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
+}
+
+// TestLimiterAllowThroughBind checks a Limiter's Allow and Peek, which take
+// through the store's bound taker, in every mode: the limits apply, the
+// result names them as configured, and bad names are errors.
+func TestLimiterAllowThroughBind(t *testing.T) {
+	srv := redistest.Start(t)
+	modes := append(sharedModes[:len(sharedModes):len(sharedModes)], struct {
+		name string
+		opts redisstore.Options
+	}{"Plain", redisstore.Options{Timeout: 2 * time.Second}})
+	for _, m := range modes {
+		t.Run(m.name, func(t *testing.T) {
+			s, err := redisstore.New(srv.Client(), m.opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			lim := fleetrate.Every(time.Hour, 3).Named("hourly")
+			l, err := fleetrate.New(s, fleetrate.Config{Prefix: "bind:" + m.name + ":", Limits: []fleetrate.Limit{lim}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			for i, want := range []bool{true, true, true, false} {
+				res, err := l.Allow(ctx, "k")
+				if err != nil || res.Allowed != want || res.Limit != lim || res.Remaining != int64(max(2-i, 0)) {
+					t.Fatalf("take %d: %+v, %v; want allowed=%v by %v", i, res, err, want, lim)
+				}
+			}
+			if res, err := l.Peek(ctx, "k"); err != nil || !res.Allowed || res.Remaining != 0 {
+				t.Fatalf("peek: %+v, %v", res, err)
+			}
+			for _, name := range []string{"", strings.Repeat("x", fleetrate.MaxNameLen+1)} {
+				if _, err := l.Allow(ctx, name); !errors.Is(err, fleetrate.ErrInvalid) {
+					t.Errorf("Allow(%d-byte name) = %v, want ErrInvalid", len(name), err)
+				}
+			}
+			if _, err := l.AllowN(ctx, 4, "k"); !errors.Is(err, fleetrate.ErrBurstExceeded) {
+				t.Errorf("AllowN beyond the burst = %v", err)
+			}
+		})
+	}
 }
