@@ -3,7 +3,6 @@ package redisstore
 import (
 	"context"
 	"errors"
-	"slices"
 	"sync"
 	"time"
 
@@ -23,7 +22,9 @@ import (
 // one) every key can share a call; on a Cluster only keys of one hash slot
 // can; with any other client, only takes whose first key is the same.
 type batcher struct {
-	s     *Store
+	s *Store
+	// route names the queue of a take by its first key; nil when every
+	// take shares one queue (and the key is not needed before sending).
 	route func(key string) string
 
 	mu     sync.Mutex
@@ -39,12 +40,32 @@ type batchQueue struct {
 // may give up and reuse its slices while the call is still queued).
 type batchCall struct {
 	waiter
-	req  fleetrate.Request
+	req fleetrate.Request
+	// keys are the store keys of req's buckets; nil until needed.
 	keys []string
-	rs   []fleetrate.Result
+	// largs are the script arguments of req's limits (see appendLimits),
+	// encoded once by a bound taker; nil for other takes.
+	largs []any
+	rs    []fleetrate.Result
 	// The backing of req.Buckets and keys for a take from one bucket.
 	bucket [1]fleetrate.Bucket
 	key    [1]string
+}
+
+// storeKeys returns (and keeps) the store keys of c's buckets.
+func (c *batchCall) storeKeys() []string {
+	if c.keys == nil {
+		if len(c.req.Buckets) == 1 {
+			c.key[0] = c.req.Buckets[0].StoreKey()
+			c.keys = c.key[:]
+		} else {
+			c.keys = make([]string, len(c.req.Buckets))
+			for i, bk := range c.req.Buckets {
+				c.keys[i] = bk.StoreKey()
+			}
+		}
+	}
+	return c.keys
 }
 
 const (
@@ -61,7 +82,7 @@ func newBatcher(s *Store) *batcher {
 	b := &batcher{s: s, queues: map[string]*batchQueue{}}
 	switch s.c.(type) {
 	case *redis.Client, *redis.AutoPipeliner:
-		b.route = func(string) string { return "" }
+		// One queue: route stays nil.
 	case *redis.ClusterClient:
 		b.route = func(key string) string { return string(rune(Slot(key))) }
 	default:
@@ -70,28 +91,29 @@ func newBatcher(s *Store) *batcher {
 	return b
 }
 
-// take queues an already validated req and waits for its decision. owned
-// reports that req's limits belong to the store (a bound taker's), so that
-// only the request's own slices need copying.
-func (b *batcher) take(ctx context.Context, req fleetrate.Request, owned bool) (fleetrate.Result, error) {
+// take queues an already validated req and waits for its decision. largs,
+// when not nil, are the encoded limits of req's single bucket, which then
+// belong to the store (a bound taker's), so that only the bucket itself
+// needs copying.
+func (b *batcher) take(ctx context.Context, req fleetrate.Request, largs []any) (fleetrate.Result, error) {
 	if err := ctx.Err(); err != nil {
 		return fleetrate.Result{}, unavailable("take", err)
 	}
-	c := &batchCall{waiter: waiter{done: make(chan struct{})}, req: req}
-	if owned && len(req.Buckets) == 1 {
-		c.bucket[0], c.key[0] = req.Buckets[0], req.Buckets[0].StoreKey()
-		c.req.Buckets, c.keys = c.bucket[:], c.key[:]
+	c := newBatchCall()
+	c.req, c.largs = req, largs
+	if largs != nil && len(req.Buckets) == 1 {
+		c.bucket[0] = req.Buckets[0]
+		c.req.Buckets = c.bucket[:]
 	} else {
-		c.req = cloneRequest(req)
-		c.keys = make([]string, len(req.Buckets))
-		for i, bk := range req.Buckets {
-			c.keys[i] = bk.StoreKey()
-		}
-		if err := b.s.sameSlot(c.keys); err != nil {
+		c.req, c.largs = cloneRequest(req), nil
+		if err := b.s.sameSlot(c.storeKeys()); err != nil {
 			return fleetrate.Result{}, err
 		}
 	}
-	route := b.route(c.keys[0])
+	var route string
+	if b.route != nil {
+		route = b.route(c.storeKeys()[0])
+	}
 	b.mu.Lock()
 	q := b.queues[route]
 	if q == nil {
@@ -111,14 +133,36 @@ func (b *batcher) take(ctx context.Context, req fleetrate.Request, owned bool) (
 	case <-c.done:
 	case <-ctx.Done():
 		if c.state.CompareAndSwap(pending, abandoned) {
-			return fleetrate.Result{}, ctx.Err()
+			return fleetrate.Result{}, ctx.Err() // c now belongs to the sender
 		}
 		<-c.done // delivered meanwhile: the decision stands
 	}
-	if c.err != nil {
-		return fleetrate.Result{}, c.err
+	res, err := fleetrate.Result{}, c.err
+	if err == nil {
+		res = c.rs[0]
 	}
-	return c.rs[0], nil
+	c.release()
+	return res, err
+}
+
+// calls recycles the batchCalls whose decision their caller received.
+var calls = sync.Pool{New: func() any { return &batchCall{waiter: waiter{done: make(chan struct{}, 1)}} }}
+
+// newBatchCall returns an empty, pending call. Its done channel has room
+// for the one signal the sender gives when it delivers the decision.
+func newBatchCall() *batchCall {
+	c := calls.Get().(*batchCall)
+	c.state.Store(pending)
+	return c
+}
+
+// release recycles c once its caller has the decision: the sender has
+// signalled and no longer touches it.
+func (c *batchCall) release() {
+	done := c.done
+	*c = batchCall{}
+	c.done = done
+	calls.Put(c)
 }
 
 // run sends the queue of one route as batch calls until it is empty.
@@ -147,8 +191,15 @@ func (b *batcher) run(route string, q *batchQueue) {
 // sends as one take with a count: a hot bucket then costs the script one
 // take, however many callers share it.
 func sameTake(a, b *batchCall) bool {
-	return a.req.N == b.req.N && a.req.MaxWait == b.req.MaxWait &&
-		slices.Equal(a.keys, b.keys) && sameLimits(a.req, b.req)
+	if a.req.N != b.req.N || a.req.MaxWait != b.req.MaxWait || len(a.req.Buckets) != len(b.req.Buckets) {
+		return false
+	}
+	for i := range a.req.Buckets {
+		if x, y := &a.req.Buckets[i], &b.req.Buckets[i]; x.Prefix != y.Prefix || x.Key != y.Key {
+			return false
+		}
+	}
+	return sameLimits(a.req, b.req)
 }
 
 // send runs one batch call and hands each caller its decision.
@@ -164,7 +215,7 @@ func (b *batcher) send(batch []*batchCall) {
 	}
 	nkeys, nargs := 0, 1
 	for _, run := range runs {
-		nkeys += len(run[0].keys)
+		nkeys += len(run[0].req.Buckets)
 		nargs += 4
 		for _, bk := range run[0].req.Buckets {
 			nargs += 1 + 2*len(bk.Limits)
@@ -175,9 +226,13 @@ func (b *batcher) send(batch []*batchCall) {
 	args[0] = len(runs)
 	for _, run := range runs {
 		c := run[0]
-		keys = append(keys, c.keys...)
-		args = append(args, len(c.keys), c.req.N, int64(c.req.MaxWait), len(run))
-		_, args = appendLimits(args, c.req.Buckets)
+		keys = append(keys, c.storeKeys()...)
+		args = append(args, len(c.req.Buckets), c.req.N, int64(c.req.MaxWait), len(run))
+		if c.largs != nil {
+			args = append(args, c.largs...)
+		} else {
+			_, args = appendLimits(args, c.req.Buckets)
+		}
 	}
 	// The call belongs to no single caller, so it has the store's own
 	// timeout rather than any caller's context.
@@ -212,7 +267,7 @@ func (b *batcher) send(batch []*batchCall) {
 				c.rs = rs[min(i, len(rs)-1):]
 			}
 			if c.state.CompareAndSwap(pending, delivered) {
-				close(c.done)
+				c.done <- struct{}{} // from here on c belongs to its caller
 			} else if c.err == nil && c.rs[0].Allowed && c.req.N > 0 {
 				refunds = append(refunds, c) // its caller gave up: return its tokens
 			}

@@ -51,9 +51,15 @@ func TestBatchMatchesSequentialModel(t *testing.T) {
 			if err := req.Validate(); err != nil {
 				t.Fatal(err)
 			}
-			c := &batchCall{waiter: waiter{done: make(chan struct{})}, req: req}
-			for _, b := range req.Buckets {
-				c.keys = append(c.keys, b.StoreKey())
+			c := newBatchCall()
+			c.req = req
+			if rng.IntN(2) == 0 {
+				for _, b := range req.Buckets {
+					c.keys = append(c.keys, b.StoreKey())
+				}
+			}
+			if len(req.Buckets) == 1 && rng.IntN(2) == 0 {
+				_, c.largs = appendLimits(nil, req.Buckets) // as a bound taker
 			}
 			batch = append(batch, c)
 		}

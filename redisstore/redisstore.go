@@ -238,13 +238,13 @@ func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Resu
 	if err := req.Validate(); err != nil {
 		return fleetrate.Result{}, err
 	}
-	return s.take(ctx, req, false)
+	return s.take(ctx, req, nil)
 }
 
-// take is Take for a validated request; owned is as for batcher.take.
-func (s *Store) take(ctx context.Context, req fleetrate.Request, owned bool) (fleetrate.Result, error) {
+// take is Take for a validated request; largs is as for batcher.take.
+func (s *Store) take(ctx context.Context, req fleetrate.Request, largs []any) (fleetrate.Result, error) {
 	if s.batch != nil {
-		return s.batch.take(ctx, req, owned)
+		return s.batch.take(ctx, req, largs)
 	}
 	if s.fold != nil && req.N > 0 {
 		return s.fold.take(ctx, req)
@@ -260,13 +260,15 @@ func (s *Store) Bind(prefix string, limits []fleetrate.Limit) (fleetrate.BoundTa
 	if err := fleetrate.ValidateBuckets([]fleetrate.Bucket{b}); err != nil {
 		return nil, err
 	}
-	return &bound{s: s, b: b}, nil
+	_, largs := appendLimits(nil, []fleetrate.Bucket{b})
+	return &bound{s: s, b: b, largs: largs}, nil
 }
 
 // bound is a Store bound to one prefix and one list of validated limits.
 type bound struct {
-	s *Store
-	b fleetrate.Bucket // Key is set per take
+	s     *Store
+	b     fleetrate.Bucket // Key is set per take
+	largs []any            // b's limits as script arguments
 }
 
 // TakeKey implements fleetrate.BoundTaker.
@@ -277,7 +279,7 @@ func (t *bound) TakeKey(ctx context.Context, key string, n int64, maxWait time.D
 	if err := req.Validate(); err != nil {
 		return fleetrate.Result{}, err
 	}
-	return t.s.take(ctx, req, true)
+	return t.s.take(ctx, req, t.largs)
 }
 
 // takeMany runs count identical takes in one script call and returns the
