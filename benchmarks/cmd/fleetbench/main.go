@@ -11,6 +11,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -45,6 +46,7 @@ func main() {
 }
 
 type config struct {
+	count      int
 	duration   time.Duration
 	goroutines []int
 	chart      string
@@ -59,6 +61,7 @@ func run(args []string, out io.Writer) error {
 	var cfg config
 	var gs string
 	fs.DurationVar(&cfg.duration, "duration", 2*time.Second, "how long each measurement runs")
+	fs.IntVar(&cfg.count, "count", 3, "how many times each measurement runs; tables report the median")
 	fs.StringVar(&gs, "goroutines", "1,8,64,256", "goroutine counts for the Redis table")
 	fs.StringVar(&cfg.chart, "chart", "", "write a PNG chart of Redis throughput to this file")
 	fs.BoolVar(&cfg.quick, "quick", false, "a short smoke run (CI)")
@@ -96,7 +99,11 @@ func run(args []string, out io.Writer) error {
 			return fmt.Errorf("-only: unknown table %q (want redis, wait or mem)", t)
 		}
 	}
+	if cfg.count < 1 {
+		return fmt.Errorf("-count: %d is not a positive integer", cfg.count)
+	}
 	if cfg.quick {
+		cfg.count = 1
 		cfg.duration = 200 * time.Millisecond
 		cfg.goroutines = []int{1, 64}
 	}
@@ -111,8 +118,8 @@ func run(args []string, out io.Writer) error {
 	}
 	defer srv.Stop()
 
-	fmt.Fprintf(out, "Measured %s by `cd benchmarks && go run ./cmd/fleetbench -duration %v`; redis-server on loopback, %d CPU cores shared by client and server.\n\n",
-		time.Now().UTC().Format("2006-01-02"), cfg.duration, nproc())
+	fmt.Fprintf(out, "Measured %s by `cd benchmarks && go run ./cmd/fleetbench -duration %v -count %d`; redis-server on loopback, %d CPU cores shared by client and server.\n\n",
+		time.Now().UTC().Format("2006-01-02"), cfg.duration, cfg.count, nproc())
 	var redisRows []redisRow
 	if cfg.only["redis"] {
 		if redisRows, err = redisTable(srv, cfg, out); err != nil {
@@ -133,6 +140,12 @@ func run(args []string, out io.Writer) error {
 		}
 	}
 	return nil
+}
+
+// median returns the median of xs, which it sorts.
+func median(xs []float64) float64 {
+	slices.Sort(xs)
+	return xs[len(xs)/2]
 }
 
 func nproc() int {
@@ -228,14 +241,19 @@ func fleetLimiter(c redisstore.Client, opts redisstore.Options) (*fleetrate.Limi
 }
 
 func redisTable(srv *redistest.Server, cfg config, out io.Writer) ([]redisRow, error) {
-	ceilHot, err := ceiling(srv, true, cfg)
-	if err != nil {
-		return nil, err
+	var hots, spreads []float64
+	for range cfg.count {
+		h, err := ceiling(srv, true, cfg)
+		if err != nil {
+			return nil, err
+		}
+		sp, err := ceiling(srv, false, cfg)
+		if err != nil {
+			return nil, err
+		}
+		hots, spreads = append(hots, h), append(spreads, sp)
 	}
-	ceilSpread, err := ceiling(srv, false, cfg)
-	if err != nil {
-		return nil, err
-	}
+	ceilHot, ceilSpread := median(hots), median(spreads)
 	type impl struct {
 		name  string
 		build func(c *redis.Client) (func(ctx context.Context, key string) error, func(), error)
@@ -284,36 +302,49 @@ func redisTable(srv *redistest.Server, cfg config, out io.Writer) ([]redisRow, e
 			return nil, fmt.Errorf("-keys: unknown pattern %q (want hot or spread)", p)
 		}
 	}
+	// Each row is measured cfg.count times, the implementations taking
+	// turns so that a slow spell of the machine hits them all; the row
+	// reports the run with the median throughput.
 	var rows []redisRow
-	for _, hot := range patterns {
-		for _, g := range cfg.goroutines {
-			for _, im := range impls {
-				c := newClient(srv, g)
-				f, closeFn, err := im.build(c)
-				if err != nil {
-					return nil, fmt.Errorf("%s: %w", im.name, err)
-				}
-				m := measure(g, cfg.duration, func(ctx context.Context, i int) error {
-					key := "hot"
-					if !hot {
-						key = keyNames[i%keyspace]
+	runs := map[int][]measurement{}
+	for rep := range cfg.count {
+		i := 0
+		for _, hot := range patterns {
+			for _, g := range cfg.goroutines {
+				for _, im := range impls {
+					c := newClient(srv, g)
+					f, closeFn, err := im.build(c)
+					if err != nil {
+						return nil, fmt.Errorf("%s: %w", im.name, err)
 					}
-					return f(ctx, key)
-				})
-				closeFn()
-				_ = c.Close()
-				ceil := ceilSpread
-				if hot {
-					ceil = ceilHot
+					m := measure(g, cfg.duration, func(ctx context.Context, i int) error {
+						key := "hot"
+						if !hot {
+							key = keyNames[i%keyspace]
+						}
+						return f(ctx, key)
+					})
+					closeFn()
+					_ = c.Close()
+					runs[i] = append(runs[i], m)
+					fmt.Fprintf(os.Stderr, "redis %-26s hot=%-5v g=%-3d %9.0f/s p99 %v errors %d\n", im.name, hot, g, m.ops, m.p99, m.errors)
+					if rep == cfg.count-1 {
+						ceil := ceilSpread
+						if hot {
+							ceil = ceilHot
+						}
+						ms := runs[i]
+						slices.SortFunc(ms, func(a, b measurement) int { return cmp.Compare(a.ops, b.ops) })
+						rows = append(rows, redisRow{impl: im.name, hot: hot, g: g, m: ms[len(ms)/2], ceiling: ceil})
+					}
+					i++
 				}
-				rows = append(rows, redisRow{impl: im.name, hot: hot, g: g, m: m, ceiling: ceil})
-				fmt.Fprintf(os.Stderr, "redis %-26s hot=%-5v g=%-3d %9.0f/s p99 %v errors %d\n", im.name, hot, g, m.ops, m.p99, m.errors)
 			}
 		}
 	}
 	fmt.Fprintf(out, "## Redis: Allow decisions per second\n\n")
-	fmt.Fprintf(out, "The ceiling is `redis-benchmark` running fleetrate's own take script with EVALSHA, 50 clients, pipelining 32: %.0f/s on one hot key, %.0f/s over %d keys.\n\n",
-		ceilHot, ceilSpread, keyspace)
+	fmt.Fprintf(out, "The ceiling is `redis-benchmark` running fleetrate's own take script with EVALSHA, 50 clients, pipelining 32: %.0f/s on one hot key, %.0f/s over %d keys (medians of %d runs; each row below is the median of %d runs of %v).\n\n",
+		ceilHot, ceilSpread, keyspace, cfg.count, cfg.count, cfg.duration)
 	fmt.Fprintf(out, "| keys | goroutines | implementation | decisions/s | × ceiling | × redis_rate | p50 | p99 | errors |\n|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {
 		var peer float64
@@ -387,7 +418,7 @@ func ceiling(srv *redistest.Server, hot bool, cfg config) (float64, error) {
 // lateness with 10 and 100 waiters on one bucket.
 func waitTable(srv *redistest.Server, cfg config, out io.Writer) error {
 	fmt.Fprintf(out, "## Redis: Wait mode on one saturated bucket (1000/s, burst 10)\n\n")
-	fmt.Fprintf(out, "| waiters | grants | Redis calls per grant | utilisation | lateness p50 | lateness p99 |\n|---|---|---|---|---|---|\n")
+	fmt.Fprintf(out, "| waiters | grants | Redis calls per grant | utilisation | lateness p50 | lateness p99 | reply delay p99 (grants with no wait) |\n|---|---|---|---|---|---|---|\n")
 	for _, waiters := range []int{10, 100} {
 		var calls atomic.Int64
 		c := newClient(srv, waiters)
@@ -397,6 +428,7 @@ func waitTable(srv *redistest.Server, cfg config, out io.Writer) error {
 			return err
 		}
 		_ = s.LoadScripts(context.Background())
+		warmPool(c, waiters)
 		lim := fleetrate.PerSecond(1000, 10)
 		l, err := fleetrate.New(s, fleetrate.Config{Prefix: "fw:", Limits: []fleetrate.Limit{lim}, MaxWait: time.Minute})
 		if err != nil {
@@ -406,7 +438,8 @@ func waitTable(srv *redistest.Server, cfg config, out io.Writer) error {
 		calls.Store(0)
 		var (
 			mu    sync.Mutex
-			late  []time.Duration
+			late  []time.Duration // of the grants that slept until their slot
+			now   []time.Duration // of the grants with no wait
 			first = int64(1<<63 - 1)
 			last  int64
 			wg    sync.WaitGroup
@@ -415,7 +448,6 @@ func waitTable(srv *redistest.Server, cfg config, out io.Writer) error {
 		for range waiters {
 			wg.Go(func() {
 				for time.Now().Before(finish) {
-					t0 := time.Now()
 					res, err := l.WaitN(context.Background(), 1, key)
 					woke := time.Now()
 					if err != nil {
@@ -423,7 +455,11 @@ func waitTable(srv *redistest.Server, cfg config, out io.Writer) error {
 					}
 					booked := res.At.UnixNano() + int64(res.Wait)
 					mu.Lock()
-					late = append(late, woke.Sub(t0.Add(res.Wait)))
+					if res.Wait > 0 {
+						late = append(late, woke.Sub(time.Unix(0, booked)))
+					} else {
+						now = append(now, woke.Sub(time.Unix(0, booked)))
+					}
 					first, last = min(first, booked), max(last, booked)
 					mu.Unlock()
 				}
@@ -432,13 +468,26 @@ func waitTable(srv *redistest.Server, cfg config, out io.Writer) error {
 		wg.Wait()
 		_ = c.Close()
 		slices.Sort(late)
+		slices.Sort(now)
+		grants := len(late) + len(now)
 		span := time.Duration(last - first).Seconds()
-		util := float64(len(late)) / (float64(lim.Burst) + lim.Rate*span)
-		fmt.Fprintf(out, "| %d | %d | %.3f | %.4f | %v | %v |\n", waiters, len(late), float64(calls.Load())/float64(len(late)), util,
-			late[len(late)/2].Round(time.Microsecond), late[len(late)*99/100].Round(time.Microsecond))
+		util := float64(grants) / (float64(lim.Burst) + lim.Rate*span)
+		fmt.Fprintf(out, "| %d | %d | %.3f | %.4f | %v | %v | %v (%d grants) |\n", waiters, grants, float64(calls.Load())/float64(grants), util,
+			late[len(late)/2].Round(time.Microsecond), late[len(late)*99/100].Round(time.Microsecond),
+			now[len(now)*99/100].Round(time.Microsecond), len(now))
 	}
-	fmt.Fprintf(out, "\nLateness is the time a waiter woke after its booked slot (local timer and scheduling), measured from just before the reservation.\n\n")
+	fmt.Fprintf(out, "\nLateness is the time a waiter that slept woke after its booked slot: the Redis server's clock at the decision plus the booked wait (client and server share one clock here). It is the reply's trip back plus the local timer and scheduling, since a waiter counts its wait from the reply, never from before it. Grants with no wait (the first burst, when every waiter starts at once) do not sleep; for them the last column gives the time from the decision to the caller holding the grant.\n\n")
 	return nil
+}
+
+// warmPool opens n connections, as a client in service has them open, so
+// that a measurement starts without n simultaneous dials.
+func warmPool(c *redis.Client, n int) {
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() { _ = c.Ping(context.Background()).Err() })
+	}
+	wg.Wait()
 }
 
 type scriptCounter struct{ n *atomic.Int64 }
@@ -473,7 +522,15 @@ func memTable(cfg config, out io.Writer) {
 		name string
 		r    testing.BenchmarkResult
 	}
-	bench := testing.Benchmark
+	// bench runs f cfg.count times and keeps the run with the median ns/op.
+	bench := func(f func(b *testing.B)) testing.BenchmarkResult {
+		var rs []testing.BenchmarkResult
+		for range cfg.count {
+			rs = append(rs, testing.Benchmark(f))
+		}
+		slices.SortFunc(rs, func(a, b testing.BenchmarkResult) int { return cmp.Compare(a.NsPerOp(), b.NsPerOp()) })
+		return rs[len(rs)/2]
+	}
 	single := []row{
 		{"fleetrate memstore", bench(func(b *testing.B) {
 			l := mem()
