@@ -106,6 +106,7 @@ type Limiter struct {
 	now     func() time.Time
 	scratch sync.Pool  // of *[]Bucket, reused across calls
 	bound   BoundTaker // the store's taker for the default limits, if any
+	clock   anchor     // times booked slots from the store's decisions
 }
 
 // namedBucket is a configured bucket and, when the store is a Binder, its
@@ -328,9 +329,10 @@ func (l *Limiter) Reserve(ctx context.Context, name string) (*Reservation, error
 // nothing is booked and the error is a *BackpressureError. n larger than a
 // burst fails at once with ErrBurstExceeded.
 func (l *Limiter) ReserveN(ctx context.Context, n int64, names ...string) (*Reservation, error) {
+	start := time.Now()
 	res, bs, err := l.take(ctx, n, l.maxWait, names)
-	// Wait counts from the store's decision, which came before the answer
-	// arrived: counting from the answer never wakes before the slot.
+	// The wait counts from the store's decision, which happened between
+	// start and the answer: the anchor places it (see anchor).
 	answered := time.Now()
 	if bs != nil {
 		defer l.release(bs)
@@ -341,7 +343,7 @@ func (l *Limiter) ReserveN(ctx context.Context, n int64, names ...string) (*Rese
 	if !res.Allowed {
 		return nil, &BackpressureError{RetryAfter: res.RetryAfter, MaxWait: l.maxWait, Result: res}
 	}
-	return &Reservation{Result: res, l: l, bs: slices.Clone(*bs), n: n, due: answered.Add(res.Wait)}, nil
+	return &Reservation{Result: res, l: l, bs: slices.Clone(*bs), n: n, due: l.clock.due(start, answered, res)}, nil
 }
 
 // Wait blocks until one token of the named bucket is granted. See WaitN.
@@ -376,7 +378,7 @@ func (l *Limiter) WaitN(ctx context.Context, n int64, names ...string) (Result, 
 	if !res.Allowed {
 		return Result{}, &BackpressureError{RetryAfter: res.RetryAfter, MaxWait: maxWait, Result: res}
 	}
-	d := time.Until(answered.Add(res.Wait))
+	d := time.Until(l.clock.due(start, answered, res))
 	if d <= 0 {
 		return res, nil
 	}

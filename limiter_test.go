@@ -292,3 +292,54 @@ func TestAllowThroughBoundTakers(t *testing.T) {
 		t.Errorf("AllowN beyond the burst: %+v, %v", res, err)
 	}
 }
+
+// slowReplies is a store whose answers reach the caller late, as when a
+// burst of replies waits for a busy scheduler.
+type slowReplies struct {
+	fleetrate.Store
+	delay time.Duration
+}
+
+func (s *slowReplies) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Result, error) {
+	res, err := s.Store.Take(ctx, req)
+	time.Sleep(s.delay)
+	return res, err
+}
+
+// TestWaitTimesTheSlotFromTheDecision: once a prompt round trip has
+// anchored the store's clock, a waiter whose reply arrives 5 ms late still
+// wakes at its booked slot, not 5 ms after it; and no waiter ever wakes
+// before its slot.
+func TestWaitTimesTheSlotFromTheDecision(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := &slowReplies{Store: memstore.New(memstore.Options{})}
+		l, err := fleetrate.New(st, fleetrate.Config{Limits: []fleetrate.Limit{fleetrate.PerSecond(100, 1)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := t.Context()
+		if _, err := l.WaitN(ctx, 1, "k"); err != nil { // prompt: anchors
+			t.Fatal(err)
+		}
+		st.delay = 5 * time.Millisecond
+		res, err := l.WaitN(ctx, 1, "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		slot := res.At.Add(res.Wait)
+		if res.Wait != 10*time.Millisecond {
+			t.Fatalf("booked wait %v, want 10ms", res.Wait)
+		}
+		if woke := time.Now(); woke.Before(slot) || woke.Sub(slot) > 10*time.Microsecond {
+			t.Fatalf("woke %v after the slot, want within 10µs (the reply was 5ms late)", woke.Sub(slot))
+		}
+		// A reservation is timed the same way.
+		r, err := l.ReserveN(ctx, 1, "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if due := time.Now().Add(r.Delay()); due.Before(r.Result.At.Add(r.Result.Wait)) || due.Sub(r.Result.At.Add(r.Result.Wait)) > 10*time.Microsecond {
+			t.Fatalf("reservation due %v after its slot", due.Sub(r.Result.At.Add(r.Result.Wait)))
+		}
+	})
+}
