@@ -21,12 +21,15 @@ const anchorAge = time.Second
 // that decision happened at most rtt/2 after the round trip's local
 // midpoint, so any later decision at store time At happened, locally, at
 // most mid + rtt/2 + (At - anchor's At). A slot computed that way is never
-// early (up to the clocks' drift within anchorAge), and it is always
-// clamped between start + wait (the decision cannot precede the request)
-// and answered + wait (nor follow the reply), so a store clock that jumps
-// (a failover to another host) can make a wake-up no earlier than that
-// request's own round trip allows.
+// early (up to the clocks' drift within anchorAge). A slot that falls
+// outside [start + wait, answered + wait], where the decision must lie,
+// shows that the mapping does not hold (the store's clock jumped, as in a
+// failover to another host), and the slot then counts from the answer;
+// within that window, a jump can make a wake-up early by no more than the
+// request's own round trip. Stores with several clocks (MultiClock) are
+// never anchored, nor are degraded results.
 type anchor struct {
+	off   bool // the store has several clocks: count from the answer
 	mu    sync.Mutex
 	local time.Time     // local midpoint of the anchoring round trip (monotonic)
 	store time.Time     // the store's clock at that decision
@@ -39,8 +42,10 @@ type anchor struct {
 // the round trip as a sample for later calls.
 func (a *anchor) due(start, answered time.Time, res Result) time.Time {
 	latest := answered.Add(res.Wait)
-	if res.At.IsZero() {
-		return latest // the store keeps no clock we could anchor to
+	if a.off || res.At.IsZero() || res.Degraded {
+		// No single store clock to anchor to (a degraded result is timed
+		// by a local fallback's clock, not the store's).
+		return latest
 	}
 	rtt := answered.Sub(start)
 	a.mu.Lock()
@@ -51,10 +56,10 @@ func (a *anchor) due(start, answered time.Time, res Result) time.Time {
 	a.mu.Unlock()
 	// Result.At has microsecond resolution: allow one for each reading.
 	d := local.Add(arr/2 + res.At.Sub(store) + 2*time.Microsecond + res.Wait)
-	if earliest := start.Add(res.Wait); d.Before(earliest) {
-		return earliest
-	}
-	if d.After(latest) {
+	if d.Before(start.Add(res.Wait)) || d.After(latest) {
+		// Placed before the request or after the answer: the mapping does
+		// not hold for this result (its clock jumped, or it is another
+		// clock), so count from the answer.
 		return latest
 	}
 	return d

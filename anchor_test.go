@@ -79,3 +79,25 @@ func TestAnchorClamps(t *testing.T) {
 		t.Fatalf("stale anchor kept: local %v rtt %v", a.local.Sub(later), a.rtt)
 	}
 }
+
+// TestAnchorSkips: degraded results (timed by a local fallback) and stores
+// with several clocks count from the answer.
+func TestAnchorSkips(t *testing.T) {
+	base := time.Unix(1_800_000_000, 0)
+	wait := 10 * time.Millisecond
+	for _, tc := range []struct {
+		name string
+		off  bool
+		res  Result
+	}{
+		{"degraded", false, Result{Wait: wait, At: base.Add(time.Millisecond), Degraded: true}},
+		{"several clocks", true, Result{Wait: wait, At: base.Add(time.Millisecond)}},
+	} {
+		a := &anchor{off: tc.off}
+		a.due(base.Add(-time.Second), base.Add(-time.Second+20*time.Microsecond), Result{At: base.Add(-time.Second)})
+		answered := base.Add(5 * time.Millisecond)
+		if got := a.due(base, answered, tc.res); !got.Equal(answered.Add(wait)) {
+			t.Errorf("%s: due %v after start, want answered + wait", tc.name, got.Sub(base))
+		}
+	}
+}

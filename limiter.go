@@ -141,6 +141,9 @@ func New(store Store, cfg Config) (*Limiter, error) {
 	if l.now == nil {
 		l.now = time.Now
 	}
+	if mc, ok := store.(MultiClock); ok && mc.MultipleClocks() {
+		l.clock.off = true
+	}
 	binder, _ := store.(Binder)
 	// A store that refuses to bind is left to refuse each take instead.
 	bind := func(limits []Limit) BoundTaker {

@@ -343,3 +343,33 @@ func TestWaitTimesTheSlotFromTheDecision(t *testing.T) {
 		}
 	})
 }
+
+// severalClocks is slowReplies for a store that reports several clocks.
+type severalClocks struct{ slowReplies }
+
+func (*severalClocks) MultipleClocks() bool { return true }
+
+// TestWaitCountsFromTheAnswerWithSeveralClocks: a store with several
+// clocks is never anchored, so a late reply delays the wake-up by its
+// lateness (never early).
+func TestWaitCountsFromTheAnswerWithSeveralClocks(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := &severalClocks{slowReplies{Store: memstore.New(memstore.Options{})}}
+		l, err := fleetrate.New(st, fleetrate.Config{Limits: []fleetrate.Limit{fleetrate.PerSecond(100, 1)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := t.Context()
+		if _, err := l.WaitN(ctx, 1, "k"); err != nil {
+			t.Fatal(err)
+		}
+		st.delay = 5 * time.Millisecond
+		res, err := l.WaitN(ctx, 1, "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if late := time.Since(res.At.Add(res.Wait)); late != 5*time.Millisecond {
+			t.Fatalf("woke %v after the slot, want the reply's 5ms", late)
+		}
+	})
+}

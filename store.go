@@ -200,6 +200,15 @@ type Store interface {
 	Reset(ctx context.Context, keys ...string) error
 }
 
+// MultiClock is an optional Store method. A store whose results may be
+// timed by more than one clock (Result.At read from the different masters
+// of a Redis Cluster, or from several servers) reports it, and Limiters
+// then count a booked wait from the store's answer instead of placing the
+// store's decision on their own clock (which assumes one store clock).
+type MultiClock interface {
+	MultipleClocks() bool
+}
+
 // Binder is an optional Store method for the hot path of Allow and Peek.
 // New binds the default limits of a Limiter, and the limits of each of its
 // named buckets, once; Allow and Peek then take from one bucket through

@@ -441,3 +441,9 @@ func (s *Store) Reset(ctx context.Context, keys ...string) error {
 	}
 	return err
 }
+
+// MultipleClocks implements fleetrate.MultiClock for the primary store.
+func (s *Store) MultipleClocks() bool {
+	mc, ok := s.primary.(fleetrate.MultiClock)
+	return ok && mc.MultipleClocks()
+}

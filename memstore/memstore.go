@@ -342,16 +342,24 @@ func (t *bound) TakeKey(ctx context.Context, key string, n int64, maxWait time.D
 // the key is built on the stack, the map is read with it in place, and
 // the decision is written straight into *res.
 func (s *Store) takeOne(prefix, name string, limits []fleetrate.Limit, n int64, maxWait time.Duration, res *fleetrate.Result) {
-	var buf [128]byte
+	var buf [64]byte
 	key := append(append(buf[:0], prefix...), name...)
 	h := s.hash(key)
 	sh := s.shardOf(h)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
+	// Read the clock before locking, to keep the lock short. Two takes of
+	// one bucket may then apply in the other order than their readings:
+	// the later-applied one, with the earlier reading, is decided at the
+	// bucket's stamp instead, so that the stamp never moves back (which
+	// would count the time between the readings twice).
 	now := s.now()
+	sh.mu.Lock()
 	e, st := s.load(sh, h, key, now)
+	if now < st.Stamp {
+		now = st.Stamp
+	}
 	fleetrate.DecideOne(now, limits, n, maxWait, &st, res)
 	s.save(sh, h, key, e, st)
+	sh.mu.Unlock()
 }
 
 // Refund implements fleetrate.Store.

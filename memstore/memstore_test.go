@@ -155,3 +155,36 @@ func TestBoundTakerChecksArguments(t *testing.T) {
 		t.Errorf("take of the smaller burst: %+v, %v", res, err)
 	}
 }
+
+// TestTakeNeverMovesTheStampBack: a take whose clock reading is older than
+// the bucket's stamp (two takes applied in the other order than they read
+// the clock) is decided at the stamp, so that no interval is refilled
+// twice.
+func TestTakeNeverMovesTheStampBack(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	s := memstore.New(memstore.Options{Clock: func() time.Time { return now }})
+	l, err := fleetrate.New(s, fleetrate.Config{Limits: []fleetrate.Limit{fleetrate.PerSecond(1000, 1)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if res, err := l.Allow(ctx, "k"); err != nil || !res.Allowed {
+		t.Fatalf("first take: %+v, %v", res, err)
+	}
+	stamp := now
+	now = now.Add(-500 * time.Microsecond) // an older reading applied later
+	res, err := l.Allow(ctx, "k")
+	if err != nil || res.Allowed || !res.At.Equal(stamp) {
+		t.Fatalf("take with an older reading: %+v, %v; want denied at the stamp %v", res, err, stamp)
+	}
+	// Half an interval after the stamp the token is still not back; a full
+	// interval after it, it is.
+	now = stamp.Add(500 * time.Microsecond)
+	if res, _ := l.Allow(ctx, "k"); res.Allowed {
+		t.Fatalf("granted half an interval after the first take: %+v", res)
+	}
+	now = stamp.Add(time.Millisecond)
+	if res, _ := l.Allow(ctx, "k"); !res.Allowed {
+		t.Fatalf("denied a full interval after the first take: %+v", res)
+	}
+}

@@ -3,8 +3,8 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -72,6 +72,10 @@ const (
 	// maxBatch bounds the takes of one call, so that one script never
 	// holds Redis for long (a take costs a few microseconds).
 	maxBatch = 256
+	// maxBatchKeys bounds the keys of one call (a take may name several):
+	// the script reads them with one MGET, whose arguments Lua must hold
+	// on its stack (about 8000 at most).
+	maxBatchKeys = 1024
 	// batchInflight is how many calls of one route may be in flight at
 	// once: while Redis runs one, the client sends the next, so neither
 	// side waits for the other.
@@ -132,8 +136,10 @@ func (b *batcher) take(ctx context.Context, req fleetrate.Request, largs []any) 
 	select {
 	case <-c.done:
 	case <-ctx.Done():
-		if c.state.CompareAndSwap(pending, abandoned) {
-			return fleetrate.Result{}, ctx.Err() // c now belongs to the sender
+		// Not yet sent: it never will be. Sent: the sender refunds what it
+		// is granted. Either way c now belongs to the sender.
+		if c.state.CompareAndSwap(pending, abandoned) || c.state.CompareAndSwap(sent, abandonedSent) {
+			return fleetrate.Result{}, unavailable("take", ctx.Err())
 		}
 		<-c.done // delivered meanwhile: the decision stands
 	}
@@ -169,12 +175,17 @@ func (c *batchCall) release() {
 func (b *batcher) run(route string, q *batchQueue) {
 	for {
 		b.mu.Lock()
-		batch := q.pending
-		if len(batch) > maxBatch {
-			batch = batch[:maxBatch:maxBatch]
+		n, keys := 0, 0
+		for n < len(q.pending) && n < maxBatch {
+			k := len(q.pending[n].req.Buckets)
+			if n > 0 && keys+k > maxBatchKeys {
+				break
+			}
+			n, keys = n+1, keys+k
 		}
-		q.pending = q.pending[len(batch):]
-		if len(batch) == 0 {
+		batch := q.pending[:n:n]
+		q.pending = q.pending[n:]
+		if n == 0 {
 			q.inflight--
 			if q.inflight == 0 {
 				delete(b.queues, route)
@@ -204,14 +215,23 @@ func sameTake(a, b *batchCall) bool {
 
 // send runs one batch call and hands each caller its decision.
 func (b *batcher) send(batch []*batchCall) {
-	// Runs of identical takes become one take each, counted.
+	// Calls whose callers gave up while queued are dropped; the rest are
+	// marked sent. Runs of identical takes become one take each, counted.
 	var runs [][]*batchCall
-	for i, c := range batch {
-		if i > 0 && sameTake(batch[i-1], c) {
+	var last *batchCall
+	for _, c := range batch {
+		if !c.state.CompareAndSwap(pending, sent) {
+			continue // abandoned: never sent, nothing booked
+		}
+		if last != nil && sameTake(last, c) {
 			runs[len(runs)-1] = append(runs[len(runs)-1], c)
 		} else {
-			runs = append(runs, batch[i:i+1:i+1])
+			runs = append(runs, []*batchCall{c})
 		}
+		last = c
+	}
+	if len(runs) == 0 {
+		return
 	}
 	nkeys, nargs := 0, 1
 	for _, run := range runs {
@@ -235,47 +255,62 @@ func (b *batcher) send(batch []*batchCall) {
 		}
 	}
 	// The call belongs to no single caller, so it has the store's own
-	// timeout rather than any caller's context.
-	ctx, cancel := b.s.ctx(context.Background())
+	// bound rather than any caller's context.
+	ctx, cancel := b.s.ownCtx()
 	var reply []int64
 	err := b.s.bounded(ctx, func(ctx context.Context) (err error) {
 		reply, err = batchScript.Run(ctx, b.s.c, keys, args...).Int64Slice()
 		return err
 	})
 	cancel()
+	var decisions [][]fleetrate.Result
 	if err != nil {
+		// reply is not read: an abandoned call may still be writing it.
 		err = unavailable("take", err)
-	} else if len(reply) < 1 {
-		err = unavailable("take", errors.New("empty batch reply"))
+	} else {
+		decisions, err = decodeBatch(runs, reply)
 	}
-	var now int64
-	if err == nil {
-		now, reply = reply[0], reply[1:]
-	}
-	var refunds []*batchCall
-	for _, run := range runs {
-		var rs []fleetrate.Result
-		if err == nil {
-			// A reply that does not replay fails this take and every one
-			// after it: the rest of the reply cannot be trusted.
-			rs, reply, err = replay(run[0].req, now, reply, len(run))
-		}
-		for i, c := range run {
+	for i, run := range runs {
+		var refund int64
+		var gaveUp *batchCall // an abandoned call: never recycled, unlike the others
+		for j, c := range run {
 			if err != nil {
 				c.err = err
 			} else {
-				c.rs = rs[min(i, len(rs)-1):]
+				c.rs = decisions[i][min(j, len(decisions[i])-1):]
 			}
-			if c.state.CompareAndSwap(pending, delivered) {
+			if c.state.CompareAndSwap(sent, delivered) {
 				c.done <- struct{}{} // from here on c belongs to its caller
-			} else if c.err == nil && c.rs[0].Allowed && c.req.N > 0 {
-				refunds = append(refunds, c) // its caller gave up: return its tokens
+			} else if c.err == nil && c.rs[0].Allowed {
+				refund += c.req.N // its caller gave up: return its tokens
+				gaveUp = c
 			}
 		}
+		if refund > 0 {
+			// In the background, so that a slow Redis (when callers give
+			// up) does not hold the queue behind the refunds.
+			go b.s.refundAbandoned(gaveUp.req.Buckets, refund)
+		}
 	}
-	for _, c := range refunds {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_ = b.s.Refund(ctx, c.req.Buckets, c.req.N)
-		cancel()
+}
+
+// decodeBatch checks and replays a batch reply (see take_batch.lua): the
+// decisions of each run, or the error that fails the whole batch (a reply
+// the client does not agree with cannot be trusted in any part).
+func decodeBatch(runs [][]*batchCall, reply []int64) ([][]fleetrate.Result, error) {
+	if len(reply) < 1 {
+		return nil, unavailable("take", errors.New("empty batch reply"))
 	}
+	now, rest := reply[0], reply[1:]
+	out := make([][]fleetrate.Result, len(runs))
+	for i, run := range runs {
+		var err error
+		if out[i], rest, err = replay(run[0].req, now, rest, len(run)); err != nil {
+			return nil, err
+		}
+	}
+	if len(rest) != 0 {
+		return nil, unavailable("take", fmt.Errorf("batch reply: %d unexpected values at the end", len(rest)))
+	}
+	return out, nil
 }

@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -111,6 +112,31 @@ func TestBatchMatchesSequentialModel(t *testing.T) {
 			if !slices.Equal(st.Debts, want.Debts) {
 				t.Fatalf("round %d key %s holds %+v, model %+v", round, k, st, *want)
 			}
+		}
+	}
+}
+
+// TestDecodeBatchRejectsBadReplies: a batch reply that ends early, carries
+// extra values or announces impossible decisions fails the whole batch.
+func TestDecodeBatchRejectsBadReplies(t *testing.T) {
+	lim := []fleetrate.Limit{fleetrate.PerSecond(10, 5)}
+	c := newBatchCall()
+	c.req = fleetrate.Request{Buckets: []fleetrate.Bucket{{Key: "k", Limits: lim}}, N: 1}
+	runs := [][]*batchCall{{c}}
+	if _, err := decodeBatch(runs, []int64{1_800_000_000_000_000, 1, 0}); err != nil {
+		t.Fatalf("a good reply: %v", err)
+	}
+	for _, reply := range [][]int64{
+		{},
+		{1_800_000_000_000_000},
+		{1_800_000_000_000_000, 1},
+		{1_800_000_000_000_000, 1, 0, 7}, // extra value
+		{1_800_000_000_000_000, 2, 0},    // more decisions than takes
+		{1_800_000_000_000_000, 0, 0},    // no decision
+		{1_800_000_000_000_000, 1, -5},   // negative debt
+	} {
+		if _, err := decodeBatch(runs, reply); !errors.Is(err, fleetrate.ErrStoreUnavailable) {
+			t.Errorf("reply %v: %v, want ErrStoreUnavailable", reply, err)
 		}
 	}
 }

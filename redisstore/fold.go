@@ -6,7 +6,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/fleetrate/fleetrate"
 )
@@ -29,10 +28,16 @@ type group struct {
 	waiters []*waiter
 }
 
+// The states of a queued take. A caller whose context ends takes its call
+// from pending to abandoned (it is then never sent) or from sent to
+// abandonedSent (the sender then refunds what the call was granted); the
+// sender takes it from pending to sent and from sent to delivered.
 const (
 	pending int32 = iota
+	sent
 	delivered
 	abandoned
+	abandonedSent
 )
 
 type waiter struct {
@@ -114,7 +119,7 @@ func (f *folder) take(ctx context.Context, req fleetrate.Request) (fleetrate.Res
 		return w.res, w.err
 	case <-ctx.Done():
 		if w.state.CompareAndSwap(pending, abandoned) {
-			return fleetrate.Result{}, ctx.Err()
+			return fleetrate.Result{}, unavailable("take", ctx.Err())
 		}
 		<-w.done // delivered meanwhile: the decision stands
 		return w.res, w.err
@@ -139,7 +144,9 @@ func (f *folder) run(id string, g *group) {
 
 		// The call belongs to no single caller, so it has the store's own
 		// timeout rather than any caller's context.
-		results, err := f.s.takeBatch(context.Background(), g.req, len(batch))
+		ctx, cancel := f.s.ownCtx()
+		results, err := f.s.takeBatch(ctx, g.req, len(batch))
+		cancel()
 		var refund int64
 		for i, w := range batch {
 			if err != nil {
@@ -154,9 +161,7 @@ func (f *folder) run(id string, g *group) {
 			}
 		}
 		if refund > 0 {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			_ = f.s.Refund(ctx, g.req.Buckets, refund)
-			cancel()
+			go f.s.refundAbandoned(g.req.Buckets, refund)
 		}
 	}
 }

@@ -77,7 +77,9 @@ const DefaultTimeout = 50 * time.Millisecond
 type Options struct {
 	// Timeout bounds each call; a call whose context has an earlier
 	// deadline keeps it. The default is DefaultTimeout (50 ms); a negative
-	// value means no bound beyond the context's.
+	// value means no bound beyond the context's, except for folded and
+	// batched calls, which belong to no single caller's context and so are
+	// bounded by DefaultTimeout.
 	Timeout time.Duration
 	// FoldHotKeys folds concurrent identical takes on one bucket in this
 	// process into a single script call while one is in flight, so that a
@@ -115,9 +117,20 @@ type Store struct {
 }
 
 var (
-	_ fleetrate.Store  = (*Store)(nil)
-	_ fleetrate.Binder = (*Store)(nil)
+	_ fleetrate.Store      = (*Store)(nil)
+	_ fleetrate.Binder     = (*Store)(nil)
+	_ fleetrate.MultiClock = (*Store)(nil)
 )
+
+// MultipleClocks implements fleetrate.MultiClock: the masters of a Cluster
+// and the shards of a Ring each time their own decisions.
+func (s *Store) MultipleClocks() bool {
+	switch s.c.(type) {
+	case *redis.ClusterClient, *redis.Ring:
+		return true
+	}
+	return false
+}
 
 // New returns a Store over c.
 func New(c Client, opts Options) (*Store, error) {
@@ -169,6 +182,26 @@ func (s *Store) bounded(ctx context.Context, f func(context.Context) error) erro
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// refundAbandoned returns n tokens to buckets for shared calls' takes
+// whose callers gave up after the store had granted them: best effort,
+// bounded by a second.
+func (s *Store) refundAbandoned(buckets []fleetrate.Bucket, n int64) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = s.Refund(ctx, buckets, n)
+}
+
+// ownCtx bounds a call that belongs to no single caller (a folded or
+// batched one): by the store's timeout, or DefaultTimeout when the store
+// has none of its own.
+func (s *Store) ownCtx() (context.Context, context.CancelFunc) {
+	d := s.timeout
+	if d < 0 {
+		d = DefaultTimeout
+	}
+	return context.WithTimeout(context.Background(), d)
 }
 
 func (s *Store) ctx(ctx context.Context) (context.Context, context.CancelFunc) {

@@ -320,8 +320,8 @@ func TestBatchCallerThatGivesUpIsRefunded(t *testing.T) {
 		_, err := s.Take(ctx, req)
 		done <- err
 	}()
-	if err := <-done; !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Take with Redis paused = %v, want the caller's deadline", err)
+	if err := <-done; !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, fleetrate.ErrStoreUnavailable) {
+		t.Fatalf("Take with Redis paused = %v, want the caller's deadline as an unavailable store", err)
 	}
 	srv.Resume()
 	// The abandoned take runs once Redis resumes, then is refunded.
@@ -405,5 +405,167 @@ func TestLimiterAllowThroughBind(t *testing.T) {
 				t.Errorf("AllowN beyond the burst = %v", err)
 			}
 		})
+	}
+}
+
+// TestBatchWithoutTimeoutIsStillBounded: a store with no timeout of its
+// own (the service's, which bounds each request itself) still bounds the
+// batched calls, which belong to no request, by DefaultTimeout.
+func TestBatchWithoutTimeoutIsStillBounded(t *testing.T) {
+	srv := redistest.Start(t)
+	s, err := redisstore.New(srv.Client(), redisstore.Options{Timeout: -1, Batch: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := fleetrate.Request{Buckets: []fleetrate.Bucket{{Key: "unbounded", Limits: []fleetrate.Limit{fleetrate.PerSecond(1, 1)}}}, N: 1}
+	srv.Pause()
+	defer srv.Resume()
+	start := time.Now()
+	if _, err := s.Take(context.Background(), req); !errors.Is(err, fleetrate.ErrStoreUnavailable) {
+		t.Fatalf("Take with Redis paused and no deadline = %v, want ErrStoreUnavailable", err)
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Fatalf("took %v; the batch should give up after %v", took, redisstore.DefaultTimeout)
+	}
+}
+
+// TestBatchDropsTakesAbandonedWhileQueued: a take whose caller gives up
+// before its batch is sent is never sent, so it cannot take the token of a
+// caller queued behind it.
+func TestBatchDropsTakesAbandonedWhileQueued(t *testing.T) {
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer c.Close()
+	var scripts atomic.Int64 // script calls sent
+	c.AddHook(argsHook(func(args []any) {
+		if len(args) > 0 && strings.HasPrefix(strings.ToLower(fmt.Sprint(args[0])), "eval") {
+			scripts.Add(1)
+		}
+	}))
+	s, err := redisstore.New(c, redisstore.Options{Timeout: 5 * time.Second, Batch: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.LoadScripts(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	sentAtLeast := func(n int64) {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); scripts.Load() < n; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d script calls sent, want %d", scripts.Load(), n)
+			}
+		}
+	}
+	one := func(key string) fleetrate.Request {
+		return fleetrate.Request{Buckets: []fleetrate.Bucket{{Key: key, Limits: []fleetrate.Limit{fleetrate.Every(time.Hour, 1)}}}, N: 1}
+	}
+	srv.Pause()
+	// Two takes, one after the other, occupy both calls in flight.
+	var wg sync.WaitGroup
+	for i := range 2 {
+		wg.Go(func() {
+			if _, err := s.Take(context.Background(), one(fmt.Sprint("busy", i))); err != nil {
+				t.Error(err)
+			}
+		})
+		sentAtLeast(int64(i + 1))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if _, err := s.Take(ctx, one("contended")); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("queued take = %v, want its deadline", err)
+	}
+	got := make(chan fleetrate.Result, 1)
+	wg.Go(func() {
+		res, err := s.Take(context.Background(), one("contended"))
+		if err != nil {
+			t.Error(err)
+		}
+		got <- res
+	})
+	time.Sleep(20 * time.Millisecond) // queued behind the abandoned one
+	if n := scripts.Load(); n != 2 {
+		t.Fatalf("%d script calls sent while both calls in flight hang, want 2", n)
+	}
+	srv.Resume()
+	wg.Wait()
+	if res := <-got; !res.Allowed {
+		t.Fatalf("the live caller was denied (%+v): the abandoned take was sent", res)
+	}
+}
+
+// TestBatchOfManyKeys sends many concurrent takes of 32 buckets each: the
+// batches are cut by keys as well as takes, and every take succeeds.
+func TestBatchOfManyKeys(t *testing.T) {
+	srv := redistest.Start(t)
+	s, err := redisstore.New(srv.Client(), redisstore.Options{Timeout: 5 * time.Second, Batch: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim := []fleetrate.Limit{fleetrate.Every(time.Hour, 10)}
+	var wg sync.WaitGroup
+	for g := range 256 {
+		wg.Go(func() {
+			req := fleetrate.Request{N: 1}
+			for b := range 32 {
+				req.Buckets = append(req.Buckets, fleetrate.Bucket{Key: fmt.Sprintf("many:%d:%d", g, b), Limits: lim})
+			}
+			if res, err := s.Take(context.Background(), req); err != nil || !res.Allowed {
+				t.Errorf("take %d: %+v, %v", g, res, err)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// TestKeyOfAnotherTypeIsAnError: a bucket key that holds a hash is a store
+// error in every mode, and the hash is never overwritten.
+func TestKeyOfAnotherTypeIsAnError(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	modes := append(sharedModes[:len(sharedModes):len(sharedModes)], struct {
+		name string
+		opts redisstore.Options
+	}{"Plain", redisstore.Options{Timeout: 2 * time.Second}})
+	for _, m := range modes {
+		t.Run(m.name, func(t *testing.T) {
+			s, err := redisstore.New(srv.Client(), m.opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			key := "wrongtype:" + m.name
+			if err := srv.Client().HSet(ctx, key, "f", "v").Err(); err != nil {
+				t.Fatal(err)
+			}
+			req := fleetrate.Request{Buckets: []fleetrate.Bucket{{Key: key, Limits: []fleetrate.Limit{fleetrate.PerSecond(1, 1)}}}, N: 1}
+			if res, err := s.Take(ctx, req); !errors.Is(err, fleetrate.ErrStoreUnavailable) || res.Allowed {
+				t.Fatalf("Take on a hash = %+v, %v; want ErrStoreUnavailable", res, err)
+			}
+			if typ := srv.Client().Type(ctx, key).Val(); typ != "hash" {
+				t.Fatalf("the key is now a %s", typ)
+			}
+		})
+	}
+}
+
+// TestMultipleClocks: Cluster and Ring stores report several clocks, so
+// that Limiters do not anchor waits to one of them.
+func TestMultipleClocks(t *testing.T) {
+	for _, tc := range []struct {
+		c    redisstore.Client
+		want bool
+	}{
+		{redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}), false},
+		{redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}}), true},
+		{redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": "127.0.0.1:1"}}), true},
+	} {
+		s, err := redisstore.New(tc.c, redisstore.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := s.MultipleClocks(); got != tc.want {
+			t.Errorf("%T: MultipleClocks() = %v, want %v", tc.c, got, tc.want)
+		}
 	}
 }

@@ -55,7 +55,14 @@ type Store struct {
 	timeout time.Duration
 }
 
-var _ fleetrate.Store = (*Store)(nil)
+var (
+	_ fleetrate.Store      = (*Store)(nil)
+	_ fleetrate.MultiClock = (*Store)(nil)
+)
+
+// MultipleClocks implements fleetrate.MultiClock: the service may run as
+// several instances, each answering on its own store's clock.
+func (s *Store) MultipleClocks() bool { return true }
 
 // New returns a Store talking to the service at baseURL, such as
 // "http://fleetrate:8080" or "https://fleetrate.internal".

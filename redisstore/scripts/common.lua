@@ -67,8 +67,9 @@ local function load(key, m, now)
 end
 
 -- save writes the debts with a TTL of the time until the bucket is full
--- again plus slack; a full bucket is simply deleted.
-local function save(key, now, d)
+-- again plus slack; a full bucket is simply deleted. absent says the key
+-- was read as missing (see below).
+local function save(key, now, d, absent)
   local mx = 0
   for i = 1, #d do
     if d[i] > mx then mx = d[i] end
@@ -85,7 +86,17 @@ local function save(key, now, d)
     for i = 1, #d do parts[i + 1] = string.format(INT, d[i]) end
     v = table.concat(parts, ' ')
   end
-  redis.call('SET', key, v, 'PX', math.ceil(mx / 1000000) + TTL_SLACK_MS)
+  local ttl = math.ceil(mx / 1000000) + TTL_SLACK_MS
+  if absent then
+    -- The key read as missing: NX makes sure it is, so that a key of
+    -- another type (which MGET also reads as missing) is an error, as GET
+    -- makes it for a single take, and is never overwritten.
+    if not redis.call('SET', key, v, 'PX', ttl, 'NX') then
+      error({ err = 'WRONGTYPE key ' .. key .. ' holds a value that is not a fleetrate bucket' })
+    end
+    return
+  end
+  redis.call('SET', key, v, 'PX', ttl)
 end
 
 -- take_all makes count identical, consecutive takes of n tokens at one

@@ -12,7 +12,9 @@ local takes = tonumber(ARGV[1])
 local raws = redis.call('MGET', unpack(KEYS))
 local pos, kpos = 2, 0
 -- key -> its debts, which also record the number of limits they were read
--- for (m) and whether a take booked them (dirty).
+-- for (m), whether the key was missing (absent: MGET cannot tell a missing
+-- key from one of another type, so its write must be NX) and whether a take
+-- booked them (dirty).
 local cache = {}
 local out = { now }
 -- The current take's buckets; the tables are reused from take to take.
@@ -36,14 +38,14 @@ for _ = 1, takes do
     local d = cache[key]
     if not d then
       d = parse(raws[kpos], m, now)
-      d.m = m
+      d.m, d.absent = m, not raws[kpos]
       cache[key] = d
     elseif d.m ~= m then
       -- Run alone, an earlier take that booked would have written the key
       -- for a different number of limits, which this take reads as full;
       -- one that booked nothing would have left the key as it is.
       if d.dirty then
-        save(key, now, d)
+        save(key, now, d, d.absent)
         d = {}
         for i = 1, m do d[i] = 0 end
       else
@@ -65,6 +67,6 @@ for _ = 1, takes do
 end
 
 for key, d in pairs(cache) do
-  if d.dirty then save(key, now, d) end
+  if d.dirty then save(key, now, d, d.absent) end
 end
 return out
