@@ -64,6 +64,7 @@ func run(args []string, out io.Writer) error {
 	fs.IntVar(&cfg.count, "count", 3, "how many times each measurement runs; tables report the median")
 	fs.StringVar(&gs, "goroutines", "1,8,64,256", "goroutine counts for the Redis table")
 	fs.StringVar(&cfg.chart, "chart", "", "write a PNG chart of Redis throughput to this file")
+	doc := fs.String("doc", "", "also write the tables into this markdown file, between its "+docBegin+" and "+docEnd+" lines")
 	fs.BoolVar(&cfg.quick, "quick", false, "a short smoke run (CI)")
 	fs.StringVar(&cfg.impl, "impl", "", "measure only the Redis implementations whose name contains this (redis_rate always runs)")
 	fs.StringVar(&cfg.hot, "keys", "hot,spread", "Redis key patterns: hot (one key), spread (10,000 keys), or both")
@@ -118,6 +119,13 @@ func run(args []string, out io.Writer) error {
 	}
 	defer srv.Stop()
 
+	var tables bytes.Buffer
+	if *doc != "" {
+		if _, err := spliceDoc(*doc, nil); err != nil { // fail before measuring
+			return err
+		}
+		out = io.MultiWriter(out, &tables)
+	}
 	fmt.Fprintf(out, "Measured %s by `cd benchmarks && go run ./cmd/fleetbench -duration %v -count %d`; redis-server on loopback, %d CPU cores shared by client and server.\n\n",
 		time.Now().UTC().Format("2006-01-02"), cfg.duration, cfg.count, nproc())
 	var redisRows []redisRow
@@ -139,7 +147,44 @@ func run(args []string, out io.Writer) error {
 			return err
 		}
 	}
+	if *doc != "" {
+		if _, err := spliceDoc(*doc, tables.Bytes()); err != nil {
+			return err
+		}
+	}
 	return nil
+}
+
+// The lines of a markdown file between which -doc writes the tables.
+const (
+	docBegin = "<!-- fleetbench:begin -->"
+	docEnd   = "<!-- fleetbench:end -->"
+)
+
+// spliceDoc replaces what lies between the docBegin and docEnd lines of
+// the file at path with body and writes the file back; with a nil body it
+// only checks that the markers are there.
+func spliceDoc(path string, body []byte) ([]byte, error) {
+	old, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("-doc: %w", err)
+	}
+	i := bytes.Index(old, []byte(docBegin+"\n"))
+	j := bytes.Index(old, []byte("\n"+docEnd))
+	if i < 0 || j < i {
+		return nil, fmt.Errorf("-doc: %s has no %q line followed by a %q line", path, docBegin, docEnd)
+	}
+	if body == nil {
+		return old, nil
+	}
+	var b bytes.Buffer
+	b.Write(old[:i+len(docBegin)+1])
+	b.Write(bytes.TrimRight(body, "\n"))
+	b.Write(old[j:])
+	if err := os.WriteFile(path, b.Bytes(), 0o644); err != nil {
+		return nil, fmt.Errorf("-doc: %w", err)
+	}
+	return b.Bytes(), nil
 }
 
 // median returns the median of xs, which it sorts.
