@@ -34,6 +34,7 @@ type batcher struct {
 type batchQueue struct {
 	pending  []*batchCall
 	inflight int
+	last     int // takes in the call sent last
 }
 
 // batchCall is one caller's take, with a copy of its request (the caller
@@ -80,6 +81,9 @@ const (
 	// once: while Redis runs one, the client sends the next, so neither
 	// side waits for the other.
 	batchInflight = 2
+	// maxSecondWait bounds how many takes must wait before a second call
+	// goes out while one is in flight (see batcher.take).
+	maxSecondWait = 32
 )
 
 func newBatcher(s *Store) *batcher {
@@ -125,7 +129,11 @@ func (b *batcher) take(ctx context.Context, req fleetrate.Request, largs []any) 
 		b.queues[route] = q
 	}
 	q.pending = append(q.pending, c)
-	start := q.inflight < batchInflight
+	// A second call goes out while one is in flight only once half as
+	// many takes as that call carried (at most maxSecondWait) are waiting:
+	// under heavy load calls then stay large, which is what a busy Redis
+	// needs, while a few callers still get two calls in flight.
+	start := q.inflight == 0 || q.inflight < batchInflight && len(q.pending) >= min(max(q.last/2, 1), maxSecondWait)
 	if start {
 		q.inflight++
 	}
@@ -185,6 +193,9 @@ func (b *batcher) run(route string, q *batchQueue) {
 		}
 		batch := q.pending[:n:n]
 		q.pending = q.pending[n:]
+		if n > 0 {
+			q.last = n
+		}
 		if n == 0 {
 			q.inflight--
 			if q.inflight == 0 {
