@@ -13,6 +13,7 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fleetrate/fleetrate"
@@ -54,6 +55,10 @@ const (
 )
 
 type entry struct {
+	// mu guards state, expires and dead. The fast path of a take holds
+	// only mu; every other path holds its shard's lock first.
+	mu      sync.Mutex
+	dead    bool // removed from its shard's table
 	key     string
 	hash    uint64
 	next    *entry // the next entry whose key has the same hash
@@ -79,9 +84,57 @@ type shard struct {
 	mu      sync.Mutex
 	t       table
 	inserts int
+	// ro is a snapshot of t (entries alone on their hash) that takes read
+	// without the shard's lock: a take of a known bucket then writes one
+	// cache line, its entry's, not two. misses counts the takes that had
+	// to lock the shard since ro was taken; enough of them retake it.
+	ro     atomic.Pointer[map[uint64]*entry]
+	misses int
 	// Pad shards to 128 bytes: CPUs fetch cache lines in pairs, and a
 	// shard written by one core must not slow down its neighbours.
-	_ [128 - 32]byte
+	_ [128 - 48]byte
+}
+
+// refresh retakes sh's snapshot once the takes that missed it number a
+// quarter of the shard (at least 8), so that the copies cost O(1) per take
+// over time. The caller holds sh's lock.
+func (sh *shard) refresh() {
+	if sh.misses++; sh.misses < max(8, sh.t.n/4) {
+		return
+	}
+	sh.misses = 0
+	m := make(map[uint64]*entry, len(sh.t.m))
+	for h, e := range sh.t.m {
+		if e.next == nil { // keys that share a hash take the locked path
+			m[h] = e
+		}
+	}
+	sh.ro.Store(&m)
+}
+
+// apply writes st, the state of a live entry after a take, back into e,
+// keeping its debts inline. The caller holds e.mu.
+func (e *entry) apply(st fleetrate.BucketState) {
+	if len(st.Debts) <= len(e.inline) && (len(e.state.Debts) == 0 || &st.Debts[0] != &e.inline[0]) {
+		// The limits changed and Elapse made new debts: move them in.
+		st.Debts = e.inline[:copy(e.inline[:], st.Debts)]
+	}
+	e.state = st
+	if ttl := st.TTL(); ttl > 0 {
+		e.expires = st.Stamp + int64(ttl/time.Microsecond) + 1
+	} else {
+		e.expires = st.Stamp // full: as good as absent
+	}
+}
+
+// live returns e's state refilled up to now, or a full state when it has
+// expired (reusing its memory). The caller holds e.mu.
+func (e *entry) live(now int64) fleetrate.BucketState {
+	if e.expires <= now {
+		clear(e.state.Debts)
+		return fleetrate.BucketState{Stamp: now, Debts: e.state.Debts}
+	}
+	return e.state
 }
 
 // Store is an in-memory fleetrate.Store. It is safe for concurrent use.
@@ -177,40 +230,36 @@ func (s *Store) unlock(idx []int) {
 	}
 }
 
-// load returns key's entry (nil when absent) and its live state, or a
-// full state when it is absent or expired (reusing an expired entry's
+// load returns key's entry (nil when absent), locked, and its live state,
+// or a full state when it is absent or expired (reusing an expired entry's
 // memory). The state shares its debts with the entry, so the caller must
-// save it back. The caller holds the shard's lock.
+// save it back, which unlocks the entry. The caller holds the shard's lock.
 func (s *Store) load(sh *shard, h uint64, key []byte, now int64) (*entry, fleetrate.BucketState) {
 	e := sh.t.get(h, key)
-	switch {
-	case e == nil:
+	if e == nil {
 		return nil, fleetrate.BucketState{}
-	case e.expires <= now:
-		clear(e.state.Debts)
-		return e, fleetrate.BucketState{Stamp: now, Debts: e.state.Debts}
 	}
-	return e, e.state
+	e.mu.Lock()
+	return e, e.live(now)
 }
 
-// save writes st into e, the entry load returned for key (hash h),
-// creating it when absent, or deletes it when the bucket is full again.
-// The caller holds the shard's lock.
+// save writes st into e, the entry load returned (locked) for key (hash
+// h), and unlocks it; it creates the entry when absent, and deletes it when
+// the bucket is full again. The caller holds the shard's lock.
 func (s *Store) save(sh *shard, h uint64, key []byte, e *entry, st fleetrate.BucketState) {
 	ttl := st.TTL()
 	if ttl <= 0 {
 		if e != nil {
+			e.dead = true
+			e.mu.Unlock()
 			sh.t.del(e)
 		}
 		return
 	}
 	exp := st.Stamp + int64(ttl/time.Microsecond) + 1
 	if e != nil {
-		if len(st.Debts) <= len(e.inline) && (len(e.state.Debts) == 0 || &st.Debts[0] != &e.inline[0]) {
-			// The limits changed and Elapse made new debts: move them in.
-			st.Debts = e.inline[:copy(e.inline[:], st.Debts)]
-		}
-		e.state, e.expires = st, exp
+		e.apply(st)
+		e.mu.Unlock()
 	} else {
 		if s.shardCap > 0 && sh.t.n >= s.shardCap {
 			s.evict(sh, st.Stamp)
@@ -232,10 +281,15 @@ func (s *Store) sweep(sh *shard, now int64) {
 	for range sweepRounds {
 		seen, dropped := 0, 0
 		sh.t.sample(sweepBatch, func(e *entry) bool {
+			if !e.mu.TryLock() {
+				return true // in use (by a take of several buckets): not expired
+			}
 			if e.expires <= now {
+				e.dead = true
 				sh.t.del(e)
 				dropped++
 			}
+			e.mu.Unlock()
 			seen++
 			return true
 		})
@@ -251,15 +305,22 @@ func (s *Store) evict(sh *shard, now int64) {
 	var victim *entry
 	soonest, freed := int64(1<<63-1), false
 	sh.t.sample(evictScan, func(e *entry) bool {
+		if !e.mu.TryLock() {
+			return true // in use: not a victim
+		}
 		if e.expires <= now {
+			e.dead = true
 			sh.t.del(e)
 			freed = true
 		} else if e.expires < soonest {
 			soonest, victim = e.expires, e
 		}
+		e.mu.Unlock()
 		return true
 	})
-	if !freed && victim != nil {
+	if !freed && victim != nil && victim.mu.TryLock() {
+		victim.dead = true
+		victim.mu.Unlock()
 		sh.t.del(victim)
 	}
 }
@@ -287,19 +348,23 @@ func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Resu
 	defer s.unlock(idx)
 	now := s.now()
 	state := stateBuf[:0]
+	var entryBuf [4]*entry
+	entries := entryBuf[:0]
 	for _, k := range keys {
 		h := s.hash(k)
-		_, st := s.load(s.shardOf(h), h, k, now)
-		state = append(state, st)
+		e, st := s.load(s.shardOf(h), h, k, now)
+		if now < st.Stamp {
+			now = st.Stamp // a take of one of them read the clock later
+		}
+		state, entries = append(state, st), append(entries, e)
 	}
 	// Decide refills the loaded debts in place, so the state is saved back
-	// even when the decision changed nothing. A bucket's entry is looked up
-	// again in case an earlier save in this loop evicted it.
+	// even when the decision changed nothing. The entries stay locked (and
+	// so are never evicted) until they are saved.
 	res, _ := fleetrate.Decide(now, req, state)
 	for i, k := range keys {
 		h := s.hash(k)
-		sh := s.shardOf(h)
-		s.save(sh, h, k, sh.t.get(h, k), state[i])
+		s.save(s.shardOf(h), h, k, entries[i], state[i])
 	}
 	return res, nil
 }
@@ -352,6 +417,22 @@ func (s *Store) takeOne(prefix, name string, limits []fleetrate.Limit, n int64, 
 	// bucket's stamp instead, so that the stamp never moves back (which
 	// would count the time between the readings twice).
 	now := s.now()
+	if m := sh.ro.Load(); m != nil {
+		if e := (*m)[h]; e != nil && e.key == string(key) {
+			e.mu.Lock()
+			if !e.dead {
+				st := e.live(now)
+				if now < st.Stamp {
+					now = st.Stamp
+				}
+				fleetrate.DecideOne(now, limits, n, maxWait, &st, res)
+				e.apply(st) // a full bucket stays, as good as absent, until swept
+				e.mu.Unlock()
+				return
+			}
+			e.mu.Unlock()
+		}
+	}
 	sh.mu.Lock()
 	e, st := s.load(sh, h, key, now)
 	if now < st.Stamp {
@@ -359,6 +440,7 @@ func (s *Store) takeOne(prefix, name string, limits []fleetrate.Limit, n int64, 
 	}
 	fleetrate.DecideOne(now, limits, n, maxWait, &st, res)
 	s.save(sh, h, key, e, st)
+	sh.refresh()
 	sh.mu.Unlock()
 }
 
@@ -398,7 +480,11 @@ func (s *Store) update(ctx context.Context, buckets []fleetrate.Bucket, apply fu
 		h := s.hash(keys[i])
 		sh := s.shardOf(h)
 		e, st := s.load(sh, h, keys[i], now)
-		apply(now, b, &st)
+		at := now
+		if at < st.Stamp {
+			at = st.Stamp // a take read the clock later
+		}
+		apply(at, b, &st)
 		s.save(sh, h, keys[i], e, st)
 	}
 	return nil
@@ -414,6 +500,9 @@ func (s *Store) Reset(ctx context.Context, keys ...string) error {
 		sh := s.shardOf(h)
 		sh.mu.Lock()
 		if e := sh.t.get(h, []byte(k)); e != nil {
+			e.mu.Lock()
+			e.dead = true
+			e.mu.Unlock()
 			sh.t.del(e)
 		}
 		sh.mu.Unlock()
@@ -442,7 +531,12 @@ func (s *Store) State(_ context.Context, key string) (st fleetrate.BucketState, 
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e := sh.t.get(h, []byte(key))
-	if e == nil || e.expires <= s.now() {
+	if e == nil {
+		return st, false, nil
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.expires <= s.now() {
 		return st, false, nil
 	}
 	return fleetrate.BucketState{Stamp: e.state.Stamp, Debts: slices.Clone(e.state.Debts)}, true, nil

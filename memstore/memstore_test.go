@@ -3,7 +3,10 @@ package memstore_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -186,5 +189,59 @@ func TestTakeNeverMovesTheStampBack(t *testing.T) {
 	now = stamp.Add(time.Millisecond)
 	if res, _ := l.Allow(ctx, "k"); !res.Allowed {
 		t.Fatalf("denied a full interval after the first take: %+v", res)
+	}
+}
+
+// TestConcurrentTakesAreExact races many goroutines on a few buckets,
+// through the lock-free path of known buckets and the locked path of new
+// ones, takes of several buckets, refunds of zero, peeks, and resets of
+// other keys (whose inserts run sweeps): every bucket grants exactly its
+// burst.
+func TestConcurrentTakesAreExact(t *testing.T) {
+	s := memstore.New(memstore.Options{Shards: 4})
+	ctx := context.Background()
+	const burst = 50
+	lim := fleetrate.Every(time.Hour, burst)
+	l, err := fleetrate.New(s, fleetrate.Config{Limits: []fleetrate.Limit{lim}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := []string{"a", "b", "c", "d"}
+	var granted [4]atomic.Int64
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 400 {
+				k := (g + i) % len(keys)
+				switch i % 7 {
+				case 3: // a take of two buckets counts for both
+					j := (k + 1) % len(keys)
+					if res, err := l.AllowN(ctx, 1, keys[k], keys[j]); err != nil {
+						t.Error(err)
+					} else if res.Allowed {
+						granted[k].Add(1)
+						granted[j].Add(1)
+					}
+				case 5: // churn: other keys come and go
+					_, _ = l.Allow(ctx, fmt.Sprintf("churn-%d-%d", g, i))
+					_ = l.Reset(ctx, fmt.Sprintf("churn-%d-%d", g, i-7))
+					_, _ = l.Peek(ctx, keys[k])
+					_ = l.Refund(ctx, 0, keys[k])
+				default:
+					if res, err := l.Allow(ctx, keys[k]); err != nil {
+						t.Error(err)
+					} else if res.Allowed {
+						granted[k].Add(1)
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for i, k := range keys {
+		// Demand far exceeds the bursts, so each is spent exactly.
+		if got := granted[i].Load(); got != burst {
+			t.Errorf("bucket %s granted %d, want its burst %d", k, got, burst)
+		}
 	}
 }
