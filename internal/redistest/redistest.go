@@ -135,6 +135,9 @@ func (s *Server) start() error {
 		argv = append([]string{s.args[0]}, append(argv[len(s.args):], s.args[1:]...)...)
 	}
 	cmd := exec.Command(s.bin, argv...)
+	// A test binary that dies (a panic, a timeout, a kill) cannot run its
+	// cleanups: the kernel then kills the server too, so none outlives it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	log := &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = log, log
 	cmd.Dir = s.dir
