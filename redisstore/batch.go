@@ -2,9 +2,8 @@ package redisstore
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/redis/go-redis/v9"
 
@@ -23,9 +22,12 @@ import (
 // can; with any other client, only takes whose first key is the same.
 type batcher struct {
 	s *Store
-	// route names the queue of a take by its first key; nil when every
-	// take shares one queue (and the key is not needed before sending).
-	route func(key string) string
+	// route names the queue of a take; nil when every take shares one
+	// queue (and its keys are not needed before sending).
+	route func(c *batchCall) string
+	// maxTakes and maxInflight bound the takes of one call and the calls
+	// of one queue in flight at once.
+	maxTakes, maxInflight int
 
 	mu     sync.Mutex
 	queues map[string]*batchQueue
@@ -40,8 +42,12 @@ type batchQueue struct {
 // batchCall is one caller's take, with a copy of its request (the caller
 // may give up and reuse its slices while the call is still queued).
 type batchCall struct {
-	waiter
-	req fleetrate.Request
+	state atomic.Int32 // see pending
+	err   error
+	// done carries the one signal the sender gives when it delivers the
+	// decision.
+	done chan struct{}
+	req  fleetrate.Request
 	// keys are the store keys of req's buckets; nil until needed.
 	keys []string
 	// largs are the script arguments of req's limits (see appendLimits),
@@ -69,6 +75,18 @@ func (c *batchCall) storeKeys() []string {
 	return c.keys
 }
 
+// The states of a queued take. A caller whose context ends takes its call
+// from pending to abandoned (it is then never sent) or from sent to
+// abandonedSent (the sender then refunds what the call was granted); the
+// sender takes it from pending to sent and from sent to delivered.
+const (
+	pending int32 = iota
+	sent
+	delivered
+	abandoned
+	abandonedSent
+)
+
 const (
 	// maxBatch bounds the takes of one call, so that one script never
 	// holds Redis for long (a take costs a few microseconds).
@@ -86,15 +104,17 @@ const (
 	maxSecondWait = 32
 )
 
+// newBatcher returns the batcher of Options.Batch: takes on any keys that
+// one call may carry share a queue.
 func newBatcher(s *Store) *batcher {
-	b := &batcher{s: s, queues: map[string]*batchQueue{}}
+	b := &batcher{s: s, queues: map[string]*batchQueue{}, maxTakes: maxBatch, maxInflight: batchInflight}
 	switch s.c.(type) {
 	case *redis.Client, *redis.AutoPipeliner:
 		// One queue: route stays nil.
 	case *redis.ClusterClient:
-		b.route = func(key string) string { return string(rune(Slot(key))) }
+		b.route = func(c *batchCall) string { return string(rune(Slot(c.storeKeys()[0]))) }
 	default:
-		b.route = func(key string) string { return key }
+		b.route = func(c *batchCall) string { return c.storeKeys()[0] }
 	}
 	return b
 }
@@ -120,7 +140,7 @@ func (b *batcher) take(ctx context.Context, req fleetrate.Request, largs []any) 
 	}
 	var route string
 	if b.route != nil {
-		route = b.route(c.storeKeys()[0])
+		route = b.route(c)
 	}
 	b.mu.Lock()
 	q := b.queues[route]
@@ -133,7 +153,7 @@ func (b *batcher) take(ctx context.Context, req fleetrate.Request, largs []any) 
 	// many takes as that call carried (at most maxSecondWait) are waiting:
 	// under heavy load calls then stay large, which is what a busy Redis
 	// needs, while a few callers still get two calls in flight.
-	start := q.inflight == 0 || q.inflight < batchInflight && len(q.pending) >= min(max(q.last/2, 1), maxSecondWait)
+	start := q.inflight == 0 || q.inflight < b.maxInflight && len(q.pending) >= min(max(q.last/2, 1), maxSecondWait)
 	if start {
 		q.inflight++
 	}
@@ -160,7 +180,7 @@ func (b *batcher) take(ctx context.Context, req fleetrate.Request, largs []any) 
 }
 
 // calls recycles the batchCalls whose decision their caller received.
-var calls = sync.Pool{New: func() any { return &batchCall{waiter: waiter{done: make(chan struct{}, 1)}} }}
+var calls = sync.Pool{New: func() any { return &batchCall{done: make(chan struct{}, 1)} }}
 
 // newBatchCall returns an empty, pending call. Its done channel has room
 // for the one signal the sender gives when it delivers the decision.
@@ -184,8 +204,11 @@ func (b *batcher) run(route string, q *batchQueue) {
 	for {
 		b.mu.Lock()
 		n, keys := 0, 0
-		for n < len(q.pending) && n < maxBatch {
+		for n < len(q.pending) && n < b.maxTakes {
 			k := len(q.pending[n].req.Buckets)
+			if n > 0 && sameTake(q.pending[n-1], q.pending[n]) {
+				k = 0 // it joins the previous take's run: no keys of its own
+			}
 			if n > 0 && keys+k > maxBatchKeys {
 				break
 			}
@@ -279,7 +302,9 @@ func (b *batcher) send(batch []*batchCall) {
 		// reply is not read: an abandoned call may still be writing it.
 		err = unavailable("take", err)
 	} else {
-		decisions, err = decodeBatch(runs, reply)
+		decisions, err = decodeReply(reply, len(runs), func(i int) (fleetrate.Request, int) {
+			return runs[i][0].req, len(runs[i])
+		})
 	}
 	for i, run := range runs {
 		var refund int64
@@ -303,25 +328,4 @@ func (b *batcher) send(batch []*batchCall) {
 			go b.s.refundAbandoned(gaveUp.req.Buckets, refund)
 		}
 	}
-}
-
-// decodeBatch checks and replays a batch reply (see take_batch.lua): the
-// decisions of each run, or the error that fails the whole batch (a reply
-// the client does not agree with cannot be trusted in any part).
-func decodeBatch(runs [][]*batchCall, reply []int64) ([][]fleetrate.Result, error) {
-	if len(reply) < 1 {
-		return nil, unavailable("take", errors.New("empty batch reply"))
-	}
-	now, rest := reply[0], reply[1:]
-	out := make([][]fleetrate.Result, len(runs))
-	for i, run := range runs {
-		var err error
-		if out[i], rest, err = replay(run[0].req, now, rest, len(run)); err != nil {
-			return nil, err
-		}
-	}
-	if len(rest) != 0 {
-		return nil, unavailable("take", fmt.Errorf("batch reply: %d unexpected values at the end", len(rest)))
-	}
-	return out, nil
 }

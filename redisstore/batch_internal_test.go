@@ -116,14 +116,16 @@ func TestBatchMatchesSequentialModel(t *testing.T) {
 	}
 }
 
-// TestDecodeBatchRejectsBadReplies: a batch reply that ends early, carries
+// TestDecodeReplyRejectsBadReplies: a script reply that ends early, carries
 // extra values or announces impossible decisions fails the whole batch.
-func TestDecodeBatchRejectsBadReplies(t *testing.T) {
+func TestDecodeReplyRejectsBadReplies(t *testing.T) {
 	lim := []fleetrate.Limit{fleetrate.PerSecond(10, 5)}
 	c := newBatchCall()
 	c.req = fleetrate.Request{Buckets: []fleetrate.Bucket{{Key: "k", Limits: lim}}, N: 1}
-	runs := [][]*batchCall{{c}}
-	if _, err := decodeBatch(runs, []int64{1_800_000_000_000_000, 1, 0}); err != nil {
+	decode := func(reply []int64) ([][]fleetrate.Result, error) {
+		return decodeReply(reply, 1, func(int) (fleetrate.Request, int) { return c.req, 1 })
+	}
+	if _, err := decode([]int64{1_800_000_000_000_000, 1, 0}); err != nil {
 		t.Fatalf("a good reply: %v", err)
 	}
 	for _, reply := range [][]int64{
@@ -135,7 +137,7 @@ func TestDecodeBatchRejectsBadReplies(t *testing.T) {
 		{1_800_000_000_000_000, 0, 0},    // no decision
 		{1_800_000_000_000_000, 1, -5},   // negative debt
 	} {
-		if _, err := decodeBatch(runs, reply); !errors.Is(err, fleetrate.ErrStoreUnavailable) {
+		if _, err := decode(reply); !errors.Is(err, fleetrate.ErrStoreUnavailable) {
 			t.Errorf("reply %v: %v, want ErrStoreUnavailable", reply, err)
 		}
 	}

@@ -111,7 +111,7 @@ type Store struct {
 	// share a hash slot.
 	cluster bool
 	// fold is set with Options.FoldHotKeys.
-	fold *folder
+	fold *batcher
 	// batch is set with Options.Batch.
 	batch *batcher
 }
@@ -146,7 +146,7 @@ func New(c Client, opts Options) (*Store, error) {
 	case opts.Batch:
 		s.batch = newBatcher(s)
 	case opts.FoldHotKeys:
-		s.fold = &folder{s: s, groups: map[string]*group{}}
+		s.fold = newFolder(s)
 	}
 	return s, nil
 }
@@ -280,9 +280,9 @@ func (s *Store) take(ctx context.Context, req fleetrate.Request, largs []any) (f
 		return s.batch.take(ctx, req, largs)
 	}
 	if s.fold != nil && req.N > 0 {
-		return s.fold.take(ctx, req)
+		return s.fold.take(ctx, req, largs)
 	}
-	return s.takeMany(ctx, req, 1)
+	return s.takeOne(ctx, req)
 }
 
 // Bind implements fleetrate.Binder: a Limiter's Allow and Peek then skip
@@ -315,26 +315,14 @@ func (t *bound) TakeKey(ctx context.Context, key string, n int64, maxWait time.D
 	return t.s.take(ctx, req, t.largs)
 }
 
-// takeMany runs count identical takes in one script call and returns the
-// first decision; see takeBatch.
-func (s *Store) takeMany(ctx context.Context, req fleetrate.Request, count int) (fleetrate.Result, error) {
-	rs, err := s.takeBatch(ctx, req, count)
-	if err != nil {
-		return fleetrate.Result{}, err
-	}
-	return rs[0], nil
-}
-
-// takeBatch runs count identical takes of an already validated request in
-// one script call, at one instant of the server's clock, and returns the
-// decisions made: every grant, then at most one denial that stands for all
-// the takes after it.
-func (s *Store) takeBatch(ctx context.Context, req fleetrate.Request, count int) ([]fleetrate.Result, error) {
+// takeOne runs one take of an already validated request in one call of
+// the take script.
+func (s *Store) takeOne(ctx context.Context, req fleetrate.Request) (fleetrate.Result, error) {
 	args := make([]any, 3, 3+3*len(req.Buckets))
-	args[0], args[1], args[2] = req.N, int64(req.MaxWait), count
+	args[0], args[1], args[2] = req.N, int64(req.MaxWait), 1
 	keys, args := appendLimits(args, req.Buckets)
 	if err := s.sameSlot(keys); err != nil {
-		return nil, err
+		return fleetrate.Result{}, err
 	}
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
@@ -344,16 +332,37 @@ func (s *Store) takeBatch(ctx context.Context, req fleetrate.Request, count int)
 		return err
 	})
 	if err != nil {
-		return nil, unavailable("take", err)
+		return fleetrate.Result{}, unavailable("take", err)
 	}
+	rs, err := decodeReply(reply, 1, func(int) (fleetrate.Request, int) { return req, 1 })
+	if err != nil {
+		return fleetrate.Result{}, err
+	}
+	return rs[0][0], nil
+}
+
+// decodeReply checks and replays the reply of the take script or the
+// batch script: now_us, then for each of n takes its decisions and the
+// debts before them (see replay), take(i) giving the i-th take's request
+// and count. A reply the client does not agree with fails every take: no
+// part of it can be trusted.
+func decodeReply(reply []int64, n int, take func(i int) (fleetrate.Request, int)) ([][]fleetrate.Result, error) {
 	if len(reply) < 1 {
-		return nil, unavailable("take", errors.New("empty reply"))
+		return nil, unavailable("take", errors.New("take script reply: empty"))
 	}
-	out, rest, err := replay(req, reply[0], reply[1:], count)
-	if err == nil && len(rest) != 0 {
-		err = unavailable("take", fmt.Errorf("%d unexpected values at the end of the reply", len(rest)))
+	now, rest := reply[0], reply[1:]
+	out := make([][]fleetrate.Result, n)
+	for i := range out {
+		req, count := take(i)
+		var err error
+		if out[i], rest, err = replay(req, now, rest, count); err != nil {
+			return nil, err
+		}
 	}
-	return out, err
+	if len(rest) != 0 {
+		return nil, unavailable("take", fmt.Errorf("take script reply: %d unexpected values at the end", len(rest)))
+	}
+	return out, nil
 }
 
 // replay reads one take's part of a script's reply, the number of

@@ -1,7 +1,7 @@
 -- fleetrate take: count identical, consecutive takes of n tokens, each all
 -- or nothing across every bucket in KEYS and booked up to max_wait ns ahead,
--- at one instant (see take_all in common.lua). count is 1 for a plain take;
--- more when concurrent callers of one hot bucket are folded into one call.
+-- at one instant (see take_all in common.lua). The store sends count 1
+-- (shared calls use take_batch.lua); the benchmark's ceiling runs it too.
 -- ARGV: n, max_wait_ns, count, then the limits of each key (see common.lua).
 -- Returns {now_us, decisions made, the debts of each key before the takes}.
 local n = tonumber(ARGV[1])
