@@ -157,32 +157,43 @@ func TestAnyGoRedisClient(t *testing.T) {
 	}
 }
 
-// sharedModes are the options under which one script call serves several
-// callers; every test of folding runs under each.
-var sharedModes = []struct {
+// mode is a named set of store options.
+type mode struct {
 	name string
 	opts redisstore.Options
-}{
-	{"FoldHotKeys", redisstore.Options{Timeout: 2 * time.Second, FoldHotKeys: true}},
-	{"Batch", redisstore.Options{Timeout: 2 * time.Second, Batch: true}},
 }
 
-// forSharedModes runs f once for each of sharedModes, on a fresh store.
-func forSharedModes(t *testing.T, srv *redistest.Server, f func(t *testing.T, s *redisstore.Store)) {
-	for _, m := range sharedModes {
+var (
+	// sharedModes are the options under which one script call serves
+	// several callers; every test of folding runs under each.
+	sharedModes = []mode{
+		{"FoldHotKeys", redisstore.Options{Timeout: 2 * time.Second, FoldHotKeys: true}},
+		{"Batch", redisstore.Options{Timeout: 2 * time.Second, Batch: true}},
+	}
+	// allModes adds one script call per take.
+	allModes = append([]mode{{"Plain", redisstore.Options{Timeout: 2 * time.Second}}}, sharedModes...)
+)
+
+// forModes runs f once for each of modes, on a fresh store over an
+// emptied server.
+func forModes(t *testing.T, srv *redistest.Server, modes []mode, f func(t *testing.T, name string, s *redisstore.Store)) {
+	for _, m := range modes {
 		t.Run(m.name, func(t *testing.T) {
+			if err := srv.Client().FlushAll(context.Background()).Err(); err != nil {
+				t.Fatal(err)
+			}
 			s, err := redisstore.New(srv.Client(), m.opts)
 			if err != nil {
 				t.Fatal(err)
 			}
-			f(t, s)
+			f(t, m.name, s)
 		})
 	}
 }
 
 func TestConformanceShared(t *testing.T) {
 	srv := redistest.Start(t)
-	forSharedModes(t, srv, func(t *testing.T, s *redisstore.Store) {
+	forModes(t, srv, sharedModes, func(t *testing.T, _ string, s *redisstore.Store) {
 		storetest.Run(t, func(*testing.T) fleetrate.Store { return s })
 	})
 }
@@ -191,8 +202,7 @@ func TestConformanceShared(t *testing.T) {
 // two-bucket take on "A" and "B": they must never fold together.
 func TestFoldedKeysWithNULs(t *testing.T) {
 	srv := redistest.Start(t)
-	forSharedModes(t, srv, func(t *testing.T, s *redisstore.Store) {
-		srv.Client().FlushAll(context.Background())
+	forModes(t, srv, sharedModes, func(t *testing.T, _ string, s *redisstore.Store) {
 		foldedKeysWithNULs(t, s)
 	})
 }
@@ -227,8 +237,7 @@ func foldedKeysWithNULs(t *testing.T, s *redisstore.Store) {
 // get distinct consecutive slots.
 func TestFoldedTakesAreExact(t *testing.T) {
 	srv := redistest.Start(t)
-	forSharedModes(t, srv, func(t *testing.T, s *redisstore.Store) {
-		srv.Client().FlushAll(context.Background())
+	forModes(t, srv, sharedModes, func(t *testing.T, _ string, s *redisstore.Store) {
 		foldedTakesAreExact(t, s)
 	})
 }
@@ -371,41 +380,31 @@ func (f argsHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 // result names them as configured, and bad names are errors.
 func TestLimiterAllowThroughBind(t *testing.T) {
 	srv := redistest.Start(t)
-	modes := append(sharedModes[:len(sharedModes):len(sharedModes)], struct {
-		name string
-		opts redisstore.Options
-	}{"Plain", redisstore.Options{Timeout: 2 * time.Second}})
-	for _, m := range modes {
-		t.Run(m.name, func(t *testing.T) {
-			s, err := redisstore.New(srv.Client(), m.opts)
-			if err != nil {
-				t.Fatal(err)
+	forModes(t, srv, allModes, func(t *testing.T, name string, s *redisstore.Store) {
+		lim := fleetrate.Every(time.Hour, 3).Named("hourly")
+		l, err := fleetrate.New(s, fleetrate.Config{Prefix: "bind:" + name + ":", Limits: []fleetrate.Limit{lim}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
+		for i, want := range []bool{true, true, true, false} {
+			res, err := l.Allow(ctx, "k")
+			if err != nil || res.Allowed != want || res.Limit != lim || res.Remaining != int64(max(2-i, 0)) {
+				t.Fatalf("take %d: %+v, %v; want allowed=%v by %v", i, res, err, want, lim)
 			}
-			lim := fleetrate.Every(time.Hour, 3).Named("hourly")
-			l, err := fleetrate.New(s, fleetrate.Config{Prefix: "bind:" + m.name + ":", Limits: []fleetrate.Limit{lim}})
-			if err != nil {
-				t.Fatal(err)
+		}
+		if res, err := l.Peek(ctx, "k"); err != nil || !res.Allowed || res.Remaining != 0 {
+			t.Fatalf("peek: %+v, %v", res, err)
+		}
+		for _, name := range []string{"", strings.Repeat("x", fleetrate.MaxNameLen+1)} {
+			if _, err := l.Allow(ctx, name); !errors.Is(err, fleetrate.ErrInvalid) {
+				t.Errorf("Allow(%d-byte name) = %v, want ErrInvalid", len(name), err)
 			}
-			ctx := context.Background()
-			for i, want := range []bool{true, true, true, false} {
-				res, err := l.Allow(ctx, "k")
-				if err != nil || res.Allowed != want || res.Limit != lim || res.Remaining != int64(max(2-i, 0)) {
-					t.Fatalf("take %d: %+v, %v; want allowed=%v by %v", i, res, err, want, lim)
-				}
-			}
-			if res, err := l.Peek(ctx, "k"); err != nil || !res.Allowed || res.Remaining != 0 {
-				t.Fatalf("peek: %+v, %v", res, err)
-			}
-			for _, name := range []string{"", strings.Repeat("x", fleetrate.MaxNameLen+1)} {
-				if _, err := l.Allow(ctx, name); !errors.Is(err, fleetrate.ErrInvalid) {
-					t.Errorf("Allow(%d-byte name) = %v, want ErrInvalid", len(name), err)
-				}
-			}
-			if _, err := l.AllowN(ctx, 4, "k"); !errors.Is(err, fleetrate.ErrBurstExceeded) {
-				t.Errorf("AllowN beyond the burst = %v", err)
-			}
-		})
-	}
+		}
+		if _, err := l.AllowN(ctx, 4, "k"); !errors.Is(err, fleetrate.ErrBurstExceeded) {
+			t.Errorf("AllowN beyond the burst = %v", err)
+		}
+	})
 }
 
 // TestBatchWithoutTimeoutIsStillBounded: a store with no timeout of its
@@ -524,29 +523,19 @@ func TestBatchOfManyKeys(t *testing.T) {
 func TestKeyOfAnotherTypeIsAnError(t *testing.T) {
 	srv := redistest.Start(t)
 	ctx := context.Background()
-	modes := append(sharedModes[:len(sharedModes):len(sharedModes)], struct {
-		name string
-		opts redisstore.Options
-	}{"Plain", redisstore.Options{Timeout: 2 * time.Second}})
-	for _, m := range modes {
-		t.Run(m.name, func(t *testing.T) {
-			s, err := redisstore.New(srv.Client(), m.opts)
-			if err != nil {
-				t.Fatal(err)
-			}
-			key := "wrongtype:" + m.name
-			if err := srv.Client().HSet(ctx, key, "f", "v").Err(); err != nil {
-				t.Fatal(err)
-			}
-			req := fleetrate.Request{Buckets: []fleetrate.Bucket{{Key: key, Limits: []fleetrate.Limit{fleetrate.PerSecond(1, 1)}}}, N: 1}
-			if res, err := s.Take(ctx, req); !errors.Is(err, fleetrate.ErrStoreUnavailable) || res.Allowed {
-				t.Fatalf("Take on a hash = %+v, %v; want ErrStoreUnavailable", res, err)
-			}
-			if typ := srv.Client().Type(ctx, key).Val(); typ != "hash" {
-				t.Fatalf("the key is now a %s", typ)
-			}
-		})
-	}
+	forModes(t, srv, allModes, func(t *testing.T, name string, s *redisstore.Store) {
+		key := "wrongtype:" + name
+		if err := srv.Client().HSet(ctx, key, "f", "v").Err(); err != nil {
+			t.Fatal(err)
+		}
+		req := fleetrate.Request{Buckets: []fleetrate.Bucket{{Key: key, Limits: []fleetrate.Limit{fleetrate.PerSecond(1, 1)}}}, N: 1}
+		if res, err := s.Take(ctx, req); !errors.Is(err, fleetrate.ErrStoreUnavailable) || res.Allowed {
+			t.Fatalf("Take on a hash = %+v, %v; want ErrStoreUnavailable", res, err)
+		}
+		if typ := srv.Client().Type(ctx, key).Val(); typ != "hash" {
+			t.Fatalf("the key is now a %s", typ)
+		}
+	})
 }
 
 // TestMultipleClocks: Cluster and Ring stores report several clocks, so
