@@ -83,7 +83,14 @@ func (c Config) Validate() error {
 	return nil
 }
 
+// validName reports whether name may name a bucket; validateName says why
+// not.
+func validName(name string) bool { return name != "" && len(name) <= MaxNameLen }
+
 func validateName(name string) error {
+	if validName(name) {
+		return nil
+	}
 	switch {
 	case name == "":
 		return fmt.Errorf("name must not be empty")
@@ -175,7 +182,7 @@ func (l *Limiter) taker(name string) BoundTaker {
 			return nb.taker
 		}
 	}
-	if name == "" || len(name) > MaxNameLen {
+	if !validName(name) {
 		return nil
 	}
 	return l.bound
