@@ -145,6 +145,23 @@ func redisClient(srv *redistest.Server, pool int) *redis.Client {
 	return redis.NewClient(&redis.Options{Addr: srv.Addr(), PoolSize: pool, ContextTimeoutEnabled: true})
 }
 
+// redisLimiter returns a Limiter at the benchmark's limit over a Redis
+// store on c with opts (and a second's timeout), its scripts loaded.
+func redisLimiter(b *testing.B, c *redis.Client, opts redisstore.Options) *fleetrate.Limiter {
+	b.Helper()
+	opts.Timeout = time.Second
+	s, err := redisstore.New(c, opts)
+	if err != nil {
+		b.Fatal(err)
+	}
+	_ = s.LoadScripts(context.Background())
+	l, err := fleetrate.New(s, fleetrate.Config{Limits: []fleetrate.Limit{fleetrate.PerSecond(benchRate, benchBurst)}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return l
+}
+
 // BenchmarkRedisAllow compares one Allow on Redis over 10,000 keys at 1
 // and 64 goroutines: fleetrate with one call per take, fleetrate with
 // Batch, and redis_rate.
@@ -160,15 +177,7 @@ func BenchmarkRedisAllow(b *testing.B) {
 			b.Run(name+strconv.Itoa(g), func(b *testing.B) {
 				c := redisClient(srv, g+4)
 				defer c.Close()
-				s, err := redisstore.New(c, redisstore.Options{Timeout: time.Second, Batch: batch})
-				if err != nil {
-					b.Fatal(err)
-				}
-				_ = s.LoadScripts(ctx)
-				l, err := fleetrate.New(s, fleetrate.Config{Limits: []fleetrate.Limit{fleetrate.PerSecond(benchRate, benchBurst)}})
-				if err != nil {
-					b.Fatal(err)
-				}
+				l := redisLimiter(b, c, redisstore.Options{Batch: batch})
 				runParallel(b, g, func(i int) error {
 					_, err := l.Allow(ctx, keyNames[i%keys])
 					return err
@@ -220,15 +229,7 @@ func BenchmarkRedisAllowHotFolded(b *testing.B) {
 	ctx := context.Background()
 	c := redisClient(redisSrv, 68)
 	defer c.Close()
-	s, err := redisstore.New(c, redisstore.Options{Timeout: time.Second, FoldHotKeys: true})
-	if err != nil {
-		b.Fatal(err)
-	}
-	_ = s.LoadScripts(ctx)
-	l, err := fleetrate.New(s, fleetrate.Config{Limits: []fleetrate.Limit{fleetrate.PerSecond(benchRate, benchBurst)}})
-	if err != nil {
-		b.Fatal(err)
-	}
+	l := redisLimiter(b, c, redisstore.Options{FoldHotKeys: true})
 	runParallel(b, 64, func(int) error {
 		_, err := l.Allow(ctx, "hot")
 		return err
