@@ -187,9 +187,9 @@ func spliceDoc(path string, body []byte) ([]byte, error) {
 	return b.Bytes(), nil
 }
 
-// median returns the median of xs, which it sorts.
-func median(xs []float64) float64 {
-	slices.Sort(xs)
+// median returns the middle of xs by key, which it sorts.
+func median[T any, K cmp.Ordered](xs []T, key func(T) K) T {
+	slices.SortFunc(xs, func(a, b T) int { return cmp.Compare(key(a), key(b)) })
 	return xs[len(xs)/2]
 }
 
@@ -298,7 +298,8 @@ func redisTable(srv *redistest.Server, cfg config, out io.Writer) ([]redisRow, e
 		}
 		hots, spreads = append(hots, h), append(spreads, sp)
 	}
-	ceilHot, ceilSpread := median(hots), median(spreads)
+	self := func(x float64) float64 { return x }
+	ceilHot, ceilSpread := median(hots, self), median(spreads, self)
 	type impl struct {
 		name  string
 		build func(c *redis.Client) (func(ctx context.Context, key string) error, func(), error)
@@ -378,9 +379,8 @@ func redisTable(srv *redistest.Server, cfg config, out io.Writer) ([]redisRow, e
 						if hot {
 							ceil = ceilHot
 						}
-						ms := runs[i]
-						slices.SortFunc(ms, func(a, b measurement) int { return cmp.Compare(a.ops, b.ops) })
-						rows = append(rows, redisRow{impl: im.name, hot: hot, g: g, m: ms[len(ms)/2], ceiling: ceil})
+						med := median(runs[i], func(m measurement) float64 { return m.ops })
+						rows = append(rows, redisRow{impl: im.name, hot: hot, g: g, m: med, ceiling: ceil})
 					}
 					i++
 				}
@@ -573,8 +573,7 @@ func memTable(cfg config, out io.Writer) {
 		for range cfg.count {
 			rs = append(rs, testing.Benchmark(f))
 		}
-		slices.SortFunc(rs, func(a, b testing.BenchmarkResult) int { return cmp.Compare(a.NsPerOp(), b.NsPerOp()) })
-		return rs[len(rs)/2]
+		return median(rs, testing.BenchmarkResult.NsPerOp)
 	}
 	single := []row{
 		{"fleetrate memstore", bench(func(b *testing.B) {
