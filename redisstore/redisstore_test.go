@@ -436,11 +436,7 @@ func TestBatchDropsTakesAbandonedWhileQueued(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	defer c.Close()
 	var scripts atomic.Int64 // script calls sent
-	c.AddHook(argsHook(func(args []any) {
-		if len(args) > 0 && strings.HasPrefix(strings.ToLower(fmt.Sprint(args[0])), "eval") {
-			scripts.Add(1)
-		}
-	}))
+	c.AddHook(redistest.ScriptCounter{N: &scripts})
 	s, err := redisstore.New(c, redisstore.Options{Timeout: 5 * time.Second, Batch: true})
 	if err != nil {
 		t.Fatal(err)

@@ -25,6 +25,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetrate/fleetrate"
+	"github.com/fleetrate/fleetrate/internal/redistest"
 	"github.com/fleetrate/fleetrate/redisstore"
 )
 
@@ -177,51 +178,9 @@ func Run(t testing.TB, o Options) Report {
 	return rep
 }
 
-// callCounter counts the script calls (EVALSHA, and EVAL on a cache miss)
-// that waiting goroutines send; connection handshakes are not decisions.
-type callCounter struct {
-	n *atomic.Int64
-	// all counts every script call, for folded runs whose calls belong to
-	// no single caller's context.
-	all bool
-}
-
-// DialHook implements redis.Hook; dials are not counted.
-func (c callCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-// ProcessHook implements redis.Hook, counting script calls.
-func (c callCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if (c.all || ctx.Value(countKey{}) != nil) && isScriptCall(cmd) {
-			c.n.Add(1)
-		}
-		return next(ctx, cmd)
-	}
-}
-
-// ProcessPipelineHook implements redis.Hook.
-func (c callCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		if c.all || ctx.Value(countKey{}) != nil {
-			for _, cmd := range cmds {
-				if isScriptCall(cmd) {
-					c.n.Add(1)
-				}
-			}
-		}
-		return next(ctx, cmds)
-	}
-}
-
+// countKey marks the context of a waiting goroutine's take, whose script
+// calls the fleet counts (connection handshakes are not decisions).
 type countKey struct{}
-
-func isScriptCall(cmd redis.Cmder) bool {
-	switch strings.ToLower(cmd.Name()) {
-	case "evalsha", "eval", "evalsha_ro", "eval_ro":
-		return true
-	}
-	return false
-}
 
 func newClient(o Options, calls *atomic.Int64) redis.UniversalClient {
 	var c redis.UniversalClient
@@ -230,7 +189,12 @@ func newClient(o Options, calls *atomic.Int64) redis.UniversalClient {
 	} else {
 		c = redis.NewClient(&redis.Options{Addr: o.Addrs[0], PoolSize: o.Goroutines + 4})
 	}
-	c.AddHook(callCounter{n: calls, all: o.Fold || o.Batch})
+	counter := redistest.ScriptCounter{N: calls}
+	if !o.Fold && !o.Batch {
+		// Shared calls belong to no caller's context: count them all.
+		counter.Only = func(ctx context.Context) bool { return ctx.Value(countKey{}) != nil }
+	}
+	c.AddHook(counter)
 	return c
 }
 

@@ -467,7 +467,7 @@ func waitTable(srv *redistest.Server, cfg config, out io.Writer) error {
 	for _, waiters := range []int{10, 100} {
 		var calls atomic.Int64
 		c := newClient(srv, waiters)
-		c.AddHook(scriptCounter{&calls})
+		c.AddHook(redistest.ScriptCounter{N: &calls})
 		s, err := redisstore.New(c, redisstore.Options{Timeout: 5 * time.Second})
 		if err != nil {
 			return err
@@ -533,26 +533,6 @@ func warmPool(c *redis.Client, n int) {
 		wg.Go(func() { _ = c.Ping(context.Background()).Err() })
 	}
 	wg.Wait()
-}
-
-type scriptCounter struct{ n *atomic.Int64 }
-
-// DialHook implements redis.Hook; dials are not counted.
-func (h scriptCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-// ProcessHook implements redis.Hook, counting script calls.
-func (h scriptCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if n := strings.ToLower(cmd.Name()); n == "evalsha" || n == "eval" {
-			h.n.Add(1)
-		}
-		return next(ctx, cmd)
-	}
-}
-
-// ProcessPipelineHook implements redis.Hook.
-func (h scriptCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
 }
 
 // memTable compares the in-memory store with x/time/rate and uber's
