@@ -1,7 +1,6 @@
 package httplimit
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -203,24 +202,6 @@ func counter(t testing.TB, reg *prometheus.Registry, name string, labels map[str
 		}
 	}
 	return 0
-}
-
-// syncBuffer collects log output from concurrent handlers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }
 
 func testLogger(buf io.Writer) *slog.Logger {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/fleetrate/fleetrate"
 	"github.com/fleetrate/fleetrate/internal/headers"
+	"github.com/fleetrate/fleetrate/internal/logbuf"
 	"github.com/fleetrate/fleetrate/memstore"
 )
 
@@ -246,7 +247,7 @@ func TestMultiLimitPolicyHeaders(t *testing.T) {
 func TestShadowMode(t *testing.T) {
 	t.Parallel()
 	c := newClock()
-	logs := &syncBuffer{}
+	logs := &logbuf.Buffer{}
 	reg := prometheus.NewRegistry()
 	cfg := memConfig(c)
 	cfg.Logger, cfg.Registerer = testLogger(logs), reg
@@ -296,7 +297,7 @@ func TestStoreFailure(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			logs := &syncBuffer{}
+			logs := &logbuf.Buffer{}
 			reg := prometheus.NewRegistry()
 			store := &failingStore{block: tt.block}
 			next := &okHandler{}

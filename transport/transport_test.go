@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fleetrate/fleetrate"
+	"github.com/fleetrate/fleetrate/internal/logbuf"
 	"github.com/fleetrate/fleetrate/memstore"
 	"github.com/fleetrate/fleetrate/transport"
 )
@@ -518,7 +519,7 @@ func TestStoreFailure(t *testing.T) {
 	}
 	for _, failOpen := range []bool{false, true} {
 		srv := &upstream{}
-		var logs syncBuffer
+		var logs logbuf.Buffer
 		tr, err := transport.New(lim, classify, transport.Options{
 			Base:     inMemory(srv),
 			FailOpen: failOpen,
@@ -546,7 +547,7 @@ func TestStoreFailure(t *testing.T) {
 func TestLogsAndMetrics(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		srv := &upstream{script: []reply{{200, ""}, {http.StatusTooManyRequests, "2"}}}
-		var logs syncBuffer
+		var logs logbuf.Buffer
 		reg := prometheus.NewRegistry()
 		tr, _ := setup(t, bookingCom(1), inMemory(srv), transport.Options{
 			Logger:      slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
@@ -607,7 +608,7 @@ func TestLogsAndMetrics(t *testing.T) {
 func TestGaveUpIsLogged(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		srv := &upstream{always: &reply{http.StatusTooManyRequests, "1"}}
-		var logs syncBuffer
+		var logs logbuf.Buffer
 		reg := prometheus.NewRegistry()
 		tr, _ := setup(t, bookingCom(10), inMemory(srv), transport.Options{
 			Logger: slog.New(slog.NewTextHandler(&logs, nil)), Registerer: reg, MaxAttempts: 2,

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -33,6 +32,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/fleetrate/fleetrate/internal/logbuf"
 	"github.com/fleetrate/fleetrate/internal/redistest"
 )
 
@@ -187,21 +187,12 @@ func metadataCtx(token string) context.Context {
 
 // serveLog collects the service's log lines, safely across goroutines.
 type serveLog struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *serveLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
+	logbuf.Buffer
 }
 
 // field returns the named field of the first JSON log line with msg.
 func (l *serveLog) field(msg, name string) (any, bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	sc := bufio.NewScanner(bytes.NewReader(l.buf.Bytes()))
+	sc := bufio.NewScanner(strings.NewReader(l.String()))
 	for sc.Scan() {
 		var m map[string]any
 		if json.Unmarshal(sc.Bytes(), &m) == nil && m["msg"] == msg {
@@ -210,12 +201,6 @@ func (l *serveLog) field(msg, name string) (any, bool) {
 		}
 	}
 	return nil, false
-}
-
-func (l *serveLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
 }
 
 // startServe runs "fleetrate serve" through run, as main does, and waits

@@ -4,7 +4,6 @@
 package redistest
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -18,6 +17,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetrate/fleetrate/internal/logbuf"
 )
 
 // InstallHint is the command that installs redis-server on Debian/Ubuntu.
@@ -33,7 +34,7 @@ type Server struct {
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
-	log    *syncBuffer
+	log    *logbuf.Buffer
 	exited chan struct{}
 	client *redis.Client
 }
@@ -138,7 +139,7 @@ func (s *Server) start() error {
 	// A test binary that dies (a panic, a timeout, a kill) cannot run its
 	// cleanups: the kernel then kills the server too, so none outlives it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	log := &syncBuffer{}
+	log := &logbuf.Buffer{}
 	cmd.Stdout, cmd.Stderr = log, log
 	cmd.Dir = s.dir
 	if err := cmd.Start(); err != nil {
@@ -263,25 +264,4 @@ func (s *Server) Log() string {
 		return ""
 	}
 	return s.log.String()
-}
-
-// syncBuffer is a bytes.Buffer safe for the process's writes and the
-// test's reads at once.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-// Write appends p under the lock.
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-// String returns what was written so far.
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
