@@ -20,31 +20,15 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/fleetrate/fleetrate"
+	"github.com/fleetrate/fleetrate/benchmarks/workload"
 	"github.com/fleetrate/fleetrate/internal/redistest"
 	"github.com/fleetrate/fleetrate/memstore"
 	"github.com/fleetrate/fleetrate/redisstore"
 )
 
-// A limit that allows almost every call, so that benchmarks measure a
-// grant, with a rate low enough that every bucket stays in use (not yet
-// refilled) between two visits, as real traffic keeps it.
-const (
-	benchRate  = 100
-	benchBurst = 1 << 27
-	keys       = 10_000
-)
-
-var keyNames = func() []string {
-	k := make([]string, keys)
-	for i := range k {
-		k[i] = "key:" + strconv.Itoa(i)
-	}
-	return k
-}()
-
 func newMemLimiter(b *testing.B) *fleetrate.Limiter {
 	l, err := fleetrate.New(memstore.New(memstore.Options{}), fleetrate.Config{
-		Limits: []fleetrate.Limit{fleetrate.PerSecond(benchRate, benchBurst)},
+		Limits: []fleetrate.Limit{workload.Limit},
 	})
 	if err != nil {
 		b.Fatal(err)
@@ -65,7 +49,7 @@ func BenchmarkMemAllow(b *testing.B) {
 		}
 	})
 	b.Run("x-time-rate", func(b *testing.B) {
-		l := rate.NewLimiter(benchRate, benchBurst)
+		l := rate.NewLimiter(workload.Rate, workload.Burst)
 		b.ReportAllocs()
 		for b.Loop() {
 			l.Allow()
@@ -83,7 +67,7 @@ func (x *xMap) allow(key string) bool {
 	x.mu.Lock()
 	l, ok := x.m[key]
 	if !ok {
-		l = rate.NewLimiter(benchRate, benchBurst)
+		l = rate.NewLimiter(workload.Rate, workload.Burst)
 		x.m[key] = l
 	}
 	x.mu.Unlock()
@@ -101,7 +85,7 @@ func BenchmarkMemAllowParallel(b *testing.B) {
 			i := int(seq.Add(7919))
 			for pb.Next() {
 				i++
-				if _, err := l.Allow(ctx, keyNames[i%keys]); err != nil {
+				if _, err := l.Allow(ctx, workload.KeyNames[i%workload.Keys]); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -115,7 +99,7 @@ func BenchmarkMemAllowParallel(b *testing.B) {
 			i := int(seq.Add(7919))
 			for pb.Next() {
 				i++
-				x.allow(keyNames[i%keys])
+				x.allow(workload.KeyNames[i%workload.Keys])
 			}
 		})
 	})
@@ -155,7 +139,7 @@ func redisLimiter(b *testing.B, c *redis.Client, opts redisstore.Options) *fleet
 		b.Fatal(err)
 	}
 	_ = s.LoadScripts(context.Background())
-	l, err := fleetrate.New(s, fleetrate.Config{Limits: []fleetrate.Limit{fleetrate.PerSecond(benchRate, benchBurst)}})
+	l, err := fleetrate.New(s, fleetrate.Config{Limits: []fleetrate.Limit{workload.Limit}})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -179,7 +163,7 @@ func BenchmarkRedisAllow(b *testing.B) {
 				defer c.Close()
 				l := redisLimiter(b, c, redisstore.Options{Batch: batch})
 				runParallel(b, g, func(i int) error {
-					_, err := l.Allow(ctx, keyNames[i%keys])
+					_, err := l.Allow(ctx, workload.KeyNames[i%workload.Keys])
 					return err
 				})
 			})
@@ -188,9 +172,9 @@ func BenchmarkRedisAllow(b *testing.B) {
 			c := redisClient(srv, g+4)
 			defer c.Close()
 			l := redis_rate.NewLimiter(c)
-			lim := redis_rate.Limit{Rate: benchRate, Burst: benchBurst, Period: time.Second}
+			lim := redis_rate.Limit{Rate: workload.Rate, Burst: workload.Burst, Period: time.Second}
 			runParallel(b, g, func(i int) error {
-				_, err := l.Allow(ctx, keyNames[i%keys], lim)
+				_, err := l.Allow(ctx, workload.KeyNames[i%workload.Keys], lim)
 				return err
 			})
 		})

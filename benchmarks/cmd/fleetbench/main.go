@@ -33,6 +33,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/fleetrate/fleetrate"
+	"github.com/fleetrate/fleetrate/benchmarks/workload"
 	"github.com/fleetrate/fleetrate/internal/redistest"
 	"github.com/fleetrate/fleetrate/memstore"
 	"github.com/fleetrate/fleetrate/redisstore"
@@ -202,20 +203,6 @@ func nproc() int {
 	return n
 }
 
-// A limit that grants nearly every call, so the tables measure decisions,
-// with a rate low enough that buckets stay live between visits.
-var benchLimit = fleetrate.PerSecond(100, 1<<27)
-
-const keyspace = 10_000
-
-var keyNames = func() []string {
-	k := make([]string, keyspace)
-	for i := range k {
-		k[i] = "bench:" + strconv.Itoa(i)
-	}
-	return k
-}()
-
 type measurement struct {
 	ops      float64 // decisions per second
 	p50, p99 time.Duration
@@ -282,7 +269,7 @@ func fleetLimiter(c redisstore.Client, opts redisstore.Options) (*fleetrate.Limi
 	if err := s.LoadScripts(context.Background()); err != nil {
 		return nil, err
 	}
-	return fleetrate.New(s, fleetrate.Config{Prefix: "fr:", Limits: []fleetrate.Limit{benchLimit}})
+	return fleetrate.New(s, fleetrate.Config{Prefix: "fr:", Limits: []fleetrate.Limit{workload.Limit}})
 }
 
 func redisTable(srv *redistest.Server, cfg config, out io.Writer) ([]redisRow, error) {
@@ -366,7 +353,7 @@ func redisTable(srv *redistest.Server, cfg config, out io.Writer) ([]redisRow, e
 					m := measure(g, cfg.duration, func(ctx context.Context, i int) error {
 						key := "hot"
 						if !hot {
-							key = keyNames[i%keyspace]
+							key = workload.KeyNames[i%workload.Keys]
 						}
 						return f(ctx, key)
 					})
@@ -389,7 +376,7 @@ func redisTable(srv *redistest.Server, cfg config, out io.Writer) ([]redisRow, e
 	}
 	fmt.Fprintf(out, "## Redis: Allow decisions per second\n\n")
 	fmt.Fprintf(out, "The ceiling is `redis-benchmark` running fleetrate's own take script with EVALSHA, 50 clients, pipelining 32: %.0f/s on one hot key, %.0f/s over %d keys (medians of %d runs; each row below is the median of %d runs of %v).\n\n",
-		ceilHot, ceilSpread, keyspace, cfg.count, cfg.count, cfg.duration)
+		ceilHot, ceilSpread, workload.Keys, cfg.count, cfg.count, cfg.duration)
 	fmt.Fprintf(out, "| keys | goroutines | implementation | decisions/s | × ceiling | × redis_rate | p50 | p99 | errors |\n|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {
 		var peer float64
@@ -398,7 +385,7 @@ func redisTable(srv *redistest.Server, cfg config, out io.Writer) ([]redisRow, e
 				peer = p.m.ops
 			}
 		}
-		keys := strconv.Itoa(keyspace)
+		keys := strconv.Itoa(workload.Keys)
 		if r.hot {
 			keys = "1 (hot)"
 		}
@@ -438,10 +425,10 @@ func ceiling(srv *redistest.Server, hot bool, cfg config) (float64, error) {
 	args = append(args, "-n", strconv.Itoa(n))
 	if !hot {
 		key = "fr:bench:__rand_int__"
-		args = append(args, "-r", strconv.Itoa(keyspace))
+		args = append(args, "-r", strconv.Itoa(workload.Keys))
 	}
-	iv := benchLimit.Interval()
-	args = append(args, "EVALSHA", sha, "1", key, "1", "0", "1", "1", strconv.FormatInt(iv, 10), strconv.FormatInt(benchLimit.Burst, 10))
+	iv := workload.Limit.Interval()
+	args = append(args, "EVALSHA", sha, "1", key, "1", "0", "1", "1", strconv.FormatInt(iv, 10), strconv.FormatInt(workload.Limit.Burst, 10))
 	outb, err := exec.Command("redis-benchmark", args...).CombinedOutput()
 	if err != nil {
 		return 0, fmt.Errorf("redis-benchmark: %v: %s", err, outb)
@@ -540,7 +527,7 @@ func warmPool(c *redis.Client, n int) {
 func memTable(cfg config, out io.Writer) {
 	ctx := context.Background()
 	mem := func() *fleetrate.Limiter {
-		l, _ := fleetrate.New(memstore.New(memstore.Options{}), fleetrate.Config{Limits: []fleetrate.Limit{benchLimit}})
+		l, _ := fleetrate.New(memstore.New(memstore.Options{}), fleetrate.Config{Limits: []fleetrate.Limit{workload.Limit}})
 		return l
 	}
 	type row struct {
@@ -564,7 +551,7 @@ func memTable(cfg config, out io.Writer) {
 			}
 		})},
 		{"x/time/rate", bench(func(b *testing.B) {
-			l := rate.NewLimiter(rate.Limit(benchLimit.Rate), int(benchLimit.Burst))
+			l := rate.NewLimiter(rate.Limit(workload.Limit.Rate), int(workload.Limit.Burst))
 			b.ReportAllocs()
 			for b.Loop() {
 				l.Allow()
@@ -587,7 +574,7 @@ func memTable(cfg config, out io.Writer) {
 				i := int(seq.Add(7919))
 				for pb.Next() {
 					i++
-					_, _ = l.Allow(ctx, keyNames[i%keyspace])
+					_, _ = l.Allow(ctx, workload.KeyNames[i%workload.Keys])
 				}
 			})
 		})},
@@ -600,11 +587,11 @@ func memTable(cfg config, out io.Writer) {
 				i := int(seq.Add(7919))
 				for pb.Next() {
 					i++
-					k := keyNames[i%keyspace]
+					k := workload.KeyNames[i%workload.Keys]
 					mu.Lock()
 					l, ok := m[k]
 					if !ok {
-						l = rate.NewLimiter(rate.Limit(benchLimit.Rate), int(benchLimit.Burst))
+						l = rate.NewLimiter(rate.Limit(workload.Limit.Rate), int(workload.Limit.Burst))
 						m[k] = l
 					}
 					mu.Unlock()
