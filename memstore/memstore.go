@@ -196,23 +196,22 @@ func (s *Store) hash(key []byte) uint64 { return maphash.Bytes(s.seed, key) }
 
 func (s *Store) shardOf(h uint64) *shard { return &s.shards[h&s.mask] }
 
-// fullKeys returns each bucket's full key (Prefix + Key).
-func fullKeys(bs []fleetrate.Bucket) [][]byte {
-	keys := make([][]byte, len(bs))
+// fullKeys returns each bucket's full key (Prefix + Key) and its hash.
+func (s *Store) fullKeys(bs []fleetrate.Bucket) ([][]byte, []uint64) {
+	keys, hs := make([][]byte, len(bs)), make([]uint64, len(bs))
 	for i, b := range bs {
 		keys[i] = []byte(b.StoreKey())
+		hs[i] = s.hash(keys[i])
 	}
-	return keys
+	return keys, hs
 }
 
-// lock locks the shards holding keys in index order, so that takes across
-// several buckets are atomic and deadlock-free, and returns the unlock.
-// lock locks the shards holding keys in index order, so that takes across
-// several buckets are atomic and deadlock-free. It returns the shards to
-// unlock, written into idx.
-func (s *Store) lock(keys [][]byte, idx []int) []int {
-	for _, k := range keys {
-		n := int(s.hash(k) & s.mask)
+// lock locks the shards of the keys hashed to hs in index order, so that
+// takes across several buckets are atomic and deadlock-free. It returns
+// the shards to unlock, written into idx.
+func (s *Store) lock(hs []uint64, idx []int) []int {
+	for _, h := range hs {
+		n := int(h & s.mask)
 		if !slices.Contains(idx, n) {
 			idx = append(idx, n)
 		}
@@ -343,16 +342,15 @@ func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Resu
 		stateBuf [4]fleetrate.BucketState
 		idxBuf   [4]int
 	)
-	keys := fullKeys(req.Buckets)
-	idx := s.lock(keys, idxBuf[:0])
+	keys, hs := s.fullKeys(req.Buckets)
+	idx := s.lock(hs, idxBuf[:0])
 	defer s.unlock(idx)
 	now := s.now()
 	state := stateBuf[:0]
 	var entryBuf [4]*entry
 	entries := entryBuf[:0]
-	for _, k := range keys {
-		h := s.hash(k)
-		e, st := s.load(s.shardOf(h), h, k, now)
+	for i, k := range keys {
+		e, st := s.load(s.shardOf(hs[i]), hs[i], k, now)
 		if now < st.Stamp {
 			now = st.Stamp // a take of one of them read the clock later
 		}
@@ -363,8 +361,7 @@ func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Resu
 	// so are never evicted) until they are saved.
 	res, _ := fleetrate.Decide(now, req, state)
 	for i, k := range keys {
-		h := s.hash(k)
-		s.save(s.shardOf(h), h, k, entries[i], state[i])
+		s.save(s.shardOf(hs[i]), hs[i], k, entries[i], state[i])
 	}
 	return res, nil
 }
@@ -472,12 +469,12 @@ func (s *Store) update(ctx context.Context, buckets []fleetrate.Bucket, apply fu
 		return err
 	}
 	var idxBuf [4]int
-	keys := fullKeys(buckets)
-	idx := s.lock(keys, idxBuf[:0])
+	keys, hs := s.fullKeys(buckets)
+	idx := s.lock(hs, idxBuf[:0])
 	defer s.unlock(idx)
 	now := s.now()
 	for i, b := range buckets {
-		h := s.hash(keys[i])
+		h := hs[i]
 		sh := s.shardOf(h)
 		e, st := s.load(sh, h, keys[i], now)
 		at := now
