@@ -66,10 +66,7 @@ func (c *batchCall) storeKeys() []string {
 			c.key[0] = c.req.Buckets[0].StoreKey()
 			c.keys = c.key[:]
 		} else {
-			c.keys = make([]string, len(c.req.Buckets))
-			for i, bk := range c.req.Buckets {
-				c.keys[i] = bk.StoreKey()
-			}
+			c.keys = storeKeys(c.req.Buckets)
 		}
 	}
 	return c.keys
@@ -285,7 +282,7 @@ func (b *batcher) send(batch []*batchCall) {
 		if c.largs != nil {
 			args = append(args, c.largs...)
 		} else {
-			_, args = appendLimits(args, c.req.Buckets)
+			args = appendLimits(args, c.req.Buckets)
 		}
 	}
 	// The call belongs to no single caller, so it has the store's own

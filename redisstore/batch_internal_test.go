@@ -60,7 +60,7 @@ func TestBatchMatchesSequentialModel(t *testing.T) {
 				}
 			}
 			if len(req.Buckets) == 1 && rng.IntN(2) == 0 {
-				_, c.largs = appendLimits(nil, req.Buckets) // as a bound taker
+				c.largs = appendLimits(nil, req.Buckets) // as a bound taker
 			}
 			batch = append(batch, c)
 		}

@@ -232,18 +232,25 @@ func (s *Store) sameSlot(keys []string) error {
 	return nil
 }
 
-// appendLimits appends each bucket's limits to args in the layout the
-// scripts read, and returns the keys.
-func appendLimits(args []any, buckets []fleetrate.Bucket) ([]string, []any) {
+// storeKeys returns each bucket's store key.
+func storeKeys(buckets []fleetrate.Bucket) []string {
 	keys := make([]string, len(buckets))
 	for i, b := range buckets {
 		keys[i] = b.StoreKey()
+	}
+	return keys
+}
+
+// appendLimits appends each bucket's limits to args in the layout the
+// scripts read.
+func appendLimits(args []any, buckets []fleetrate.Bucket) []any {
+	for _, b := range buckets {
 		args = append(args, len(b.Limits))
 		for _, l := range b.Limits {
 			args = append(args, l.Interval(), l.Burst)
 		}
 	}
-	return keys, args
+	return args
 }
 
 // LoadScripts loads every script into the server's script cache (on a
@@ -293,7 +300,7 @@ func (s *Store) Bind(prefix string, limits []fleetrate.Limit) (fleetrate.BoundTa
 	if err := fleetrate.ValidateBuckets([]fleetrate.Bucket{b}); err != nil {
 		return nil, err
 	}
-	_, largs := appendLimits(nil, []fleetrate.Bucket{b})
+	largs := appendLimits(nil, []fleetrate.Bucket{b})
 	return &bound{s: s, b: b, largs: largs}, nil
 }
 
@@ -320,7 +327,7 @@ func (t *bound) TakeKey(ctx context.Context, key string, n int64, maxWait time.D
 func (s *Store) takeOne(ctx context.Context, req fleetrate.Request) (fleetrate.Result, error) {
 	args := make([]any, 3, 3+3*len(req.Buckets))
 	args[0], args[1], args[2] = req.N, int64(req.MaxWait), 1
-	keys, args := appendLimits(args, req.Buckets)
+	keys, args := storeKeys(req.Buckets), appendLimits(args, req.Buckets)
 	if err := s.sameSlot(keys); err != nil {
 		return fleetrate.Result{}, err
 	}
@@ -429,7 +436,7 @@ func (s *Store) update(ctx context.Context, op string, script *redis.Script, buc
 	if err := fleetrate.ValidateBuckets(buckets); err != nil {
 		return err
 	}
-	keys, args := appendLimits([]any{arg}, buckets)
+	keys, args := storeKeys(buckets), appendLimits([]any{arg}, buckets)
 	if err := s.sameSlot(keys); err != nil {
 		return err
 	}
