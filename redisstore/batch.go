@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -53,7 +54,10 @@ type batchCall struct {
 	// largs are the script arguments of req's limits (see appendLimits),
 	// encoded once by a bound taker; nil for other takes.
 	largs []any
-	rs    []fleetrate.Result
+	// rs are the decisions of the run of identical takes from this one on;
+	// the caller's is rs[0]. A take alone in its run decodes into res.
+	rs  []fleetrate.Result
+	res [1]fleetrate.Result
 	// The backing of req.Buckets and keys for a take from one bucket.
 	bucket [1]fleetrate.Bucket
 	key    [1]string
@@ -99,6 +103,9 @@ const (
 	// maxSecondWait bounds how many takes must wait before a second call
 	// goes out while one is in flight (see batcher.take).
 	maxSecondWait = 32
+	// maxShapeScan bounds how many of the shapes already in a call a take
+	// is compared with; one that matches none of them gets its own.
+	maxShapeScan = 8
 )
 
 // newBatcher returns the batcher of Options.Batch: takes on any keys that
@@ -116,25 +123,43 @@ func newBatcher(s *Store) *batcher {
 	return b
 }
 
-// take queues an already validated req and waits for its decision. largs,
-// when not nil, are the encoded limits of req's single bucket, which then
-// belong to the store (a bound taker's), so that only the bucket itself
-// needs copying.
-func (b *batcher) take(ctx context.Context, req fleetrate.Request, largs []any) (fleetrate.Result, error) {
+// take queues an already validated req and waits for its decision.
+func (b *batcher) take(ctx context.Context, req fleetrate.Request) (fleetrate.Result, error) {
 	if err := ctx.Err(); err != nil {
 		return fleetrate.Result{}, unavailable("take", err)
 	}
 	c := newBatchCall()
-	c.req, c.largs = req, largs
-	if largs != nil && len(req.Buckets) == 1 {
-		c.bucket[0] = req.Buckets[0]
-		c.req.Buckets = c.bucket[:]
-	} else {
-		c.req, c.largs = cloneRequest(req), nil
-		if err := b.s.sameSlot(c.storeKeys()); err != nil {
-			return fleetrate.Result{}, err
-		}
+	c.req = cloneRequest(req)
+	if err := b.s.sameSlot(c.storeKeys()); err != nil {
+		c.release()
+		return fleetrate.Result{}, err
 	}
+	return b.wait(ctx, c)
+}
+
+// takeKey is take for a bound taker's request: n tokens from bk with key
+// as its Key, waiting up to maxWait, its limits encoded as largs (which
+// belong to the store). The request is built in the call itself, so that
+// a take copies nothing but its key.
+func (b *batcher) takeKey(ctx context.Context, bk fleetrate.Bucket, key string, n int64, maxWait time.Duration, largs []any) (fleetrate.Result, error) {
+	c := newBatchCall()
+	c.bucket[0] = bk
+	c.bucket[0].Key = key
+	c.req = fleetrate.Request{Buckets: c.bucket[:], N: n, MaxWait: maxWait}
+	c.largs = largs
+	if err := c.req.Validate(); err != nil {
+		c.release()
+		return fleetrate.Result{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		c.release()
+		return fleetrate.Result{}, unavailable("take", err)
+	}
+	return b.wait(ctx, c)
+}
+
+// wait queues c and waits for its decision.
+func (b *batcher) wait(ctx context.Context, c *batchCall) (fleetrate.Result, error) {
 	var route string
 	if b.route != nil {
 		route = b.route(c)
@@ -244,47 +269,85 @@ func sameTake(a, b *batchCall) bool {
 	return sameLimits(a.req, b.req)
 }
 
-// send runs one batch call and hands each caller its decision.
-func (b *batcher) send(batch []*batchCall) {
-	// Calls whose callers gave up while queued are dropped; the rest are
-	// marked sent. Runs of identical takes become one take each, counted.
-	var runs [][]*batchCall
-	var last *batchCall
-	for _, c := range batch {
-		if !c.state.CompareAndSwap(pending, sent) {
-			continue // abandoned: never sent, nothing booked
-		}
-		if last != nil && sameTake(last, c) {
-			runs[len(runs)-1] = append(runs[len(runs)-1], c)
-		} else {
-			runs = append(runs, []*batchCall{c})
-		}
-		last = c
-	}
-	if len(runs) == 0 {
-		return
-	}
-	nkeys, nargs := 0, 1
-	for _, run := range runs {
+// encodeBatch returns the keys and arguments of a batch call for runs of
+// identical takes (see take_batch.lua). Takes of one shape (the same
+// number of keys, n, wait, count and limits: those of one limiter, mostly)
+// share the shape's arguments.
+func encodeBatch(runs [][]*batchCall) (keys []string, args []any) {
+	var shapes []*batchCall
+	var counts []int // the count of each shape's takes
+	shapeOf := make([]int, len(runs))
+	nkeys, nargs := 0, 1+len(runs)
+	for i, run := range runs {
 		nkeys += len(run[0].req.Buckets)
-		nargs += 4
-		for _, bk := range run[0].req.Buckets {
-			nargs += 1 + 2*len(bk.Limits)
+		shapeOf[i] = -1
+		for j := len(shapes) - 1; j >= max(len(shapes)-maxShapeScan, 0); j-- {
+			if counts[j] == len(run) && sameShape(shapes[j], run[0]) {
+				shapeOf[i] = j
+				break
+			}
+		}
+		if shapeOf[i] < 0 {
+			shapeOf[i] = len(shapes)
+			shapes = append(shapes, run[0])
+			counts = append(counts, len(run))
+			nargs += 4
+			for _, bk := range run[0].req.Buckets {
+				nargs += 1 + 2*len(bk.Limits)
+			}
 		}
 	}
-	keys := make([]string, 0, nkeys)
-	args := make([]any, 1, nargs)
-	args[0] = len(runs)
-	for _, run := range runs {
-		c := run[0]
-		keys = append(keys, c.storeKeys()...)
-		args = append(args, len(c.req.Buckets), c.req.N, int64(c.req.MaxWait), len(run))
+	keys = make([]string, 0, nkeys)
+	args = make([]any, 1, nargs)
+	args[0] = len(shapes)
+	for j, c := range shapes {
+		args = append(args, len(c.req.Buckets), c.req.N, int64(c.req.MaxWait), counts[j])
 		if c.largs != nil {
 			args = append(args, c.largs...)
 		} else {
 			args = appendLimits(args, c.req.Buckets)
 		}
 	}
+	for i, run := range runs {
+		keys = append(keys, run[0].storeKeys()...)
+		args = append(args, shapeOf[i]+1)
+	}
+	return keys, args
+}
+
+// sameShape reports whether takes s and c have one shape but for their
+// counts: the same number of keys, n, wait and limits.
+func sameShape(s, c *batchCall) bool {
+	if s.req.N != c.req.N || s.req.MaxWait != c.req.MaxWait || len(s.req.Buckets) != len(c.req.Buckets) {
+		return false
+	}
+	if len(s.largs) > 0 && len(c.largs) > 0 && &s.largs[0] == &c.largs[0] {
+		return true // one bound limiter's
+	}
+	return sameLimits(s.req, c.req)
+}
+
+// send runs one batch call and hands each caller its decision.
+func (b *batcher) send(batch []*batchCall) {
+	// Calls whose callers gave up while queued are dropped; the rest are
+	// marked sent. Runs of identical takes become one take each, counted.
+	kept := batch[:0]
+	for _, c := range batch {
+		if c.state.CompareAndSwap(pending, sent) {
+			kept = append(kept, c)
+		} // else abandoned: never sent, nothing booked
+	}
+	if len(kept) == 0 {
+		return
+	}
+	var runs [][]*batchCall
+	for i, start := 1, 0; i <= len(kept); i++ {
+		if i == len(kept) || !sameTake(kept[i-1], kept[i]) {
+			runs = append(runs, kept[start:i:i])
+			start = i
+		}
+	}
+	keys, args := encodeBatch(runs)
 	// The call belongs to no single caller, so it has the store's own
 	// bound rather than any caller's context.
 	ctx, cancel := b.s.ownCtx()
@@ -294,23 +357,28 @@ func (b *batcher) send(batch []*batchCall) {
 		return err
 	})
 	cancel()
-	var decisions [][]fleetrate.Result
 	if err != nil {
 		// reply is not read: an abandoned call may still be writing it.
 		err = unavailable("take", err)
 	} else {
-		decisions, err = decodeReply(reply, len(runs), func(i int) (fleetrate.Request, int) {
-			return runs[i][0].req, len(runs[i])
+		err = decodeReply(reply, len(runs), func(i int) (fleetrate.Request, int, *[]fleetrate.Result) {
+			c := runs[i][0]
+			c.rs = nil
+			if len(runs[i]) == 1 {
+				c.rs = c.res[:0] // the run's decisions never outlive its only call
+			}
+			return c.req, len(runs[i]), &c.rs
 		})
 	}
-	for i, run := range runs {
+	for _, run := range runs {
 		var refund int64
 		var gaveUp *batchCall // an abandoned call: never recycled, unlike the others
+		rs := run[0].rs
 		for j, c := range run {
 			if err != nil {
 				c.err = err
 			} else {
-				c.rs = decisions[i][min(j, len(decisions[i])-1):]
+				c.rs = rs[min(j, len(rs)-1):]
 			}
 			if c.state.CompareAndSwap(sent, delivered) {
 				c.done <- struct{}{} // from here on c belongs to its caller

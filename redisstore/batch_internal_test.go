@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"reflect"
 	"slices"
 	"testing"
 	"time"
@@ -29,6 +30,15 @@ func TestBatchMatchesSequentialModel(t *testing.T) {
 		{fleetrate.PerSecond(50, 3), fleetrate.Every(time.Minute, 7)},
 		{fleetrate.Every(time.Hour, 2)},
 	}
+	// A bound taker's encoded limits, one slice per limit set, shared by
+	// its takes as a Limiter's are.
+	bound := map[*fleetrate.Limit][]any{}
+	boundArgs := func(ls []fleetrate.Limit) []any {
+		if bound[&ls[0]] == nil {
+			bound[&ls[0]] = appendLimits(nil, []fleetrate.Bucket{{Limits: ls}})
+		}
+		return bound[&ls[0]]
+	}
 	for round := range 40 {
 		model := map[string]*fleetrate.BucketState{}
 		keys := make([]string, 4)
@@ -39,8 +49,11 @@ func TestBatchMatchesSequentialModel(t *testing.T) {
 		var batch []*batchCall
 		for range 1 + rng.IntN(maxBatch/4) {
 			req := fleetrate.Request{N: rng.Int64N(3), MaxWait: time.Duration(rng.Int64N(int64(10 * time.Millisecond)))}
-			if rng.IntN(3) == 0 {
+			switch rng.IntN(3) {
+			case 0:
 				req.MaxWait = 0
+			case 1:
+				req.MaxWait = time.Millisecond // shapes repeat
 			}
 			for _, i := range rng.Perm(len(keys))[:1+rng.IntN(2)] {
 				ls := limitSets[rng.IntN(len(limitSets))]
@@ -60,7 +73,7 @@ func TestBatchMatchesSequentialModel(t *testing.T) {
 				}
 			}
 			if len(req.Buckets) == 1 && rng.IntN(2) == 0 {
-				c.largs = appendLimits(nil, req.Buckets) // as a bound taker
+				c.largs = boundArgs(req.Buckets[0].Limits) // as a bound taker
 			}
 			batch = append(batch, c)
 		}
@@ -122,8 +135,10 @@ func TestDecodeReplyRejectsBadReplies(t *testing.T) {
 	lim := []fleetrate.Limit{fleetrate.PerSecond(10, 5)}
 	c := newBatchCall()
 	c.req = fleetrate.Request{Buckets: []fleetrate.Bucket{{Key: "k", Limits: lim}}, N: 1}
-	decode := func(reply []int64) ([][]fleetrate.Result, error) {
-		return decodeReply(reply, 1, func(int) (fleetrate.Request, int) { return c.req, 1 })
+	decode := func(reply []int64) ([]fleetrate.Result, error) {
+		var rs []fleetrate.Result
+		err := decodeReply(reply, 1, func(int) (fleetrate.Request, int, *[]fleetrate.Result) { return c.req, 1, &rs })
+		return rs, err
 	}
 	if _, err := decode([]int64{1_800_000_000_000_000, 1, 0}); err != nil {
 		t.Fatalf("a good reply: %v", err)
@@ -140,5 +155,98 @@ func TestDecodeReplyRejectsBadReplies(t *testing.T) {
 		if _, err := decode(reply); !errors.Is(err, fleetrate.ErrStoreUnavailable) {
 			t.Errorf("reply %v: %v, want ErrStoreUnavailable", reply, err)
 		}
+	}
+}
+
+// TestEncodeBatchSharesShapes encodes runs of takes and reads the
+// arguments back as take_batch.lua does: every take gets its own keys,
+// count, n, wait and limits, and takes of one shape share its arguments,
+// found among the last maxShapeScan shapes.
+func TestEncodeBatchSharesShapes(t *testing.T) {
+	a := []fleetrate.Limit{fleetrate.PerSecond(10, 5)}
+	b := []fleetrate.Limit{fleetrate.PerSecond(50, 3), fleetrate.Every(time.Minute, 7)}
+	aArgs := appendLimits(nil, []fleetrate.Bucket{{Limits: a}})
+	call := func(n int64, wait time.Duration, largs []any, buckets ...fleetrate.Bucket) *batchCall {
+		c := newBatchCall()
+		c.req = fleetrate.Request{Buckets: buckets, N: n, MaxWait: wait}
+		c.largs = largs
+		return c
+	}
+	k := func(key string, ls []fleetrate.Limit) fleetrate.Bucket { return fleetrate.Bucket{Key: key, Limits: ls} }
+	runs := [][]*batchCall{
+		{call(1, 0, aArgs, k("x", a))},
+		{call(1, 0, aArgs, k("y", a))},                               // bound: the shape of the first
+		{call(1, 0, nil, k("z", a))},                                 // unbound, same limits: too
+		{call(1, 0, aArgs, k("x", a)), call(1, 0, aArgs, k("x", a))}, // count 2: a new shape
+		{call(2, 0, aArgs, k("x", a))},                               // n 2
+		{call(1, time.Second, nil, k("x", a))},                       // a wait
+		{call(1, 0, nil, k("x", b))},                                 // other limits
+		{call(1, 0, nil, k("x", a), k("y", b))},                      // two keys
+		{call(1, 0, nil, k("w", a), k("v", b))},                      // the shape before
+	}
+	for i := range 12 { // more shapes than a take is compared with
+		runs = append(runs, []*batchCall{call(int64(3+i), 0, nil, k("u", a))})
+	}
+	runs = append(runs, []*batchCall{call(1, 0, aArgs, k("last", a))}) // the first shape, out of reach: a new one
+	keys, args := encodeBatch(runs)
+
+	num := func(i int) int64 {
+		switch v := args[i].(type) {
+		case int:
+			return int64(v)
+		case int64:
+			return v
+		}
+		t.Fatalf("argument %d is %T", i, args[i])
+		return 0
+	}
+	type shape struct {
+		nb, n, wait, count int64
+		limits             []int64
+	}
+	var shapes []shape
+	pos := 1
+	for range num(0) {
+		sh := shape{nb: num(pos), n: num(pos + 1), wait: num(pos + 2), count: num(pos + 3)}
+		pos += 4
+		for range sh.nb {
+			m := num(pos)
+			for i := pos; i <= pos+2*int(m); i++ {
+				sh.limits = append(sh.limits, num(i))
+			}
+			pos += 1 + 2*int(m)
+		}
+		shapes = append(shapes, sh)
+	}
+	if got, want := len(args)-pos, len(runs); got != want {
+		t.Fatalf("%d take arguments for %d takes", got, want)
+	}
+	if want := 6 + 12 + 1; len(shapes) != want {
+		t.Fatalf("%d shapes, want %d", len(shapes), want)
+	}
+	kpos := 0
+	for i, run := range runs {
+		sh := shapes[num(pos+i)-1]
+		c := run[0]
+		var limits []int64
+		for _, b := range c.req.Buckets {
+			limits = append(limits, int64(len(b.Limits)))
+			for _, l := range b.Limits {
+				limits = append(limits, l.Interval(), l.Burst)
+			}
+		}
+		want := shape{int64(len(c.req.Buckets)), c.req.N, int64(c.req.MaxWait), int64(len(run)), limits}
+		if !reflect.DeepEqual(sh, want) {
+			t.Fatalf("take %d reads as %+v, want %+v", i, sh, want)
+		}
+		for _, b := range c.req.Buckets {
+			if keys[kpos] != b.StoreKey() {
+				t.Fatalf("take %d: key %d is %q, want %q", i, kpos, keys[kpos], b.StoreKey())
+			}
+			kpos++
+		}
+	}
+	if kpos != len(keys) {
+		t.Fatalf("%d keys for %d", len(keys), kpos)
 	}
 }

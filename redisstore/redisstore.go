@@ -278,18 +278,27 @@ func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Resu
 	if err := req.Validate(); err != nil {
 		return fleetrate.Result{}, err
 	}
-	return s.take(ctx, req, nil)
+	return s.take(ctx, req)
 }
 
-// take is Take for a validated request; largs is as for batcher.take.
-func (s *Store) take(ctx context.Context, req fleetrate.Request, largs []any) (fleetrate.Result, error) {
-	if s.batch != nil {
-		return s.batch.take(ctx, req, largs)
-	}
-	if s.fold != nil && req.N > 0 {
-		return s.fold.take(ctx, req, largs)
+// take is Take for a validated request.
+func (s *Store) take(ctx context.Context, req fleetrate.Request) (fleetrate.Result, error) {
+	if q := s.queue(req.N); q != nil {
+		return q.take(ctx, req)
 	}
 	return s.takeOne(ctx, req)
+}
+
+// queue returns the batcher a take of n tokens shares calls through, or
+// nil when it makes its own call.
+func (s *Store) queue(n int64) *batcher {
+	if s.batch != nil {
+		return s.batch
+	}
+	if s.fold != nil && n > 0 {
+		return s.fold
+	}
+	return nil
 }
 
 // Bind implements fleetrate.Binder: a Limiter's Allow and Peek then skip
@@ -313,13 +322,16 @@ type bound struct {
 
 // TakeKey implements fleetrate.BoundTaker.
 func (t *bound) TakeKey(ctx context.Context, key string, n int64, maxWait time.Duration) (fleetrate.Result, error) {
+	if q := t.s.queue(n); q != nil {
+		return q.takeKey(ctx, t.b, key, n, maxWait, t.largs)
+	}
 	b := t.b
 	b.Key = key
 	req := fleetrate.Request{Buckets: []fleetrate.Bucket{b}, N: n, MaxWait: maxWait}
 	if err := req.Validate(); err != nil {
 		return fleetrate.Result{}, err
 	}
-	return t.s.take(ctx, req, t.largs)
+	return t.s.takeOne(ctx, req)
 }
 
 // takeOne runs one take of an already validated request in one call of
@@ -341,35 +353,36 @@ func (s *Store) takeOne(ctx context.Context, req fleetrate.Request) (fleetrate.R
 	if err != nil {
 		return fleetrate.Result{}, unavailable("take", err)
 	}
-	rs, err := decodeReply(reply, 1, func(int) (fleetrate.Request, int) { return req, 1 })
+	var rs []fleetrate.Result
+	err = decodeReply(reply, 1, func(int) (fleetrate.Request, int, *[]fleetrate.Result) { return req, 1, &rs })
 	if err != nil {
 		return fleetrate.Result{}, err
 	}
-	return rs[0][0], nil
+	return rs[0], nil
 }
 
 // decodeReply checks and replays the reply of the take script or the
 // batch script: now_us, then for each of n takes its decisions and the
-// debts before them (see replay), take(i) giving the i-th take's request
-// and count. A reply the client does not agree with fails every take: no
-// part of it can be trusted.
-func decodeReply(reply []int64, n int, take func(i int) (fleetrate.Request, int)) ([][]fleetrate.Result, error) {
+// debts before them (see replay). take(i) gives the i-th take's request,
+// its count and where its decisions go: into the slice's own backing when
+// it has room, else into a new one. A reply the client does not agree with
+// fails every take: no part of it can be trusted.
+func decodeReply(reply []int64, n int, take func(i int) (fleetrate.Request, int, *[]fleetrate.Result)) error {
 	if len(reply) < 1 {
-		return nil, unavailable("take", errors.New("take script reply: empty"))
+		return unavailable("take", errors.New("take script reply: empty"))
 	}
 	now, rest := reply[0], reply[1:]
-	out := make([][]fleetrate.Result, n)
-	for i := range out {
-		req, count := take(i)
+	for i := range n {
+		req, count, rs := take(i)
 		var err error
-		if out[i], rest, err = replay(req, now, rest, count); err != nil {
-			return nil, err
+		if *rs, rest, err = replay(req, now, rest, count, *rs); err != nil {
+			return err
 		}
 	}
 	if len(rest) != 0 {
-		return nil, unavailable("take", fmt.Errorf("take script reply: %d unexpected values at the end", len(rest)))
+		return unavailable("take", fmt.Errorf("take script reply: %d unexpected values at the end", len(rest)))
 	}
-	return out, nil
+	return nil
 }
 
 // replay reads one take's part of a script's reply, the number of
@@ -379,7 +392,7 @@ func decodeReply(reply []int64, n int, take func(i int) (fleetrate.Request, int)
 // state, at the script's instant now (µs): the scripts mirror Decide, so
 // the replay is exact, and a script need not report anything per decision.
 // A reply the replay does not agree with is an error, never a decision.
-func replay(req fleetrate.Request, now int64, reply []int64, count int) ([]fleetrate.Result, []int64, error) {
+func replay(req fleetrate.Request, now int64, reply []int64, count int, out []fleetrate.Result) ([]fleetrate.Result, []int64, error) {
 	bad := func(format string, a ...any) ([]fleetrate.Result, []int64, error) {
 		return nil, nil, unavailable("take", fmt.Errorf("take script reply: "+format, a...))
 	}
@@ -390,7 +403,11 @@ func replay(req fleetrate.Request, now int64, reply []int64, count int) ([]fleet
 	if made < 1 || made > int64(count) {
 		return bad("%d decisions for %d takes", made, count)
 	}
-	states := make([]fleetrate.BucketState, len(req.Buckets))
+	var one [1]fleetrate.BucketState
+	states := one[:]
+	if len(req.Buckets) > 1 {
+		states = make([]fleetrate.BucketState, len(req.Buckets))
+	}
 	for b, bk := range req.Buckets {
 		m := len(bk.Limits)
 		if len(reply) < pos+m {
@@ -405,7 +422,10 @@ func replay(req fleetrate.Request, now int64, reply []int64, count int) ([]fleet
 		states[b] = fleetrate.BucketState{Stamp: now, Debts: debts}
 		pos += m
 	}
-	out := make([]fleetrate.Result, made)
+	if cap(out) < int(made) {
+		out = make([]fleetrate.Result, made)
+	}
+	out = out[:made]
 	for i := range out {
 		out[i], _ = fleetrate.Decide(now, req, states)
 		last := i == len(out)-1

@@ -348,8 +348,9 @@ func TestBatchCallerThatGivesUpIsRefunded(t *testing.T) {
 		mu.Lock()
 		seen := slices.Clone(calls)
 		mu.Unlock()
-		// The batch took one token, and a refund of one followed.
-		took := slices.Contains(seen, fmt.Sprint([]any{1, 1, int64(1), int64(0), 1, 1, lim[0].Interval(), lim[0].Burst}))
+		// The batch took one token (one shape, then one take of it), and
+		// a refund of one followed.
+		took := slices.Contains(seen, fmt.Sprint([]any{1, 1, int64(1), int64(0), 1, 1, lim[0].Interval(), lim[0].Burst, 1}))
 		refunded := slices.Contains(seen, fmt.Sprint([]any{int64(1), 1, lim[0].Interval(), lim[0].Burst}))
 		if res.Remaining == 5 && !ok && took && refunded {
 			return // taken and given back: the bucket is full and absent

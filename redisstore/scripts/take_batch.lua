@@ -2,39 +2,41 @@
 -- one instant, exactly as if each ran the take script in turn. A key that
 -- several takes name is read once and its state carried from one take to
 -- the next; every changed key is written once at the end.
--- ARGV: the number of takes, then for each take: its number of keys, n,
--- max_wait_ns, count, then the limits of each of its keys (see common.lua).
+-- ARGV: the number of shapes, then each shape: its number of keys, n,
+-- max_wait_ns, count, then the limits of each of its keys (see common.lua);
+-- then one argument per take, the number of its shape (from 1). Takes of
+-- one limiter share a shape, so a take costs Redis one argument and its
+-- keys, not its limits again.
 -- KEYS: the keys of every take, in order.
 -- Returns now_us, then for each take the number of decisions it made and
 -- the debts of its keys before it (see take_all).
 local now = now_us()
-local takes = tonumber(ARGV[1])
 local raws = redis.call('MGET', unpack(KEYS))
-local pos, kpos = 2, 0
+local shapes, pos = {}, 2
+for s = 1, tonumber(ARGV[1]) do
+  local nb = tonumber(ARGV[pos])
+  local sh = { nb = nb, n = tonumber(ARGV[pos + 1]), max_wait = tonumber(ARGV[pos + 2]), count = tonumber(ARGV[pos + 3]), lims = {}, ms = {} }
+  pos = pos + 4
+  for b = 1, nb do
+    sh.lims[b], sh.ms[b], pos = read_limits(pos)
+  end
+  shapes[s] = sh
+end
 -- key -> its debts, which also record the number of limits they were read
 -- for (m), whether the key was missing (absent: MGET cannot tell a missing
 -- key from one of another type, so its write must be NX) and whether a take
 -- booked them (dirty).
 local cache = {}
 local out = { now }
--- The current take's buckets; the tables are reused from take to take.
-local lims, ms, debts = {}, {}, {}
+local debts = {} -- the current take's, reused from take to take
+local kpos = 0
 
-for _ = 1, takes do
-  local nb, n, max_wait, count = tonumber(ARGV[pos]), tonumber(ARGV[pos + 1]), tonumber(ARGV[pos + 2]), tonumber(ARGV[pos + 3])
-  pos = pos + 4
+for t = pos, #ARGV do
+  local sh = shapes[tonumber(ARGV[t])]
+  local nb, ms = sh.nb, sh.ms
   for b = 1, nb do
     kpos = kpos + 1
-    local key = KEYS[kpos]
-    local m = tonumber(ARGV[pos])
-    local l = lims[b]
-    if not l then
-      l = {}
-      lims[b] = l
-    end
-    for i = 1, 2 * m do l[i] = tonumber(ARGV[pos + i]) end
-    pos = pos + 1 + 2 * m
-    ms[b] = m
+    local key, m = KEYS[kpos], ms[b]
     local d = cache[key]
     if not d then
       d = parse(raws[kpos], m, now)
@@ -59,7 +61,7 @@ for _ = 1, takes do
   local k = #out + 1
   out[k] = 0
   append_debts(out, debts, ms, nb)
-  local made, booked = take_all(debts, lims, ms, nb, n, max_wait, count)
+  local made, booked = take_all(debts, sh.lims, ms, nb, sh.n, sh.max_wait, sh.count)
   out[k] = made
   if booked then
     for b = 1, nb do debts[b].dirty = true end
