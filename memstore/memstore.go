@@ -58,7 +58,7 @@ type entry struct {
 	// mu guards state, expires and dead. The fast path of a take holds
 	// only mu; every other path holds its shard's lock first.
 	mu      sync.Mutex
-	dead    bool // removed from its shard's table
+	dead    atomic.Bool // removed from its shard's table; read unlocked by a bound taker's hot entry check
 	key     string
 	hash    uint64
 	next    *entry // the next entry whose key has the same hash
@@ -67,6 +67,11 @@ type entry struct {
 	// inline holds the debts of buckets with up to two limits, so that a
 	// decision touches one allocation, not two.
 	inline [2]int64
+}
+
+// is reports whether e is the entry of the bucket prefix+name.
+func (e *entry) is(prefix, name string) bool {
+	return len(e.key) == len(prefix)+len(name) && e.key[len(prefix):] == name && e.key[:len(prefix)] == prefix
 }
 
 func newEntry(key []byte, st fleetrate.BucketState, exp int64) *entry {
@@ -244,16 +249,17 @@ func (s *Store) load(sh *shard, h uint64, key []byte, now int64) (*entry, fleetr
 
 // save writes st into e, the entry load returned (locked) for key (hash
 // h), and unlocks it; it creates the entry when absent, and deletes it when
-// the bucket is full again. The caller holds the shard's lock.
-func (s *Store) save(sh *shard, h uint64, key []byte, e *entry, st fleetrate.BucketState) {
+// the bucket is full again. It returns the bucket's entry, or nil when it
+// has none. The caller holds the shard's lock.
+func (s *Store) save(sh *shard, h uint64, key []byte, e *entry, st fleetrate.BucketState) *entry {
 	ttl := st.TTL()
 	if ttl <= 0 {
 		if e != nil {
-			e.dead = true
+			e.dead.Store(true)
 			e.mu.Unlock()
 			sh.t.del(e)
 		}
-		return
+		return nil
 	}
 	exp := st.Stamp + int64(ttl/time.Microsecond) + 1
 	if e != nil {
@@ -263,13 +269,15 @@ func (s *Store) save(sh *shard, h uint64, key []byte, e *entry, st fleetrate.Buc
 		if s.shardCap > 0 && sh.t.n >= s.shardCap {
 			s.evict(sh, st.Stamp)
 		}
-		sh.t.put(h, newEntry(key, st, exp))
+		e = newEntry(key, st, exp)
+		sh.t.put(h, e)
 		// Only new buckets grow a shard, so only they pay for sweeps: a
 		// shard of busy buckets is never scanned.
 		if sh.inserts++; sh.inserts%sweepEvery == 0 {
 			s.sweep(sh, st.Stamp)
 		}
 	}
+	return e
 }
 
 // sweep drops expired buckets from a shard, as Redis expires keys: it
@@ -284,7 +292,7 @@ func (s *Store) sweep(sh *shard, now int64) {
 				return true // in use (by a take of several buckets): not expired
 			}
 			if e.expires <= now {
-				e.dead = true
+				e.dead.Store(true)
 				sh.t.del(e)
 				dropped++
 			}
@@ -308,7 +316,7 @@ func (s *Store) evict(sh *shard, now int64) {
 			return true // in use: not a victim
 		}
 		if e.expires <= now {
-			e.dead = true
+			e.dead.Store(true)
 			sh.t.del(e)
 			freed = true
 		} else if e.expires < soonest {
@@ -318,7 +326,7 @@ func (s *Store) evict(sh *shard, now int64) {
 		return true
 	})
 	if !freed && victim != nil && victim.mu.TryLock() {
-		victim.dead = true
+		victim.dead.Store(true)
 		victim.mu.Unlock()
 		sh.t.del(victim)
 	}
@@ -384,6 +392,13 @@ type bound struct {
 	prefix string
 	limits []fleetrate.Limit
 	maxN   int64 // the smallest burst: no take may ask for more
+	// hot is the entry of a bucket taken from before, which a take of
+	// the same key uses without hashing or looking it up: a Limiter
+	// that paces one upstream takes from one key. It is the first entry
+	// taken, replaced only once it leaves its table, so that a Limiter
+	// over many keys never writes it (that would make the cores fight
+	// over its cache line) and only compares one key more.
+	hot atomic.Pointer[entry]
 }
 
 // TakeKey implements fleetrate.BoundTaker.
@@ -396,49 +411,66 @@ func (t *bound) TakeKey(ctx context.Context, key string, n int64, maxWait time.D
 		bs := []fleetrate.Bucket{{Prefix: t.prefix, Key: key, Limits: t.limits}}
 		return fleetrate.Result{}, fleetrate.Request{Buckets: bs, N: n, MaxWait: maxWait}.Validate()
 	}
-	t.s.takeOne(t.prefix, key, t.limits, n, maxWait, &res)
+	if e := t.hot.Load(); e != nil && e.is(t.prefix, key) && t.s.takeEntry(e, t.limits, n, maxWait, &res) {
+		return res, nil
+	}
+	if e := t.s.takeOne(t.prefix, key, t.limits, n, maxWait, &res); e != nil {
+		if h := t.hot.Load(); h == nil || h.dead.Load() {
+			t.hot.Store(e)
+		}
+	}
 	return res, nil
 }
 
 // takeOne is Take for one bucket, the common case, without allocating:
 // the key is built on the stack, the map is read with it in place, and
-// the decision is written straight into *res.
-func (s *Store) takeOne(prefix, name string, limits []fleetrate.Limit, n int64, maxWait time.Duration, res *fleetrate.Result) {
+// the decision is written straight into *res. It returns the bucket's
+// entry, or nil when the bucket is full and has none.
+func (s *Store) takeOne(prefix, name string, limits []fleetrate.Limit, n int64, maxWait time.Duration, res *fleetrate.Result) *entry {
 	var buf [64]byte
 	key := append(append(buf[:0], prefix...), name...)
 	h := s.hash(key)
 	sh := s.shardOf(h)
-	// Read the clock before locking, to keep the lock short. Two takes of
-	// one bucket may then apply in the other order than their readings:
-	// the later-applied one, with the earlier reading, is decided at the
-	// bucket's stamp instead, so that the stamp never moves back (which
-	// would count the time between the readings twice).
-	now := s.now()
-	if m := sh.ro.Load(); m != nil {
-		if e := (*m)[h]; e != nil && e.key == string(key) {
-			e.mu.Lock()
-			if !e.dead {
-				st := e.live(now)
-				if now < st.Stamp {
-					now = st.Stamp
-				}
-				fleetrate.DecideOne(now, limits, n, maxWait, &st, res)
-				e.apply(st) // a full bucket stays, as good as absent, until swept
-				e.mu.Unlock()
-				return
-			}
-			e.mu.Unlock()
+	if ro := sh.ro.Load(); ro != nil {
+		if e := (*ro)[h]; e != nil && e.key == string(key) && s.takeEntry(e, limits, n, maxWait, res) {
+			return e
 		}
 	}
+	now := s.now()
 	sh.mu.Lock()
 	e, st := s.load(sh, h, key, now)
 	if now < st.Stamp {
 		now = st.Stamp
 	}
 	fleetrate.DecideOne(now, limits, n, maxWait, &st, res)
-	s.save(sh, h, key, e, st)
+	e = s.save(sh, h, key, e, st)
 	sh.refresh()
 	sh.mu.Unlock()
+	return e
+}
+
+// takeEntry is takeOne for a bucket whose entry e is known, locking only
+// e. It reports false, deciding nothing, when e has left its table.
+func (s *Store) takeEntry(e *entry, limits []fleetrate.Limit, n int64, maxWait time.Duration, res *fleetrate.Result) bool {
+	// Read the clock before locking, to keep the lock short. Two takes of
+	// one bucket may then apply in the other order than their readings:
+	// the later-applied one, with the earlier reading, is decided at the
+	// bucket's stamp instead, so that the stamp never moves back (which
+	// would count the time between the readings twice).
+	now := s.now()
+	e.mu.Lock()
+	if e.dead.Load() {
+		e.mu.Unlock()
+		return false
+	}
+	st := e.live(now)
+	if now < st.Stamp {
+		now = st.Stamp
+	}
+	fleetrate.DecideOne(now, limits, n, maxWait, &st, res)
+	e.apply(st) // a full bucket stays, as good as absent, until swept
+	e.mu.Unlock()
+	return true
 }
 
 // Refund implements fleetrate.Store.
@@ -498,7 +530,7 @@ func (s *Store) Reset(ctx context.Context, keys ...string) error {
 		sh.mu.Lock()
 		if e := sh.t.get(h, []byte(k)); e != nil {
 			e.mu.Lock()
-			e.dead = true
+			e.dead.Store(true)
 			e.mu.Unlock()
 			sh.t.del(e)
 		}

@@ -80,8 +80,11 @@ func TestKeysArePrefixPlusKey(t *testing.T) {
 	}
 }
 
-// TestBoundTakerMatchesTake drives a bound taker and Take on two stores
-// with one clock and checks that every decision is the same.
+// TestBoundTakerMatchesTake drives a bound taker (and now and then Take)
+// on one store and Take on another, with one clock, and checks that every
+// decision is the same, while keys are reset now and then (the bound
+// taker's hot entry among them: it must then take from the bucket's new
+// entry, the one Take sees, not the removed one).
 func TestBoundTakerMatchesTake(t *testing.T) {
 	t.Parallel()
 	now := time.Unix(1_700_000_000, 0)
@@ -100,13 +103,28 @@ func TestBoundTakerMatchesTake(t *testing.T) {
 		}
 		for i := range 2000 {
 			key := strconv.Itoa(i % 7)
+			if i%97 == 0 {
+				reset := "p:" + strconv.Itoa(i/97%2) // "0" is the hot entry
+				if err := viaBind.Reset(ctx, reset); err != nil {
+					t.Fatal(err)
+				}
+				if err := viaTake.Reset(ctx, reset); err != nil {
+					t.Fatal(err)
+				}
+			}
 			n := int64(i % 3)
 			maxWait := time.Duration(i%4) * time.Millisecond
-			got, err := bt.TakeKey(ctx, key, n, maxWait)
+			req := fleetrate.Request{Buckets: []fleetrate.Bucket{{Prefix: "p:", Key: key, Limits: limits}}, N: n, MaxWait: maxWait}
+			var got fleetrate.Result
+			var err error
+			if i%5 == 0 {
+				got, err = viaBind.Take(ctx, req)
+			} else {
+				got, err = bt.TakeKey(ctx, key, n, maxWait)
+			}
 			if err != nil {
 				t.Fatal(err)
 			}
-			req := fleetrate.Request{Buckets: []fleetrate.Bucket{{Prefix: "p:", Key: key, Limits: limits}}, N: n, MaxWait: maxWait}
 			want, err := viaTake.Take(ctx, req)
 			if err != nil {
 				t.Fatal(err)
@@ -116,6 +134,45 @@ func TestBoundTakerMatchesTake(t *testing.T) {
 			}
 			now = now.Add(time.Duration(i%5) * 300 * time.Microsecond)
 		}
+	}
+}
+
+// TestBoundTakerFollowsItsBucket: a bound taker remembers the entry of a
+// bucket it took from; once a Reset removes that entry, its takes go to
+// the bucket's new one, which Take sees too.
+func TestBoundTakerFollowsItsBucket(t *testing.T) {
+	t.Parallel()
+	now := time.Unix(1_700_000_000, 0)
+	s := memstore.New(memstore.Options{Clock: func() time.Time { return now }})
+	ctx := context.Background()
+	lim := []fleetrate.Limit{fleetrate.Every(time.Hour, 3)}
+	bt, err := s.Bind("p:", lim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	take := func(n int64) fleetrate.Result {
+		t.Helper()
+		res, err := bt.TakeKey(ctx, "a", n, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	if res := take(1); res.Remaining != 2 {
+		t.Fatalf("first take: %+v", res)
+	}
+	if err := s.Reset(ctx, "p:a"); err != nil {
+		t.Fatal(err)
+	}
+	req := fleetrate.Request{Buckets: []fleetrate.Bucket{{Prefix: "p:", Key: "a", Limits: lim}}, N: 2}
+	if res, err := s.Take(ctx, req); err != nil || res.Remaining != 1 {
+		t.Fatalf("Take of 2 after the reset: %+v %v", res, err)
+	}
+	if res := take(1); !res.Allowed || res.Remaining != 0 {
+		t.Fatalf("bound take after the reset and a Take of 2: %+v, want the last token", res)
+	}
+	if res := take(1); res.Allowed {
+		t.Fatalf("bound take of an empty bucket: %+v", res)
 	}
 }
 
