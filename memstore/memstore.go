@@ -93,7 +93,7 @@ type shard struct {
 	// without the shard's lock: a take of a known bucket then writes one
 	// cache line, its entry's, not two. misses counts the takes that had
 	// to lock the shard since ro was taken; enough of them retake it.
-	ro     atomic.Pointer[map[uint64]*entry]
+	ro     atomic.Pointer[snapshot]
 	misses int
 	// Pad shards to 128 bytes: CPUs fetch cache lines in pairs, and a
 	// shard written by one core must not slow down its neighbours.
@@ -108,13 +108,7 @@ func (sh *shard) refresh() {
 		return
 	}
 	sh.misses = 0
-	m := make(map[uint64]*entry, len(sh.t.m))
-	for h, e := range sh.t.m {
-		if e.next == nil { // keys that share a hash take the locked path
-			m[h] = e
-		}
-	}
-	sh.ro.Store(&m)
+	sh.ro.Store(sh.t.snapshot())
 }
 
 // apply writes st, the state of a live entry after a take, back into e,
@@ -432,7 +426,7 @@ func (s *Store) takeOne(prefix, name string, limits []fleetrate.Limit, n int64, 
 	h := s.hash(key)
 	sh := s.shardOf(h)
 	if ro := sh.ro.Load(); ro != nil {
-		if e := (*ro)[h]; e != nil && e.key == string(key) && s.takeEntry(e, limits, n, maxWait, res) {
+		if e := ro.get(h, key); e != nil && s.takeEntry(e, limits, n, maxWait, res) {
 			return e
 		}
 	}

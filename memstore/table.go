@@ -1,5 +1,7 @@
 package memstore
 
+import "math/bits"
+
 // table maps bucket keys to entries by the 64-bit hash the store already
 // computed to pick the shard, so that a lookup hashes the key once, not
 // twice. Entries whose keys share a hash (with a random seed, about never)
@@ -63,6 +65,55 @@ func (t *table) sample(limit int, f func(e *entry) bool) {
 				return
 			}
 			e = next
+		}
+	}
+}
+
+// snapshot is a read-only copy of a table's entries that are alone on
+// their hash, read without the shard's lock. It is an open-addressed array
+// at most three quarters full, indexed by the top bits of the hash (the
+// low bits pick the shard, so they are the same for every key of one
+// table); each slot holds its entry's hash, so that probing past other
+// entries reads no cache line of theirs.
+type snapshot struct {
+	shift uint
+	slots []slot
+}
+
+type slot struct {
+	hash uint64
+	e    *entry
+}
+
+// snapshot returns a snapshot of t. The caller holds t's shard lock.
+func (t *table) snapshot() *snapshot {
+	size := 8
+	for size*3 < 4*len(t.m) {
+		size *= 2
+	}
+	s := &snapshot{shift: uint(64 - bits.TrailingZeros(uint(size))), slots: make([]slot, size)}
+	mask := uint64(size - 1)
+	for h, e := range t.m {
+		if e.next != nil {
+			continue // keys that share a hash take the locked path
+		}
+		i := h >> s.shift
+		for s.slots[i].e != nil {
+			i = (i + 1) & mask
+		}
+		s.slots[i] = slot{h, e}
+	}
+	return s
+}
+
+// get returns the entry for key, whose hash is h, or nil. The entry may
+// have left the table since; its dead flag says so.
+func (s *snapshot) get(h uint64, key []byte) *entry {
+	mask := uint64(len(s.slots) - 1)
+	for i := h >> s.shift; ; i = (i + 1) & mask {
+		// An entry's key never changes, so it is read without its lock.
+		if sl := &s.slots[i]; sl.e == nil || sl.hash == h && sl.e.key == string(key) {
+			return sl.e
 		}
 	}
 }

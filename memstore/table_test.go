@@ -54,3 +54,40 @@ func TestTableMatchesMap(t *testing.T) {
 		}
 	}
 }
+
+// TestSnapshotMatchesTable checks a snapshot against the table it copies:
+// every key alone on its hash is found, keys that share a hash and absent
+// keys are not. The hashes share their low bits, as the keys of one shard
+// do, and many share all their bits.
+func TestSnapshotMatchesTable(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	for _, n := range []int{0, 1, 6, 7, 100, 1000} {
+		tb := newTable()
+		hashOf := map[string]uint64{}
+		for i := range n {
+			k := fmt.Sprintf("key-%d", i)
+			h := rng.Uint64()<<8 | 0x2a
+			if i%5 == 4 { // shares the hash of the key before it
+				h = hashOf[fmt.Sprintf("key-%d", i-1)]
+			}
+			hashOf[k] = h
+			tb.put(h, newEntry([]byte(k), fleetrate.BucketState{Stamp: 1, Debts: []int64{5}}, 2))
+		}
+		s := tb.snapshot()
+		if 4*len(tb.m) > 3*len(s.slots) {
+			t.Fatalf("n=%d: %d slots for %d hashes: more than three quarters full", n, len(s.slots), len(tb.m))
+		}
+		for k, h := range hashOf {
+			want := tb.get(h, []byte(k))
+			if want.next != nil || tb.m[h] != want {
+				want = nil // chained: the snapshot leaves it out
+			}
+			if got := s.get(h, []byte(k)); got != want {
+				t.Fatalf("n=%d: snapshot get(%q) = %p, want %p", n, k, got, want)
+			}
+			if got := s.get(h, []byte(k+"-absent")); got != nil {
+				t.Fatalf("n=%d: snapshot found absent key %q", n, k+"-absent")
+			}
+		}
+	}
+}
