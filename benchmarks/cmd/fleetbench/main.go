@@ -532,41 +532,49 @@ func memTable(cfg config, out io.Writer) {
 	}
 	type row struct {
 		name string
+		f    func(b *testing.B)
 		r    testing.BenchmarkResult
 	}
-	// bench runs f cfg.count times and keeps the run with the median ns/op.
-	bench := func(f func(b *testing.B)) testing.BenchmarkResult {
-		var rs []testing.BenchmarkResult
+	// bench runs the rows' benchmarks cfg.count times, taking turns so that
+	// a slow spell of the machine hits every implementation alike, and
+	// keeps each one's run with the median ns/op.
+	bench := func(rows []row) []row {
+		runs := make([][]testing.BenchmarkResult, len(rows))
 		for range cfg.count {
-			rs = append(rs, testing.Benchmark(f))
+			for i, r := range rows {
+				runs[i] = append(runs[i], testing.Benchmark(r.f))
+			}
 		}
-		return median(rs, testing.BenchmarkResult.NsPerOp)
+		for i := range rows {
+			rows[i].r = median(runs[i], testing.BenchmarkResult.NsPerOp)
+		}
+		return rows
 	}
-	single := []row{
-		{"fleetrate memstore", bench(func(b *testing.B) {
+	single := bench([]row{
+		{name: "fleetrate memstore", f: func(b *testing.B) {
 			l := mem()
 			b.ReportAllocs()
 			for b.Loop() {
 				_, _ = l.Allow(ctx, "k")
 			}
-		})},
-		{"x/time/rate", bench(func(b *testing.B) {
+		}},
+		{name: "x/time/rate", f: func(b *testing.B) {
 			l := rate.NewLimiter(rate.Limit(workload.Limit.Rate), int(workload.Limit.Burst))
 			b.ReportAllocs()
 			for b.Loop() {
 				l.Allow()
 			}
-		})},
-		{"go.uber.org/ratelimit (Take, never blocks here)", bench(func(b *testing.B) {
+		}},
+		{name: "go.uber.org/ratelimit (Take, never blocks here)", f: func(b *testing.B) {
 			l := ratelimit.New(1e9, ratelimit.WithoutSlack)
 			b.ReportAllocs()
 			for b.Loop() {
 				l.Take()
 			}
-		})},
-	}
-	parallel := []row{
-		{"fleetrate memstore", bench(func(b *testing.B) {
+		}},
+	})
+	parallel := bench([]row{
+		{name: "fleetrate memstore", f: func(b *testing.B) {
 			l := mem()
 			var seq atomic.Int64
 			b.ReportAllocs()
@@ -577,8 +585,8 @@ func memTable(cfg config, out io.Writer) {
 					_, _ = l.Allow(ctx, workload.KeyNames[i%workload.Keys])
 				}
 			})
-		})},
-		{"x/time/rate, map + mutex", bench(func(b *testing.B) {
+		}},
+		{name: "x/time/rate, map + mutex", f: func(b *testing.B) {
 			var mu sync.Mutex
 			m := map[string]*rate.Limiter{}
 			var seq atomic.Int64
@@ -598,8 +606,8 @@ func memTable(cfg config, out io.Writer) {
 					l.Allow()
 				}
 			})
-		})},
-	}
+		}},
+	})
 	fmt.Fprintf(out, "## In memory: Allow\n\n| case | implementation | ns/op | allocs/op | × x/time/rate |\n|---|---|---|---|---|\n")
 	for _, set := range []struct {
 		name string
