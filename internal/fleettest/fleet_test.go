@@ -95,3 +95,31 @@ func foldedFleet(t *testing.T, rep Report, lim fleetrate.Limit) {
 		t.Fatal(err)
 	}
 }
+
+// TestFleetLease runs the fleet on Allow with local leases: every window
+// stays within burst + rate × window plus the stated overshoot,
+// min(processes × (tokens − 1), rate × max age), and leases save calls.
+func TestFleetLease(t *testing.T) {
+	srv := redistest.Start(t)
+	lim := fleetrate.PerSecond(400, 40)
+	o := Options{
+		Addrs: []string{srv.Addr()}, Limit: lim, Skews: skews, AllowEvery: 1,
+		Lease: 8, LeaseMaxAge: 20 * time.Millisecond,
+	}
+	rep := Run(t, o)
+	if len(rep.Errors) > 0 {
+		t.Fatalf("workers failed: %v", rep.Errors)
+	}
+	procs := int64(4) // Run's default
+	slack := min(procs*(o.Lease-1), int64(lim.Rate*o.LeaseMaxAge.Seconds()))
+	if err := CheckWindowsSlack(rep.Grants, lim, slack); err != nil {
+		t.Fatal(err)
+	}
+	capacity := float64(lim.Burst) + lim.Rate*rep.Span.Seconds()
+	perGrant := float64(rep.WaitCalls) / float64(len(rep.Grants))
+	t.Logf("leased fleet: %d grants in %v, utilisation %.4f, %.4f script calls per grant (slack %d)",
+		len(rep.Grants), rep.Span, float64(len(rep.Grants))/capacity, perGrant, slack)
+	if float64(len(rep.Grants)) > capacity+float64(slack) {
+		t.Errorf("%d grants, more than the bucket gave (%.0f) and the slack", len(rep.Grants), capacity)
+	}
+}

@@ -1,0 +1,271 @@
+// Package lease serves a hot bucket's takes from tokens a process has taken
+// from the shared store in advance, so that one store call grants several
+// takes.
+//
+// A Store wraps a shared fleetrate.Store. A take of n tokens now (MaxWait 0,
+// one bucket: a Limiter's Allow) is served from the process's lease of that
+// bucket while it holds n tokens and is younger than MaxAge; otherwise the
+// take asks the shared store for a new lease of Tokens tokens, keeps what
+// it does not use, and returns the first of them. When the bucket holds
+// fewer than Tokens tokens, the lease is refused and takes go to the shared
+// store one by one, exactly as without a lease, until one of them finds
+// Tokens tokens left. Every other take (waits, peeks, several buckets, more than
+// Tokens tokens) goes to the shared store unchanged.
+//
+// Every leased token was granted by the shared bucket, so the fleet never
+// spends more tokens than the bucket allows; a lease only moves tokens in
+// time, from the moment the bucket granted them to the moment a caller
+// spends them, at most MaxAge later. The worst case, with P processes
+// leasing one bucket of burst b and rate r: in any window of length w the
+// fleet spends at most
+//
+//	b + r·w + min(P·(Tokens−1), r·MaxAge)
+//
+// tokens, against b + r·w without leases (the tests check this bound). Set
+// Tokens and MaxAge from the overshoot the upstream tolerates. The tokens
+// left in a lease that expires go back to the bucket (one Refund call) at
+// the next take of that bucket; those of a bucket never taken from again
+// stay spent. A saturated bucket gains nothing from leases (it rarely
+// holds Tokens tokens) and costs what it costs without them: one store
+// call per take.
+package lease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/fleetrate/fleetrate"
+)
+
+// Defaults applied when an Options field is zero.
+const (
+	DefaultMaxAge  = 100 * time.Millisecond
+	DefaultMaxKeys = 10_000
+)
+
+// Options configure a Store.
+type Options struct {
+	// Tokens is how many tokens one lease takes from the shared bucket:
+	// at least 2 (1 would be no lease). Required.
+	Tokens int64
+	// MaxAge is how long after the shared store granted a lease its
+	// tokens may be spent. Default DefaultMaxAge (100 ms).
+	MaxAge time.Duration
+	// MaxKeys bounds the buckets holding a lease at once; takes of other
+	// buckets go to the shared store unchanged. Default DefaultMaxKeys.
+	MaxKeys int
+	// Clock is the time source that ages leases and stamps the results
+	// of leased takes. Default time.Now.
+	Clock func() time.Time
+}
+
+// Store is a fleetrate.Store that serves takes from local leases. It is
+// safe for concurrent use.
+type Store struct {
+	inner fleetrate.Store
+	opts  Options
+
+	mu     sync.Mutex
+	leases map[string]*lease
+}
+
+var _ fleetrate.Store = (*Store)(nil)
+
+// lease is one bucket's leased tokens. sem (a lock that a waiting caller
+// can give up on) guards the rest: one caller at a time asks the shared
+// store for a new lease while the others of the bucket wait for it.
+type lease struct {
+	sem    chan struct{}
+	limits []fleetrate.Limit
+	left   int64     // tokens not yet spent
+	until  time.Time // tokens may be spent before then
+	// lean is set when the bucket refused a lease: takes then go to the
+	// shared store one by one until one of them finds Tokens tokens left.
+	lean atomic.Bool
+	// granted is the shared store's result for the lease, which leased
+	// takes report their limit and bucket from.
+	granted fleetrate.Result
+}
+
+// New wraps inner.
+func New(inner fleetrate.Store, opts Options) (*Store, error) {
+	switch {
+	case inner == nil:
+		return nil, fmt.Errorf("%w: lease: inner store must not be nil", fleetrate.ErrInvalid)
+	case opts.Tokens < 2:
+		return nil, fmt.Errorf("%w: lease: tokens must be at least 2, got %d", fleetrate.ErrInvalid, opts.Tokens)
+	case opts.MaxAge < 0:
+		return nil, fmt.Errorf("%w: lease: max age must not be negative, got %v", fleetrate.ErrInvalid, opts.MaxAge)
+	case opts.MaxKeys < 0:
+		return nil, fmt.Errorf("%w: lease: max keys must not be negative, got %d", fleetrate.ErrInvalid, opts.MaxKeys)
+	}
+	if opts.MaxAge == 0 {
+		opts.MaxAge = DefaultMaxAge
+	}
+	if opts.MaxKeys == 0 {
+		opts.MaxKeys = DefaultMaxKeys
+	}
+	if opts.Clock == nil {
+		opts.Clock = time.Now
+	}
+	return &Store{inner: inner, opts: opts, leases: map[string]*lease{}}, nil
+}
+
+// Take implements fleetrate.Store.
+func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Result, error) {
+	if len(req.Buckets) != 1 || req.N < 1 || req.N > s.opts.Tokens || req.MaxWait != 0 {
+		return s.inner.Take(ctx, req)
+	}
+	if err := req.Validate(); err != nil {
+		return fleetrate.Result{}, err
+	}
+	l := s.lease(req.Buckets[0].StoreKey())
+	if l == nil {
+		return s.inner.Take(ctx, req)
+	}
+	select {
+	case l.sem <- struct{}{}:
+	case <-ctx.Done():
+		return fleetrate.Result{}, fmt.Errorf("%w: lease: %w", fleetrate.ErrStoreUnavailable, ctx.Err())
+	}
+	release := func() { <-l.sem }
+
+	now := s.opts.Clock()
+	if l.left >= req.N && now.Before(l.until) && slices.Equal(l.limits, req.Buckets[0].Limits) {
+		l.left -= req.N
+		res := fleetrate.Result{
+			Allowed: true, N: req.N, Remaining: l.left,
+			Limit: l.granted.Limit, Bucket: l.granted.Bucket, At: now, Degraded: l.granted.Degraded,
+		}
+		release()
+		return res, nil
+	}
+	s.giveBack(ctx, l, req.Buckets[0])
+	if l.lean.Load() {
+		release()
+		return s.takeLean(ctx, l, req)
+	}
+	// Ask for a new lease while holding l: the bucket's other callers
+	// wait for it rather than each asking for one.
+	lreq := req
+	lreq.N = s.opts.Tokens
+	res, err := s.inner.Take(ctx, lreq)
+	switch {
+	case err == nil && res.Allowed:
+		l.limits = slices.Clone(req.Buckets[0].Limits)
+		l.left = s.opts.Tokens - req.N
+		l.until = now.Add(s.opts.MaxAge)
+		l.granted = res
+		res.N, res.Remaining = req.N, res.Remaining+l.left
+		release()
+		return res, nil
+	case err == nil, errors.Is(err, fleetrate.ErrBurstExceeded):
+		// Fewer than Tokens tokens, or a burst below Tokens.
+		l.lean.Store(true)
+		release()
+		return s.takeLean(ctx, l, req)
+	}
+	release()
+	return fleetrate.Result{}, err
+}
+
+// takeLean is a take that goes to the shared store alone, while the bucket
+// holds too few tokens for a lease; once one finds Tokens tokens left, the
+// next take leases again. A saturated bucket so costs one store call per
+// take, as without leases, and no call to try a lease.
+func (s *Store) takeLean(ctx context.Context, l *lease, req fleetrate.Request) (fleetrate.Result, error) {
+	res, err := s.inner.Take(ctx, req)
+	if err == nil && res.Remaining >= s.opts.Tokens {
+		l.lean.Store(false)
+	}
+	return res, err
+}
+
+// lease returns the lease of the bucket stored under key, making it if
+// needed, or nil when MaxKeys buckets hold one already.
+func (s *Store) lease(key string) *lease {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if l := s.leases[key]; l != nil {
+		return l
+	}
+	if len(s.leases) >= s.opts.MaxKeys {
+		s.sweep()
+		if len(s.leases) >= s.opts.MaxKeys {
+			return nil
+		}
+	}
+	l := &lease{sem: make(chan struct{}, 1)}
+	s.leases[key] = l
+	return l
+}
+
+// sweep forgets the leases that hold no tokens that can be spent and are
+// not in use (the tokens of an expired one stay spent). The caller holds
+// s.mu.
+func (s *Store) sweep() {
+	now := s.opts.Clock()
+	for key, l := range s.leases {
+		select {
+		case l.sem <- struct{}{}:
+			if l.left == 0 || !now.Before(l.until) {
+				delete(s.leases, key)
+			}
+			<-l.sem
+		default: // in use
+		}
+	}
+}
+
+// giveBack returns the tokens left in l, which can no longer be spent, to
+// the shared bucket. It is best effort: tokens it fails to return stay
+// spent. The caller holds l.sem.
+func (s *Store) giveBack(ctx context.Context, l *lease, b fleetrate.Bucket) {
+	if l.left == 0 {
+		return
+	}
+	bs := []fleetrate.Bucket{{Prefix: b.Prefix, Key: b.Key, Limits: l.limits}}
+	_ = s.inner.Refund(ctx, bs, l.left)
+	l.left = 0
+}
+
+// Refund implements fleetrate.Store.
+func (s *Store) Refund(ctx context.Context, buckets []fleetrate.Bucket, n int64) error {
+	return s.inner.Refund(ctx, buckets, n)
+}
+
+// Drain implements fleetrate.Store. It also ends the leases of the
+// buckets, whose tokens a drain takes back.
+func (s *Store) Drain(ctx context.Context, buckets []fleetrate.Bucket, d time.Duration) error {
+	for _, b := range buckets {
+		s.forget(b.StoreKey())
+	}
+	return s.inner.Drain(ctx, buckets, d)
+}
+
+// Reset implements fleetrate.Store. It also ends the leases of the
+// buckets.
+func (s *Store) Reset(ctx context.Context, keys ...string) error {
+	s.forget(keys...)
+	return s.inner.Reset(ctx, keys...)
+}
+
+// forget drops the leases of keys with their tokens.
+func (s *Store) forget(keys ...string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, k := range keys {
+		delete(s.leases, k)
+	}
+}
+
+// MultipleClocks implements fleetrate.MultiClock for the inner store.
+func (s *Store) MultipleClocks() bool {
+	mc, ok := s.inner.(fleetrate.MultiClock)
+	return ok && mc.MultipleClocks()
+}
