@@ -18,31 +18,15 @@ import (
 
 	"github.com/fleetrate/fleetrate"
 	"github.com/fleetrate/fleetrate/internal/headers"
+	"github.com/fleetrate/fleetrate/internal/manualclock"
 	"github.com/fleetrate/fleetrate/memstore"
 )
 
 // clock is a manual clock for memstore: time moves only when a test
 // advances it.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
+type clock = manualclock.Clock
 
-func newClock() *clock {
-	return &clock{t: time.Date(2026, 3, 2, 12, 0, 0, 0, time.UTC)}
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
+func newClock() *clock { return manualclock.New(time.Date(2026, 3, 2, 12, 0, 0, 0, time.UTC)) }
 
 // recordingStore wraps a store and records the keys it was asked for.
 type recordingStore struct {

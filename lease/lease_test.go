@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/fleetrate/fleetrate"
+	"github.com/fleetrate/fleetrate/internal/manualclock"
 	"github.com/fleetrate/fleetrate/lease"
 	"github.com/fleetrate/fleetrate/memstore"
 )
@@ -45,27 +46,9 @@ func (c *counting) Refund(ctx context.Context, buckets []fleetrate.Bucket, n int
 	return err
 }
 
-// fakeClock is a clock that moves only when told.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) Add(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
-
-func setup(t *testing.T, o lease.Options) (*lease.Store, *counting, *fakeClock) {
+func setup(t *testing.T, o lease.Options) (*lease.Store, *counting, *manualclock.Clock) {
 	t.Helper()
-	clock := &fakeClock{now: time.Unix(1_700_000_000, 0)}
+	clock := manualclock.New(time.Unix(1_700_000_000, 0))
 	inner := &counting{Store: memstore.New(memstore.Options{Clock: clock.Now})}
 	o.Clock = clock.Now
 	s, err := lease.New(inner, o)
@@ -143,7 +126,7 @@ func TestExpiredLeaseGivesTokensBack(t *testing.T) {
 	b := fleetrate.Bucket{Key: "k", Limits: []fleetrate.Limit{fleetrate.Every(time.Hour, 10)}}
 	take(t, s, b, 1)
 	take(t, s, b, 1) // 3 left
-	clock.Add(100 * time.Millisecond)
+	clock.Advance(100 * time.Millisecond)
 	// 3 go back (the bucket holds 8), a new lease takes 5 and this take 2.
 	if res := take(t, s, b, 2); !res.Allowed || res.Remaining != 3+3 {
 		t.Fatalf("take after expiry: %+v, want a new lease", res)
@@ -185,7 +168,7 @@ func TestRefusedLeaseTakesOneByOne(t *testing.T) {
 	}
 	// 5 s later the bucket holds 5: a take alone finds 4 left, and the
 	// next leases again.
-	clock.Add(5 * time.Second)
+	clock.Advance(5 * time.Second)
 	inner.takes.Store(0)
 	for i := range 5 {
 		if res := take(t, s, b, 1); !res.Allowed {
@@ -265,7 +248,7 @@ func TestWindowBound(t *testing.T) {
 		{"saturated", time.Millisecond, 50 * time.Millisecond},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			clock := &fakeClock{now: time.Unix(1_700_000_000, 0)}
+			clock := manualclock.New(time.Unix(1_700_000_000, 0))
 			inner := &counting{Store: memstore.New(memstore.Options{Clock: clock.Now})}
 			var stores []*lease.Store
 			for range procs {
@@ -288,7 +271,7 @@ func TestWindowBound(t *testing.T) {
 						grants = append(grants, clock.Now())
 					}
 				}
-				clock.Add(time.Duration(rng.Int64N(int64(2 * c.step))))
+				clock.Advance(time.Duration(rng.Int64N(int64(2 * c.step))))
 			}
 			span := clock.Now().Sub(start)
 			slack := min(float64(procs*(tokens-1)), lim.Rate*c.maxAge.Seconds())

@@ -19,32 +19,15 @@ import (
 
 	"github.com/fleetrate/fleetrate/httplimit"
 	"github.com/fleetrate/fleetrate/internal/headers"
+	"github.com/fleetrate/fleetrate/internal/manualclock"
 	"github.com/fleetrate/fleetrate/internal/redistest"
 	"github.com/fleetrate/fleetrate/memstore"
 	"github.com/fleetrate/fleetrate/redisstore"
 )
 
-// frozen is a manual clock.
-type frozen struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *frozen) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *frozen) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
-
-func newMemServer(t *testing.T) (*httptest.Server, *frozen) {
+func newMemServer(t *testing.T) (*httptest.Server, *manualclock.Clock) {
 	t.Helper()
-	c := &frozen{t: time.Date(2026, 3, 2, 12, 0, 0, 0, time.UTC)}
+	c := manualclock.New(time.Date(2026, 3, 2, 12, 0, 0, 0, time.UTC))
 	h, err := newServer(serverConfig{
 		Store:  memstore.New(memstore.Options{Clock: c.Now}),
 		Rate:   10,

@@ -8,30 +8,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetrate/fleetrate/internal/manualclock"
 	"github.com/fleetrate/fleetrate/internal/mockota"
 )
 
-// clock is a settable test clock.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
-
-func newOTA(t *testing.T, cfg mockota.Config) (*mockota.OTA, *clock) {
+func newOTA(t *testing.T, cfg mockota.Config) (*mockota.OTA, *manualclock.Clock) {
 	t.Helper()
-	c := &clock{t: time.Date(2025, 3, 14, 12, 0, 0, 0, time.UTC)}
+	c := manualclock.New(time.Date(2025, 3, 14, 12, 0, 0, 0, time.UTC))
 	cfg.Now = c.Now
 	o, err := mockota.New(cfg)
 	if err != nil {

@@ -23,20 +23,14 @@ import (
 
 	"github.com/fleetrate/fleetrate"
 	"github.com/fleetrate/fleetrate/internal/config"
+	"github.com/fleetrate/fleetrate/internal/manualclock"
 	"github.com/fleetrate/fleetrate/memstore"
 )
 
 // clock is a manual clock for the memory store.
-type clock struct{ ns atomic.Int64 }
+type clock = manualclock.Clock
 
-func newClock() *clock {
-	c := &clock{}
-	c.ns.Store(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano())
-	return c
-}
-
-func (c *clock) Now() time.Time          { return time.Unix(0, c.ns.Load()) }
-func (c *clock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
+func newClock() *clock { return manualclock.New(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)) }
 
 // testServer is a running server on loopback ports.
 type testServer struct {
