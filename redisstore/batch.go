@@ -25,13 +25,23 @@ type batcher struct {
 	s *Store
 	// route names the queue of a take; nil when every take shares one
 	// queue (and its keys are not needed before sending).
-	route func(c *batchCall) string
+	route func(c *batchCall) route
 	// maxTakes and maxInflight bound the takes of one call and the calls
 	// of one queue in flight at once.
 	maxTakes, maxInflight int
 
 	mu     sync.Mutex
-	queues map[string]*batchQueue
+	queues map[route]*batchQueue
+}
+
+// route names a queue of takes: a Cluster slot in n, a first key in key,
+// or (folding) a take's key, n and wait; the zero route is the one queue
+// of a store whose keys may all share a call. Its fields are compared, so
+// naming a queue allocates nothing beyond the keys a call needs anyway.
+type route struct {
+	key  string
+	n    int64
+	wait time.Duration
 }
 
 type batchQueue struct {
@@ -54,10 +64,9 @@ type batchCall struct {
 	// largs are the script arguments of req's limits (see appendLimits),
 	// encoded once by a bound taker; nil for other takes.
 	largs []any
-	// rs are the decisions of the run of identical takes from this one on;
-	// the caller's is rs[0]. A take alone in its run decodes into res.
-	rs  []fleetrate.Result
-	res [1]fleetrate.Result
+	// res is the caller's decision, valid once err is nil and done has
+	// been signalled.
+	res fleetrate.Result
 	// The backing of req.Buckets and keys for a take from one bucket.
 	bucket [1]fleetrate.Bucket
 	key    [1]string
@@ -111,14 +120,14 @@ const (
 // newBatcher returns the batcher of Options.Batch: takes on any keys that
 // one call may carry share a queue.
 func newBatcher(s *Store) *batcher {
-	b := &batcher{s: s, queues: map[string]*batchQueue{}, maxTakes: maxBatch, maxInflight: batchInflight}
+	b := &batcher{s: s, queues: map[route]*batchQueue{}, maxTakes: maxBatch, maxInflight: batchInflight}
 	switch s.c.(type) {
 	case *redis.Client, *redis.AutoPipeliner:
 		// One queue: route stays nil.
 	case *redis.ClusterClient:
-		b.route = func(c *batchCall) string { return string(rune(Slot(c.storeKeys()[0]))) }
+		b.route = func(c *batchCall) route { return route{n: int64(Slot(c.storeKeys()[0]))} }
 	default:
-		b.route = func(c *batchCall) string { return c.storeKeys()[0] }
+		b.route = func(c *batchCall) route { return route{key: c.storeKeys()[0]} }
 	}
 	return b
 }
@@ -160,15 +169,15 @@ func (b *batcher) takeKey(ctx context.Context, bk fleetrate.Bucket, key string, 
 
 // wait queues c and waits for its decision.
 func (b *batcher) wait(ctx context.Context, c *batchCall) (fleetrate.Result, error) {
-	var route string
+	var r route
 	if b.route != nil {
-		route = b.route(c)
+		r = b.route(c)
 	}
 	b.mu.Lock()
-	q := b.queues[route]
+	q := b.queues[r]
 	if q == nil {
 		q = &batchQueue{}
-		b.queues[route] = q
+		b.queues[r] = q
 	}
 	q.pending = append(q.pending, c)
 	// A second call goes out while one is in flight only once half as
@@ -181,7 +190,7 @@ func (b *batcher) wait(ctx context.Context, c *batchCall) (fleetrate.Result, err
 	}
 	b.mu.Unlock()
 	if start {
-		go b.run(route, q)
+		go b.run(r, q)
 	}
 	select {
 	case <-c.done:
@@ -195,7 +204,7 @@ func (b *batcher) wait(ctx context.Context, c *batchCall) (fleetrate.Result, err
 	}
 	res, err := fleetrate.Result{}, c.err
 	if err == nil {
-		res = c.rs[0]
+		res = c.res
 	}
 	c.release()
 	return res, err
@@ -222,7 +231,7 @@ func (c *batchCall) release() {
 }
 
 // run sends the queue of one route as batch calls until it is empty.
-func (b *batcher) run(route string, q *batchQueue) {
+func (b *batcher) run(r route, q *batchQueue) {
 	for {
 		b.mu.Lock()
 		n, keys := 0, 0
@@ -244,7 +253,7 @@ func (b *batcher) run(route string, q *batchQueue) {
 		if n == 0 {
 			q.inflight--
 			if q.inflight == 0 {
-				delete(b.queues, route)
+				delete(b.queues, r)
 			}
 			b.mu.Unlock()
 			return
@@ -315,6 +324,41 @@ func encodeBatch(runs [][]*batchCall) (keys []string, args []any) {
 	return keys, args
 }
 
+// decisions recycles the scratch space in which batch replies are replayed.
+var decisions = sync.Pool{New: func() any { return new([]fleetrate.Result) }}
+
+// decide replays the reply of a batch call of runs (n takes in all) and
+// writes each take's decision into its call: a run's takes get its
+// decisions in order, the last (a denial) standing for the takes after it.
+func decide(reply []int64, runs [][]*batchCall, n int) error {
+	buf := decisions.Get().(*[]fleetrate.Result)
+	defer decisions.Put(buf)
+	if cap(*buf) < n {
+		*buf = make([]fleetrate.Result, n)
+	}
+	all := (*buf)[:n]
+	defer clear(all)
+	decided := make([][]fleetrate.Result, len(runs))
+	off := 0
+	for i, run := range runs {
+		decided[i] = all[off : off : off+len(run)] // replay fills it in place
+		off += len(run)
+	}
+	err := decodeReply(reply, len(runs), func(i int) (fleetrate.Request, int, *[]fleetrate.Result) {
+		return runs[i][0].req, len(runs[i]), &decided[i]
+	})
+	if err != nil {
+		return err
+	}
+	for i, run := range runs {
+		rs := decided[i]
+		for j, c := range run {
+			c.res = rs[min(j, len(rs)-1)]
+		}
+	}
+	return nil
+}
+
 // sameShape reports whether takes s and c have one shape but for their
 // counts: the same number of keys, n, wait and limits.
 func sameShape(s, c *batchCall) bool {
@@ -361,28 +405,18 @@ func (b *batcher) send(batch []*batchCall) {
 		// reply is not read: an abandoned call may still be writing it.
 		err = unavailable("take", err)
 	} else {
-		err = decodeReply(reply, len(runs), func(i int) (fleetrate.Request, int, *[]fleetrate.Result) {
-			c := runs[i][0]
-			c.rs = nil
-			if len(runs[i]) == 1 {
-				c.rs = c.res[:0] // the run's decisions never outlive its only call
-			}
-			return c.req, len(runs[i]), &c.rs
-		})
+		err = decide(reply, runs, len(kept))
 	}
 	for _, run := range runs {
 		var refund int64
 		var gaveUp *batchCall // an abandoned call: never recycled, unlike the others
-		rs := run[0].rs
-		for j, c := range run {
+		for _, c := range run {
 			if err != nil {
 				c.err = err
-			} else {
-				c.rs = rs[min(j, len(rs)-1):]
 			}
 			if c.state.CompareAndSwap(sent, delivered) {
 				c.done <- struct{}{} // from here on c belongs to its caller
-			} else if c.err == nil && c.rs[0].Allowed {
+			} else if c.err == nil && c.res.Allowed {
 				refund += c.req.N // its caller gave up: return its tokens
 				gaveUp = c
 			}

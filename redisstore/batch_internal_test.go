@@ -84,7 +84,7 @@ func TestBatchMatchesSequentialModel(t *testing.T) {
 			if c.err != nil {
 				t.Fatalf("round %d take %d: %v", round, i, c.err)
 			}
-			got := c.rs[0]
+			got := c.res
 			if at == -1 {
 				at = got.At.UnixMicro()
 			} else if got.At.UnixMicro() != at {

@@ -21,9 +21,18 @@ const maxFold = 512
 // same instant.
 func newFolder(s *Store) *batcher {
 	return &batcher{
-		s: s, queues: map[string]*batchQueue{}, maxTakes: maxFold, maxInflight: 1,
-		route: func(c *batchCall) string { return identity(c.req) },
+		s: s, queues: map[route]*batchQueue{}, maxTakes: maxFold, maxInflight: 1,
+		route: foldRoute,
 	}
+}
+
+// foldRoute names the queue of takes that fold with c's: a take from one
+// bucket by its key, n and wait; any other by its identity.
+func foldRoute(c *batchCall) route {
+	if len(c.req.Buckets) == 1 {
+		return route{key: c.storeKeys()[0], n: c.req.N, wait: c.req.MaxWait}
+	}
+	return route{key: identity(c.req), n: -1} // n: never a take's
 }
 
 // identity names the buckets, cost and max wait of a request; takes with
