@@ -55,10 +55,12 @@ const (
 )
 
 type entry struct {
-	// mu guards state, expires and dead. The fast path of a take holds
-	// only mu; every other path holds its shard's lock first.
+	// mu guards state and expires, and dead is set only under it (dead
+	// is atomic so that a bound taker may glance at it unlocked). The
+	// fast path of a take holds only mu; every other path holds its
+	// shard's lock first.
 	mu      sync.Mutex
-	dead    atomic.Bool // removed from its shard's table; read unlocked by a bound taker's hot entry check
+	dead    atomic.Bool // removed from its shard's table (set by table.del)
 	key     string
 	hash    uint64
 	next    *entry // the next entry whose key has the same hash
@@ -249,9 +251,8 @@ func (s *Store) save(sh *shard, h uint64, key []byte, e *entry, st fleetrate.Buc
 	ttl := st.TTL()
 	if ttl <= 0 {
 		if e != nil {
-			e.dead.Store(true)
-			e.mu.Unlock()
 			sh.t.del(e)
+			e.mu.Unlock()
 		}
 		return nil
 	}
@@ -286,7 +287,6 @@ func (s *Store) sweep(sh *shard, now int64) {
 				return true // in use (by a take of several buckets): not expired
 			}
 			if e.expires <= now {
-				e.dead.Store(true)
 				sh.t.del(e)
 				dropped++
 			}
@@ -310,7 +310,6 @@ func (s *Store) evict(sh *shard, now int64) {
 			return true // in use: not a victim
 		}
 		if e.expires <= now {
-			e.dead.Store(true)
 			sh.t.del(e)
 			freed = true
 		} else if e.expires < soonest {
@@ -320,9 +319,8 @@ func (s *Store) evict(sh *shard, now int64) {
 		return true
 	})
 	if !freed && victim != nil && victim.mu.TryLock() {
-		victim.dead.Store(true)
-		victim.mu.Unlock()
 		sh.t.del(victim)
+		victim.mu.Unlock()
 	}
 }
 
@@ -524,9 +522,8 @@ func (s *Store) Reset(ctx context.Context, keys ...string) error {
 		sh.mu.Lock()
 		if e := sh.t.get(h, []byte(k)); e != nil {
 			e.mu.Lock()
-			e.dead.Store(true)
-			e.mu.Unlock()
 			sh.t.del(e)
+			e.mu.Unlock()
 		}
 		sh.mu.Unlock()
 	}

@@ -30,8 +30,11 @@ func (t *table) put(h uint64, e *entry) {
 	t.n++
 }
 
-// del removes e, which the table holds.
+// del removes e, which the table holds, for good: it marks e dead, so that
+// a take that found e without the shard's lock (through a snapshot or a
+// bound taker) decides nothing on it. The caller holds e.mu.
 func (t *table) del(e *entry) {
+	e.dead.Store(true)
 	head := t.m[e.hash]
 	switch {
 	case head == e && e.next == nil:
