@@ -110,7 +110,7 @@ const (
 	// side waits for the other.
 	batchInflight = 2
 	// maxSecondWait bounds how many takes must wait before a second call
-	// goes out while one is in flight (see batcher.take).
+	// goes out while one is in flight (see batcher.wait).
 	maxSecondWait = 32
 	// maxShapeScan bounds how many of the shapes already in a call a take
 	// is compared with; one that matches none of them gets its own.
@@ -267,7 +267,7 @@ func (b *batcher) run(r route, q *batchQueue) {
 // sends as one take with a count: a hot bucket then costs the script one
 // take, however many callers share it.
 func sameTake(a, b *batchCall) bool {
-	if a.req.N != b.req.N || a.req.MaxWait != b.req.MaxWait || len(a.req.Buckets) != len(b.req.Buckets) {
+	if !sameShape(a, b) {
 		return false
 	}
 	for i := range a.req.Buckets {
@@ -275,7 +275,7 @@ func sameTake(a, b *batchCall) bool {
 			return false
 		}
 	}
-	return sameLimits(a.req, b.req)
+	return true
 }
 
 // encodeBatch returns the keys and arguments of a batch call for runs of

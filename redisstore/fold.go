@@ -74,7 +74,8 @@ func sameLimits(a, b fleetrate.Request) bool {
 }
 
 // cloneRequest copies the slices of req, which belong to the caller and
-// may be reused once its call returns, while the group lives on.
+// may be reused once its call returns, while the take may still be queued
+// or in flight.
 func cloneRequest(req fleetrate.Request) fleetrate.Request {
 	bs := make([]fleetrate.Bucket, len(req.Buckets))
 	for i, b := range req.Buckets {
