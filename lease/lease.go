@@ -23,9 +23,9 @@
 //
 // tokens, against b + r·w without leases (the tests check this bound). Set
 // Tokens and MaxAge from the overshoot the upstream tolerates. The tokens
-// left in a lease that expires go back to the bucket (one Refund call) at
-// the next take of that bucket; those of a bucket never taken from again
-// stay spent. A saturated bucket gains nothing from leases (it rarely
+// left in a lease that expires (or holds fewer than a take asks for) go
+// back to the bucket (one Refund call) at the next take of that bucket,
+// before a new lease; those of a bucket never taken from again stay spent. A saturated bucket gains nothing from leases (it rarely
 // holds Tokens tokens) and costs what it costs without them: one store
 // call per take.
 package lease
@@ -222,9 +222,10 @@ func (s *Store) sweep() {
 	}
 }
 
-// giveBack returns the tokens left in l, which can no longer be spent, to
-// the shared bucket. It is best effort: tokens it fails to return stay
-// spent. The caller holds l.sem.
+// giveBack returns the tokens left in l to the shared bucket before l is
+// replaced (it expired, holds fewer tokens than the take asks for, or was
+// leased under other limits). It is best effort: tokens it fails to return
+// stay spent. The caller holds l.sem.
 func (s *Store) giveBack(ctx context.Context, l *lease, b fleetrate.Bucket) {
 	if l.left == 0 {
 		return
