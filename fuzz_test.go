@@ -3,7 +3,6 @@ package fleetrate
 import (
 	"math"
 	"testing"
-	"time"
 )
 
 // FuzzLimitValidate checks that any rate and burst either fail validation
@@ -26,57 +25,6 @@ func FuzzLimitValidate(f *testing.F) {
 		}
 		if l.FillTime() > MaxFillTime {
 			t.Fatalf("%v: fill time %v beyond %v", l, l.FillTime(), MaxFillTime)
-		}
-	})
-}
-
-// FuzzDecide drives the algorithm with arbitrary limits and operations and
-// checks its invariants: no grant beyond the max wait, remaining tokens
-// within the burst, state that never goes negative, and the exact window
-// bound over every grant.
-func FuzzDecide(f *testing.F) {
-	f.Add(uint32(10), int64(3), []byte{1, 0, 5, 1, 200, 3, 0, 9})
-	f.Add(uint32(1_000_000), int64(1), []byte{255, 255, 0, 1, 2, 3})
-	f.Fuzz(func(t *testing.T, rate uint32, burst int64, ops []byte) {
-		lim := Limit{Rate: float64(rate%1_000_000 + 1), Burst: burst%1000 + 1}
-		if lim.Burst < 1 {
-			lim.Burst = -lim.Burst + 1
-		}
-		if lim.Validate() != nil {
-			return
-		}
-		b := Bucket{Key: "k", Limits: []Limit{lim}}
-		st := []BucketState{{}}
-		now := int64(1_700_000_000_000_000)
-		type grant struct{ at, n int64 }
-		var grants []grant
-		for i := 0; i+1 < len(ops); i += 2 {
-			now += int64(ops[i]) * lim.Interval() / 1000 / 16
-			n := int64(ops[i+1]) % (lim.Burst + 1)
-			maxWait := time.Duration(int64(ops[i+1]%4) * lim.Interval())
-			req := Request{Buckets: []Bucket{b}, N: n, MaxWait: maxWait}
-			res, _ := Decide(now, req, st)
-			if res.Allowed && res.Wait > maxWait || !res.Allowed && res.RetryAfter <= maxWait {
-				t.Fatalf("op %d: %+v with max wait %v", i, res, maxWait)
-			}
-			if res.Remaining < 0 || res.Remaining > lim.Burst || st[0].Debts[0] < 0 {
-				t.Fatalf("op %d: remaining %d, debt %d", i, res.Remaining, st[0].Debts[0])
-			}
-			if res.Allowed && n > 0 {
-				grants = append(grants, grant{now*1000 + int64(res.Wait), n})
-			}
-		}
-		for i := range grants {
-			sum := int64(0)
-			for j := i; j < len(grants); j++ {
-				if grants[j].at < grants[i].at {
-					t.Fatalf("grant %d booked before grant %d", j, i)
-				}
-				sum += grants[j].n
-				if w := grants[j].at - grants[i].at; sum > lim.Burst+w/lim.Interval() {
-					t.Fatalf("%d tokens in %d ns with %v", sum, w, lim)
-				}
-			}
 		}
 	})
 }

@@ -251,12 +251,12 @@ func (l *Limiter) release(bs *[]Bucket) {
 
 // take asks the store for n tokens; the store validates the request. The
 // caller releases the returned buckets.
-func (l *Limiter) take(ctx context.Context, n int64, maxWait time.Duration, names []string) (Result, *[]Bucket, error) {
+func (l *Limiter) take(ctx context.Context, n int64, maxWait time.Duration, names []string, bk *Booking) (Result, *[]Bucket, error) {
 	bs, err := l.buckets(names)
 	if err != nil {
 		return Result{}, nil, err
 	}
-	res, err := l.store.Take(ctx, Request{Buckets: *bs, N: n, MaxWait: maxWait})
+	res, err := l.store.Take(ctx, Request{Buckets: *bs, N: n, MaxWait: maxWait, Booking: bk})
 	res.Limit.strip()
 	return res, bs, err
 }
@@ -270,7 +270,7 @@ func (l *Limiter) takeNow(ctx context.Context, n int64, names []string) (res Res
 			return res, err
 		}
 	}
-	res, bs, err := l.take(ctx, n, 0, names)
+	res, bs, err := l.take(ctx, n, 0, names, nil)
 	if bs != nil {
 		l.release(bs)
 	}
@@ -309,6 +309,7 @@ type Reservation struct {
 	bs     []Bucket
 	n      int64
 	due    time.Time
+	booked Booking
 }
 
 // Delay returns how long from now the holder must wait before acting.
@@ -316,17 +317,23 @@ func (r *Reservation) Delay() time.Duration {
 	return max(time.Until(r.due), 0)
 }
 
-// Cancel returns the booked tokens to the buckets, best effort, as
-// x/time/rate's Cancel does: tokens booked by later reservations are not
-// moved earlier, and when the reservation took from several buckets and one
-// of them delayed it, the others keep the delay (a refund subtracts the
-// cost, it does not rewind the booking). Call it when the reservation will
-// not be used.
+// Cancel gives the booked tokens back, as x/time/rate's Cancel does: each
+// limit of each bucket gets them back only when nothing was booked on it
+// after this reservation, because a later booking's slot was computed from
+// them and giving them back would grant that slot twice. So cancelling the
+// latest reservation frees its tokens; cancelling one with later
+// reservations behind it leaves them booked (they are used by no one, and
+// the bucket's bound holds). Call it when the reservation will not be used;
+// a second call does nothing.
 func (r *Reservation) Cancel(ctx context.Context) error {
 	if r.n == 0 {
 		return nil
 	}
-	return r.l.store.Refund(ctx, r.bs, r.n)
+	err := r.l.store.Cancel(ctx, r.bs, r.n, r.booked)
+	if err == nil {
+		r.n = 0
+	}
+	return err
 }
 
 // Reserve books one token from the named bucket. See ReserveN.
@@ -339,8 +346,9 @@ func (l *Limiter) Reserve(ctx context.Context, name string) (*Reservation, error
 // nothing is booked and the error is a *BackpressureError. n larger than a
 // burst fails at once with ErrBurstExceeded.
 func (l *Limiter) ReserveN(ctx context.Context, n int64, names ...string) (*Reservation, error) {
+	r := &Reservation{l: l, n: n}
 	start := time.Now()
-	res, bs, err := l.take(ctx, n, l.maxWait, names)
+	res, bs, err := l.take(ctx, n, l.maxWait, names, &r.booked)
 	// The wait counts from the store's decision, which happened between
 	// start and the answer: the anchor places it (see anchor).
 	answered := time.Now()
@@ -353,7 +361,8 @@ func (l *Limiter) ReserveN(ctx context.Context, n int64, names ...string) (*Rese
 	if !res.Allowed {
 		return nil, &BackpressureError{RetryAfter: res.RetryAfter, MaxWait: l.maxWait, Result: res}
 	}
-	return &Reservation{Result: res, l: l, bs: slices.Clone(*bs), n: n, due: l.clock.due(start, answered, res)}, nil
+	r.Result, r.bs, r.due = res, slices.Clone(*bs), l.clock.due(start, answered, res)
+	return r, nil
 }
 
 // Wait blocks until one token of the named bucket is granted. See WaitN.
@@ -366,18 +375,24 @@ func (l *Limiter) Wait(ctx context.Context, name string) error {
 // smaller of the configured max wait and ctx's deadline, then sleeps
 // exactly the booked delay. Waiters are served in booking (FIFO) order and
 // never poll. A wait that would exceed the bound fails at once with a
-// *BackpressureError; if ctx ends during the sleep the tokens are refunded
-// and ctx's error is returned.
+// *BackpressureError; so does a slot that, placed on this process's clock,
+// would begin after ctx's deadline (the booking is then given back at
+// once). If ctx ends during the sleep the booking is cancelled (see
+// Reservation.Cancel) and ctx's error is returned. The longest WaitN
+// blocks is the max wait, or less when ctx's deadline is sooner, plus the
+// store's round trips.
 func (l *Limiter) WaitN(ctx context.Context, n int64, names ...string) (Result, error) {
 	if err := ctx.Err(); err != nil {
 		return Result{}, err
 	}
 	start := time.Now()
 	maxWait := l.maxWait
-	if dl, ok := ctx.Deadline(); ok {
+	dl, hasDeadline := ctx.Deadline()
+	if hasDeadline {
 		maxWait = max(min(maxWait, dl.Sub(start)), 0)
 	}
-	res, bs, err := l.take(ctx, n, maxWait, names)
+	var booked Booking
+	res, bs, err := l.take(ctx, n, maxWait, names, &booked)
 	answered := time.Now() // see ReserveN
 	if bs != nil {
 		defer l.release(bs)
@@ -388,7 +403,20 @@ func (l *Limiter) WaitN(ctx context.Context, n int64, names ...string) (Result, 
 	if !res.Allowed {
 		return Result{}, &BackpressureError{RetryAfter: res.RetryAfter, MaxWait: maxWait, Result: res}
 	}
-	d := time.Until(l.clock.due(start, answered, res))
+	due := l.clock.due(start, answered, res)
+	giveBack := func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), refundTimeout)
+		defer cancel()
+		_ = l.store.Cancel(rctx, *bs, n, booked)
+	}
+	if hasDeadline && due.After(dl) {
+		// The max wait counted from start, the slot from the store's
+		// decision, which came later: on this process's clock the slot
+		// begins after the deadline, so the wait cannot be honoured.
+		giveBack()
+		return Result{}, &BackpressureError{RetryAfter: res.Wait, MaxWait: max(dl.Sub(answered), 0), Result: res}
+	}
+	d := time.Until(due)
 	if d <= 0 {
 		return res, nil
 	}
@@ -398,14 +426,15 @@ func (l *Limiter) WaitN(ctx context.Context, n int64, names ...string) (Result, 
 	case <-t.C:
 		return res, nil
 	case <-ctx.Done():
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), refundTimeout)
-		defer cancel()
-		_ = l.store.Refund(rctx, *bs, n)
+		giveBack()
 		return Result{}, ctx.Err()
 	}
 }
 
-// Refund returns n tokens to every named bucket, capped at each burst.
+// Refund returns n tokens to every named bucket now, capped at each burst:
+// for a grant that was never used, such as an Allow whose work was not
+// done. It is not for a booking made ahead (Reserve, Wait): tokens booked
+// after it may rely on it, so give a reservation back with its Cancel.
 func (l *Limiter) Refund(ctx context.Context, n int64, names ...string) error {
 	if n < 0 {
 		return fmt.Errorf("%w: refund n must be >= 0, got %d", ErrInvalid, n)

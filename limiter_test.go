@@ -233,6 +233,9 @@ func (failingStore) Take(context.Context, fleetrate.Request) (fleetrate.Result, 
 	return fleetrate.Result{}, errors.Join(fleetrate.ErrStoreUnavailable, errDown)
 }
 func (failingStore) Refund(context.Context, []fleetrate.Bucket, int64) error { return errDown }
+func (failingStore) Cancel(context.Context, []fleetrate.Bucket, int64, fleetrate.Booking) error {
+	return errDown
+}
 func (failingStore) Drain(context.Context, []fleetrate.Bucket, time.Duration) error {
 	return errDown
 }

@@ -80,6 +80,23 @@ type Request struct {
 	// MaxWait is how far in the future the take may be booked. 0 means
 	// now or never (Allow).
 	MaxWait time.Duration
+	// Booking, when set, receives where a granted take of N > 0 left every
+	// limit, so that the booking can be given back exactly with
+	// Store.Cancel. Reserve and Wait set it; Allow does not, which keeps
+	// its path free of allocations.
+	Booking *Booking
+}
+
+// Booking records where a granted take left its buckets: the store's clock
+// at the take and every limit's debt right after it, bucket by bucket in
+// the order of the request, limit by limit. It is what Store.Cancel needs
+// to give back only the tokens that no later booking relies on. Callers
+// treat it as opaque.
+type Booking struct {
+	// Stamp is the store's clock at the take, µs since the Unix epoch.
+	Stamp int64
+	// Debts are the limits' debts (ns) after the take.
+	Debts []int64
 }
 
 // Validate checks the request, naming the failing field.
@@ -191,8 +208,16 @@ type Store interface {
 	// Take applies a take (or a peek when N is 0) to every bucket in the
 	// request, all or nothing, in one atomic step.
 	Take(ctx context.Context, req Request) (Result, error)
-	// Refund returns n tokens to every bucket, capped at the burst.
+	// Refund returns n tokens to every bucket now, capped at the burst:
+	// for a grant that was never used, such as an Allow whose work was not
+	// done. A booking made ahead is given back with Cancel.
 	Refund(ctx context.Context, buckets []Bucket, n int64) error
+	// Cancel gives back a booking of n tokens that a Take of these buckets
+	// recorded in b (Request.Booking): each limit of each bucket gets the
+	// tokens back only when nothing was booked on it since, so no later
+	// booking's slot is granted twice (see gcra.Cancel). Buckets must be
+	// the take's, in its order.
+	Cancel(ctx context.Context, buckets []Bucket, n int64, b Booking) error
 	// Drain empties every bucket until d from now; it then refills from
 	// empty.
 	Drain(ctx context.Context, buckets []Bucket, d time.Duration) error
@@ -228,4 +253,23 @@ type Binder interface {
 // N: n, MaxWait: w}), argument checks included.
 type BoundTaker interface {
 	TakeKey(ctx context.Context, key string, n int64, maxWait time.Duration) (Result, error)
+}
+
+// ValidateCancel checks the arguments of Store.Cancel: valid buckets, n at
+// least 0, and a booking with one debt for every limit of the buckets.
+func ValidateCancel(buckets []Bucket, n int64, b Booking) error {
+	if err := ValidateBuckets(buckets); err != nil {
+		return err
+	}
+	if n < 0 {
+		return fmt.Errorf("%w: cancel n must be >= 0, got %d", ErrInvalid, n)
+	}
+	m := 0
+	for _, bk := range buckets {
+		m += len(bk.Limits)
+	}
+	if len(b.Debts) != m {
+		return fmt.Errorf("%w: cancel booking: %d debts for %d limits (a booking from another take?)", ErrInvalid, len(b.Debts), m)
+	}
+	return nil
 }

@@ -307,8 +307,11 @@ func storeFailure(ctx context.Context, err error) bool {
 	if err == nil || errors.Is(err, fleetrate.ErrInvalid) || errors.Is(err, fleetrate.ErrBurstExceeded) {
 		return false
 	}
-	if ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		return false // the caller gave up
+	if ctx.Err() != nil {
+		// The caller gave up (cancelled, or its own deadline passed): its
+		// choice, not an outage. A hung store is seen by the store's own
+		// timeout, which should be shorter than callers' deadlines.
+		return false
 	}
 	return true
 }
@@ -421,6 +424,14 @@ func (s *Store) Refund(ctx context.Context, buckets []fleetrate.Bucket, n int64)
 		return err
 	}
 	return s.fallback.Refund(ctx, s.localBuckets(buckets), n)
+}
+
+// Cancel implements fleetrate.Store. A booking is the primary store's, so
+// a failed cancel is not passed to the local bucket (whose bookings are
+// its own): the tokens stay booked, which keeps every bound.
+func (s *Store) Cancel(ctx context.Context, buckets []fleetrate.Bucket, n int64, b fleetrate.Booking) error {
+	_, err := s.call(ctx, func() error { return s.primary.Cancel(ctx, buckets, n, b) })
+	return err
 }
 
 // Drain implements fleetrate.Store. Under LocalFallback a failed drain

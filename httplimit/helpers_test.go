@@ -81,6 +81,9 @@ func (s *failingStore) Take(ctx context.Context, _ fleetrate.Request) (fleetrate
 func (s *failingStore) Refund(ctx context.Context, _ []fleetrate.Bucket, _ int64) error {
 	return s.fail(ctx)
 }
+func (s *failingStore) Cancel(ctx context.Context, _ []fleetrate.Bucket, _ int64, _ fleetrate.Booking) error {
+	return s.fail(ctx)
+}
 func (s *failingStore) Drain(ctx context.Context, _ []fleetrate.Bucket, _ time.Duration) error {
 	return s.fail(ctx)
 }

@@ -90,6 +90,10 @@ type lease struct {
 	// granted is the shared store's result for the lease, which leased
 	// takes report their limit and bucket from.
 	granted fleetrate.Result
+	// booked records where the lease's take left the shared bucket, so
+	// that its leftover tokens go back only when nothing was booked on
+	// the bucket since (see fleetrate.Store.Cancel).
+	booked fleetrate.Booking
 }
 
 // New wraps inner.
@@ -118,7 +122,7 @@ func New(inner fleetrate.Store, opts Options) (*Store, error) {
 
 // Take implements fleetrate.Store.
 func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Result, error) {
-	if len(req.Buckets) != 1 || req.N < 1 || req.N > s.opts.Tokens || req.MaxWait != 0 {
+	if len(req.Buckets) != 1 || req.N < 1 || req.N > s.opts.Tokens || req.MaxWait != 0 || req.Booking != nil {
 		return s.inner.Take(ctx, req)
 	}
 	if err := req.Validate(); err != nil {
@@ -131,7 +135,7 @@ func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Resu
 	select {
 	case l.sem <- struct{}{}:
 	case <-ctx.Done():
-		return fleetrate.Result{}, fmt.Errorf("%w: lease: %w", fleetrate.ErrStoreUnavailable, ctx.Err())
+		return fleetrate.Result{}, fmt.Errorf("lease: %w", ctx.Err())
 	}
 	release := func() { <-l.sem }
 
@@ -154,6 +158,7 @@ func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Resu
 	// wait for it rather than each asking for one.
 	lreq := req
 	lreq.N = s.opts.Tokens
+	lreq.Booking = &l.booked
 	res, err := s.inner.Take(ctx, lreq)
 	switch {
 	case err == nil && res.Allowed:
@@ -224,20 +229,27 @@ func (s *Store) sweep() {
 
 // giveBack returns the tokens left in l to the shared bucket before l is
 // replaced (it expired, holds fewer tokens than the take asks for, or was
-// leased under other limits). It is best effort: tokens it fails to return
-// stay spent. The caller holds l.sem.
+// leased under other limits). They go back as a cancel of the lease's
+// booking: only to the limits on which nothing was booked since, because a
+// later booking's slot was computed from them. It is best effort: tokens
+// it fails to return stay spent. The caller holds l.sem.
 func (s *Store) giveBack(ctx context.Context, l *lease, b fleetrate.Bucket) {
 	if l.left == 0 {
 		return
 	}
 	bs := []fleetrate.Bucket{{Prefix: b.Prefix, Key: b.Key, Limits: l.limits}}
-	_ = s.inner.Refund(ctx, bs, l.left)
+	_ = s.inner.Cancel(ctx, bs, l.left, l.booked)
 	l.left = 0
 }
 
 // Refund implements fleetrate.Store.
 func (s *Store) Refund(ctx context.Context, buckets []fleetrate.Bucket, n int64) error {
 	return s.inner.Refund(ctx, buckets, n)
+}
+
+// Cancel implements fleetrate.Store.
+func (s *Store) Cancel(ctx context.Context, buckets []fleetrate.Bucket, n int64, b fleetrate.Booking) error {
+	return s.inner.Cancel(ctx, buckets, n, b)
 }
 
 // Drain implements fleetrate.Store. It also ends the leases of the

@@ -17,13 +17,13 @@ import (
 	"github.com/fleetrate/fleetrate/memstore"
 )
 
-// counting is a store that counts the takes and refunds reaching it and
-// can fail on demand.
+// counting is a store that counts the takes and the give-backs (refunds
+// and cancels) reaching it and can fail on demand.
 type counting struct {
 	fleetrate.Store
 	takes   atomic.Int64
 	reqs    chan fleetrate.Request // every take's request, when not nil
-	refunds chan int64             // every refund's n, when not nil
+	refunds chan int64             // every refund's or cancel's n, when not nil
 	fail    atomic.Bool
 }
 
@@ -40,6 +40,14 @@ func (c *counting) Take(ctx context.Context, req fleetrate.Request) (fleetrate.R
 
 func (c *counting) Refund(ctx context.Context, buckets []fleetrate.Bucket, n int64) error {
 	err := c.Store.Refund(ctx, buckets, n)
+	if c.refunds != nil {
+		c.refunds <- n
+	}
+	return err
+}
+
+func (c *counting) Cancel(ctx context.Context, buckets []fleetrate.Bucket, n int64, b fleetrate.Booking) error {
+	err := c.Store.Cancel(ctx, buckets, n, b)
 	if c.refunds != nil {
 		c.refunds <- n
 	}

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/fleetrate/fleetrate"
+	"github.com/fleetrate/fleetrate/gcra"
 )
 
 // Options configure a Store. The zero value of each field means its
@@ -64,11 +65,29 @@ type entry struct {
 	key     string
 	hash    uint64
 	next    *entry // the next entry whose key has the same hash
-	state   fleetrate.BucketState
+	state   gcra.State
 	expires int64 // µs; the bucket is full from then on
-	// inline holds the debts of buckets with up to two limits, so that a
-	// decision touches one allocation, not two.
-	inline [2]int64
+	// inline holds the debts (and then the fills) of buckets with up to two
+	// limits, so that a decision touches one allocation, not three.
+	inline [4]int64
+}
+
+// own moves st's debts and fills into e's inline array when they fit and
+// are not there yet, and returns st with slices into it.
+func (e *entry) own(st gcra.State) gcra.State {
+	m := len(st.Debts)
+	if m == 0 || 2*m > len(e.inline) || len(st.Fills) != m {
+		return st
+	}
+	if &st.Debts[0] == &e.inline[0] && &st.Fills[0] == &e.inline[m] {
+		return st
+	}
+	var tmp [4]int64
+	copy(tmp[:m], st.Debts)
+	copy(tmp[m:], st.Fills)
+	e.inline = tmp
+	st.Debts, st.Fills = e.inline[:m:m], e.inline[m:2*m:2*m]
+	return st
 }
 
 // is reports whether e is the entry of the bucket prefix+name.
@@ -76,14 +95,9 @@ func (e *entry) is(prefix, name string) bool {
 	return len(e.key) == len(prefix)+len(name) && e.key[len(prefix):] == name && e.key[:len(prefix)] == prefix
 }
 
-func newEntry(key []byte, st fleetrate.BucketState, exp int64) *entry {
+func newEntry(key []byte, st gcra.State, exp int64) *entry {
 	e := &entry{key: string(key), expires: exp}
-	e.state.Stamp = st.Stamp
-	if len(st.Debts) <= len(e.inline) {
-		e.state.Debts = e.inline[:copy(e.inline[:], st.Debts)]
-	} else {
-		e.state.Debts = st.Debts
-	}
+	e.state = e.own(st)
 	return e
 }
 
@@ -115,12 +129,9 @@ func (sh *shard) refresh() {
 
 // apply writes st, the state of a live entry after a take, back into e,
 // keeping its debts inline. The caller holds e.mu.
-func (e *entry) apply(st fleetrate.BucketState) {
-	if len(st.Debts) <= len(e.inline) && (len(e.state.Debts) == 0 || &st.Debts[0] != &e.inline[0]) {
-		// The limits changed and Elapse made new debts: move them in.
-		st.Debts = e.inline[:copy(e.inline[:], st.Debts)]
-	}
-	e.state = st
+func (e *entry) apply(st gcra.State) {
+	// When the limits changed, Elapse made new debts: move them in.
+	e.state = e.own(st)
 	if ttl := st.TTL(); ttl > 0 {
 		e.expires = st.Stamp + int64(ttl/time.Microsecond) + 1
 	} else {
@@ -130,10 +141,10 @@ func (e *entry) apply(st fleetrate.BucketState) {
 
 // live returns e's state refilled up to now, or a full state when it has
 // expired (reusing its memory). The caller holds e.mu.
-func (e *entry) live(now int64) fleetrate.BucketState {
+func (e *entry) live(now int64) gcra.State {
 	if e.expires <= now {
 		clear(e.state.Debts)
-		return fleetrate.BucketState{Stamp: now, Debts: e.state.Debts}
+		return gcra.State{Stamp: now, Debts: e.state.Debts, Fills: e.state.Fills} // a full bucket converts to full
 	}
 	return e.state
 }
@@ -234,10 +245,10 @@ func (s *Store) unlock(idx []int) {
 // or a full state when it is absent or expired (reusing an expired entry's
 // memory). The state shares its debts with the entry, so the caller must
 // save it back, which unlocks the entry. The caller holds the shard's lock.
-func (s *Store) load(sh *shard, h uint64, key []byte, now int64) (*entry, fleetrate.BucketState) {
+func (s *Store) load(sh *shard, h uint64, key []byte, now int64) (*entry, gcra.State) {
 	e := sh.t.get(h, key)
 	if e == nil {
-		return nil, fleetrate.BucketState{}
+		return nil, gcra.State{}
 	}
 	e.mu.Lock()
 	return e, e.live(now)
@@ -247,7 +258,7 @@ func (s *Store) load(sh *shard, h uint64, key []byte, now int64) (*entry, fleetr
 // h), and unlocks it; it creates the entry when absent, and deletes it when
 // the bucket is full again. It returns the bucket's entry, or nil when it
 // has none. The caller holds the shard's lock.
-func (s *Store) save(sh *shard, h uint64, key []byte, e *entry, st fleetrate.BucketState) *entry {
+func (s *Store) save(sh *shard, h uint64, key []byte, e *entry, st gcra.State) *entry {
 	ttl := st.TTL()
 	if ttl <= 0 {
 		if e != nil {
@@ -332,14 +343,14 @@ func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Resu
 	if err := req.Validate(); err != nil {
 		return fleetrate.Result{}, err
 	}
-	if len(req.Buckets) == 1 {
+	if len(req.Buckets) == 1 && req.Booking == nil {
 		var res fleetrate.Result
 		b := &req.Buckets[0]
 		s.takeOne(b.Prefix, b.Key, b.Limits, req.N, req.MaxWait, &res)
 		return res, nil
 	}
 	var (
-		stateBuf [4]fleetrate.BucketState
+		stateBuf [4]gcra.State
 		idxBuf   [4]int
 	)
 	keys, hs := s.fullKeys(req.Buckets)
@@ -359,7 +370,7 @@ func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Resu
 	// Decide refills the loaded debts in place, so the state is saved back
 	// even when the decision changed nothing. The entries stay locked (and
 	// so are never evicted) until they are saved.
-	res, _ := fleetrate.Decide(now, req, state)
+	res, _ := gcra.Decide(now, req, state)
 	for i, k := range keys {
 		s.save(s.shardOf(hs[i]), hs[i], k, entries[i], state[i])
 	}
@@ -434,7 +445,7 @@ func (s *Store) takeOne(prefix, name string, limits []fleetrate.Limit, n int64, 
 	if now < st.Stamp {
 		now = st.Stamp
 	}
-	fleetrate.DecideOne(now, limits, n, maxWait, &st, res)
+	gcra.DecideOne(now, limits, n, maxWait, &st, res)
 	e = s.save(sh, h, key, e, st)
 	sh.refresh()
 	sh.mu.Unlock()
@@ -459,7 +470,7 @@ func (s *Store) takeEntry(e *entry, limits []fleetrate.Limit, n int64, maxWait t
 	if now < st.Stamp {
 		now = st.Stamp
 	}
-	fleetrate.DecideOne(now, limits, n, maxWait, &st, res)
+	gcra.DecideOne(now, limits, n, maxWait, &st, res)
 	e.apply(st) // a full bucket stays, as good as absent, until swept
 	e.mu.Unlock()
 	return true
@@ -470,8 +481,21 @@ func (s *Store) Refund(ctx context.Context, buckets []fleetrate.Bucket, n int64)
 	if n < 0 {
 		return fmt.Errorf("%w: refund n must be >= 0, got %d", fleetrate.ErrInvalid, n)
 	}
-	return s.update(ctx, buckets, func(now int64, b fleetrate.Bucket, st *fleetrate.BucketState) {
-		fleetrate.Refund(now, b.Limits, st, n)
+	return s.update(ctx, buckets, func(now int64, b fleetrate.Bucket, st *gcra.State) {
+		gcra.Refund(now, b.Limits, st, n)
+	})
+}
+
+// Cancel implements fleetrate.Store.
+func (s *Store) Cancel(ctx context.Context, buckets []fleetrate.Bucket, n int64, b fleetrate.Booking) error {
+	if err := fleetrate.ValidateCancel(buckets, n, b); err != nil {
+		return err
+	}
+	off := 0
+	return s.update(ctx, buckets, func(now int64, bk fleetrate.Bucket, st *gcra.State) {
+		m := len(bk.Limits)
+		gcra.Cancel(now, bk.Limits, st, n, b.Stamp, b.Debts[off:off+m])
+		off += m
 	})
 }
 
@@ -480,12 +504,12 @@ func (s *Store) Drain(ctx context.Context, buckets []fleetrate.Bucket, d time.Du
 	if d < 0 || d > fleetrate.MaxWaitCap {
 		return fmt.Errorf("%w: drain duration must be between 0 and %v, got %v", fleetrate.ErrInvalid, fleetrate.MaxWaitCap, d)
 	}
-	return s.update(ctx, buckets, func(now int64, b fleetrate.Bucket, st *fleetrate.BucketState) {
-		fleetrate.Drain(now, b.Limits, st, d)
+	return s.update(ctx, buckets, func(now int64, b fleetrate.Bucket, st *gcra.State) {
+		gcra.Drain(now, b.Limits, st, d)
 	})
 }
 
-func (s *Store) update(ctx context.Context, buckets []fleetrate.Bucket, apply func(int64, fleetrate.Bucket, *fleetrate.BucketState)) error {
+func (s *Store) update(ctx context.Context, buckets []fleetrate.Bucket, apply func(int64, fleetrate.Bucket, *gcra.State)) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -545,7 +569,7 @@ func (s *Store) Len() int {
 
 // State returns a copy of the stored state of a bucket, for tests and
 // debugging. ok is false when the bucket is absent or expired (full).
-func (s *Store) State(_ context.Context, key string) (st fleetrate.BucketState, ok bool, err error) {
+func (s *Store) State(_ context.Context, key string) (st gcra.State, ok bool, err error) {
 	h := s.hash([]byte(key))
 	sh := s.shardOf(h)
 	sh.mu.Lock()
@@ -559,5 +583,5 @@ func (s *Store) State(_ context.Context, key string) (st fleetrate.BucketState, 
 	if e.expires <= s.now() {
 		return st, false, nil
 	}
-	return fleetrate.BucketState{Stamp: e.state.Stamp, Debts: slices.Clone(e.state.Debts)}, true, nil
+	return gcra.State{Stamp: e.state.Stamp, Debts: slices.Clone(e.state.Debts)}, true, nil
 }

@@ -5,7 +5,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
-	"github.com/fleetrate/fleetrate"
+	"github.com/fleetrate/fleetrate/gcra"
 )
 
 // TestTableMatchesMap drives a shard table with random puts and deletes,
@@ -30,7 +30,7 @@ func TestTableMatchesMap(t *testing.T) {
 		}
 		switch {
 		case got == nil:
-			e := newEntry([]byte(k), fleetrate.BucketState{Stamp: 1, Debts: []int64{5}}, 2)
+			e := newEntry([]byte(k), gcra.State{Stamp: 1, Debts: []int64{5}}, 2)
 			tb.put(h, e)
 			want[k] = e
 		case rng.IntN(2) == 0:
@@ -71,7 +71,7 @@ func TestSnapshotMatchesTable(t *testing.T) {
 				h = hashOf[fmt.Sprintf("key-%d", i-1)]
 			}
 			hashOf[k] = h
-			tb.put(h, newEntry([]byte(k), fleetrate.BucketState{Stamp: 1, Debts: []int64{5}}, 2))
+			tb.put(h, newEntry([]byte(k), gcra.State{Stamp: 1, Debts: []int64{5}}, 2))
 		}
 		s := tb.snapshot()
 		if 4*len(tb.m) > 3*len(s.slots) {

@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -67,6 +68,12 @@ type batchCall struct {
 	// res is the caller's decision, valid once err is nil and done has
 	// been signalled.
 	res fleetrate.Result
+	// booking is where a granted take left its buckets, recorded for every
+	// take (its Debts are reused across calls): it goes to the caller that
+	// asked for it (want, the caller's req.Booking) and cancels the grant
+	// of a caller that gave up.
+	booking fleetrate.Booking
+	want    *fleetrate.Booking
 	// The backing of req.Buckets and keys for a take from one bucket.
 	bucket [1]fleetrate.Bucket
 	key    [1]string
@@ -135,10 +142,11 @@ func newBatcher(s *Store) *batcher {
 // take queues an already validated req and waits for its decision.
 func (b *batcher) take(ctx context.Context, req fleetrate.Request) (fleetrate.Result, error) {
 	if err := ctx.Err(); err != nil {
-		return fleetrate.Result{}, unavailable("take", err)
+		return fleetrate.Result{}, fmt.Errorf("redisstore: take: %w", err)
 	}
 	c := newBatchCall()
 	c.req = cloneRequest(req)
+	c.want, c.req.Booking = req.Booking, nil
 	if err := b.s.sameSlot(c.storeKeys()); err != nil {
 		c.release()
 		return fleetrate.Result{}, err
@@ -162,7 +170,7 @@ func (b *batcher) takeKey(ctx context.Context, bk fleetrate.Bucket, key string, 
 	}
 	if err := ctx.Err(); err != nil {
 		c.release()
-		return fleetrate.Result{}, unavailable("take", err)
+		return fleetrate.Result{}, fmt.Errorf("redisstore: take: %w", err)
 	}
 	return b.wait(ctx, c)
 }
@@ -198,13 +206,16 @@ func (b *batcher) wait(ctx context.Context, c *batchCall) (fleetrate.Result, err
 		// Not yet sent: it never will be. Sent: the sender refunds what it
 		// is granted. Either way c now belongs to the sender.
 		if c.state.CompareAndSwap(pending, abandoned) || c.state.CompareAndSwap(sent, abandonedSent) {
-			return fleetrate.Result{}, unavailable("take", ctx.Err())
+			return fleetrate.Result{}, failed(ctx, "take", ctx.Err())
 		}
 		<-c.done // delivered meanwhile: the decision stands
 	}
 	res, err := fleetrate.Result{}, c.err
 	if err == nil {
 		res = c.res
+		if w := c.want; w != nil && res.Allowed && c.req.N > 0 {
+			w.Stamp, w.Debts = c.booking.Stamp, append(w.Debts[:0], c.booking.Debts...)
+		}
 	}
 	c.release()
 	return res, err
@@ -224,9 +235,9 @@ func newBatchCall() *batchCall {
 // release recycles c once its caller has the decision: the sender has
 // signalled and no longer touches it.
 func (c *batchCall) release() {
-	done := c.done
+	done, debts := c.done, c.booking.Debts[:0]
 	*c = batchCall{}
-	c.done = done
+	c.done, c.booking.Debts = done, debts
 	calls.Put(c)
 }
 
@@ -344,8 +355,9 @@ func decide(reply []int64, runs [][]*batchCall, n int) error {
 		decided[i] = all[off : off : off+len(run)] // replay fills it in place
 		off += len(run)
 	}
-	err := decodeReply(reply, len(runs), func(i int) (fleetrate.Request, int, *[]fleetrate.Result) {
-		return runs[i][0].req, len(runs[i]), &decided[i]
+	err := decodeReply(reply, len(runs), func(i int) (fleetrate.Request, int, *[]fleetrate.Result, func(int) *fleetrate.Booking) {
+		run := runs[i]
+		return run[0].req, len(run), &decided[i], func(j int) *fleetrate.Booking { return &run[j].booking }
 	})
 	if err != nil {
 		return err
@@ -407,24 +419,22 @@ func (b *batcher) send(batch []*batchCall) {
 	} else {
 		err = decide(reply, runs, len(kept))
 	}
+	var gaveUp []*batchCall // abandoned calls that were granted: never recycled
 	for _, run := range runs {
-		var refund int64
-		var gaveUp *batchCall // an abandoned call: never recycled, unlike the others
 		for _, c := range run {
 			if err != nil {
 				c.err = err
 			}
 			if c.state.CompareAndSwap(sent, delivered) {
 				c.done <- struct{}{} // from here on c belongs to its caller
-			} else if c.err == nil && c.res.Allowed {
-				refund += c.req.N // its caller gave up: return its tokens
-				gaveUp = c
+			} else if c.err == nil && c.res.Allowed && c.req.N > 0 {
+				gaveUp = append(gaveUp, c) // its caller gave up: give its booking back
 			}
 		}
-		if refund > 0 {
-			// In the background, so that a slow Redis (when callers give
-			// up) does not hold the queue behind the refunds.
-			go b.s.refundAbandoned(gaveUp.req.Buckets, refund)
-		}
+	}
+	if len(gaveUp) > 0 {
+		// In the background, so that a slow Redis (when callers give up)
+		// does not hold the queue behind the cancels.
+		go b.s.cancelAbandoned(gaveUp)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/fleetrate/fleetrate"
+	"github.com/fleetrate/fleetrate/gcra"
 	"github.com/fleetrate/fleetrate/internal/redistest"
 )
 
@@ -40,11 +41,11 @@ func TestBatchMatchesSequentialModel(t *testing.T) {
 		return bound[&ls[0]]
 	}
 	for round := range 40 {
-		model := map[string]*fleetrate.BucketState{}
+		model := map[string]*gcra.State{}
 		keys := make([]string, 4)
 		for i := range keys {
 			keys[i] = fmt.Sprintf("fleetrate:batchtest:%d:%d", round, i)
-			model[keys[i]] = &fleetrate.BucketState{}
+			model[keys[i]] = &gcra.State{}
 		}
 		var batch []*batchCall
 		for range 1 + rng.IntN(maxBatch/4) {
@@ -90,14 +91,14 @@ func TestBatchMatchesSequentialModel(t *testing.T) {
 			} else if got.At.UnixMicro() != at {
 				t.Fatalf("round %d take %d decided at %v, the batch at %d µs", round, i, got.At, at)
 			}
-			states := make([]fleetrate.BucketState, len(c.req.Buckets))
+			states := make([]gcra.State, len(c.req.Buckets))
 			for j, b := range c.req.Buckets {
-				states[j] = fleetrate.BucketState{Stamp: model[b.Key].Stamp, Debts: slices.Clone(model[b.Key].Debts)}
+				states[j] = gcra.State{Stamp: model[b.Key].Stamp, Debts: slices.Clone(model[b.Key].Debts), Fills: slices.Clone(model[b.Key].Fills)}
 			}
 			// Like the stores, the model keeps a state only when the take
 			// changed it (a take under other limits that books nothing
 			// leaves the key as it was).
-			want, changed := fleetrate.Decide(at, c.req, states)
+			want, changed := gcra.Decide(at, c.req, states)
 			for j, b := range c.req.Buckets {
 				if changed {
 					*model[b.Key] = states[j]
@@ -137,7 +138,9 @@ func TestDecodeReplyRejectsBadReplies(t *testing.T) {
 	c.req = fleetrate.Request{Buckets: []fleetrate.Bucket{{Key: "k", Limits: lim}}, N: 1}
 	decode := func(reply []int64) ([]fleetrate.Result, error) {
 		var rs []fleetrate.Result
-		err := decodeReply(reply, 1, func(int) (fleetrate.Request, int, *[]fleetrate.Result) { return c.req, 1, &rs })
+		err := decodeReply(reply, 1, func(int) (fleetrate.Request, int, *[]fleetrate.Result, func(int) *fleetrate.Booking) {
+			return c.req, 1, &rs, func(int) *fleetrate.Booking { return nil }
+		})
 		return rs, err
 	}
 	if _, err := decode([]int64{1_800_000_000_000_000, 1, 0}); err != nil {

@@ -24,6 +24,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetrate/fleetrate"
+	"github.com/fleetrate/fleetrate/gcra"
 )
 
 var (
@@ -35,6 +36,8 @@ var (
 	batchLua string
 	//go:embed scripts/refund.lua
 	refundLua string
+	//go:embed scripts/cancel.lua
+	cancelLua string
 	//go:embed scripts/drain.lua
 	drainLua string
 )
@@ -48,6 +51,7 @@ var (
 	batchScript  = redis.NewScript(commonLua + batchLua)
 	refundScript = redis.NewScript(commonLua + refundLua)
 	drainScript  = redis.NewScript(commonLua + drainLua)
+	cancelScript = redis.NewScript(commonLua + cancelLua)
 )
 
 // TakeScriptSHA returns the SHA1 of the take script, for tools that run
@@ -184,13 +188,17 @@ func (s *Store) bounded(ctx context.Context, f func(context.Context) error) erro
 	}
 }
 
-// refundAbandoned returns n tokens to buckets for shared calls' takes
-// whose callers gave up after the store had granted them: best effort,
-// bounded by a second.
-func (s *Store) refundAbandoned(buckets []fleetrate.Bucket, n int64) {
+// cancelAbandoned gives back the bookings of shared calls' takes whose
+// callers gave up after the store had granted them, latest first, so that
+// each cancel finds its booking the latest and gets its tokens back (see
+// gcra.Cancel): best effort, bounded by a second.
+func (s *Store) cancelAbandoned(calls []*batchCall) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	_ = s.Refund(ctx, buckets, n)
+	for i := len(calls) - 1; i >= 0; i-- {
+		c := calls[i]
+		_ = s.Cancel(ctx, c.req.Buckets, c.req.N, c.booking)
+	}
 }
 
 // ownCtx bounds a call that belongs to no single caller (a folded or
@@ -212,6 +220,18 @@ func (s *Store) ctx(ctx context.Context) (context.Context, context.CancelFunc) {
 }
 
 // unavailable wraps a Redis failure so that callers see ErrStoreUnavailable.
+// failed reports err, the failure of a call made for a caller whose
+// context is caller: when the caller's context ended (cancelled, or its
+// own deadline passed) the error is the context's, not the store's, so
+// that errors.Is(err, context.Canceled) holds and failure policies do not
+// count the caller's choice as an outage.
+func failed(caller context.Context, op string, err error) error {
+	if cerr := caller.Err(); cerr != nil {
+		return fmt.Errorf("redisstore: %s: %w", op, cerr)
+	}
+	return unavailable(op, err)
+}
+
 func unavailable(op string, err error) error {
 	return fmt.Errorf("%w: redis %s: %w", fleetrate.ErrStoreUnavailable, op, err)
 }
@@ -343,18 +363,20 @@ func (s *Store) takeOne(ctx context.Context, req fleetrate.Request) (fleetrate.R
 	if err := s.sameSlot(keys); err != nil {
 		return fleetrate.Result{}, err
 	}
-	ctx, cancel := s.ctx(ctx)
+	sctx, cancel := s.ctx(ctx)
 	defer cancel()
 	var reply []int64
-	err := s.bounded(ctx, func(ctx context.Context) (err error) {
+	err := s.bounded(sctx, func(ctx context.Context) (err error) {
 		reply, err = takeScript.Run(ctx, s.c, keys, args...).Int64Slice()
 		return err
 	})
 	if err != nil {
-		return fleetrate.Result{}, unavailable("take", err)
+		return fleetrate.Result{}, failed(ctx, "take", err)
 	}
 	var rs []fleetrate.Result
-	err = decodeReply(reply, 1, func(int) (fleetrate.Request, int, *[]fleetrate.Result) { return req, 1, &rs })
+	err = decodeReply(reply, 1, func(int) (fleetrate.Request, int, *[]fleetrate.Result, func(int) *fleetrate.Booking) {
+		return req, 1, &rs, func(int) *fleetrate.Booking { return req.Booking }
+	})
 	if err != nil {
 		return fleetrate.Result{}, err
 	}
@@ -367,15 +389,15 @@ func (s *Store) takeOne(ctx context.Context, req fleetrate.Request) (fleetrate.R
 // its count and where its decisions go: into the slice's own backing when
 // it has room, else into a new one. A reply the client does not agree with
 // fails every take: no part of it can be trusted.
-func decodeReply(reply []int64, n int, take func(i int) (fleetrate.Request, int, *[]fleetrate.Result)) error {
+func decodeReply(reply []int64, n int, take func(i int) (fleetrate.Request, int, *[]fleetrate.Result, func(int) *fleetrate.Booking)) error {
 	if len(reply) < 1 {
 		return unavailable("take", errors.New("take script reply: empty"))
 	}
 	now, rest := reply[0], reply[1:]
 	for i := range n {
-		req, count, rs := take(i)
+		req, count, rs, book := take(i)
 		var err error
-		if *rs, rest, err = replay(req, now, rest, count, *rs); err != nil {
+		if *rs, rest, err = replay(req, now, rest, count, *rs, book); err != nil {
 			return err
 		}
 	}
@@ -392,7 +414,7 @@ func decodeReply(reply []int64, n int, take func(i int) (fleetrate.Request, int,
 // state, at the script's instant now (µs): the scripts mirror Decide, so
 // the replay is exact, and a script need not report anything per decision.
 // A reply the replay does not agree with is an error, never a decision.
-func replay(req fleetrate.Request, now int64, reply []int64, count int, out []fleetrate.Result) ([]fleetrate.Result, []int64, error) {
+func replay(req fleetrate.Request, now int64, reply []int64, count int, out []fleetrate.Result, book func(int) *fleetrate.Booking) ([]fleetrate.Result, []int64, error) {
 	bad := func(format string, a ...any) ([]fleetrate.Result, []int64, error) {
 		return nil, nil, unavailable("take", fmt.Errorf("take script reply: "+format, a...))
 	}
@@ -403,10 +425,10 @@ func replay(req fleetrate.Request, now int64, reply []int64, count int, out []fl
 	if made < 1 || made > int64(count) {
 		return bad("%d decisions for %d takes", made, count)
 	}
-	var one [1]fleetrate.BucketState
+	var one [1]gcra.State
 	states := one[:]
 	if len(req.Buckets) > 1 {
-		states = make([]fleetrate.BucketState, len(req.Buckets))
+		states = make([]gcra.State, len(req.Buckets))
 	}
 	for b, bk := range req.Buckets {
 		m := len(bk.Limits)
@@ -419,7 +441,7 @@ func replay(req fleetrate.Request, now int64, reply []int64, count int, out []fl
 				return bad("negative debt %d", d)
 			}
 		}
-		states[b] = fleetrate.BucketState{Stamp: now, Debts: debts}
+		states[b] = gcra.State{Stamp: now, Debts: debts}
 		pos += m
 	}
 	if cap(out) < int(made) {
@@ -427,7 +449,8 @@ func replay(req fleetrate.Request, now int64, reply []int64, count int, out []fl
 	}
 	out = out[:made]
 	for i := range out {
-		out[i], _ = fleetrate.Decide(now, req, states)
+		req.Booking = book(i)
+		out[i], _ = gcra.Decide(now, req, states)
 		last := i == len(out)-1
 		if !out[i].Allowed && !last || out[i].Allowed && last && made < int64(count) {
 			return bad("decision %d of %d is allowed=%v on replay", i+1, made, out[i].Allowed)
@@ -442,6 +465,28 @@ func (s *Store) Refund(ctx context.Context, buckets []fleetrate.Bucket, n int64)
 		return fmt.Errorf("%w: refund n must be >= 0, got %d", fleetrate.ErrInvalid, n)
 	}
 	return s.update(ctx, "refund", refundScript, buckets, n)
+}
+
+// Cancel implements fleetrate.Store.
+func (s *Store) Cancel(ctx context.Context, buckets []fleetrate.Bucket, n int64, b fleetrate.Booking) error {
+	if err := fleetrate.ValidateCancel(buckets, n, b); err != nil {
+		return err
+	}
+	keys := storeKeys(buckets)
+	if err := s.sameSlot(keys); err != nil {
+		return err
+	}
+	args := make([]any, 2, 2+len(buckets)*3+len(b.Debts)*3)
+	args[0], args[1] = n, b.Stamp
+	off := 0
+	for i := range buckets {
+		args = appendLimits(args, buckets[i:i+1])
+		for _, d := range b.Debts[off : off+len(buckets[i].Limits)] {
+			args = append(args, d)
+		}
+		off += len(buckets[i].Limits)
+	}
+	return s.run(ctx, "cancel", cancelScript, keys, args)
 }
 
 // Drain implements fleetrate.Store.
@@ -460,13 +505,19 @@ func (s *Store) update(ctx context.Context, op string, script *redis.Script, buc
 	if err := s.sameSlot(keys); err != nil {
 		return err
 	}
-	ctx, cancel := s.ctx(ctx)
+	return s.run(ctx, op, script, keys, args)
+}
+
+// run runs a script that changes buckets and returns nothing the client
+// needs, within the store's timeout.
+func (s *Store) run(ctx context.Context, op string, script *redis.Script, keys []string, args []any) error {
+	sctx, cancel := s.ctx(ctx)
 	defer cancel()
-	err := s.bounded(ctx, func(ctx context.Context) error {
+	err := s.bounded(sctx, func(ctx context.Context) error {
 		return script.Run(ctx, s.c, keys, args...).Err()
 	})
 	if err != nil {
-		return unavailable(op, err)
+		return failed(ctx, op, err)
 	}
 	return nil
 }
@@ -474,9 +525,9 @@ func (s *Store) update(ctx context.Context, op string, script *redis.Script, buc
 // Reset implements fleetrate.Store. Each key is deleted on its own so that
 // keys on different Cluster slots work.
 func (s *Store) Reset(ctx context.Context, keys ...string) error {
-	ctx, cancel := s.ctx(ctx)
+	sctx, cancel := s.ctx(ctx)
 	defer cancel()
-	err := s.bounded(ctx, func(ctx context.Context) error {
+	err := s.bounded(sctx, func(ctx context.Context) error {
 		for _, k := range keys {
 			if err := s.c.Del(ctx, k).Err(); err != nil {
 				return err
@@ -485,14 +536,14 @@ func (s *Store) Reset(ctx context.Context, keys ...string) error {
 		return nil
 	})
 	if err != nil {
-		return unavailable("reset", err)
+		return failed(ctx, "reset", err)
 	}
 	return nil
 }
 
 // State reads the stored state of a bucket, for tests and debugging. ok is
 // false when the key is absent (a full bucket).
-func (s *Store) State(ctx context.Context, key string) (st fleetrate.BucketState, ok bool, err error) {
+func (s *Store) State(ctx context.Context, key string) (st gcra.State, ok bool, err error) {
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
 	var raw string
@@ -506,15 +557,42 @@ func (s *Store) State(ctx context.Context, key string) (st fleetrate.BucketState
 	if err != nil {
 		return st, false, unavailable("get", err)
 	}
+	if st, ok = parseState(raw); !ok {
+		return st, false, fmt.Errorf("redisstore: key %q holds %q, not a bucket", key, raw)
+	}
+	return st, true, nil
+}
+
+// parseState reads a bucket's value, "<stamp> <debt> -<fill> ..." (or
+// "<stamp> <debt> ..." as older versions wrote it), as the scripts do.
+func parseState(raw string) (gcra.State, bool) {
 	f := strings.Fields(raw)
 	if len(f) < 2 {
-		return st, false, fmt.Errorf("redisstore: key %q holds %q, not a bucket", key, raw)
+		return gcra.State{}, false
 	}
 	nums := make([]int64, len(f))
 	for i, x := range f {
+		var err error
 		if nums[i], err = strconv.ParseInt(x, 10, 64); err != nil {
-			return st, false, fmt.Errorf("redisstore: key %q holds %q, not a bucket: %w", key, raw, err)
+			return gcra.State{}, false
 		}
 	}
-	return fleetrate.BucketState{Stamp: nums[0], Debts: nums[1:]}, true, nil
+	st := gcra.State{Stamp: nums[0]}
+	vals := nums[1:]
+	if len(vals)%2 == 0 && vals[1] < 0 {
+		for i := 0; i < len(vals); i += 2 {
+			if vals[i] < 0 || vals[i+1] >= 0 {
+				return gcra.State{}, false
+			}
+			st.Debts, st.Fills = append(st.Debts, vals[i]), append(st.Fills, -vals[i+1])
+		}
+		return st, true
+	}
+	for _, v := range vals {
+		if v < 0 {
+			return gcra.State{}, false
+		}
+	}
+	st.Debts = vals
+	return st, true
 }

@@ -13,7 +13,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -102,14 +101,26 @@ func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Resu
 		return fleetrate.Result{}, err
 	}
 	var res wire.Result
-	body := wire.TakeRequest{Buckets: wire.FromBuckets(req.Buckets), N: req.N, MaxWaitNS: int64(req.MaxWait)}
+	body := wire.TakeRequest{Buckets: wire.FromBuckets(req.Buckets), N: req.N, MaxWaitNS: int64(req.MaxWait), Booking: req.Booking != nil}
 	if err := s.call(ctx, wire.TakePath, body, &res); err != nil {
 		return fleetrate.Result{}, err
+	}
+	if bk := req.Booking; bk != nil && res.Booking != nil {
+		bk.Stamp, bk.Debts = res.Booking.StampUnixMicro, append(bk.Debts[:0], res.Booking.DebtsNS...)
 	}
 	if res.Bucket < 0 || res.Bucket >= len(req.Buckets) {
 		return fleetrate.Result{}, fmt.Errorf("%w: remote: answer names bucket %d of %d", fleetrate.ErrStoreUnavailable, res.Bucket, len(req.Buckets))
 	}
 	return res.ToResult(), nil
+}
+
+// Cancel implements fleetrate.Store.
+func (s *Store) Cancel(ctx context.Context, buckets []fleetrate.Bucket, n int64, b fleetrate.Booking) error {
+	if err := fleetrate.ValidateCancel(buckets, n, b); err != nil {
+		return err
+	}
+	body := wire.CancelRequest{Buckets: wire.FromBuckets(buckets), N: n, Booking: wire.Booking{StampUnixMicro: b.Stamp, DebtsNS: b.Debts}}
+	return s.call(ctx, wire.CancelPath, body, &wire.OK{})
 }
 
 // Refund implements fleetrate.Store.
@@ -148,7 +159,8 @@ func (s *Store) Reset(ctx context.Context, keys ...string) error {
 
 // call posts body to path and decodes a 200 answer into out. Every
 // failure other than a rejected argument wraps ErrStoreUnavailable; a
-// context the caller cancelled returns its error.
+// context that the caller cancelled, or whose own deadline passed, returns
+// its error.
 func (s *Store) call(ctx context.Context, path string, body, out any) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -172,8 +184,8 @@ func (s *Store) call(ctx context.Context, path string, body, out any) error {
 	}
 	resp, err := s.client.Do(req)
 	if err != nil {
-		if errors.Is(ctx.Err(), context.Canceled) {
-			return ctx.Err()
+		if cerr := ctx.Err(); cerr != nil {
+			return fmt.Errorf("remotestore: %w", cerr)
 		}
 		return fmt.Errorf("%w: remote: %w", fleetrate.ErrStoreUnavailable, err)
 	}

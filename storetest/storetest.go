@@ -20,12 +20,13 @@ import (
 	"time"
 
 	"github.com/fleetrate/fleetrate"
+	"github.com/fleetrate/fleetrate/gcra"
 )
 
 // StateReader is implemented by stores that can show a bucket's raw state.
 // Run uses it to compare the store with the pure algorithm step by step.
 type StateReader interface {
-	State(ctx context.Context, key string) (fleetrate.BucketState, bool, error)
+	State(ctx context.Context, key string) (gcra.State, bool, error)
 }
 
 var runID atomic.Int64
@@ -47,6 +48,9 @@ func Run(t *testing.T, newStore func(t *testing.T) fleetrate.Store) {
 		{"Drain", drain},
 		{"Reset", reset},
 		{"LimitsChanged", limitsChanged},
+		{"LimitChangeKeepsFraction", limitChangeKeepsFraction},
+		{"CancelGivesBackWhatNoLaterBookingRelieson", cancelBooking},
+		{"CancelSeveralBuckets", cancelSeveralBuckets},
 		{"ConcurrentExact", concurrentExact},
 		{"CancelledContext", cancelledContext},
 		{"HostileKeys", hostileKeys},
@@ -283,6 +287,131 @@ func limitsChanged(t *testing.T, s fleetrate.Store, key func(string) string) {
 	}
 }
 
+// limitChangeKeepsFraction changes a bucket's limits (a reload, an
+// override) and checks that the bucket keeps the fraction it had in use
+// instead of reading its debt under the new limit: the two cases that
+// locked keys out for hours before.
+func limitChangeKeepsFraction(t *testing.T, s fleetrate.Store, key func(string) string) {
+	day := fleetrate.PerPeriod(100, 24*time.Hour)
+	minute := fleetrate.PerPeriod(10, time.Minute)
+	k := key("day-to-minute")
+	for range 5 {
+		if res := mustTake(t, s, one(k, 10, 0, day)); !res.Allowed {
+			t.Fatalf("taking 50 of 100/day: %+v", res)
+		}
+	}
+	// Half of the day's bucket is in use: half of the minute's is.
+	res := mustTake(t, s, one(k, 1, 0, minute))
+	if !res.Allowed || res.Remaining != 4 {
+		t.Fatalf("50 of 100/day, then 10/minute: %+v, want allowed with 4 left (5 of 10 in use before the take)", res)
+	}
+	// And back: the minute's fraction becomes the day's.
+	if res := mustTake(t, s, one(k, 0, 0, day)); !res.Allowed || res.Remaining < 39 || res.Remaining > 40 {
+		t.Fatalf("then 100/day again: %+v, want about 40 left (6 of 10 in use)", res)
+	}
+
+	k = key("day-to-hour")
+	if res := mustTake(t, s, one(k, 1, 0, fleetrate.PerPeriod(10, 24*time.Hour))); !res.Allowed {
+		t.Fatalf("first hit at 10/day: %+v", res)
+	}
+	hour := fleetrate.PerPeriod(42, time.Hour)
+	res = mustTake(t, s, one(k, 1, 0, hour))
+	if !res.Allowed || res.Remaining != 36 {
+		t.Fatalf("1 of 10/day, then 42/hour: %+v, want allowed with 36 left (4.2 of 42 in use before the take)", res)
+	}
+	// Emptied under the new limit, the bucket refills within its own fill
+	// time: the next token is one interval away, not hours.
+	mustTake(t, s, one(k, 36, 0, hour))
+	res = mustTake(t, s, one(k, 1, 0, hour))
+	if res.Allowed || res.RetryAfter > time.Duration(hour.Interval()) {
+		t.Fatalf("emptied at 42/hour: %+v, want a retry within one interval (%v)", res, time.Duration(hour.Interval()))
+	}
+}
+
+// cancelBooking checks that a cancelled booking gives its tokens back only
+// when no later booking relies on them, as x/time/rate's Cancel does:
+// otherwise a later reservation's slot would be granted twice.
+func cancelBooking(t *testing.T, s fleetrate.Store, key func(string) string) {
+	ctx := context.Background()
+	lim := fleetrate.Every(10*time.Second, 2) // slow, so the store's clock barely moves the slots
+	b := []fleetrate.Bucket{{Key: key("cancel"), Limits: []fleetrate.Limit{lim}}}
+	reserve := func(n int64) (fleetrate.Result, fleetrate.Booking) {
+		t.Helper()
+		var bk fleetrate.Booking
+		res := mustTake(t, s, fleetrate.Request{Buckets: b, N: n, MaxWait: time.Minute, Booking: &bk})
+		if !res.Allowed || len(bk.Debts) != 1 {
+			t.Fatalf("reserve %d: %+v, booking %+v", n, res, bk)
+		}
+		return res, bk
+	}
+	slot := func(r fleetrate.Result) time.Time { return r.At.Add(r.Wait) }
+	iv := time.Duration(lim.Interval())
+
+	_, first := reserve(2) // the whole burst, now
+	second, secondBk := reserve(1)
+	// first has a booking after it: cancelling it must give nothing back.
+	if err := s.Cancel(ctx, b, 2, first); err != nil {
+		t.Fatal(err)
+	}
+	third, thirdBk := reserve(1)
+	if got, want := slot(third), slot(second).Add(iv); !got.Equal(want) {
+		t.Fatalf("after cancelling a booking that a later one relies on, the next slot is %v, want %v (one interval after the later one)", got, want)
+	}
+	// third is the latest: cancelling it frees its slot for the next one.
+	if err := s.Cancel(ctx, b, 1, thirdBk); err != nil {
+		t.Fatal(err)
+	}
+	fourth, _ := reserve(1)
+	if !slot(fourth).Equal(slot(third)) {
+		t.Fatalf("after cancelling the latest booking the next slot is %v, want its slot %v", slot(fourth), slot(third))
+	}
+	// Cancelling second now gives nothing back (fourth relies on it).
+	if err := s.Cancel(ctx, b, 1, secondBk); err != nil {
+		t.Fatal(err)
+	}
+	fifth, _ := reserve(1)
+	if got, want := slot(fifth), slot(fourth).Add(iv); !got.Equal(want) {
+		t.Fatalf("after cancelling a relied-on booking the next slot is %v, want %v", got, want)
+	}
+	// A booking that does not match the buckets is an error, not a guess.
+	if err := s.Cancel(ctx, b, 1, fleetrate.Booking{Stamp: 1}); !errors.Is(err, fleetrate.ErrInvalid) {
+		t.Fatalf("cancel with an empty booking: %v, want ErrInvalid", err)
+	}
+	if err := s.Cancel(ctx, b, -1, secondBk); !errors.Is(err, fleetrate.ErrInvalid) {
+		t.Fatalf("cancel of -1 tokens: %v, want ErrInvalid", err)
+	}
+}
+
+// cancelSeveralBuckets checks that each bucket of a cancelled booking is
+// handled on its own: the one booked again since keeps the tokens, the
+// other gets them back.
+func cancelSeveralBuckets(t *testing.T, s fleetrate.Store, key func(string) string) {
+	ctx := context.Background()
+	lim := fleetrate.Every(10*time.Second, 1)
+	ep := fleetrate.Bucket{Key: key("{cs}/endpoint"), Limits: []fleetrate.Limit{lim}}
+	cred := fleetrate.Bucket{Key: key("{cs}"), Limits: []fleetrate.Limit{lim}}
+	var bk fleetrate.Booking
+	both := []fleetrate.Bucket{ep, cred}
+	if res := mustTake(t, s, fleetrate.Request{Buckets: both, N: 1, MaxWait: time.Minute, Booking: &bk}); !res.Allowed || len(bk.Debts) != 2 {
+		t.Fatalf("take of both: %+v, booking %+v", res, bk)
+	}
+	// A later booking on the credential alone relies on the first one.
+	later := mustTake(t, s, one(cred.Key, 1, time.Minute, lim))
+	if !later.Allowed {
+		t.Fatalf("later booking: %+v", later)
+	}
+	if err := s.Cancel(ctx, both, 1, bk); err != nil {
+		t.Fatal(err)
+	}
+	if res := mustTake(t, s, one(ep.Key, 1, 0, lim)); !res.Allowed {
+		t.Fatalf("the endpoint had no later booking and should have its token back: %+v", res)
+	}
+	next := mustTake(t, s, one(cred.Key, 1, time.Minute, lim))
+	if got, want := next.At.Add(next.Wait), later.At.Add(later.Wait).Add(time.Duration(lim.Interval())); !got.Equal(want) {
+		t.Fatalf("the credential gave back a token a later booking relies on: next slot %v, want %v", got, want)
+	}
+}
+
 func concurrentExact(t *testing.T, s fleetrate.Store, key func(string) string) {
 	lim := fleetrate.Every(time.Hour, 100)
 	k := key("cc")
@@ -374,9 +503,9 @@ func matchesModel(t *testing.T, s fleetrate.Store, key func(string) string) {
 		{Key: key("{m}/b"), Limits: []fleetrate.Limit{fleetrate.PerSecond(700, 3), fleetrate.PerSecond(3, 7)}},
 		{Key: key("{m}/c"), Limits: []fleetrate.Limit{fleetrate.PerSecond(1e6, 4), fleetrate.PerSecond(333, 9)}},
 	}
-	model := map[string]*fleetrate.BucketState{}
+	model := map[string]*gcra.State{}
 	for _, b := range buckets {
-		model[b.Key] = &fleetrate.BucketState{}
+		model[b.Key] = &gcra.State{}
 	}
 	pick := func() []fleetrate.Bucket {
 		out := []fleetrate.Bucket{}
@@ -390,27 +519,65 @@ func matchesModel(t *testing.T, s fleetrate.Store, key func(string) string) {
 		}
 		return out
 	}
+	type booking struct {
+		bs []fleetrate.Bucket
+		n  int64
+		b  fleetrate.Booking
+	}
+	var bookings []booking
 	for step := range 300 {
 		bs := pick()
-		switch op := rng.IntN(10); {
+		switch op := rng.IntN(12); {
 		case op < 7:
 			req := fleetrate.Request{Buckets: bs, N: rng.Int64N(4), MaxWait: time.Duration(rng.Int64N(int64(20 * time.Millisecond)))}
 			if rng.IntN(3) == 0 {
 				req.MaxWait = 0
 			}
-			got := mustTake(t, s, req)
-			states := make([]fleetrate.BucketState, len(bs))
+			var got, want fleetrate.Booking
+			if rng.IntN(2) == 0 {
+				req.Booking = &got
+			}
+			res := mustTake(t, s, req)
+			states := make([]gcra.State, len(bs))
 			for i, b := range bs {
 				states[i] = cloneState(*model[b.Key])
 			}
-			want, _ := fleetrate.Decide(got.At.UnixMicro(), req, states)
+			mreq := req
+			if req.Booking != nil {
+				mreq.Booking = &want
+			}
+			wantRes, _ := gcra.Decide(res.At.UnixMicro(), mreq, states)
 			for i, b := range bs {
 				*model[b.Key] = states[i]
 			}
-			if got != want {
-				t.Fatalf("step %d: store decided\n%+v\nmodel decided\n%+v", step, got, want)
+			if res != wantRes {
+				t.Fatalf("step %d: store decided\n%+v\nmodel decided\n%+v", step, res, wantRes)
 			}
-		case op < 8:
+			if got.Stamp != want.Stamp || !slices.Equal(got.Debts, want.Debts) {
+				t.Fatalf("step %d: store booked %+v, model booked %+v", step, got, want)
+			}
+			if len(got.Debts) > 0 {
+				bookings = append(bookings, booking{bs, req.N, got})
+			}
+		case op < 9:
+			if len(bookings) == 0 || reader == nil {
+				continue
+			}
+			i := rng.IntN(len(bookings))
+			bk := bookings[i]
+			bookings = slices.Delete(bookings, i, i+1)
+			if err := s.Cancel(ctx, bk.bs, bk.n, bk.b); err != nil {
+				t.Fatal(err)
+			}
+			off := 0
+			for _, b := range bk.bs {
+				m := len(b.Limits)
+				syncModel(t, reader, b, model[b.Key], func(now int64, st *gcra.State) {
+					gcra.Cancel(now, b.Limits, st, bk.n, bk.b.Stamp, bk.b.Debts[off:off+m])
+				})
+				off += m
+			}
+		case op < 10:
 			n := rng.Int64N(3)
 			if err := s.Refund(ctx, bs, n); err != nil {
 				t.Fatal(err)
@@ -419,8 +586,8 @@ func matchesModel(t *testing.T, s fleetrate.Store, key func(string) string) {
 				return // the model can't follow without the store's time
 			}
 			for _, b := range bs {
-				syncModel(t, reader, b, model[b.Key], func(now int64, st *fleetrate.BucketState) {
-					fleetrate.Refund(now, b.Limits, st, n)
+				syncModel(t, reader, b, model[b.Key], func(now int64, st *gcra.State) {
+					gcra.Refund(now, b.Limits, st, n)
 				})
 			}
 		default:
@@ -432,8 +599,8 @@ func matchesModel(t *testing.T, s fleetrate.Store, key func(string) string) {
 				return
 			}
 			for _, b := range bs {
-				syncModel(t, reader, b, model[b.Key], func(now int64, st *fleetrate.BucketState) {
-					fleetrate.Drain(now, b.Limits, st, d)
+				syncModel(t, reader, b, model[b.Key], func(now int64, st *gcra.State) {
+					gcra.Drain(now, b.Limits, st, d)
 				})
 			}
 		}
@@ -447,14 +614,14 @@ func matchesModel(t *testing.T, s fleetrate.Store, key func(string) string) {
 
 // syncModel applies op to the model at the time the store stamped the
 // bucket it wrote. A bucket the store deleted was left full.
-func syncModel(t *testing.T, r StateReader, b fleetrate.Bucket, m *fleetrate.BucketState, op func(int64, *fleetrate.BucketState)) {
+func syncModel(t *testing.T, r StateReader, b fleetrate.Bucket, m *gcra.State, op func(int64, *gcra.State)) {
 	t.Helper()
 	st, ok, err := r.State(context.Background(), b.Key)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !ok {
-		*m = fleetrate.BucketState{}
+		*m = gcra.State{}
 		return
 	}
 	op(st.Stamp, m)
@@ -465,7 +632,7 @@ func syncModel(t *testing.T, r StateReader, b fleetrate.Bucket, m *fleetrate.Buc
 // a bucket once it has refilled, so an absent bucket only has to be one
 // the model says is full by now (with a second of slack for the store's
 // clock).
-func compareState(t *testing.T, step int, r StateReader, b fleetrate.Bucket, m fleetrate.BucketState) {
+func compareState(t *testing.T, step int, r StateReader, b fleetrate.Bucket, m gcra.State) {
 	t.Helper()
 	st, ok, err := r.State(context.Background(), b.Key)
 	if err != nil {
@@ -473,7 +640,7 @@ func compareState(t *testing.T, step int, r StateReader, b fleetrate.Bucket, m f
 	}
 	m = cloneState(m)
 	if !ok {
-		m.Elapse(max(m.Stamp, time.Now().Add(time.Second).UnixMicro()), len(b.Limits))
+		m.Elapse(max(m.Stamp, time.Now().Add(time.Second).UnixMicro()), b.Limits)
 		for _, d := range m.Debts {
 			if d != 0 {
 				t.Fatalf("step %d: bucket %q: store dropped it, model debts %v", step, b.Key, m.Debts)
@@ -483,13 +650,13 @@ func compareState(t *testing.T, step int, r StateReader, b fleetrate.Bucket, m f
 	}
 	st = cloneState(st)
 	now := max(st.Stamp, m.Stamp)
-	st.Elapse(now, len(b.Limits))
-	m.Elapse(now, len(b.Limits))
+	st.Elapse(now, b.Limits)
+	m.Elapse(now, b.Limits)
 	if !slices.Equal(st.Debts, m.Debts) {
 		t.Fatalf("step %d: bucket %q: store debts %v, model debts %v (at %d)", step, b.Key, st.Debts, m.Debts, now)
 	}
 }
 
-func cloneState(s fleetrate.BucketState) fleetrate.BucketState {
-	return fleetrate.BucketState{Stamp: s.Stamp, Debts: slices.Clone(s.Debts)}
+func cloneState(s gcra.State) gcra.State {
+	return gcra.State{Stamp: s.Stamp, Debts: slices.Clone(s.Debts), Fills: slices.Clone(s.Fills)}
 }

@@ -445,15 +445,19 @@ func (t *Transport) wait(ctx context.Context, tg Target, attrs []slog.Attr) erro
 	if len(bs) > 1 {
 		horizon = min(horizon, lookahead(bs))
 	}
+	// The error reports the wait budget that was left, not the whole
+	// max wait: that is what the wait exceeded.
 	backpressure := func(retryAfter time.Duration, res fleetrate.Result) error {
-		return t.waitFailed(ctx, tg, attrs, &fleetrate.BackpressureError{RetryAfter: retryAfter, MaxWait: maxWait, Result: res})
+		left := max(maxWait-time.Since(start), 0)
+		return t.waitFailed(ctx, tg, attrs, &fleetrate.BackpressureError{RetryAfter: retryAfter, MaxWait: left, Result: res})
 	}
+	var booking fleetrate.Booking
 	for {
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("transport: %s/%s: %w", tg.Channel, tg.Endpoint, err)
 		}
 		remaining := max(maxWait-time.Since(start), 0)
-		req := fleetrate.Request{Buckets: bs, N: n, MaxWait: min(remaining, horizon)}
+		req := fleetrate.Request{Buckets: bs, N: n, MaxWait: min(remaining, horizon), Booking: &booking}
 		if err := req.Validate(); err != nil {
 			return fmt.Errorf("transport: %s/%s: %w", tg.Channel, tg.Endpoint, err)
 		}
@@ -481,19 +485,12 @@ func (t *Transport) wait(ctx context.Context, tg Target, attrs []slog.Attr) erro
 			return nil
 		}
 		if err := sleep(ctx, d); err != nil {
+			// Give the booking back: only what no later booking relies on
+			// returns, and nothing while a 429's drain has moved the
+			// bucket on (the drain has absorbed the booking), so a cancel
+			// never shortens a pause or grants a slot twice.
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeTimeout)
-			// A refund subtracts from the bucket's debt. While a 429's pause
-			// is in force that debt is the drain itself, so a refund would
-			// shorten the pause for the whole fleet: then the booking is
-			// left to the drain, which has absorbed it.
-			paused := false
-			if ps := t.pauses(tg); len(ps) > 0 {
-				p, perr := t.lim.Peek(rctx, ps...)
-				paused = perr != nil || !p.Allowed
-			}
-			if !paused {
-				_ = store.Refund(rctx, bs, n)
-			}
+			_ = store.Cancel(rctx, bs, n, booking)
 			cancel()
 			return fmt.Errorf("transport: %s/%s: waiting for the bucket: %w", tg.Channel, tg.Endpoint, err)
 		}

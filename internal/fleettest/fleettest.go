@@ -1,6 +1,15 @@
-// Package fleettest runs the guarantee fleetrate exists for: several OS
-// processes, each with many goroutines, share one bucket on a real Redis,
-// and together never take more than burst + rate × window in any window.
+// Package fleettest runs the guarantee fleetrate exists for, where callers
+// act: several OS processes, each with many goroutines, share buckets on a
+// real Redis, and together never act more than burst + rate × window times
+// in any window.
+//
+// Every worker goroutine records two instants for each token it uses: the
+// slot the library booked (the store's decision time plus the booked wait,
+// on Redis's clock) and the moment the caller acts, read from its own
+// clock right after its wait returns. All processes run on one machine, so
+// they share one wall clock with Redis. The slots must meet the bound
+// exactly; the acts must meet it within the timer noise measured in the
+// same run (how late callers woke, which the report gives).
 //
 // A test package that uses Run must call Main from its TestMain, so that
 // the test binary can re-execute itself as a worker process.
@@ -12,20 +21,21 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"math/big"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetrate/fleetrate"
-	"github.com/fleetrate/fleetrate/internal/redistest"
 	"github.com/fleetrate/fleetrate/lease"
 	"github.com/fleetrate/fleetrate/redisstore"
 )
@@ -43,49 +53,95 @@ type Options struct {
 	// Batch turns on redisstore's Batch in every worker.
 	Batch bool
 	// Lease, when not zero, wraps every worker's store in a lease.Store
-	// of that many tokens, each lease spendable for LeaseMaxAge. Script
-	// calls are then all counted (a lease serves Allow too).
+	// of that many tokens, each lease spendable for LeaseMaxAge.
 	Lease       int64
 	LeaseMaxAge time.Duration
 	// Processes and Goroutines size the fleet (defaults 4 and 16).
 	Processes, Goroutines int
-	// Duration is how long each worker keeps taking (default 3 s).
+	// Duration is how long each worker keeps taking (default 2 s).
 	Duration time.Duration
 	// Limit is the shared bucket's limit.
 	Limit fleetrate.Limit
+	// Endpoints, when not zero, makes every take an atomic take of two
+	// buckets: one of Endpoints endpoint buckets (each with EndpointLimit)
+	// and the credential-wide bucket Key (with Limit), as an outbound
+	// transport takes them.
+	Endpoints     int
+	EndpointLimit fleetrate.Limit
 	// AllowEvery makes every AllowEvery-th goroutine use Allow (polling on
 	// RetryAfter) instead of Wait; 0 means all wait.
 	AllowEvery int
-	// Skews are local clock offsets given to the workers' Limiters, round
-	// robin over processes.
-	Skews []time.Duration
+	// MaxCost, when above 1, gives each take a random cost from 1 to
+	// MaxCost.
+	MaxCost int64
+	// Deadlines gives every Wait a context with a random deadline between
+	// 0 and 2 × the limiter's max wait.
+	Deadlines bool
+	// CancelFrac is the fraction of takes that are given back while they
+	// are still queued: half of them as a Reservation cancelled before its
+	// slot, half as a WaitN whose context is cancelled before its slot.
+	CancelFrac float64
+	// ChangeTo, when its rate is set, is the bucket's limit from the
+	// middle of the run on: every worker switches at the same instant, as
+	// a fleet does on a reload.
+	ChangeTo fleetrate.Limit
 	// Key is the bucket name; the default is unique per run.
 	Key string
 	// StartAt is when every worker starts taking, set by Run so that the
 	// fleet starts together, connections already open.
 	StartAt time.Time
+	// Seed seeds the workers' random choices (each adds its process).
+	Seed  uint64
+	Index int // the worker's process number, set by Run
 }
 
-// Grant is one granted take, timed on the store's clock.
+// Grant is one token use: where the library put it and when the caller
+// acted on it.
 type Grant struct {
-	At     int64 // ns since the epoch: the store's decision time plus the booked wait
-	Booked int64 // ns: the store's decision time
+	// Slot is the store's decision time plus the booked wait (ns since
+	// the epoch, Redis's clock).
+	Slot int64
+	// Act is when the caller acted: the wall clock read right after its
+	// wait returned (ns since the epoch, the same machine's clock).
+	Act int64
+	// Booked is the store's decision time (ns since the epoch).
+	Booked int64
 	N      int64
 	Wait   bool
+	// Endpoint is the endpoint bucket of a two-bucket take, or -1.
+	Endpoint int
+	// Phase is 1 for a take decided after ChangeTo took effect, else 0.
+	Phase int
 }
 
 // Report is what a run measured.
 type Report struct {
-	Grants     []Grant // sorted by At
+	Grants     []Grant // sorted by Slot
 	WaitGrants int
-	WaitCalls  int64 // Redis calls made by waiting goroutines
-	Errors     []string
-	Span       time.Duration
+	// Cancelled counts the bookings given back before their slot.
+	Cancelled int
+	// ScriptCalls counts, from the server's INFO commandstats, every
+	// script call of the run (takes, cancels, refunds).
+	ScriptCalls int64
+	Errors      []string
+	Span        time.Duration
+	// Lateness is how late callers acted after their slot: its quantiles
+	// and extremes measure the run's timer noise.
+	Lateness Quantiles
+}
+
+// Quantiles summarise a set of durations.
+type Quantiles struct {
+	Min, P50, P99, Max time.Duration
+}
+
+func (q Quantiles) String() string {
+	return fmt.Sprintf("min %v p50 %v p99 %v max %v", q.Min, q.P50, q.P99, q.Max)
 }
 
 type workerOut struct {
 	Grants    []Grant
-	WaitCalls int64
+	Cancelled int
 	Errors    []string
 }
 
@@ -118,16 +174,21 @@ func Run(t testing.TB, o Options) Report {
 		o.Goroutines = 16
 	}
 	if o.Duration == 0 {
-		o.Duration = 3 * time.Second
+		o.Duration = 2 * time.Second
 	}
 	if o.Key == "" {
 		o.Key = fmt.Sprintf("{fleet}/%d", time.Now().UnixNano())
 	}
+	if o.Seed == 0 {
+		o.Seed = uint64(time.Now().UnixNano())
+	}
+	t.Logf("fleet seed %d", o.Seed)
 	o.StartAt = time.Now().Add(1500 * time.Millisecond)
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
+	callsBefore := scriptCalls(t, o)
 	var (
 		mu  sync.Mutex
 		rep Report
@@ -135,10 +196,7 @@ func Run(t testing.TB, o Options) Report {
 	)
 	for p := range o.Processes {
 		wo := o
-		wo.Skews = nil
-		if len(o.Skews) > 0 {
-			wo.Skews = []time.Duration{o.Skews[p%len(o.Skews)]}
-		}
+		wo.Index = p
 		spec, _ := json.Marshal(wo)
 		cmd := exec.Command(exe, "-test.run=^$")
 		cmd.Env = append(os.Environ(), workerEnv+"="+string(spec))
@@ -162,53 +220,112 @@ func Run(t testing.TB, o Options) Report {
 				return
 			}
 			rep.Grants = append(rep.Grants, out.Grants...)
-			rep.WaitCalls += out.WaitCalls
+			rep.Cancelled += out.Cancelled
 			rep.Errors = append(rep.Errors, out.Errors...)
 		})
 	}
 	wg.Wait()
+	rep.ScriptCalls = scriptCalls(t, o) - callsBefore
 	slices.SortFunc(rep.Grants, func(a, b Grant) int {
-		if a.At != b.At {
-			return int(a.At - b.At)
+		if a.Slot != b.Slot {
+			return cmpInt(a.Slot, b.Slot)
 		}
-		return int(a.Booked - b.Booked)
+		return cmpInt(a.Booked, b.Booked)
 	})
+	late := make([]time.Duration, 0, len(rep.Grants))
 	for _, g := range rep.Grants {
 		if g.Wait {
 			rep.WaitGrants++
 		}
+		late = append(late, time.Duration(g.Act-g.Slot))
 	}
 	if n := len(rep.Grants); n > 1 {
-		rep.Span = time.Duration(rep.Grants[n-1].At - rep.Grants[0].At)
+		rep.Span = time.Duration(rep.Grants[n-1].Slot - rep.Grants[0].Slot)
+		slices.Sort(late)
+		rep.Lateness = Quantiles{Min: late[0], P50: late[n/2], P99: late[n*99/100], Max: late[n-1]}
 	}
 	return rep
 }
 
-// countKey marks the context of a waiting goroutine's take, whose script
-// calls the fleet counts (connection handshakes are not decisions).
-type countKey struct{}
-
-func newClient(o Options, calls *atomic.Int64) redis.UniversalClient {
-	var c redis.UniversalClient
-	if o.Cluster {
-		c = redis.NewClusterClient(&redis.ClusterOptions{Addrs: o.Addrs, PoolSize: o.Goroutines + 4})
-	} else {
-		c = redis.NewClient(&redis.Options{Addr: o.Addrs[0], PoolSize: o.Goroutines + 4})
+func cmpInt(a, b int64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
 	}
-	counter := redistest.ScriptCounter{N: calls}
-	if !o.Fold && !o.Batch && o.Lease == 0 {
-		// Shared calls belong to no caller's context: count them all.
-		counter.Only = func(ctx context.Context) bool { return ctx.Value(countKey{}) != nil }
-	}
-	c.AddHook(counter)
-	return c
+	return 0
 }
 
+// scriptCalls sums the script calls (EVAL, EVALSHA and their read-only
+// forms) that the fleet's Redis servers have served, from INFO
+// commandstats: what the server saw, not what a client hook counted.
+func scriptCalls(t testing.TB, o Options) int64 {
+	t.Helper()
+	var total int64
+	for _, addr := range o.Addrs {
+		c := redis.NewClient(&redis.Options{Addr: addr})
+		info, err := c.Info(context.Background(), "commandstats").Result()
+		_ = c.Close()
+		if err != nil {
+			t.Fatalf("INFO commandstats on %s: %v", addr, err)
+		}
+		for line := range strings.SplitSeq(info, "\n") {
+			name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+			if !ok || !slices.Contains([]string{"cmdstat_eval", "cmdstat_evalsha", "cmdstat_eval_ro", "cmdstat_evalsha_ro"}, name) {
+				continue
+			}
+			for kv := range strings.SplitSeq(rest, ",") {
+				if v, ok := strings.CutPrefix(kv, "calls="); ok {
+					n, _ := strconv.ParseInt(v, 10, 64)
+					total += n
+				}
+			}
+		}
+	}
+	return total
+}
+
+func newClient(o Options) redis.UniversalClient {
+	if o.Cluster {
+		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: o.Addrs, PoolSize: o.Goroutines + 4})
+	}
+	return redis.NewClient(&redis.Options{Addr: o.Addrs[0], PoolSize: o.Goroutines + 4})
+}
+
+// limiters returns the worker's Limiter for the run's first limit and, when
+// the limit changes, for the second; both over the same store.
+func limiters(o Options, store fleetrate.Store) ([2]*fleetrate.Limiter, error) {
+	var out [2]*fleetrate.Limiter
+	for i, l := range []fleetrate.Limit{o.Limit, o.ChangeTo} {
+		if l.Rate == 0 {
+			out[i] = out[0]
+			continue
+		}
+		cfg := fleetrate.Config{
+			Buckets: []fleetrate.BucketConfig{{Name: o.Key, Limits: []fleetrate.Limit{l}}},
+			MaxWait: 2 * time.Second,
+		}
+		for e := range o.Endpoints {
+			cfg.Buckets = append(cfg.Buckets, fleetrate.BucketConfig{Name: endpoint(o.Key, e), Limits: []fleetrate.Limit{o.EndpointLimit}})
+		}
+		lim, err := fleetrate.New(store, cfg)
+		if err != nil {
+			return out, err
+		}
+		out[i] = lim
+	}
+	return out, nil
+}
+
+// endpoint names endpoint bucket e of the credential key (on its Cluster
+// slot).
+func endpoint(key string, e int) string { return fmt.Sprintf("%s/endpoint%d", key, e) }
+
 // work is one worker process: o.Goroutines goroutines taking from the
-// shared bucket until o.Duration has passed.
+// shared buckets until o.Duration has passed.
 func work(o Options) workerOut {
-	var calls atomic.Int64
-	c := newClient(o, &calls)
+	c := newClient(o)
 	defer c.Close()
 	shared, err := redisstore.New(c, redisstore.Options{Timeout: 5 * time.Second, FoldHotKeys: o.Fold, Batch: o.Batch})
 	if err != nil {
@@ -225,15 +342,7 @@ func work(o Options) workerOut {
 			return workerOut{Errors: []string{err.Error()}}
 		}
 	}
-	skew := time.Duration(0)
-	if len(o.Skews) > 0 {
-		skew = o.Skews[0]
-	}
-	lim, err := fleetrate.New(store, fleetrate.Config{
-		Buckets: []fleetrate.BucketConfig{{Name: o.Key, Limits: []fleetrate.Limit{o.Limit}}},
-		MaxWait: 10 * time.Second,
-		Clock:   func() time.Time { return time.Now().Add(skew) },
-	})
+	lims, err := limiters(o, store)
 	if err != nil {
 		return workerOut{Errors: []string{err.Error()}}
 	}
@@ -251,69 +360,166 @@ func work(o Options) workerOut {
 	warm.Wait()
 	time.Sleep(time.Until(o.StartAt))
 	deadline := o.StartAt.Add(o.Duration)
+	changeAt := o.StartAt.Add(o.Duration / 2)
 	for g := range o.Goroutines {
-		useAllow := o.AllowEvery > 0 && g%o.AllowEvery == 0
+		w := &goroutine{o: o, lims: lims, changeAt: changeAt, useAllow: o.AllowEvery > 0 && g%o.AllowEvery == 0,
+			rng: rand.New(rand.NewPCG(o.Seed, uint64(o.Index*1000+g)))}
 		wg.Go(func() {
-			var local []Grant
-			var errs []string
-			ctx := context.Background()
-			for time.Now().Before(deadline) {
-				if useAllow {
-					res, err := lim.Allow(ctx, o.Key)
-					if err != nil {
-						errs = append(errs, err.Error())
-						break
-					}
-					if res.Allowed {
-						local = append(local, Grant{At: res.At.UnixNano(), Booked: res.At.UnixNano(), N: 1})
-					} else {
-						time.Sleep(res.RetryAfter)
-					}
-					continue
-				}
-				res, err := lim.WaitN(context.WithValue(ctx, countKey{}, true), 1, o.Key)
-				if err != nil {
-					if !errors.Is(err, fleetrate.ErrBackpressure) {
-						errs = append(errs, err.Error())
-						break
-					}
-					continue
-				}
-				local = append(local, Grant{At: res.At.UnixNano() + int64(res.Wait), Booked: res.At.UnixNano(), N: 1, Wait: true})
+			for time.Now().Before(deadline) && w.step() {
 			}
 			mu.Lock()
-			out.Grants = append(out.Grants, local...)
-			out.Errors = append(out.Errors, errs...)
+			out.Grants = append(out.Grants, w.grants...)
+			out.Cancelled += w.cancelled
+			out.Errors = append(out.Errors, w.errs...)
 			mu.Unlock()
 		})
 	}
 	wg.Wait()
-	out.WaitCalls = calls.Load()
 	return out
 }
 
-// CheckWindows verifies that in every window between two grants the tokens
-// granted are at most burst + rate × window, with no slack. It returns the
-// first violation.
-func CheckWindows(grants []Grant, l fleetrate.Limit) error {
-	return CheckWindowsSlack(grants, l, 0)
+// goroutine is one caller of a worker process.
+type goroutine struct {
+	o         Options
+	lims      [2]*fleetrate.Limiter
+	changeAt  time.Time
+	useAllow  bool
+	rng       *rand.Rand
+	grants    []Grant
+	cancelled int
+	errs      []string
 }
 
-// CheckWindowsSlack is CheckWindows with slack tokens allowed beyond the
-// bound in every window (the stated overshoot of a local lease).
-func CheckWindowsSlack(grants []Grant, l fleetrate.Limit, slack int64) error {
-	for i := range grants {
+// step makes one take and records what the caller did with it. It
+// reports false when the goroutine must stop.
+func (w *goroutine) step() bool {
+	phase := 0
+	if w.o.ChangeTo.Rate != 0 && !time.Now().Before(w.changeAt) {
+		phase = 1
+	}
+	lim := w.lims[phase]
+	names, ep := []string{w.o.Key}, -1
+	if w.o.Endpoints > 0 {
+		ep = w.rng.IntN(w.o.Endpoints)
+		names = []string{endpoint(w.o.Key, ep), w.o.Key}
+	}
+	n := int64(1)
+	if w.o.MaxCost > 1 {
+		n = 1 + w.rng.Int64N(w.o.MaxCost)
+	}
+	ctx := context.Background()
+	if w.useAllow {
+		res, err := lim.AllowN(ctx, n, names...)
+		if err != nil {
+			return w.fail(err)
+		}
+		if !res.Allowed {
+			time.Sleep(res.RetryAfter)
+			return true
+		}
+		slot := res.At.UnixNano()
+		w.grants = append(w.grants, Grant{Slot: slot, Act: time.Now().UnixNano(), Booked: slot, N: n, Endpoint: ep, Phase: phase})
+		return true
+	}
+	cancelled := w.o.CancelFrac > 0 && w.rng.Float64() < w.o.CancelFrac
+	if cancelled && w.rng.IntN(2) == 0 {
+		// A reservation given back before its slot.
+		r, err := lim.ReserveN(ctx, n, names...)
+		if err != nil {
+			return w.tolerate(err)
+		}
+		if d := r.Delay(); d > 0 {
+			time.Sleep(time.Duration(w.rng.Int64N(int64(d))))
+		}
+		if err := r.Cancel(ctx); err != nil {
+			return w.fail(err)
+		}
+		w.cancelled++
+		return true
+	}
+	var stop context.CancelFunc = func() {}
+	switch {
+	case cancelled:
+		// A WaitN whose context ends while it is queued.
+		ctx, stop = context.WithCancel(ctx)
+		d := time.Duration(w.rng.Int64N(int64(lim.MaxWait())))
+		t := time.AfterFunc(d, stop)
+		defer t.Stop()
+	case w.o.Deadlines:
+		d := time.Duration(w.rng.Int64N(2 * int64(lim.MaxWait())))
+		ctx, stop = context.WithTimeout(ctx, d)
+	}
+	defer stop()
+	res, err := lim.WaitN(ctx, n, names...)
+	act := time.Now().UnixNano()
+	if err != nil {
+		if cancelled && errors.Is(err, context.Canceled) {
+			w.cancelled++
+			return true
+		}
+		return w.tolerate(err)
+	}
+	slot := res.At.UnixNano() + int64(res.Wait)
+	// The slot is on Redis's clock, the deadline on this process's: one
+	// machine, one clock, but Result.At is whole microseconds.
+	if dl, ok := ctx.Deadline(); ok && slot > dl.UnixNano()+int64(time.Microsecond) {
+		w.errs = append(w.errs, fmt.Sprintf("WaitN booked a slot %v after its context's deadline", time.Duration(slot-dl.UnixNano())))
+	}
+	w.grants = append(w.grants, Grant{Slot: slot, Act: act, Booked: res.At.UnixNano(), N: n, Wait: true, Endpoint: ep, Phase: phase})
+	return true
+}
+
+// tolerate accepts what a caller of a saturated fleet meets (backpressure,
+// its own deadline or cancel) and records anything else.
+func (w *goroutine) tolerate(err error) bool {
+	if errors.Is(err, fleetrate.ErrBackpressure) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		if errors.Is(err, fleetrate.ErrStoreUnavailable) {
+			return w.fail(err) // a context error must not be an outage
+		}
+		return true
+	}
+	return w.fail(err)
+}
+
+func (w *goroutine) fail(err error) bool {
+	w.errs = append(w.errs, err.Error())
+	return false
+}
+
+// Times returns, for each grant, the instant a check reads: the slot or
+// the act.
+type Times func(Grant) int64
+
+// Slots reads the library's slots; Acts, the moments callers acted.
+var (
+	Slots Times = func(g Grant) int64 { return g.Slot }
+	Acts  Times = func(g Grant) int64 { return g.Act }
+)
+
+// CheckWindows verifies that in every window between two grants' instants
+// the tokens used are at most burst + rate × window + slack tokens. It
+// returns the largest excess over burst + rate × window it saw (0 when
+// none) and an error for the first window beyond the slack.
+func CheckWindows(grants []Grant, at Times, l fleetrate.Limit, slack float64) (worst float64, err error) {
+	g := slices.Clone(grants)
+	slices.SortFunc(g, func(a, b Grant) int { return cmpInt(at(a), at(b)) })
+	for i := range g {
 		var sum int64
-		for j := i; j < len(grants); j++ {
-			sum += grants[j].N
-			window := float64(grants[j].At-grants[i].At) / 1e9
-			if float64(sum-slack) > (float64(l.Burst)+l.Rate*window)*(1-1e-9) && exceeds(sum-slack, grants[j].At-grants[i].At, l) {
-				return fmt.Errorf("%d tokens granted in a window of %.6fs (grants %d..%d); the bound is %d + %g × window + %d = %.3f",
-					sum, window, i, j, l.Burst, l.Rate, slack, float64(l.Burst)+l.Rate*window+float64(slack))
+		for j := i; j < len(g); j++ {
+			sum += g[j].N
+			w := at(g[j]) - at(g[i])
+			excess := float64(sum) - (float64(l.Burst) + l.Rate*float64(w)/1e9)
+			if excess <= 0 || !exceeds(sum, w, l) {
+				continue
+			}
+			worst = max(worst, excess)
+			if excess > slack && err == nil {
+				err = fmt.Errorf("%d tokens used in a window of %v (grants %d..%d); the bound is %d + %g × window = %.3f, slack %.3f",
+					sum, time.Duration(w), i, j, l.Burst, l.Rate, float64(l.Burst)+l.Rate*float64(w)/1e9, slack)
 			}
 		}
 	}
-	return nil
+	return worst, err
 }
 
 // exceeds reports exactly, in rational arithmetic, whether sum tokens in
@@ -325,6 +531,17 @@ func exceeds(sum, windowNs int64, l fleetrate.Limit) bool {
 	return new(big.Rat).SetInt64(sum).Cmp(bound) > 0
 }
 
+// NoiseSlack is the tolerance, in tokens, that the run's timer noise
+// allows where callers act: a caller that woke late by the run's largest
+// lateness while another woke early by its smallest narrows a window by
+// their difference, which at rate r admits r × that difference more
+// tokens than the window's length would, plus one for the token at each
+// end.
+func NoiseSlack(rep Report, l fleetrate.Limit) float64 {
+	spread := rep.Lateness.Max - min(rep.Lateness.Min, 0)
+	return math.Ceil(l.Rate*spread.Seconds()) + 1
+}
+
 // CheckFIFO verifies that waiters were booked in decision order: a wait
 // decided later never got an earlier slot.
 func CheckFIFO(grants []Grant) error {
@@ -334,12 +551,23 @@ func CheckFIFO(grants []Grant) error {
 			waits = append(waits, g)
 		}
 	}
-	slices.SortStableFunc(waits, func(a, b Grant) int { return int(a.Booked - b.Booked) })
+	slices.SortStableFunc(waits, func(a, b Grant) int { return cmpInt(a.Booked, b.Booked) })
 	for i := 1; i < len(waits); i++ {
-		if waits[i].Booked > waits[i-1].Booked && waits[i].At < waits[i-1].At {
+		if waits[i].Booked > waits[i-1].Booked && waits[i].Slot < waits[i-1].Slot {
 			return fmt.Errorf("waiter decided at %d got slot %d, before the slot %d of one decided earlier at %d",
-				waits[i].Booked, waits[i].At, waits[i-1].At, waits[i-1].Booked)
+				waits[i].Booked, waits[i].Slot, waits[i-1].Slot, waits[i-1].Booked)
 		}
 	}
 	return nil
+}
+
+// Filter returns the grants that keep reports true.
+func Filter(grants []Grant, keep func(Grant) bool) []Grant {
+	var out []Grant
+	for _, g := range grants {
+		if keep(g) {
+			out = append(out, g)
+		}
+	}
+	return out
 }

@@ -220,6 +220,9 @@ func (failingStore) Take(context.Context, fleetrate.Request) (fleetrate.Result, 
 func (failingStore) Refund(context.Context, []fleetrate.Bucket, int64) error {
 	return errors.Join(fleetrate.ErrStoreUnavailable, errDown)
 }
+func (failingStore) Cancel(context.Context, []fleetrate.Bucket, int64, fleetrate.Booking) error {
+	return errors.Join(fleetrate.ErrStoreUnavailable, errDown)
+}
 func (failingStore) Drain(context.Context, []fleetrate.Bucket, time.Duration) error {
 	return errors.Join(fleetrate.ErrStoreUnavailable, errDown)
 }

@@ -52,6 +52,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("/v1/config", s.api(http.MethodGet, s.handleConfig))
 	mux.HandleFunc(wire.TakePath, s.api(http.MethodPost, s.storeAPI(s.handleStoreTake)))
 	mux.HandleFunc(wire.RefundPath, s.api(http.MethodPost, s.storeAPI(s.handleStoreRefund)))
+	mux.HandleFunc(wire.CancelPath, s.api(http.MethodPost, s.storeAPI(s.handleStoreCancel)))
 	mux.HandleFunc(wire.DrainPath, s.api(http.MethodPost, s.storeAPI(s.handleStoreDrain)))
 	mux.HandleFunc(wire.ResetPath, s.api(http.MethodPost, s.storeAPI(s.handleStoreReset)))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
@@ -634,6 +635,10 @@ func (s *Server) handleStoreTake(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	freq := fleetrate.Request{Buckets: wire.ToBuckets(req.Buckets), N: req.N, MaxWait: time.Duration(req.MaxWaitNS)}
+	var booked fleetrate.Booking
+	if req.Booking {
+		freq.Booking = &booked
+	}
 	if err := freq.Validate(); err != nil {
 		return err
 	}
@@ -646,7 +651,33 @@ func (s *Server) handleStoreTake(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, wire.FromResult(res))
+	out := wire.FromResult(res)
+	if len(booked.Debts) > 0 {
+		out.Booking = &wire.Booking{StampUnixMicro: booked.Stamp, DebtsNS: booked.Debts}
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+func (s *Server) handleStoreCancel(w http.ResponseWriter, r *http.Request) error {
+	var req wire.CancelRequest
+	if err := s.decodeBody(r, &req); err != nil {
+		return err
+	}
+	bs, err := s.storeBuckets(req.Buckets)
+	if err != nil {
+		return err
+	}
+	b := fleetrate.Booking{Stamp: req.Booking.StampUnixMicro, Debts: req.Booking.DebtsNS}
+	if err := fleetrate.ValidateCancel(bs, req.N, b); err != nil {
+		return err
+	}
+	ctx, cancel := s.storeCtx(r.Context())
+	defer cancel()
+	if err := s.store.Cancel(ctx, bs, req.N, b); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, wire.OK{OK: true})
 	return nil
 }
 

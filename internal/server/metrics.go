@@ -31,6 +31,7 @@ const (
 	reloadUnchanged  = "unchanged"
 	storeOpTake      = "take"
 	storeOpRefund    = "refund"
+	storeOpCancel    = "cancel"
 	storeOpDrain     = "drain"
 	storeOpReset     = "reset"
 	metricsNamespace = "fleetrate"
@@ -121,6 +122,14 @@ func (s instrumented) Refund(ctx context.Context, buckets []fleetrate.Bucket, n 
 	start := time.Now()
 	err := s.Store.Refund(ctx, buckets, n)
 	s.observe(storeOpRefund, start, err)
+	return err
+}
+
+// Cancel implements fleetrate.Store, timing the call.
+func (s instrumented) Cancel(ctx context.Context, buckets []fleetrate.Bucket, n int64, b fleetrate.Booking) error {
+	start := time.Now()
+	err := s.Store.Cancel(ctx, buckets, n, b)
+	s.observe(storeOpCancel, start, err)
 	return err
 }
 

@@ -1,8 +1,11 @@
 -- fleetrate: shared helpers, prepended to every script. They mirror the
 -- pure Go algorithm in the fleetrate package (gcra.go) line for line.
 --
--- A bucket key holds the string "<stamp_us> <debt_ns> ...": the server time
--- of the last write and one debt (ns of TAT beyond the stamp) per limit.
+-- A bucket key holds the string "<stamp_us> <debt_ns> -<fill_ns> ...": the
+-- server time of the last write and, per limit, its debt (ns of TAT beyond
+-- the stamp) and the fill time (burst x interval) of the limit it was
+-- written for, negated. A value without fill times (written by an older
+-- version) is read as it is, without conversion.
 -- Every number is an integer below 2^53, exact in Lua's doubles.
 --
 -- ARGV layout after the operation's own leading arguments: for each key, the
@@ -20,6 +23,7 @@ local TTL_SLACK_MS = 1000
 local INT = '%.0f'
 if string.format('%d', 2 ^ 52 + 1) == '4503599627370497' then INT = '%d' end
 local INT2 = INT .. ' ' .. INT
+local INT3 = INT2 .. ' ' .. INT
 
 local function now_us()
   local t = redis.call('TIME')
@@ -37,38 +41,81 @@ local function read_limits(pos)
   return lims, m, pos + 1 + 2 * m
 end
 
+-- convert returns the debt, under a limit of fill time to (ns), of a
+-- bucket that owed debt under a limit of fill time from: the part within
+-- the old fill time keeps its fraction of the bucket, the part beyond it
+-- (booked ahead) is kept as it is. Mirrors gcra.Convert, with the float
+-- operations in the same order so that both give the same integer.
+local function convert(debt, from, to)
+  if from <= 0 or debt <= 0 then return math.max(debt, 0) end
+  if debt > from then return to + (debt - from) end
+  return math.min(math.ceil(debt / from * to), to)
+end
+
 -- parse returns the debts held in raw (a bucket key's value, or false when
--- the key is missing) refilled up to now. A missing key, or one written for
--- a different number of limits, is a full bucket.
-local function parse(raw, m, now)
+-- the key is missing) refilled up to now and converted to lims (see
+-- gcra.State.Elapse). A missing key, or one written for a different number
+-- of limits, is a full bucket. The debts table also keeps the limits' fill
+-- times in d.f, which save writes beside the debts.
+local function parse(raw, lims, m, now)
   local d = {}
   if raw then
     local sp = string.find(raw, ' ', 1, true)
     local stamp = sp and tonumber(string.sub(raw, 1, sp - 1))
     local el = 0
     if stamp and now > stamp then el = math.min(now - stamp, MAX_ELAPSE_US) * 1000 end
-    local n = 0
+    local vals, n = {}, 0
     while sp do
       local nx = string.find(raw, ' ', sp + 1, true)
       n = n + 1
-      d[n] = math.max(tonumber(string.sub(raw, sp + 1, (nx or 0) - 1)) - el, 0)
+      vals[n] = tonumber(string.sub(raw, sp + 1, (nx or 0) - 1))
       sp = nx
     end
-    if n == m then return d end
-    d = {}
+    local fills = n == 2 * m
+    for i = 2, n, 2 do
+      if not fills then break end
+      fills = vals[i] < 0 and vals[i - 1] >= 0
+    end
+    if fills then
+      -- "stamp d1 -f1 d2 -f2 ...": debts with their limits' fill times.
+      local f = {}
+      for i = 1, m do
+        d[i] = math.max(vals[2 * i - 1] - el, 0)
+        f[i] = -vals[2 * i]
+        local to = lims[2 * i] * lims[2 * i - 1]
+        if f[i] ~= to then
+          d[i] = convert(d[i], f[i], to)
+          f[i] = to
+        end
+      end
+      d.f = f
+      return d
+    end
+    local legacy = n == m
+    for i = 1, n do
+      if vals[i] < 0 then legacy = false end
+    end
+    if legacy then
+      -- Written before fill times were kept: nothing to convert.
+      for i = 1, m do d[i] = math.max(vals[i] - el, 0) end
+    end
   end
-  for i = 1, m do d[i] = 0 end
+  for i = #d + 1, m do d[i] = 0 end
+  local f = {}
+  for i = 1, m do f[i] = lims[2 * i] * lims[2 * i - 1] end
+  d.f = f
   return d
 end
 
 -- load is parse for a key read now.
-local function load(key, m, now)
-  return parse(redis.call('GET', key), m, now)
+local function load(key, lims, m, now)
+  return parse(redis.call('GET', key), lims, m, now)
 end
 
--- save writes the debts with a TTL of the time until the bucket is full
--- again plus slack; a full bucket is simply deleted. absent says the key
--- was read as missing (see below).
+-- save writes the debts, each with its limit's fill time (negated, so a
+-- value is never mistaken for one without them), with a TTL of the time
+-- until the bucket is full again plus slack; a full bucket is simply
+-- deleted. absent says the key was read as missing (see below).
 local function save(key, now, d, absent)
   local mx = 0
   for i = 1, #d do
@@ -79,11 +126,12 @@ local function save(key, now, d, absent)
     return
   end
   local v
+  local f = d.f
   if #d == 1 then
-    v = string.format(INT2, now, d[1])
+    v = string.format(INT3, now, d[1], -f[1])
   else
     local parts = { string.format(INT, now) }
-    for i = 1, #d do parts[i + 1] = string.format(INT, d[i]) end
+    for i = 1, #d do parts[i + 1] = string.format(INT2, d[i], -f[i]) end
     v = table.concat(parts, ' ')
   end
   local ttl = math.ceil(mx / 1000000) + TTL_SLACK_MS

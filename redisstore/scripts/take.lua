@@ -13,7 +13,7 @@ local lims, ms, debts = {}, {}, {}
 local pos = 4
 for b = 1, #KEYS do
   lims[b], ms[b], pos = read_limits(pos)
-  debts[b] = load(KEYS[b], ms[b], now)
+  debts[b] = load(KEYS[b], lims[b], ms[b], now)
 end
 
 local out = { now, 0 }

@@ -34,12 +34,14 @@ local kpos = 0
 for t = pos, #ARGV do
   local sh = shapes[tonumber(ARGV[t])]
   local nb, ms = sh.nb, sh.ms
+  local copies = {} -- bucket -> key, for debts converted for this take alone
   for b = 1, nb do
     kpos = kpos + 1
     local key, m = KEYS[kpos], ms[b]
+    local lims = sh.lims[b]
     local d = cache[key]
     if not d then
-      d = parse(raws[kpos], m, now)
+      d = parse(raws[kpos], lims, m, now)
       d.m, d.absent = m, not raws[kpos]
       cache[key] = d
     elseif d.m ~= m then
@@ -48,13 +50,36 @@ for t = pos, #ARGV do
       -- one that booked nothing would have left the key as it is.
       if d.dirty then
         save(key, now, d, d.absent)
-        d = {}
-        for i = 1, m do d[i] = 0 end
+        d = { f = {} }
+        for i = 1, m do d[i], d.f[i] = 0, lims[2 * i] * lims[2 * i - 1] end
       else
-        d = load(key, m, now)
+        d = load(key, lims, m, now)
       end
       d.m = m
       cache[key] = d
+    else
+      for i = 1, m do
+        if d.f[i] ~= lims[2 * i] * lims[2 * i - 1] then
+          -- Other limits for the same key (another limiter's config): run
+          -- alone, this take would read what the last take that booked
+          -- wrote, or the stored value, and convert it, and keep the
+          -- conversion only if it booked.
+          if d.dirty then
+            local cp = { f = {}, m = m, absent = d.absent, dirty = true }
+            for j = 1, m do
+              local to = lims[2 * j] * lims[2 * j - 1]
+              cp[j], cp.f[j] = convert(d[j], d.f[j], to), to
+            end
+            copies[b] = key
+            d = cp
+          else
+            d = load(key, lims, m, now)
+            d.m = m
+            cache[key] = d
+          end
+          break
+        end
+      end
     end
     debts[b] = d
   end
@@ -64,7 +89,10 @@ for t = pos, #ARGV do
   local made, booked = take_all(debts, sh.lims, ms, nb, sh.n, sh.max_wait, sh.count)
   out[k] = made
   if booked then
-    for b = 1, nb do debts[b].dirty = true end
+    for b = 1, nb do
+      debts[b].dirty = true
+      if copies[b] then cache[copies[b]] = debts[b] end
+    end
   end
 end
 

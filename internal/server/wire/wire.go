@@ -20,6 +20,7 @@ import (
 const (
 	TakePath   = "/v1/store/take"
 	RefundPath = "/v1/store/refund"
+	CancelPath = "/v1/store/cancel"
 	DrainPath  = "/v1/store/drain"
 	ResetPath  = "/v1/store/reset"
 )
@@ -105,6 +106,21 @@ type TakeRequest struct {
 	Buckets   []Bucket `json:"buckets"`
 	N         int64    `json:"n"`
 	MaxWaitNS int64    `json:"max_wait_ns"`
+	// Booking asks for the take's Booking in the answer (Request.Booking).
+	Booking bool `json:"booking,omitempty"`
+}
+
+// Booking is a fleetrate.Booking.
+type Booking struct {
+	StampUnixMicro int64   `json:"stamp_unix_micro"`
+	DebtsNS        []int64 `json:"debts_ns"`
+}
+
+// CancelRequest asks for Store.Cancel.
+type CancelRequest struct {
+	Buckets []Bucket `json:"buckets"`
+	N       int64    `json:"n"`
+	Booking Booking  `json:"booking"`
 }
 
 // Result is a fleetrate.Result.
@@ -122,6 +138,9 @@ type Result struct {
 	// Degraded marks a decision a failure policy made without the shared
 	// store.
 	Degraded bool `json:"degraded,omitempty"`
+	// Booking is where a granted take left its buckets, when the request
+	// asked for it.
+	Booking *Booking `json:"booking,omitempty"`
 }
 
 // RefundRequest asks for Store.Refund.

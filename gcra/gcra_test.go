@@ -1,25 +1,25 @@
-package fleetrate
+package gcra
 
 import (
-	"errors"
-	"math"
+	"context"
 	"math/rand/v2"
 	"slices"
-	"strings"
 	"testing"
 	"time"
+
+	"github.com/fleetrate/fleetrate"
 )
 
 const sec = int64(time.Second / time.Microsecond) // one second in µs
 
-func take(b Bucket, n int64, maxWait time.Duration) Request {
-	return Request{Buckets: []Bucket{b}, N: n, MaxWait: maxWait}
+func take(b fleetrate.Bucket, n int64, maxWait time.Duration) fleetrate.Request {
+	return fleetrate.Request{Buckets: []fleetrate.Bucket{b}, N: n, MaxWait: maxWait}
 }
 
 // TestDecideTimeline pins the algorithm down on a fixed timeline.
 func TestDecideTimeline(t *testing.T) {
 	t.Parallel()
-	b := Bucket{Key: "k", Limits: []Limit{PerSecond(10, 3)}} // 100 ms per token
+	b := fleetrate.Bucket{Key: "k", Limits: []fleetrate.Limit{fleetrate.PerSecond(10, 3)}} // 100 ms per token
 	t0 := int64(1_700_000_000) * sec
 	type step struct {
 		at      int64 // µs after t0
@@ -46,8 +46,8 @@ func TestDecideTimeline(t *testing.T) {
 		{at: 10 * sec, n: 3, allowed: true, rem: 0, reset: 300 * time.Millisecond},
 		{at: 10*sec + 1, n: 0, allowed: true, rem: 0, reset: 299_999 * time.Microsecond},
 	}
-	var st []BucketState
-	st = append(st, BucketState{})
+	var st []State
+	st = append(st, State{})
 	for i, s := range steps {
 		res, _ := Decide(t0+s.at, take(b, s.n, s.maxWait), st)
 		if res.Allowed != s.allowed || res.Remaining != s.rem || res.Wait != s.wait || res.RetryAfter != s.retry || res.ResetAfter != s.reset {
@@ -61,10 +61,10 @@ func TestDecideTimeline(t *testing.T) {
 // booked at the actual grant time, so neither limit is exceeded.
 func TestMultiLimitBooksAtGrant(t *testing.T) {
 	t.Parallel()
-	fast := PerSecond(100, 1).Named("fast")
-	slow := PerSecond(1, 1).Named("slow")
-	req := Request{Buckets: []Bucket{{Key: "k", Limits: []Limit{fast, slow}}}, N: 1, MaxWait: 10 * time.Second}
-	st := []BucketState{{}}
+	fast := fleetrate.PerSecond(100, 1).Named("fast")
+	slow := fleetrate.PerSecond(1, 1).Named("slow")
+	req := fleetrate.Request{Buckets: []fleetrate.Bucket{{Key: "k", Limits: []fleetrate.Limit{fast, slow}}}, N: 1, MaxWait: 10 * time.Second}
+	st := []State{{}}
 	var grants []time.Duration
 	for range 3 {
 		res, _ := Decide(0, req, st)
@@ -83,10 +83,10 @@ func TestMultiLimitBooksAtGrant(t *testing.T) {
 
 func TestDecideDeniedNamesLimitAndBucket(t *testing.T) {
 	t.Parallel()
-	a := Bucket{Key: "a", Limits: []Limit{PerSecond(1, 10).Named("roomy")}}
-	b := Bucket{Key: "b", Limits: []Limit{PerSecond(1, 10).Named("sec"), PerPeriod(1, time.Minute).Named("minute")}}
-	st := []BucketState{{}, {}}
-	req := Request{Buckets: []Bucket{a, b}, N: 1}
+	a := fleetrate.Bucket{Key: "a", Limits: []fleetrate.Limit{fleetrate.PerSecond(1, 10).Named("roomy")}}
+	b := fleetrate.Bucket{Key: "b", Limits: []fleetrate.Limit{fleetrate.PerSecond(1, 10).Named("sec"), fleetrate.PerPeriod(1, time.Minute).Named("minute")}}
+	st := []State{{}, {}}
+	req := fleetrate.Request{Buckets: []fleetrate.Bucket{a, b}, N: 1}
 	if res, _ := Decide(0, req, st); !res.Allowed || res.Limit.Name != "minute" || res.Bucket != 1 {
 		t.Fatalf("first take: %+v", res)
 	}
@@ -102,10 +102,10 @@ func TestDecideDeniedNamesLimitAndBucket(t *testing.T) {
 
 func TestRefundAndDrain(t *testing.T) {
 	t.Parallel()
-	l := []Limit{PerSecond(10, 5)}
-	s := BucketState{}
-	req := take(Bucket{Key: "k", Limits: l}, 5, 0)
-	sts := []BucketState{s}
+	l := []fleetrate.Limit{fleetrate.PerSecond(10, 5)}
+	s := State{}
+	req := take(fleetrate.Bucket{Key: "k", Limits: l}, 5, 0)
+	sts := []State{s}
 	Decide(0, req, sts)
 	Refund(0, l, &sts[0], 3)
 	if rem, _, _ := status(l, sts[0].Debts); rem != 3 {
@@ -122,12 +122,12 @@ func TestRefundAndDrain(t *testing.T) {
 		t.Fatalf("huge refund: debts %v, want a full bucket", sts[0].Debts)
 	}
 	Drain(0, l, &sts[0], 2*time.Second)
-	res, _ := Decide(sec, take(Bucket{Key: "k", Limits: l}, 1, 0), sts)
+	res, _ := Decide(sec, take(fleetrate.Bucket{Key: "k", Limits: l}, 1, 0), sts)
 	if res.Allowed || res.RetryAfter != time.Second+100*time.Millisecond {
 		t.Fatalf("during drain: %+v", res)
 	}
 	// Right after the drain ends the bucket is empty and refills at rate.
-	res, _ = Decide(2*sec+100_000, take(Bucket{Key: "k", Limits: l}, 1, 0), sts)
+	res, _ = Decide(2*sec+100_000, take(fleetrate.Bucket{Key: "k", Limits: l}, 1, 0), sts)
 	if !res.Allowed || res.Remaining != 0 {
 		t.Fatalf("after drain: %+v", res)
 	}
@@ -135,87 +135,10 @@ func TestRefundAndDrain(t *testing.T) {
 
 func TestElapseClockBackwards(t *testing.T) {
 	t.Parallel()
-	s := BucketState{Stamp: 10 * sec, Debts: []int64{5e8}}
-	s.Elapse(9*sec, 1)
+	s := State{Stamp: 10 * sec, Debts: []int64{5e8}}
+	s.Elapse(9*sec, []fleetrate.Limit{fleetrate.PerSecond(10, 5)})
 	if s.Debts[0] != 5e8 {
 		t.Fatalf("clock going backwards changed debt: %v", s.Debts)
-	}
-}
-
-func TestLimitValidate(t *testing.T) {
-	t.Parallel()
-	cases := []struct {
-		name string
-		l    Limit
-		want string
-	}{
-		{"zero rate", Limit{Rate: 0, Burst: 1}, "rate must be positive and finite, got 0"},
-		{"negative rate", Limit{Rate: -1, Burst: 1}, "got -1"},
-		{"nan", Limit{Rate: math.NaN(), Burst: 1}, "got NaN"},
-		{"inf", Limit{Rate: math.Inf(1), Burst: 1}, "got +Inf"},
-		{"too fast", Limit{Rate: 2e9, Burst: 1}, "rate must be at most"},
-		{"burst 0", Limit{Rate: 1, Burst: 0}, "burst must be at least 1, got 0"},
-		{"fill too long", Limit{Rate: 1.0 / 3600, Burst: 10000}, "time to fill"},
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			err := c.l.Validate()
-			if err == nil || !strings.Contains(err.Error(), c.want) {
-				t.Fatalf("Validate() = %v, want error containing %q", err, c.want)
-			}
-		})
-	}
-	for _, ok := range []Limit{PerSecond(1e6, 1), PerSecond(1e9, 1), Every(time.Hour, 24), PerPeriod(100, time.Minute)} {
-		if err := ok.Validate(); err != nil {
-			t.Errorf("%v: %v", ok, err)
-		}
-	}
-}
-
-func TestInterval(t *testing.T) {
-	t.Parallel()
-	cases := []struct {
-		l    Limit
-		want int64
-	}{
-		{PerSecond(1e6, 1), 1000},
-		{PerSecond(3, 1), 333_333_334},
-		{PerPeriod(100, time.Minute), 600_000_000},
-		{Every(time.Hour, 1), int64(time.Hour)},
-		{PerSecond(7e5, 1), 1429},
-		{PerSecond(1e9, 1), 1},
-	}
-	for _, c := range cases {
-		if got := c.l.Interval(); got != c.want {
-			t.Errorf("%v interval = %d, want %d", c.l, got, c.want)
-		}
-	}
-	// Whatever the rate, the interval never grants faster than it.
-	for _, l := range []Limit{PerPeriod(7, 60*24*time.Hour), PerSecond(1.0/3, 1), PerSecond(999_999.7, 1), PerPeriod(13, time.Hour)} {
-		if iv := l.Interval(); float64(time.Second)/float64(iv) > l.Rate {
-			t.Errorf("%v: interval %d ns grants %v/s, faster than the rate", l, iv, float64(time.Second)/float64(iv))
-		}
-	}
-}
-
-func TestRequestValidate(t *testing.T) {
-	t.Parallel()
-	b := Bucket{Key: "k", Limits: []Limit{PerSecond(1, 2)}}
-	if err := (Request{Buckets: []Bucket{b}, N: 3}).Validate(); !errors.Is(err, ErrBurstExceeded) {
-		t.Fatalf("n > burst: %v", err)
-	}
-	if err := (Request{Buckets: []Bucket{b}, N: -1}).Validate(); !errors.Is(err, ErrInvalid) {
-		t.Fatalf("n < 0: %v", err)
-	}
-	if err := (Request{Buckets: []Bucket{b, b}, N: 1}).Validate(); !errors.Is(err, ErrInvalid) {
-		t.Fatalf("duplicate key: %v", err)
-	}
-	split := []Bucket{{Prefix: "a", Key: "bc", Limits: b.Limits}, {Prefix: "ab", Key: "c", Limits: b.Limits}}
-	if err := (Request{Buckets: split, N: 1}).Validate(); !errors.Is(err, ErrInvalid) {
-		t.Fatalf("the same store key split two ways: %v", err)
-	}
-	if err := (Request{Buckets: []Bucket{{Key: "", Limits: b.Limits}}}).Validate(); err == nil || !strings.Contains(err.Error(), "buckets[0].key") {
-		t.Fatalf("empty key: %v", err)
 	}
 }
 
@@ -226,9 +149,9 @@ func TestWindowBound(t *testing.T) {
 	t.Parallel()
 	rng := rand.New(rand.NewPCG(1, 2))
 	for trial := range 50 {
-		lim := PerSecond(float64(1+rng.IntN(1000)), int64(1+rng.IntN(50)))
-		b := Bucket{Key: "k", Limits: []Limit{lim}}
-		st := []BucketState{{}}
+		lim := fleetrate.PerSecond(float64(1+rng.IntN(1000)), int64(1+rng.IntN(50)))
+		b := fleetrate.Bucket{Key: "k", Limits: []fleetrate.Limit{lim}}
+		st := []State{{}}
 		now := int64(0)
 		type grant struct{ at, n int64 } // at in ns
 		var grants []grant
@@ -266,78 +189,52 @@ func TestWindowBound(t *testing.T) {
 	}
 }
 
-// TestCompiledLimitFollowsChanges checks that a Limiter's cached interval
-// never outlives a change of the limit's Rate or Burst.
-func TestCompiledLimitFollowsChanges(t *testing.T) {
-	t.Parallel()
-	l := PerSecond(10, 5).compiled()
-	if l.Interval() != 100_000_000 || l.Validate() != nil {
-		t.Fatalf("compiled %v: interval %d, %v", l, l.Interval(), l.Validate())
-	}
-	l.Rate = 1000
-	if got := l.Interval(); got != 1_000_000 {
-		t.Fatalf("after changing the rate the interval is %d, want 1000000", got)
-	}
-	l.Rate = 0
-	if l.Validate() == nil {
-		t.Fatal("a compiled limit changed to rate 0 still validates")
-	}
-	l = PerSecond(10, 5).compiled()
-	l.Burst = 0
-	if l.Validate() == nil {
-		t.Fatal("a compiled limit changed to burst 0 still validates")
-	}
-	if p := PerSecond(10, 5).compiled().plain(); p != PerSecond(10, 5) {
-		t.Fatalf("plain() = %+v, want the limit as callers built it", p)
-	}
-}
-
 // TestDecideOneMatchesDecide holds the single-limit fast path to the
 // general algorithm on random limits, states and requests.
 func TestDecideOneMatchesDecide(t *testing.T) {
 	t.Parallel()
 	rng := rand.New(rand.NewPCG(1, 2))
 	for trial := range 20_000 {
-		lim := Limit{Name: "l", Rate: float64(rng.IntN(1_000_000) + 1), Burst: rng.Int64N(100) + 1}
+		lim := fleetrate.Limit{Name: "l", Rate: float64(rng.IntN(1_000_000) + 1), Burst: rng.Int64N(100) + 1}
 		if lim.Validate() != nil {
 			continue
 		}
 		if rng.IntN(2) == 0 {
-			lim = lim.compiled()
+			lim = compiled(lim)
 		}
-		b := Bucket{Key: "k", Limits: []Limit{lim}}
+		b := fleetrate.Bucket{Key: "k", Limits: []fleetrate.Limit{lim}}
 		now := int64(1_700_000_000)*sec + rng.Int64N(10*sec)
-		var st BucketState
+		var st State
 		switch rng.IntN(4) {
 		case 0: // absent
 		case 1: // limits changed
-			st = BucketState{Stamp: now - rng.Int64N(sec), Debts: []int64{1, 2}}
+			st = State{Stamp: now - rng.Int64N(sec), Debts: []int64{1, 2}}
 		default:
-			st = BucketState{Stamp: now - rng.Int64N(2*sec) + sec/2, Debts: []int64{rng.Int64N(lim.Burst*lim.Interval()*2+1) - 1000}}
+			st = State{Stamp: now - rng.Int64N(2*sec) + sec/2, Debts: []int64{rng.Int64N(lim.Burst*lim.Interval()*2+1) - 1000}}
 		}
 		n := rng.Int64N(lim.Burst + 1)
 		maxWait := time.Duration(rng.Int64N(int64(lim.FillTime()) + 1))
 		if rng.IntN(2) == 0 {
 			maxWait = 0
 		}
-		clone := func() BucketState {
-			return BucketState{Stamp: st.Stamp, Debts: append([]int64(nil), st.Debts...)}
+		clone := func() State {
+			return State{Stamp: st.Stamp, Debts: append([]int64(nil), st.Debts...)}
 		}
-		ref := []BucketState{clone()}
+		ref := []State{clone()}
 		want, wantChanged := decide(now, take(b, n, maxWait), ref)
 
-		fast := []BucketState{clone()}
+		fast := []State{clone()}
 		got, changed := Decide(now, take(b, n, maxWait), fast)
 		if got != want || changed != wantChanged || fast[0].Stamp != ref[0].Stamp || fast[0].Debts[0] != ref[0].Debts[0] {
 			t.Fatalf("trial %d: Decide %+v %v %+v, want %+v %v %+v", trial, got, changed, fast[0], want, wantChanged, ref[0])
 		}
 		one := clone()
-		res := Result{Allowed: true, Bucket: 7, Degraded: true} // overwritten
+		res := fleetrate.Result{Allowed: true, Bucket: 7, Degraded: true} // overwritten
 		changed = DecideOne(now, b.Limits, n, maxWait, &one, &res)
 		if res != want || changed != wantChanged || one.Stamp != ref[0].Stamp || one.Debts[0] != ref[0].Debts[0] {
 			t.Fatalf("trial %d: DecideOne %+v %v %+v, want %+v %v %+v", trial, res, changed, one, want, wantChanged, ref[0])
 		}
-		if got.Limit != lim.plain() {
+		if got.Limit != (fleetrate.Limit{Name: lim.Name, Rate: lim.Rate, Burst: lim.Burst}) {
 			t.Fatalf("trial %d: result limit %+v carries the cache", trial, got.Limit)
 		}
 	}
@@ -347,17 +244,41 @@ func TestDecideOneMatchesDecide(t *testing.T) {
 // limits against Decide.
 func TestDecideOneSeveralLimits(t *testing.T) {
 	t.Parallel()
-	limits := []Limit{PerSecond(10, 3).compiled(), Every(time.Minute, 5)}
+	limits := []fleetrate.Limit{compiled(fleetrate.PerSecond(10, 3)), fleetrate.Every(time.Minute, 5)}
 	now := int64(1_700_000_000) * sec
-	ref, one := []BucketState{{}}, BucketState{}
+	ref, one := []State{{}}, State{}
 	for i := range 12 {
-		req := take(Bucket{Key: "k", Limits: limits}, int64(i%3), time.Duration(i%2)*time.Minute)
+		req := take(fleetrate.Bucket{Key: "k", Limits: limits}, int64(i%3), time.Duration(i%2)*time.Minute)
 		want, wantChanged := Decide(now, req, ref)
-		var got Result
+		var got fleetrate.Result
 		changed := DecideOne(now, limits, req.N, req.MaxWait, &one, &got)
 		if got != want || changed != wantChanged || one.Stamp != ref[0].Stamp || !slices.Equal(one.Debts, ref[0].Debts) {
 			t.Fatalf("step %d: DecideOne %+v %v %+v, want %+v %v %+v", i, got, changed, one, want, wantChanged, ref[0])
 		}
 		now += 40_000
 	}
+}
+
+// capture is a Store that keeps the last request it was given.
+type capture struct {
+	fleetrate.Store
+	req fleetrate.Request
+}
+
+func (c *capture) Take(_ context.Context, req fleetrate.Request) (fleetrate.Result, error) {
+	c.req = req
+	c.req.Buckets = slices.Clone(req.Buckets) // the Limiter reuses its slice
+	return fleetrate.Result{}, nil
+}
+
+// compiled returns l as a Limiter hands it to its store, with its interval
+// cached: the hot path's limits.
+func compiled(l fleetrate.Limit) fleetrate.Limit {
+	c := &capture{}
+	lim, err := fleetrate.New(c, fleetrate.Config{Limits: []fleetrate.Limit{l}})
+	if err != nil {
+		panic(err)
+	}
+	_, _ = lim.AllowN(context.Background(), 1, "k")
+	return c.req.Buckets[0].Limits[0]
 }

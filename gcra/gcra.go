@@ -1,0 +1,348 @@
+// Package gcra is the whole token-bucket algorithm of fleetrate, for store
+// authors: what a store keeps for a bucket (State) and the pure functions
+// that decide a take, cancel a booking, refund, drain and convert a bucket
+// whose limits changed. Users of fleetrate never call it; they call
+// fleetrate.Limiter, whose Store runs these functions (package memstore
+// directly, package redisstore through Lua scripts that mirror this file
+// line for line, held to the same answers by the conformance suite in
+// package storetest and by the replay of every decision).
+//
+// Everything here is pure: time comes in as an argument (the store's clock,
+// in microseconds since the Unix epoch) and state goes out as a value.
+//
+// Each limit keeps one number, its debt: how far, in nanoseconds, its
+// theoretical arrival time (TAT) lies ahead of the bucket's stamp. A limit
+// with interval T (ns per token) and burst b has tolerance tau = b*T. At
+// time now the limit holds (tau - debt)/T tokens, so debt 0 means full and
+// debt tau means empty. This is GCRA, the exact token bucket: refill is
+// lazy (the debt shrinks by the elapsed time) and the take is one addition.
+// A whole bucket is a stamp plus one debt per limit; no floats, no drift.
+package gcra
+
+import (
+	"math"
+	"time"
+	"unsafe"
+
+	"github.com/fleetrate/fleetrate"
+)
+
+// MaxElapse is the longest time, in µs, that one refill counts: every debt
+// is at most a fill time plus the longest wait, so a longer gap refills
+// nothing more. The Lua scripts hold the same constant (MAX_ELAPSE_US); a
+// test keeps the two equal.
+const MaxElapse = int64(fleetrate.MaxFillTime+fleetrate.MaxWaitCap) / 1000
+
+// State is what a store keeps for one bucket.
+type State struct {
+	// Stamp is the store's clock, in microseconds since the Unix epoch, at
+	// which Debts were computed.
+	Stamp int64
+	// Debts holds each limit's debt in nanoseconds, in the order of the
+	// bucket's limits. Nil or a length that does not match the limits means
+	// the bucket is full (absent, or its number of limits changed).
+	Debts []int64
+	// Fills holds, for each limit, the fill time (burst × interval, ns) of
+	// the limit the debt was written for. When a limit changes (a reload, an
+	// override, another process's config), Elapse converts its debt so that
+	// the fraction of the bucket in use is kept. Nil (a state written before
+	// fills were kept, or debts a store already converted) converts nothing.
+	Fills []int64
+}
+
+// Elapse advances s to now (µs), refilling every limit by the elapsed time,
+// and converts the debt of every limit whose fill time changed (see
+// Convert). A clock that went backwards refills nothing. A state whose
+// number of debts does not match limits is replaced by a full bucket.
+func (s *State) Elapse(now int64, limits []fleetrate.Limit) {
+	m := len(limits)
+	if len(s.Debts) != m {
+		// One allocation for the debts and the fills.
+		buf := make([]int64, 2*m)
+		s.Debts, s.Fills = buf[:m:m], buf[m:]
+		for i := range limits {
+			s.Fills[i] = fill(&limits[i])
+		}
+		s.Stamp = now
+		return
+	}
+	if now > s.Stamp {
+		el := min(now-s.Stamp, MaxElapse) * 1000
+		for i, d := range s.Debts {
+			s.Debts[i] = max(d-el, 0)
+		}
+	}
+	s.Stamp = now
+	if len(s.Fills) != m {
+		return // written before fills were kept, or a store's replay of debts already converted
+	}
+	for i := range limits {
+		if f := fill(&limits[i]); s.Fills[i] != f {
+			s.Debts[i] = Convert(s.Debts[i], s.Fills[i], f)
+			s.Fills[i] = f
+		}
+	}
+}
+
+// fill is a limit's fill time in ns, burst × interval (below 2^53: see
+// fleetrate.MaxFillTime).
+func fill(l *fleetrate.Limit) int64 { return l.Burst * l.Interval() }
+
+// Convert returns the debt, under a limit of fill time to, of a bucket that
+// owed debt under a limit of fill time from. The part of the debt within
+// the old fill time is a fraction of the bucket in use and is kept as that
+// fraction, so that a key that used half of 100/day is half full under
+// 10/minute, not locked out for 12 hours; the part beyond it (tokens booked
+// ahead of an empty bucket, by waits and drains) is time already promised
+// and is kept as it is. A bucket is so never refused longer than the new
+// limit takes to refill from empty, plus what was booked ahead.
+//
+// The fraction is computed in float64 with the operations in the order of
+// the Lua mirror, so that both give the same integer, and rounded up: a
+// conversion, or a round trip between two processes configured apart,
+// never makes a token.
+func Convert(debt, from, to int64) int64 {
+	if from <= 0 || debt <= 0 {
+		return max(debt, 0)
+	}
+	if debt > from {
+		return to + (debt - from)
+	}
+	return min(int64(math.Ceil(float64(debt)/float64(from)*float64(to))), to)
+}
+
+// needs returns how long from now (ns) until n tokens conform in every
+// limit of this bucket, which may be negative, and the limit that needs the
+// longest.
+func needs(limits []fleetrate.Limit, debts []int64, n int64) (need int64, worst int) {
+	need = math.MinInt64
+	for i := range limits {
+		l := &limits[i]
+		iv := l.Interval()
+		// (Burst-n)*T first keeps every intermediate below 2^53, as the Lua
+		// mirror needs; n <= Burst is validated.
+		if w := debts[i] - (l.Burst-n)*iv; w > need {
+			need, worst = w, i
+		}
+	}
+	return need, worst
+}
+
+// book consumes n tokens in every limit for a grant that happens wait ns
+// from now. Booking every limit at the same moment keeps each limit exact
+// even when another limit delays the grant.
+func book(limits []fleetrate.Limit, debts []int64, n, wait int64) {
+	for i := range limits {
+		debts[i] = max(debts[i], wait) + n*limits[i].Interval()
+	}
+}
+
+// status reports the tokens left in the tightest limit, which limit that is,
+// and how long until every limit is full.
+func status(limits []fleetrate.Limit, debts []int64) (remaining int64, tightest int, reset int64) {
+	remaining = math.MaxInt64
+	for i := range limits {
+		l := &limits[i]
+		iv := l.Interval()
+		tokens := int64(0)
+		if left := l.Burst*iv - debts[i]; left > 0 {
+			tokens = left / iv
+		}
+		if tokens < remaining {
+			remaining, tightest = tokens, i
+		}
+		reset = max(reset, debts[i])
+	}
+	return remaining, tightest, reset
+}
+
+// plain returns l as callers see it, without a Limiter's cached fields.
+func plain(l *fleetrate.Limit) fleetrate.Limit {
+	return fleetrate.Limit{Name: l.Name, Rate: l.Rate, Burst: l.Burst}
+}
+
+// Decide applies one take of req.N tokens, all or nothing, across every
+// bucket in req at time now (the store's clock, µs since the epoch). The
+// states must be in the order of req.Buckets and are updated in place; the
+// second result reports whether they changed and must be written back.
+//
+// The take conforms when the wait until n tokens are available in every
+// limit is at most req.MaxWait. Then all limits are booked at that moment
+// and the result is allowed with Wait set; otherwise nothing changes and
+// RetryAfter says how long until the take would conform. N = 0 peeks. When
+// req.Booking is set, a granted take of N > 0 records in it where it left
+// every limit, for a later Cancel.
+//
+// Decide assumes a validated request.
+func Decide(now int64, req fleetrate.Request, states []State) (fleetrate.Result, bool) {
+	if len(req.Buckets) == 1 && len(req.Buckets[0].Limits) == 1 && req.Booking == nil {
+		var res fleetrate.Result
+		changed := decideOne(now, &req.Buckets[0].Limits[0], req.N, req.MaxWait, &states[0], &res)
+		return res, changed
+	}
+	return decide(now, req, states)
+}
+
+// DecideOne is Decide for a take from a single bucket, for a store's hot
+// path: limits are the bucket's, s its state, and the result is written
+// into *res rather than returned. It reports whether s changed. It is the
+// same as Decide(now, Request{Buckets: []Bucket{{Limits: limits}}, N: n,
+// MaxWait: maxWait}, []State{*s}) without the slices and the copies of the
+// Result. It assumes a validated request and keeps no pointer.
+func DecideOne(now int64, limits []fleetrate.Limit, n int64, maxWait time.Duration, s *State, res *fleetrate.Result) bool {
+	if len(limits) == 1 {
+		return decideOne(now, &limits[0], n, maxWait, s, res)
+	}
+	bs, states := [1]fleetrate.Bucket{{Limits: limits}}, [1]State{*s}
+	r, changed := decide(now, fleetrate.Request{Buckets: bs[:], N: n, MaxWait: maxWait}, states[:])
+	*s, *res = states[0], r
+	return changed
+}
+
+// decideOne is Decide for one bucket with one limit, the common case: the
+// same steps as decide, with the loops over buckets and limits unrolled.
+func decideOne(now int64, lim *fleetrate.Limit, n int64, maxWait time.Duration, s *State, res *fleetrate.Result) (booked bool) {
+	// A one-limit slice over lim, without allocating.
+	s.Elapse(now, unsafe.Slice(lim, 1))
+	iv := lim.Interval()
+	debt := s.Debts[0]
+	wait := max(debt-(lim.Burst-n)*iv, 0) // see needs
+	// Field by field: building a Result aside and copying it is slower.
+	*res = fleetrate.Result{}
+	res.At, res.N = time.UnixMicro(now), n
+	res.Limit.Name, res.Limit.Rate, res.Limit.Burst = lim.Name, lim.Rate, lim.Burst
+	if wait > int64(maxWait) {
+		res.RetryAfter = time.Duration(wait)
+	} else {
+		res.Allowed = true
+		res.Wait = time.Duration(wait)
+		if n > 0 {
+			debt = max(debt, wait) + n*iv // see book
+			s.Debts[0], booked = debt, true
+		}
+	}
+	if left := lim.Burst*iv - debt; left > 0 { // see status
+		res.Remaining = left / iv
+	}
+	res.ResetAfter = time.Duration(max(debt, 0))
+	return booked
+}
+
+// decide is Decide for any number of buckets and limits.
+func decide(now int64, req fleetrate.Request, states []State) (fleetrate.Result, bool) {
+	need, wb, wl := int64(math.MinInt64), 0, 0
+	for b, bk := range req.Buckets {
+		states[b].Elapse(now, bk.Limits)
+		if w, l := needs(bk.Limits, states[b].Debts, req.N); w > need {
+			need, wb, wl = w, b, l
+		}
+	}
+	wait := max(need, 0)
+	res := fleetrate.Result{At: time.UnixMicro(now), N: req.N}
+	if wait > int64(req.MaxWait) {
+		res.RetryAfter = time.Duration(wait)
+		res.Bucket, res.Limit = wb, plain(&req.Buckets[wb].Limits[wl])
+		fillStatus(&res, req, states, false)
+		return res, false
+	}
+	res.Allowed = true
+	res.Wait = time.Duration(wait)
+	if req.N > 0 {
+		for b, bk := range req.Buckets {
+			book(bk.Limits, states[b].Debts, req.N, wait)
+		}
+		if bk := req.Booking; bk != nil {
+			bk.Stamp, bk.Debts = now, bk.Debts[:0]
+			for b := range req.Buckets {
+				bk.Debts = append(bk.Debts, states[b].Debts...)
+			}
+		}
+	}
+	fillStatus(&res, req, states, true)
+	return res, req.N > 0
+}
+
+// fillStatus sets Remaining and ResetAfter from every bucket, and, for an
+// allowed take, names the tightest limit as the one that decided.
+func fillStatus(res *fleetrate.Result, req fleetrate.Request, states []State, pickTightest bool) {
+	res.Remaining = math.MaxInt64
+	var reset int64
+	for b, bk := range req.Buckets {
+		rem, tight, rs := status(bk.Limits, states[b].Debts)
+		if rem < res.Remaining {
+			res.Remaining = rem
+			if pickTightest {
+				res.Bucket, res.Limit = b, plain(&bk.Limits[tight])
+			}
+		}
+		reset = max(reset, rs)
+	}
+	res.ResetAfter = time.Duration(reset)
+}
+
+// Refund returns n tokens to every limit of the state (at now, µs), capped
+// at the burst: tokens given back now, for a grant that was never used (an
+// Allow whose work was not done). It is not the inverse of a booking made
+// ahead: tokens booked by later takes may rely on it, so a booking is given
+// back with Cancel instead.
+func Refund(now int64, limits []fleetrate.Limit, s *State, n int64) {
+	s.Elapse(now, limits)
+	for i := range limits {
+		// Compare before multiplying: n*T can overflow for a huge n.
+		if iv := limits[i].Interval(); n > s.Debts[i]/iv {
+			s.Debts[i] = 0
+		} else {
+			s.Debts[i] -= n * iv
+		}
+	}
+}
+
+// Cancel gives back, at now (µs), a booking of n tokens that a take made
+// at stamp and that left the limits of this bucket at debts booked (the
+// bucket's part of a fleetrate.Booking). Each limit is handled on its own:
+// a limit whose theoretical arrival time is still the one the booking left
+// had nothing booked after it, and gets the n tokens back; a limit that
+// another take has booked since (or that was drained, refunded or
+// converted to other limits) keeps them, because the later booking's slot
+// was computed from them and giving them back would grant that slot twice.
+// This is x/time/rate's Reservation.Cancel for a token bucket shared by a
+// fleet: what no later booking relies on goes back, nothing else.
+//
+// It reports whether any limit changed.
+func Cancel(now int64, limits []fleetrate.Limit, s *State, n, stamp int64, booked []int64) bool {
+	s.Elapse(now, limits)
+	if len(booked) != len(limits) {
+		return false
+	}
+	// Both sides below 2^53: the difference of two stamps of one clock
+	// within the life of a booking, and debts.
+	el := (now - stamp) * 1000
+	changed := false
+	for i := range limits {
+		if d := s.Debts[i]; d > 0 && d+el == booked[i] {
+			s.Debts[i] = max(d-n*limits[i].Interval(), 0)
+			changed = true
+		}
+	}
+	return changed
+}
+
+// Drain empties every limit of the state until d from now (µs): the bucket
+// admits nothing before now+d and then refills from empty, as if every
+// token had been taken at now+d. A drain never shortens an existing debt.
+func Drain(now int64, limits []fleetrate.Limit, s *State, d time.Duration) {
+	s.Elapse(now, limits)
+	for i := range limits {
+		s.Debts[i] = max(s.Debts[i], int64(d)+fill(&limits[i]))
+	}
+}
+
+// TTL returns how long a store must keep the state: until every limit is
+// full again, when the state equals an absent one.
+func (s *State) TTL() time.Duration {
+	var m int64
+	for _, d := range s.Debts {
+		m = max(m, d)
+	}
+	return time.Duration(m)
+}
