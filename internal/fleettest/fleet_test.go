@@ -72,10 +72,11 @@ func TestFleetWait(t *testing.T) {
 }
 
 // TestFleetCostsAndDeadlines: random costs of 1 to 3 tokens, every wait
-// with a random deadline (some shorter than the queue).
+// with a random deadline (some shorter than the queue, whose slots WaitN
+// gives back at once).
 func TestFleetCostsAndDeadlines(t *testing.T) {
 	srv := redistest.Start(t)
-	lim := fleetrate.PerSecond(400, 40)
+	lim := fleetrate.PerSecond(400, 3)
 	rep := Run(t, Options{Addrs: []string{srv.Addr()}, Limit: lim, MaxCost: 3, Deadlines: true})
 	check(t, rep, rep.Grants, lim, 0)
 	if err := CheckFIFO(rep.Grants); err != nil {
@@ -87,9 +88,12 @@ func TestFleetCostsAndDeadlines(t *testing.T) {
 // TestFleetCancels gives back 30 % and 50 % of the bookings while they are
 // queued (cancelled reservations and cancelled waits), with and without
 // batching: a cancel must never give a later booking's slot away twice.
+// The burst is small, as an upstream with strict windows has it, so that a
+// slot granted twice is a window over the bound, not lost in a burst's
+// slack (with burst 40 a fleet could double 39 slots of a window unseen).
 func TestFleetCancels(t *testing.T) {
 	srv := redistest.Start(t)
-	lim := fleetrate.PerSecond(400, 40)
+	lim := fleetrate.PerSecond(300, 2)
 	for _, tc := range []struct {
 		name  string
 		frac  float64
@@ -112,8 +116,8 @@ func TestFleetCancels(t *testing.T) {
 // bucket keeps its own bound.
 func TestFleetTwoBuckets(t *testing.T) {
 	srv := redistest.Start(t)
-	cred := fleetrate.PerSecond(400, 40)
-	ep := fleetrate.PerSecond(250, 25)
+	cred := fleetrate.PerSecond(400, 2)
+	ep := fleetrate.PerSecond(250, 2)
 	rep := Run(t, Options{Addrs: []string{srv.Addr()}, Limit: cred, Endpoints: 2, EndpointLimit: ep, CancelFrac: 0.3})
 	check(t, rep, rep.Grants, cred, 0)
 	for e := range 2 {
@@ -189,9 +193,23 @@ func TestFleetLimitChange(t *testing.T) {
 	check(t, rep, Filter(rep.Grants, func(g Grant) bool { return g.Phase == 0 }), before, 0)
 	late := Filter(rep.Grants, func(g Grant) bool { return g.Phase == 1 })
 	check(t, rep, late, after, 0)
-	util := utilisation(late, after)
-	t.Logf("after the change: %d grants, utilisation %.4f of the new limit", len(late), util)
+	if len(late) == 0 {
+		t.Fatal("no take under the new limit was granted: locked out")
+	}
+	// Every token used from the first slot under the new limit on, the
+	// old limit's bookings still queued there included: the bucket keeps
+	// being used at the new rate, not locked out.
+	since := Filter(rep.Grants, func(g Grant) bool { return g.Slot >= late[0].Slot })
+	// The bucket is not full when the change comes (the fleet keeps it
+	// saturated), so the measure is the rate alone: tokens after the first
+	// per rate × span.
+	util := 0.0
+	if len(since) > 1 {
+		util = float64(len(since)-1) / (after.Rate * time.Duration(since[len(since)-1].Slot-since[0].Slot).Seconds())
+	}
+	t.Logf("after the change: %d grants under the new limit, %d in all from its first slot; %.4f of the new rate used",
+		len(late), len(since), util)
 	if util < 0.9 {
-		t.Errorf("after the change the fleet used %.4f of the new limit, want >= 0.9 (locked out?)", util)
+		t.Errorf("after the change the fleet used %.4f of the new rate, want >= 0.9 (locked out?)", util)
 	}
 }
