@@ -1,6 +1,7 @@
 package httplimit_test
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"log"
@@ -76,6 +77,47 @@ func ExampleClientIP() {
 	// Output:
 	// ip:198.51.100.7/32 <nil>
 	// ip:203.0.113.9/32 <nil>
+}
+
+// Limit uploads to 100 KiB per client, refilled at 10 KiB a second,
+// charging one token per started KiB. UnitsPerToken makes the headers count
+// bytes, as the "content-bytes" unit says, and a body larger than the whole
+// budget is answered 413 Content Too Large.
+func ExamplePolicy_bodySize() {
+	frozen := time.Date(2026, 3, 2, 12, 0, 0, 0, time.UTC)
+	store := memstore.New(memstore.Options{Clock: func() time.Time { return frozen }})
+	m, err := httplimit.New(httplimit.Config{Store: store, Key: httplimit.APIKey("X-API-Key")})
+	if err != nil {
+		log.Fatal(err)
+	}
+	limit, err := m.Limit(httplimit.Policy{
+		Name:          "upload",
+		Limits:        []fleetrate.Limit{fleetrate.PerSecond(10, 100)},
+		Cost:          httplimit.BodySize(1024, 1<<20),
+		Unit:          "content-bytes",
+		UnitsPerToken: 1024,
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	srv := httptest.NewServer(limit(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, http.MaxBytesReader(w, r.Body, 1<<20))
+	})))
+	defer srv.Close()
+
+	for _, size := range []int{30 * 1024, 200 * 1024} {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL, bytes.NewReader(make([]byte, size)))
+		req.Header.Set("X-API-Key", "sk_test_123")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			log.Fatal(err)
+		}
+		_ = resp.Body.Close()
+		fmt.Println(size, resp.StatusCode, resp.Header.Get("RateLimit-Policy"), resp.Header.Get("RateLimit"))
+	}
+	// Output:
+	// 30720 200 "upload";q=102400;qu="content-bytes";w=10 "upload";r=71680;t=0
+	// 204800 413 "upload";q=102400;qu="content-bytes";w=10 "upload";r=71680;t=0
 }
 
 // Charge requests by body size: one token per started KiB, for a policy

@@ -8,7 +8,7 @@
 // of the IETF draft draft-ietf-httpapi-ratelimit-headers, such as
 //
 //	RateLimit-Policy: "messages";q=20;w=2
-//	RateLimit: "messages";r=13;t=1
+//	RateLimit: "messages";r=13;t=0
 //
 // A refused request gets 429 Too Many Requests, a Retry-After in
 // delta-seconds rounded up (so a client that obeys it is admitted), and an
@@ -72,6 +72,8 @@ const (
 	DefaultTimeout = 250 * time.Millisecond
 	// MaxPolicyNameLen is the longest policy or limit name.
 	MaxPolicyNameLen = 64
+	// MaxUnitsPerToken is the largest Policy.UnitsPerToken: 1 MiB.
+	MaxUnitsPerToken = 1 << 20
 	// storeErrorLogInterval is the least time between two logged store
 	// errors of one Middleware; the ones in between are counted and the
 	// count is logged with the next one.
@@ -154,7 +156,14 @@ type Policy struct {
 	Cost CostFunc
 	// Unit is the quota unit advertised in RateLimit-Policy ("qu"), for
 	// example "content-bytes" with a BodySize cost. Empty means requests.
+	// A request whose cost exceeds the burst of a "content-bytes" policy
+	// is answered 413 Content Too Large; of any other, 429.
 	Unit string
+	// UnitsPerToken is how many quota units one token stands for in the
+	// headers: with Cost BodySize(1024, max) and Unit "content-bytes" it
+	// must be 1024, so that "q" and "r" count bytes, not KiB. The default
+	// is 1. It must be at most MaxUnitsPerToken.
+	UnitsPerToken int64
 	// Shadow puts this policy in shadow mode; see Config.Shadow.
 	Shadow bool
 }
@@ -182,6 +191,10 @@ func (p Policy) Validate() error {
 				return fmt.Errorf("%w: httplimit: policy %q: limits[%d] and limits[%d] are both named %q", fleetrate.ErrInvalid, p.Name, j, i, l.Name)
 			}
 		}
+	}
+	if p.UnitsPerToken < 0 || p.UnitsPerToken > MaxUnitsPerToken {
+		return fmt.Errorf("%w: httplimit: policy %q: units per token must be between 1 and %d (0 means 1), got %d",
+			fleetrate.ErrInvalid, p.Name, MaxUnitsPerToken, p.UnitsPerToken)
 	}
 	switch p.Unit {
 	case "", headers.UnitRequests, headers.UnitContentBytes, headers.UnitConcurrentRequests:
@@ -273,7 +286,9 @@ type policy struct {
 	name     string
 	lim      *fleetrate.Limiter
 	limits   []fleetrate.Limit
-	items    []string
+	items    []string // header item names, one per limit
+	quotas   []int64  // advertised "q" per limit, in quota units
+	windows  []int64  // advertised "w" per limit, in seconds
 	header   string
 	key      KeyFunc
 	cost     CostFunc
@@ -281,6 +296,8 @@ type policy struct {
 	minBurst int64  // the smallest burst: no request may cost more
 	minItem  string // the item name of the limit with that burst
 	unit     string // for messages: "requests" unless Policy.Unit says otherwise
+	upt      int64  // quota units per token
+	bytes    bool   // the unit is content-bytes: a cost above the burst is a 413
 }
 
 // Limit returns middleware enforcing p on every request of the handlers it
@@ -323,6 +340,8 @@ func (m *Middleware) compile(p Policy) (*policy, error) {
 		cost:   p.Cost,
 		shadow: p.Shadow || m.shadow,
 		unit:   p.Unit,
+		upt:    max(p.UnitsPerToken, 1),
+		bytes:  p.Unit == headers.UnitContentBytes,
 	}
 	if pol.unit == "" {
 		pol.unit = headers.UnitRequests
@@ -336,11 +355,18 @@ func (m *Middleware) compile(p Policy) (*policy, error) {
 		if l.Name != "" {
 			item += "." + l.Name
 		}
+		if l.Burst > headers.MaxInteger/pol.upt {
+			return nil, fmt.Errorf("%w: httplimit: policy %q: limits[%d]: burst %d times %d units per token exceeds the headers' largest integer %d",
+				fleetrate.ErrInvalid, p.Name, i, l.Burst, pol.upt, int64(headers.MaxInteger))
+		}
+		q, w := quotaWindow(l.Interval(), l.Burst)
 		pol.items = append(pol.items, item)
+		pol.quotas = append(pol.quotas, q*pol.upt)
+		pol.windows = append(pol.windows, w)
 		if i == 0 || l.Burst < pol.minBurst {
 			pol.minBurst, pol.minItem = l.Burst, item
 		}
-		hp[i] = headers.Policy{Name: item, Quota: l.Burst, Unit: p.Unit, Window: l.FillTime()}
+		hp[i] = headers.Policy{Name: item, Quota: q * pol.upt, Unit: p.Unit, Window: time.Duration(w) * time.Second}
 	}
 	if pol.header, err = headers.FormatPolicy(hp...); err != nil {
 		return nil, fmt.Errorf("httplimit: policy %q: %w", p.Name, err)
@@ -349,6 +375,34 @@ func (m *Middleware) compile(p Policy) (*policy, error) {
 }
 
 func (p *policy) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
+	key, cost, ok := p.keyAndCost(w, r)
+	if !ok {
+		return
+	}
+	if cost > p.minBurst {
+		p.tooCostly(w, r, key, cost, next)
+		return
+	}
+	res, err := p.take(r, key, cost)
+	if err != nil {
+		if r.Context().Err() != nil {
+			return // the client has gone; there is no one to answer
+		}
+		p.m.storeFailed(w, r, p, err, next)
+		return
+	}
+	item := p.setHeaders(w.Header(), res)
+	if res.Allowed {
+		p.m.metrics.request(p.name, OutcomeAllowed)
+		next.ServeHTTP(w, r)
+		return
+	}
+	p.refuse(w, r, res, item, next)
+}
+
+// keyAndCost identifies the client and prices the request, answering the
+// request itself when either fails.
+func (p *policy) keyAndCost(w http.ResponseWriter, r *http.Request) (key string, cost int64, ok bool) {
 	m := p.m
 	key, err := p.key(r)
 	if err == nil && key == "" {
@@ -357,67 +411,78 @@ func (p *policy) serve(w http.ResponseWriter, r *http.Request, next http.Handler
 	if err != nil {
 		m.metrics.request(p.name, OutcomeNoKey)
 		m.keyError(w, r, err)
-		return
+		return "", 0, false
 	}
-	cost := int64(1)
-	if p.cost != nil {
-		c, err := p.cost(r)
-		if err == nil && c < 0 {
-			err = fmt.Errorf("negative cost %d", c)
-		}
-		if err != nil {
-			m.metrics.request(p.name, OutcomeBadCost)
-			writeProblem(w, http.StatusBadRequest, &Problem{
-				Title:  http.StatusText(http.StatusBadRequest),
-				Detail: "cannot compute the cost of this request: " + err.Error(),
-			})
-			return
-		}
-		cost = c
+	if p.cost == nil {
+		return key, 1, true
 	}
-	if cost > p.minBurst {
-		// The request could never be admitted; retrying cannot help, so
-		// no Retry-After is sent.
+	cost, err = p.cost(r)
+	if err == nil && cost < 0 {
+		err = fmt.Errorf("negative cost %d", cost)
+	}
+	if err != nil {
 		m.metrics.request(p.name, OutcomeBadCost)
-		m.log.LogAttrs(r.Context(), slog.LevelWarn, "fleetrate: request cost exceeds the burst of its policy",
-			slog.String("policy", p.name), slog.Int64("cost", cost), slog.Int64("burst", p.minBurst))
-		if p.shadow {
-			next.ServeHTTP(w, r)
-			return
-		}
-		w.Header().Set(HeaderRateLimitPolicy, p.header)
-		writeProblem(w, http.StatusTooManyRequests, &Problem{
-			Type:             ProblemQuotaExceeded,
-			Title:            "Quota Exceeded",
-			Detail:           fmt.Sprintf("this request costs %d, more than the %d that policy %q can ever grant; it will never be admitted", cost, p.minBurst, p.minItem),
-			ViolatedPolicies: []string{p.minItem},
+		writeProblem(w, http.StatusBadRequest, &Problem{
+			Title:  http.StatusText(http.StatusBadRequest),
+			Detail: "cannot compute the cost of this request: " + err.Error(),
 		})
-		return
+		return "", 0, false
 	}
+	return key, cost, true
+}
 
+// take asks the store for cost tokens of the client's bucket, within the
+// middleware's timeout. A cost of 0 peeks.
+func (p *policy) take(r *http.Request, key string, cost int64) (fleetrate.Result, error) {
 	ctx, cancel := r.Context(), context.CancelFunc(func() {})
-	if m.timeout > 0 {
-		ctx, cancel = context.WithTimeout(ctx, m.timeout)
+	if p.m.timeout > 0 {
+		ctx, cancel = context.WithTimeout(ctx, p.m.timeout)
 	}
 	start := time.Now()
 	res, err := p.lim.AllowN(ctx, cost, bucketName(key))
 	cancel()
-	m.metrics.observe(p.name, time.Since(start))
-	if err != nil {
-		if r.Context().Err() != nil {
-			return // the client has gone; there is no one to answer
-		}
-		m.storeFailed(w, r, p, err, next)
-		return
+	p.m.metrics.observe(p.name, time.Since(start))
+	return res, err
+}
+
+// tooCostly answers a request that costs more than the burst of one of
+// the policy's limits: it can never be admitted, so no Retry-After is
+// sent (waiting cannot help), but the RateLimit fields report the
+// client's bucket, read with a peek that takes nothing. A content-bytes
+// policy answers 413 Content Too Large, any other 429.
+func (p *policy) tooCostly(w http.ResponseWriter, r *http.Request, key string, cost int64, next http.Handler) {
+	m := p.m
+	m.metrics.request(p.name, OutcomeBadCost)
+	m.log.LogAttrs(r.Context(), slog.LevelWarn, "fleetrate: request cost exceeds the burst of its policy",
+		slog.String("policy", p.name), slog.Int64("cost", cost), slog.Int64("burst", p.minBurst))
+	w.Header().Set(HeaderRateLimitPolicy, p.header)
+	if res, err := p.take(r, key, 0); err == nil {
+		p.setHeaders(w.Header(), res)
 	}
-	item := p.setHeaders(w.Header(), res)
-	if res.Allowed {
-		m.metrics.request(p.name, OutcomeAllowed)
+	if p.shadow {
 		next.ServeHTTP(w, r)
 		return
 	}
+	status, prob := http.StatusTooManyRequests, &Problem{
+		Type:             ProblemQuotaExceeded,
+		Title:            "Quota Exceeded",
+		Detail:           fmt.Sprintf("this request costs %d %s, more than the %d that policy %q can ever grant; it will never be admitted", cost*p.upt, p.unit, p.minBurst*p.upt, p.minItem),
+		ViolatedPolicies: []string{p.minItem},
+	}
+	if p.bytes {
+		status = http.StatusRequestEntityTooLarge
+		prob.Type, prob.Title = "", http.StatusText(status)
+		prob.Detail = fmt.Sprintf("the request body counts as %d bytes, more than the %d that policy %q can ever grant", cost*p.upt, p.minBurst*p.upt, p.minItem)
+	}
+	writeProblem(w, status, prob)
+}
+
+// refuse answers a request the store refused: 429 with Retry-After, or in
+// shadow mode the handler's own answer.
+func (p *policy) refuse(w http.ResponseWriter, r *http.Request, res fleetrate.Result, item string, next http.Handler) {
+	m := p.m
 	attrs := []slog.Attr{
-		slog.String("policy", item), slog.Int64("cost", cost),
+		slog.String("policy", item), slog.Int64("cost", res.N),
 		slog.Duration("retry_after", res.RetryAfter), slog.String("method", r.Method), slog.String("path", r.URL.Path),
 	}
 	if p.shadow {
@@ -430,11 +495,11 @@ func (p *policy) serve(w http.ResponseWriter, r *http.Request, next http.Handler
 	m.log.LogAttrs(r.Context(), slog.LevelDebug, "fleetrate: request rate limited", attrs...)
 	retry := max(headers.DelaySeconds(res.RetryAfter), 1)
 	w.Header().Set(HeaderRetryAfter, strconv.FormatInt(retry, 10))
-	l := p.limits[p.limitIndex(res.Limit)]
+	i := p.limitIndex(res.Limit)
 	detail := fmt.Sprintf("the quota of policy %q (%d %s per %ds) is exhausted for this client; retry in %d s",
-		item, l.Burst, p.unit, headers.DelaySeconds(l.FillTime()), retry)
-	if cost != 1 {
-		detail = fmt.Sprintf("this request costs %d; %s", cost, detail)
+		item, p.quotas[i], p.unit, p.windows[i], retry)
+	if res.N != 1 {
+		detail = fmt.Sprintf("this request costs %d %s; %s", res.N*p.upt, p.unit, detail)
 	}
 	writeProblem(w, http.StatusTooManyRequests, &Problem{
 		Type:             ProblemQuotaExceeded,
@@ -459,29 +524,21 @@ func (p *policy) limitIndex(l fleetrate.Limit) int {
 // decision and returns the name of the limit reported.
 //
 // The reported limit is the one that decided: for a denial the limit that
-// refused, otherwise the one with the fewest tokens left. Its "t", the
-// draft's effective window, is the time until that limit gains its next
-// token: within it the client can use no more than "r". It is exact for a
-// policy of one limit and bounded by one token's refill time otherwise,
-// and for a denial it never ends after Retry-After. The legacy reset is
-// when the reported limit is full again.
+// refused, otherwise the one with the fewest tokens left. "r" is its
+// tokens left and "t" the effective window (see effectiveWindow), both in
+// quota units and rounded down, so that neither promises more than the
+// bucket admits. For a denial "t" never ends after Retry-After. The legacy
+// reset is when the reported limit is full again.
 func (p *policy) setHeaders(h http.Header, res fleetrate.Result) string {
 	i := p.limitIndex(res.Limit)
 	l := p.limits[i]
-	iv := time.Duration(l.Interval())
 	remaining := min(max(res.Remaining, 0), l.Burst)
-	// The limit's debt is at most ResetAfter and lies in
-	// ((Burst-remaining-1)·iv, (Burst-remaining)·iv].
-	full := min(res.ResetAfter, time.Duration(l.Burst-remaining)*iv)
-	next := min(max(res.ResetAfter-time.Duration(l.Burst-remaining-1)*iv, 0), iv)
-	if remaining == l.Burst {
-		next = 0
-	}
+	t := effectiveWindow(len(p.limits), l, remaining, res)
 	if !res.Allowed {
-		next = min(res.RetryAfter, iv)
+		t = min(t, res.RetryAfter)
 	}
 	h.Set(HeaderRateLimitPolicy, p.header)
-	if v, err := headers.FormatRateLimit(headers.Limit{Name: p.items[i], Remaining: remaining, Reset: next, HasReset: true}); err == nil {
+	if v, err := headers.FormatRateLimit(headers.Limit{Name: p.items[i], Remaining: remaining * p.upt, Reset: t, HasReset: true}); err == nil {
 		h.Set(HeaderRateLimit, v)
 	}
 	if p.m.legacy {
@@ -489,7 +546,10 @@ func (p *policy) setHeaders(h http.Header, res fleetrate.Result) string {
 		if at.IsZero() {
 			at = time.Now()
 		}
-		headers.SetLegacy(h, headers.Legacy{Limit: l.Burst, Remaining: remaining, Reset: at.Add(full)})
+		// The limit's debt is at most ResetAfter and at most what its
+		// remaining tokens allow.
+		full := min(res.ResetAfter, time.Duration(l.Burst-remaining)*time.Duration(l.Interval()))
+		headers.SetLegacy(h, headers.Legacy{Limit: l.Burst * p.upt, Remaining: remaining * p.upt, Reset: at.Add(full)})
 	}
 	return p.items[i]
 }
