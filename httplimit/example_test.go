@@ -129,3 +129,43 @@ func ExampleBodySize() {
 	fmt.Println(cost(r))
 	// Output: 3 <nil>
 }
+
+// Give each plan its own limits: the tier function reads the caller's plan
+// (here from a header that an auth middleware would have checked), and each
+// tier has its own buckets and header item, "api.free" or "api.paid".
+func ExamplePolicy_tiers() {
+	m, err := httplimit.New(httplimit.Config{
+		Store: memstore.New(memstore.Options{}),
+		Key:   httplimit.APIKey("X-API-Key"),
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	limit, err := m.Limit(httplimit.Policy{
+		Name: "api",
+		Tiers: []httplimit.Tier{
+			{Name: "free", Limits: []fleetrate.Limit{fleetrate.PerPeriod(100, time.Hour)}},
+			{Name: "paid", Limits: []fleetrate.Limit{fleetrate.PerPeriod(10_000, time.Hour)}},
+		},
+		Tier: func(r *http.Request) (string, error) { return r.Header.Get("X-Plan"), nil },
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	srv := httptest.NewServer(limit(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})))
+	defer srv.Close()
+	for _, plan := range []string{"free", "paid"} {
+		req, _ := http.NewRequest(http.MethodGet, srv.URL, nil)
+		req.Header.Set("X-API-Key", "sk_test_123")
+		req.Header.Set("X-Plan", plan)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			log.Fatal(err)
+		}
+		_ = resp.Body.Close()
+		fmt.Println(resp.StatusCode, resp.Header.Get("RateLimit-Policy"))
+	}
+	// Output:
+	// 200 "api.free";q=100;w=3600
+	// 200 "api.paid";q=10000;w=3600
+}

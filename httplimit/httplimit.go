@@ -166,12 +166,40 @@ type Policy struct {
 	UnitsPerToken int64
 	// Shadow puts this policy in shadow mode; see Config.Shadow.
 	Shadow bool
+	// Tiers are named alternatives to Limits, such as a free plan at 10/s
+	// and a paid one at 100/s; Tier picks one per request. A tier is served
+	// as a policy of its own named "policy.tier" (1 to 64 bytes in all): its
+	// own buckets, header items and metrics label, so the buckets of
+	// different tiers never mix. Limits, when given, is the default tier,
+	// used when Tier returns "".
+	Tiers []Tier
+	// Tier names the tier of a request, typically from the caller's
+	// identity in the context. Required with Tiers. An error, or a name
+	// that is not one of Tiers (or "" without Limits), answers the request
+	// through Config.KeyError.
+	Tier func(*http.Request) (string, error)
+}
+
+// Tier is one named set of limits of a Policy.
+type Tier struct {
+	// Name identifies the tier: 1 to 64 bytes of [A-Za-z0-9._-]. Required.
+	Name string
+	// Limits are the tier's limits, as Policy.Limits. Required.
+	Limits []fleetrate.Limit
 }
 
 // Validate checks the policy, naming the offending field and value.
 func (p Policy) Validate() error {
 	if err := validName("name", p.Name); err != nil {
 		return fmt.Errorf("%w: httplimit: policy: %w", fleetrate.ErrInvalid, err)
+	}
+	if len(p.Tiers) > 0 || p.Tier != nil {
+		if err := p.validateTiers(); err != nil {
+			return err
+		}
+		if len(p.Limits) == 0 {
+			return nil
+		}
 	}
 	if len(p.Limits) == 0 {
 		return fmt.Errorf("%w: httplimit: policy %q: at least one limit is required", fleetrate.ErrInvalid, p.Name)
@@ -203,6 +231,32 @@ func (p Policy) Validate() error {
 			headers.UnitRequests, headers.UnitContentBytes, headers.UnitConcurrentRequests, p.Unit)
 	}
 	return nil
+}
+
+func (p Policy) validateTiers() error {
+	if p.Tier == nil || len(p.Tiers) == 0 {
+		return fmt.Errorf("%w: httplimit: policy %q: tiers and a tier function go together", fleetrate.ErrInvalid, p.Name)
+	}
+	for i, t := range p.Tiers {
+		if err := validName(fmt.Sprintf("tiers[%d].name", i), t.Name); err != nil {
+			return fmt.Errorf("%w: httplimit: policy %q: %w", fleetrate.ErrInvalid, p.Name, err)
+		}
+		for j, o := range p.Tiers[:i] {
+			if o.Name == t.Name {
+				return fmt.Errorf("%w: httplimit: policy %q: tiers[%d] and tiers[%d] are both named %q", fleetrate.ErrInvalid, p.Name, j, i, t.Name)
+			}
+		}
+		if err := p.tier(t).Validate(); err != nil {
+			return fmt.Errorf("httplimit: policy %q: tiers[%d]: %w", p.Name, i, err)
+		}
+	}
+	return nil
+}
+
+// tier returns the policy that serves tier t of p.
+func (p Policy) tier(t Tier) Policy {
+	p.Name, p.Limits, p.Tiers, p.Tier = p.Name+"."+t.Name, t.Limits, nil, nil
+	return p
 }
 
 func validName(field, s string) error {
@@ -303,15 +357,74 @@ type policy struct {
 // Limit returns middleware enforcing p on every request of the handlers it
 // wraps, or an error naming what is wrong with p.
 func (m *Middleware) Limit(p Policy) (func(http.Handler) http.Handler, error) {
-	pol, err := m.compile(p)
+	var s interface {
+		serve(http.ResponseWriter, *http.Request, http.Handler)
+	}
+	var err error
+	if len(p.Tiers) > 0 || p.Tier != nil {
+		s, err = m.compileTiers(p)
+	} else {
+		s, err = m.compile(p)
+	}
 	if err != nil {
 		return nil, err
 	}
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			pol.serve(w, r, next)
+			s.serve(w, r, next)
 		})
 	}, nil
+}
+
+// tiered serves a policy with tiers: each request by the policy of its
+// tier.
+type tiered struct {
+	m     *Middleware
+	name  string
+	pick  func(*http.Request) (string, error)
+	tiers map[string]*policy
+	def   *policy // the policy's own Limits; nil without
+}
+
+func (m *Middleware) compileTiers(p Policy) (*tiered, error) {
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	t := &tiered{m: m, name: p.Name, pick: p.Tier, tiers: make(map[string]*policy, len(p.Tiers))}
+	for _, tr := range p.Tiers {
+		pol, err := m.compile(p.tier(tr))
+		if err != nil {
+			return nil, err
+		}
+		t.tiers[tr.Name] = pol
+	}
+	if len(p.Limits) > 0 {
+		def := p
+		def.Tiers, def.Tier = nil, nil
+		pol, err := m.compile(def)
+		if err != nil {
+			return nil, err
+		}
+		t.def = pol
+	}
+	return t, nil
+}
+
+func (t *tiered) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
+	name, err := t.pick(r)
+	pol := t.def
+	if err == nil && name != "" {
+		pol = t.tiers[name]
+	}
+	if err == nil && pol == nil {
+		err = fmt.Errorf("%w: policy %q has no tier %q", ErrNoKey, t.name, name)
+	}
+	if err != nil {
+		t.m.metrics.request(t.name, OutcomeNoKey)
+		t.m.keyError(w, r, fmt.Errorf("choosing the tier: %w", err))
+		return
+	}
+	pol.serve(w, r, next)
 }
 
 func (m *Middleware) compile(p Policy) (*policy, error) {
