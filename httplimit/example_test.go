@@ -169,3 +169,81 @@ func ExamplePolicy_tiers() {
 	// 200 "api.free";q=100;w=3600
 	// 200 "api.paid";q=10000;w=3600
 }
+
+// Exempt an internal API key and the health check from every limit.
+func ExampleExemptions() {
+	m, err := httplimit.New(httplimit.Config{
+		Store: memstore.New(memstore.Options{}),
+		Key:   httplimit.APIKey("X-API-Key"),
+		Exempt: httplimit.Exemptions{
+			Keys: []string{"apikey:" + httplimit.HashKey("sk_internal_monitor")},
+			Func: func(r *http.Request) bool { return r.URL.Path == "/healthz" },
+		},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	limit, err := m.Limit(httplimit.Policy{Name: "api", Limits: []fleetrate.Limit{fleetrate.PerPeriod(1, time.Hour)}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	srv := httptest.NewServer(limit(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})))
+	defer srv.Close()
+	for _, c := range []struct{ path, key string }{
+		{"/v1", "sk_customer"}, {"/v1", "sk_customer"},
+		{"/v1", "sk_internal_monitor"}, {"/v1", "sk_internal_monitor"},
+		{"/healthz", "sk_customer"},
+	} {
+		req, _ := http.NewRequest(http.MethodGet, srv.URL+c.path, nil)
+		req.Header.Set("X-API-Key", c.key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			log.Fatal(err)
+		}
+		_ = resp.Body.Close()
+		fmt.Println(c.path, c.key, resp.StatusCode)
+	}
+	// Output:
+	// /v1 sk_customer 200
+	// /v1 sk_customer 429
+	// /v1 sk_internal_monitor 200
+	// /v1 sk_internal_monitor 200
+	// /healthz sk_customer 200
+}
+
+// Answer refusals in your API's own error format; the RateLimit fields and
+// Retry-After are already set when Refused is called.
+func ExampleConfig_refused() {
+	m, err := httplimit.New(httplimit.Config{
+		Store: memstore.New(memstore.Options{}),
+		Key:   httplimit.APIKey("X-API-Key"),
+		Refused: func(w http.ResponseWriter, _ *http.Request, ref httplimit.Refusal) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(ref.Status)
+			fmt.Fprintf(w, `{"error":{"code":"rate_limited","policy":%q}}`+"\n", ref.Policy)
+		},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	limit, err := m.Limit(httplimit.Policy{Name: "api", Limits: []fleetrate.Limit{fleetrate.PerPeriod(1, time.Hour)}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	srv := httptest.NewServer(limit(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})))
+	defer srv.Close()
+	for range 2 {
+		req, _ := http.NewRequest(http.MethodGet, srv.URL, nil)
+		req.Header.Set("X-API-Key", "sk_test_123")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			log.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		fmt.Printf("%d Retry-After=%q body=%s\n", resp.StatusCode, resp.Header.Get("Retry-After"), bytes.TrimSpace(body))
+	}
+	// Output:
+	// 200 Retry-After="" body=
+	// 429 Retry-After="3600" body={"error":{"code":"rate_limited","policy":"api"}}
+}

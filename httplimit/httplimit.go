@@ -41,6 +41,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"slices"
 	"strconv"
 	"sync"
@@ -117,6 +118,20 @@ type Config struct {
 	// Logger receives store failures (Error), shadow denials (Info) and
 	// denials (Debug). The default is slog.Default().
 	Logger *slog.Logger
+	// Exempt names requests that bypass every policy of the Middleware:
+	// they are served unlimited, without RateLimit fields, and counted as
+	// outcome "exempt". The default exempts nothing.
+	Exempt Exemptions
+	// Refused renders a refusal in place of the default problem+json body,
+	// with the decision at hand. When it is called the RateLimit-Policy and
+	// RateLimit fields, and Retry-After when waiting helps, are set; it
+	// writes the status (normally Refusal.Status) and the body. The default
+	// writes Refusal.Problem with Refusal.Status.
+	Refused func(w http.ResponseWriter, r *http.Request, ref Refusal)
+	// Unavailable renders the answer to a request whose store call failed
+	// when failing closed. Retry-After: 1 is set when it is called. The
+	// default answers 503 with a problem+json body.
+	Unavailable func(w http.ResponseWriter, r *http.Request, err error)
 	// Registerer receives the metrics fleetrate_http_requests_total{policy,
 	// outcome}, fleetrate_http_store_errors_total{policy} and
 	// fleetrate_http_store_duration_seconds{policy}. Nil, the default,
@@ -124,10 +139,50 @@ type Config struct {
 	Registerer prometheus.Registerer
 }
 
+// Exemptions name the requests that bypass limiting. A request is exempt
+// when any of the three matches.
+type Exemptions struct {
+	// Keys are client keys, as a policy's KeyFunc returns them, that are
+	// never limited: "apikey:" + HashKey(secret) for APIKey, or
+	// "ip:203.0.113.7/32" for ClientIP.
+	Keys []string
+	// Peers are networks whose TCP peers (the request's RemoteAddr) are
+	// never limited, such as an internal health checker. Behind a proxy
+	// every peer is the proxy: exempt forwarded clients by Keys instead.
+	Peers []netip.Prefix
+	// Func reports whether a request is exempt, for routes, methods or
+	// anything else. It must be safe for concurrent use.
+	Func func(*http.Request) bool
+}
+
+// Refusal describes a refused request to Config.Refused.
+type Refusal struct {
+	// Status is the default status: 429, or 413 for a request of a
+	// content-bytes policy that costs more than the burst.
+	Status int
+	// Policy is the header item name of the limit that refused.
+	Policy string
+	// Cost is the request's cost in quota units.
+	Cost int64
+	// RetryAfter is how long until the request would be admitted; 0 when
+	// waiting cannot help (the cost exceeds the burst).
+	RetryAfter time.Duration
+	// Result is the store's decision; for a cost above the burst, a peek
+	// that took nothing (zero if the peek failed).
+	Result fleetrate.Result
+	// Problem is the body the default answer writes.
+	Problem Problem
+}
+
 // Validate checks the configuration, naming the offending field.
 func (c Config) Validate() error {
 	if c.Store == nil {
 		return fmt.Errorf("%w: httplimit: config: store is required", fleetrate.ErrInvalid)
+	}
+	for i, p := range c.Exempt.Peers {
+		if !p.IsValid() {
+			return fmt.Errorf("%w: httplimit: config: exempt peers[%d] is not a valid prefix", fleetrate.ErrInvalid, i)
+		}
 	}
 	if len(c.Prefix) > 256 {
 		return fmt.Errorf("%w: httplimit: config: prefix must be at most 256 bytes, got %d", fleetrate.ErrInvalid, len(c.Prefix))
@@ -279,6 +334,11 @@ type Middleware struct {
 	prefix     string
 	key        KeyFunc
 	keyError   func(http.ResponseWriter, *http.Request, error)
+	refused    func(http.ResponseWriter, *http.Request, Refusal)
+	unavail    func(http.ResponseWriter, *http.Request, error)
+	exemptKeys map[string]bool
+	exemptNets []netip.Prefix
+	exemptFunc func(*http.Request) bool
 	failClosed bool
 	shadow     bool
 	legacy     bool
@@ -306,6 +366,9 @@ func New(cfg Config) (*Middleware, error) {
 		prefix:     cfg.Prefix,
 		key:        cfg.Key,
 		keyError:   cfg.KeyError,
+		refused:    cfg.Refused,
+		unavail:    cfg.Unavailable,
+		exemptFunc: cfg.Exempt.Func,
 		failClosed: cfg.FailClosed,
 		shadow:     cfg.Shadow,
 		legacy:     cfg.LegacyHeaders,
@@ -324,6 +387,24 @@ func New(cfg Config) (*Middleware, error) {
 	}
 	if m.keyError == nil {
 		m.keyError = defaultKeyError
+	}
+	if m.refused == nil {
+		m.refused = defaultRefused
+	}
+	if m.unavail == nil {
+		m.unavail = defaultUnavailable
+	}
+	for _, k := range cfg.Exempt.Keys {
+		if m.exemptKeys == nil {
+			m.exemptKeys = make(map[string]bool, len(cfg.Exempt.Keys))
+		}
+		m.exemptKeys[k] = true
+	}
+	for _, p := range cfg.Exempt.Peers {
+		if p.Addr().Is4In6() {
+			p = netip.PrefixFrom(p.Addr().Unmap(), max(p.Bits()-96, 0))
+		}
+		m.exemptNets = append(m.exemptNets, p.Masked())
 	}
 	if m.timeout == 0 {
 		m.timeout = DefaultTimeout
@@ -488,8 +569,18 @@ func (m *Middleware) compile(p Policy) (*policy, error) {
 }
 
 func (p *policy) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
+	if p.m.exemptRequest(r) {
+		p.m.metrics.request(p.name, OutcomeExempt)
+		next.ServeHTTP(w, r)
+		return
+	}
 	key, cost, ok := p.keyAndCost(w, r)
 	if !ok {
+		return
+	}
+	if p.m.exemptKeys[key] {
+		p.m.metrics.request(p.name, OutcomeExempt)
+		next.ServeHTTP(w, r)
 		return
 	}
 	if cost > p.minBurst {
@@ -511,6 +602,21 @@ func (p *policy) serve(w http.ResponseWriter, r *http.Request, next http.Handler
 		return
 	}
 	p.refuse(w, r, res, item, next)
+}
+
+// exemptRequest reports whether the request's peer or Exempt.Func exempts
+// it.
+func (m *Middleware) exemptRequest(r *http.Request) bool {
+	if len(m.exemptNets) > 0 {
+		if a, ok := parseHost(r.RemoteAddr); ok {
+			for _, n := range m.exemptNets {
+				if n.Contains(a) {
+					return true
+				}
+			}
+		}
+	}
+	return m.exemptFunc != nil && m.exemptFunc(r)
 }
 
 // keyAndCost identifies the client and prices the request, answering the
@@ -569,7 +675,8 @@ func (p *policy) tooCostly(w http.ResponseWriter, r *http.Request, key string, c
 	m.log.LogAttrs(r.Context(), slog.LevelWarn, "fleetrate: request cost exceeds the burst of its policy",
 		slog.String("policy", p.name), slog.Int64("cost", cost), slog.Int64("burst", p.minBurst))
 	w.Header().Set(HeaderRateLimitPolicy, p.header)
-	if res, err := p.take(r, key, 0); err == nil {
+	res, err := p.take(r, key, 0)
+	if err == nil {
 		p.setHeaders(w.Header(), res)
 	}
 	if p.shadow {
@@ -587,7 +694,7 @@ func (p *policy) tooCostly(w http.ResponseWriter, r *http.Request, key string, c
 		prob.Type, prob.Title = "", http.StatusText(status)
 		prob.Detail = fmt.Sprintf("the request body counts as %d bytes, more than the %d that policy %q can ever grant", cost*p.upt, p.minBurst*p.upt, p.minItem)
 	}
-	writeProblem(w, status, prob)
+	m.refused(w, r, Refusal{Status: status, Policy: p.minItem, Cost: cost * p.upt, Result: res, Problem: *prob})
 }
 
 // refuse answers a request the store refused: 429 with Retry-After, or in
@@ -614,11 +721,25 @@ func (p *policy) refuse(w http.ResponseWriter, r *http.Request, res fleetrate.Re
 	if res.N != 1 {
 		detail = fmt.Sprintf("this request costs %d %s; %s", res.N*p.upt, p.unit, detail)
 	}
-	writeProblem(w, http.StatusTooManyRequests, &Problem{
-		Type:             ProblemQuotaExceeded,
-		Title:            "Quota Exceeded",
-		Detail:           detail,
-		ViolatedPolicies: []string{item},
+	m.refused(w, r, Refusal{
+		Status: http.StatusTooManyRequests, Policy: item, Cost: res.N * p.upt, RetryAfter: res.RetryAfter, Result: res,
+		Problem: Problem{
+			Type:             ProblemQuotaExceeded,
+			Title:            "Quota Exceeded",
+			Detail:           detail,
+			ViolatedPolicies: []string{item},
+		},
+	})
+}
+
+func defaultRefused(w http.ResponseWriter, _ *http.Request, ref Refusal) {
+	writeProblem(w, ref.Status, &ref.Problem)
+}
+
+func defaultUnavailable(w http.ResponseWriter, _ *http.Request, _ error) {
+	writeProblem(w, http.StatusServiceUnavailable, &Problem{
+		Title:  http.StatusText(http.StatusServiceUnavailable),
+		Detail: "the rate limiter is unavailable; retry shortly",
 	})
 }
 
@@ -694,10 +815,7 @@ func (m *Middleware) storeFailed(w http.ResponseWriter, r *http.Request, p *poli
 		return
 	}
 	w.Header().Set(HeaderRetryAfter, "1")
-	writeProblem(w, http.StatusServiceUnavailable, &Problem{
-		Title:  http.StatusText(http.StatusServiceUnavailable),
-		Detail: "the rate limiter is unavailable; retry shortly",
-	})
+	m.unavail(w, r, err)
 }
 
 // ProblemContentType is the media type of problem details (RFC 9457).
