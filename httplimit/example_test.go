@@ -247,3 +247,26 @@ func ExampleConfig_refused() {
 	// 200 Retry-After="" body=
 	// 429 Retry-After="3600" body={"error":{"code":"rate_limited","policy":"api"}}
 }
+
+// Behind Cloudflare, key clients by CF-Connecting-IP, believed only from
+// Cloudflare's own networks (list them all from
+// https://www.cloudflare.com/ips/; two are shown).
+func ExampleIPConfig_cdn() {
+	cloudflare, err := httplimit.ParsePrefixes("173.245.48.0/20", "2400:cb00::/32")
+	if err != nil {
+		log.Fatal(err)
+	}
+	key, err := httplimit.ClientIP(httplimit.IPConfig{TrustedProxies: cloudflare, Header: httplimit.HeaderCFConnectingIP})
+	if err != nil {
+		log.Fatal(err)
+	}
+	r := httptest.NewRequest(http.MethodGet, "/", nil)
+	r.Header.Set("CF-Connecting-IP", "198.51.100.7")
+	r.RemoteAddr = "173.245.48.10:443" // Cloudflare
+	fmt.Println(key(r))
+	r.RemoteAddr = "203.0.113.9:40000" // someone forging the header
+	fmt.Println(key(r))
+	// Output:
+	// ip:198.51.100.7/32 <nil>
+	// ip:203.0.113.9/32 <nil>
+}
