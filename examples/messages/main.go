@@ -96,6 +96,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		// Let commands give up at their context's deadline, so a hung
 		// Redis costs a request at most the middleware's timeout.
 		opts.ContextTimeoutEnabled = true
+		// go-redis's own lines (a failed dial per request while Redis is
+		// down) go through our logger, at most one a second.
+		redisstore.SetLogger(logger)
 		client := redis.NewClient(opts)
 		defer client.Close()
 		if store, err = redisstore.New(client, redisstore.Options{}); err != nil {

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"flag"
 	"log"
+	"log/slog"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -36,6 +37,7 @@ func main() {
 			log.Fatal(err)
 		}
 		opts.ContextTimeoutEnabled = true
+		redisstore.SetLogger(slog.Default()) // go-redis's own lines: structured, one a second
 		rs, err := redisstore.New(redis.NewClient(opts), redisstore.Options{})
 		if err != nil {
 			log.Fatal(err)
