@@ -8,7 +8,7 @@
 // of the IETF draft draft-ietf-httpapi-ratelimit-headers, such as
 //
 //	RateLimit-Policy: "messages";q=20;w=2
-//	RateLimit: "messages";r=13;t=1
+//	RateLimit: "messages";r=13;t=0
 //
 // A refused request gets 429 Too Many Requests, a Retry-After in
 // delta-seconds rounded up (so a client that obeys it is admitted), and an
@@ -41,6 +41,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"slices"
 	"strconv"
 	"sync"
@@ -72,6 +73,8 @@ const (
 	DefaultTimeout = 250 * time.Millisecond
 	// MaxPolicyNameLen is the longest policy or limit name.
 	MaxPolicyNameLen = 64
+	// MaxUnitsPerToken is the largest Policy.UnitsPerToken: 1 MiB.
+	MaxUnitsPerToken = 1 << 20
 	// storeErrorLogInterval is the least time between two logged store
 	// errors of one Middleware; the ones in between are counted and the
 	// count is logged with the next one.
@@ -115,6 +118,20 @@ type Config struct {
 	// Logger receives store failures (Error), shadow denials (Info) and
 	// denials (Debug). The default is slog.Default().
 	Logger *slog.Logger
+	// Exempt names requests that bypass every policy of the Middleware:
+	// they are served unlimited, without RateLimit fields, and counted as
+	// outcome "exempt". The default exempts nothing.
+	Exempt Exemptions
+	// Refused renders a refusal in place of the default problem+json body,
+	// with the decision at hand. When it is called the RateLimit-Policy and
+	// RateLimit fields, and Retry-After when waiting helps, are set; it
+	// writes the status (normally Refusal.Status) and the body. The default
+	// writes Refusal.Problem with Refusal.Status.
+	Refused func(w http.ResponseWriter, r *http.Request, ref Refusal)
+	// Unavailable renders the answer to a request whose store call failed
+	// when failing closed. Retry-After: 1 is set when it is called. The
+	// default answers 503 with a problem+json body.
+	Unavailable func(w http.ResponseWriter, r *http.Request, err error)
 	// Registerer receives the metrics fleetrate_http_requests_total{policy,
 	// outcome}, fleetrate_http_store_errors_total{policy} and
 	// fleetrate_http_store_duration_seconds{policy}. Nil, the default,
@@ -122,10 +139,50 @@ type Config struct {
 	Registerer prometheus.Registerer
 }
 
+// Exemptions name the requests that bypass limiting. A request is exempt
+// when any of the three matches.
+type Exemptions struct {
+	// Keys are client keys, as a policy's KeyFunc returns them, that are
+	// never limited: "apikey:" + HashKey(secret) for APIKey, or
+	// "ip:203.0.113.7/32" for ClientIP.
+	Keys []string
+	// Peers are networks whose TCP peers (the request's RemoteAddr) are
+	// never limited, such as an internal health checker. Behind a proxy
+	// every peer is the proxy: exempt forwarded clients by Keys instead.
+	Peers []netip.Prefix
+	// Func reports whether a request is exempt, for routes, methods or
+	// anything else. It must be safe for concurrent use.
+	Func func(*http.Request) bool
+}
+
+// Refusal describes a refused request to Config.Refused.
+type Refusal struct {
+	// Status is the default status: 429, or 413 for a request of a
+	// content-bytes policy that costs more than the burst.
+	Status int
+	// Policy is the header item name of the limit that refused.
+	Policy string
+	// Cost is the request's cost in quota units.
+	Cost int64
+	// RetryAfter is how long until the request would be admitted; 0 when
+	// waiting cannot help (the cost exceeds the burst).
+	RetryAfter time.Duration
+	// Result is the store's decision; for a cost above the burst, a peek
+	// that took nothing (zero if the peek failed).
+	Result fleetrate.Result
+	// Problem is the body the default answer writes.
+	Problem Problem
+}
+
 // Validate checks the configuration, naming the offending field.
 func (c Config) Validate() error {
 	if c.Store == nil {
 		return fmt.Errorf("%w: httplimit: config: store is required", fleetrate.ErrInvalid)
+	}
+	for i, p := range c.Exempt.Peers {
+		if !p.IsValid() {
+			return fmt.Errorf("%w: httplimit: config: exempt peers[%d] is not a valid prefix", fleetrate.ErrInvalid, i)
+		}
 	}
 	if len(c.Prefix) > 256 {
 		return fmt.Errorf("%w: httplimit: config: prefix must be at most 256 bytes, got %d", fleetrate.ErrInvalid, len(c.Prefix))
@@ -154,15 +211,50 @@ type Policy struct {
 	Cost CostFunc
 	// Unit is the quota unit advertised in RateLimit-Policy ("qu"), for
 	// example "content-bytes" with a BodySize cost. Empty means requests.
+	// A request whose cost exceeds the burst of a "content-bytes" policy
+	// is answered 413 Content Too Large; of any other, 429.
 	Unit string
+	// UnitsPerToken is how many quota units one token stands for in the
+	// headers: with Cost BodySize(1024, max) and Unit "content-bytes" it
+	// must be 1024, so that "q" and "r" count bytes, not KiB. The default
+	// is 1. It must be at most MaxUnitsPerToken.
+	UnitsPerToken int64
 	// Shadow puts this policy in shadow mode; see Config.Shadow.
 	Shadow bool
+	// Tiers are named alternatives to Limits, such as a free plan at 10/s
+	// and a paid one at 100/s; Tier picks one per request. A tier is served
+	// as a policy of its own named "policy.tier" (1 to 64 bytes in all): its
+	// own buckets, header items and metrics label, so the buckets of
+	// different tiers never mix. Limits, when given, is the default tier,
+	// used when Tier returns "".
+	Tiers []Tier
+	// Tier names the tier of a request, typically from the caller's
+	// identity in the context. Required with Tiers. An error, or a name
+	// that is not one of Tiers (or "" without Limits), answers the request
+	// through Config.KeyError.
+	Tier func(*http.Request) (string, error)
+}
+
+// Tier is one named set of limits of a Policy.
+type Tier struct {
+	// Name identifies the tier: 1 to 64 bytes of [A-Za-z0-9._-]. Required.
+	Name string
+	// Limits are the tier's limits, as Policy.Limits. Required.
+	Limits []fleetrate.Limit
 }
 
 // Validate checks the policy, naming the offending field and value.
 func (p Policy) Validate() error {
 	if err := validName("name", p.Name); err != nil {
 		return fmt.Errorf("%w: httplimit: policy: %w", fleetrate.ErrInvalid, err)
+	}
+	if len(p.Tiers) > 0 || p.Tier != nil {
+		if err := p.validateTiers(); err != nil {
+			return err
+		}
+		if len(p.Limits) == 0 {
+			return nil
+		}
 	}
 	if len(p.Limits) == 0 {
 		return fmt.Errorf("%w: httplimit: policy %q: at least one limit is required", fleetrate.ErrInvalid, p.Name)
@@ -183,6 +275,10 @@ func (p Policy) Validate() error {
 			}
 		}
 	}
+	if p.UnitsPerToken < 0 || p.UnitsPerToken > MaxUnitsPerToken {
+		return fmt.Errorf("%w: httplimit: policy %q: units per token must be between 1 and %d (0 means 1), got %d",
+			fleetrate.ErrInvalid, p.Name, MaxUnitsPerToken, p.UnitsPerToken)
+	}
 	switch p.Unit {
 	case "", headers.UnitRequests, headers.UnitContentBytes, headers.UnitConcurrentRequests:
 	default:
@@ -190,6 +286,32 @@ func (p Policy) Validate() error {
 			headers.UnitRequests, headers.UnitContentBytes, headers.UnitConcurrentRequests, p.Unit)
 	}
 	return nil
+}
+
+func (p Policy) validateTiers() error {
+	if p.Tier == nil || len(p.Tiers) == 0 {
+		return fmt.Errorf("%w: httplimit: policy %q: tiers and a tier function go together", fleetrate.ErrInvalid, p.Name)
+	}
+	for i, t := range p.Tiers {
+		if err := validName(fmt.Sprintf("tiers[%d].name", i), t.Name); err != nil {
+			return fmt.Errorf("%w: httplimit: policy %q: %w", fleetrate.ErrInvalid, p.Name, err)
+		}
+		for j, o := range p.Tiers[:i] {
+			if o.Name == t.Name {
+				return fmt.Errorf("%w: httplimit: policy %q: tiers[%d] and tiers[%d] are both named %q", fleetrate.ErrInvalid, p.Name, j, i, t.Name)
+			}
+		}
+		if err := p.tier(t).Validate(); err != nil {
+			return fmt.Errorf("httplimit: policy %q: tiers[%d]: %w", p.Name, i, err)
+		}
+	}
+	return nil
+}
+
+// tier returns the policy that serves tier t of p.
+func (p Policy) tier(t Tier) Policy {
+	p.Name, p.Limits, p.Tiers, p.Tier = p.Name+"."+t.Name, t.Limits, nil, nil
+	return p
 }
 
 func validName(field, s string) error {
@@ -212,6 +334,11 @@ type Middleware struct {
 	prefix     string
 	key        KeyFunc
 	keyError   func(http.ResponseWriter, *http.Request, error)
+	refused    func(http.ResponseWriter, *http.Request, Refusal)
+	unavail    func(http.ResponseWriter, *http.Request, error)
+	exemptKeys map[string]bool
+	exemptNets []netip.Prefix
+	exemptFunc func(*http.Request) bool
 	failClosed bool
 	shadow     bool
 	legacy     bool
@@ -239,6 +366,9 @@ func New(cfg Config) (*Middleware, error) {
 		prefix:     cfg.Prefix,
 		key:        cfg.Key,
 		keyError:   cfg.KeyError,
+		refused:    cfg.Refused,
+		unavail:    cfg.Unavailable,
+		exemptFunc: cfg.Exempt.Func,
 		failClosed: cfg.FailClosed,
 		shadow:     cfg.Shadow,
 		legacy:     cfg.LegacyHeaders,
@@ -258,6 +388,24 @@ func New(cfg Config) (*Middleware, error) {
 	if m.keyError == nil {
 		m.keyError = defaultKeyError
 	}
+	if m.refused == nil {
+		m.refused = defaultRefused
+	}
+	if m.unavail == nil {
+		m.unavail = defaultUnavailable
+	}
+	for _, k := range cfg.Exempt.Keys {
+		if m.exemptKeys == nil {
+			m.exemptKeys = make(map[string]bool, len(cfg.Exempt.Keys))
+		}
+		m.exemptKeys[k] = true
+	}
+	for _, p := range cfg.Exempt.Peers {
+		if p.Addr().Is4In6() {
+			p = netip.PrefixFrom(p.Addr().Unmap(), max(p.Bits()-96, 0))
+		}
+		m.exemptNets = append(m.exemptNets, p.Masked())
+	}
 	if m.timeout == 0 {
 		m.timeout = DefaultTimeout
 	}
@@ -273,7 +421,9 @@ type policy struct {
 	name     string
 	lim      *fleetrate.Limiter
 	limits   []fleetrate.Limit
-	items    []string
+	items    []string // header item names, one per limit
+	quotas   []int64  // advertised "q" per limit, in quota units
+	windows  []int64  // advertised "w" per limit, in seconds
 	header   string
 	key      KeyFunc
 	cost     CostFunc
@@ -281,20 +431,81 @@ type policy struct {
 	minBurst int64  // the smallest burst: no request may cost more
 	minItem  string // the item name of the limit with that burst
 	unit     string // for messages: "requests" unless Policy.Unit says otherwise
+	upt      int64  // quota units per token
+	bytes    bool   // the unit is content-bytes: a cost above the burst is a 413
 }
 
 // Limit returns middleware enforcing p on every request of the handlers it
 // wraps, or an error naming what is wrong with p.
 func (m *Middleware) Limit(p Policy) (func(http.Handler) http.Handler, error) {
-	pol, err := m.compile(p)
+	var s interface {
+		serve(http.ResponseWriter, *http.Request, http.Handler)
+	}
+	var err error
+	if len(p.Tiers) > 0 || p.Tier != nil {
+		s, err = m.compileTiers(p)
+	} else {
+		s, err = m.compile(p)
+	}
 	if err != nil {
 		return nil, err
 	}
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			pol.serve(w, r, next)
+			s.serve(w, r, next)
 		})
 	}, nil
+}
+
+// tiered serves a policy with tiers: each request by the policy of its
+// tier.
+type tiered struct {
+	m     *Middleware
+	name  string
+	pick  func(*http.Request) (string, error)
+	tiers map[string]*policy
+	def   *policy // the policy's own Limits; nil without
+}
+
+func (m *Middleware) compileTiers(p Policy) (*tiered, error) {
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	t := &tiered{m: m, name: p.Name, pick: p.Tier, tiers: make(map[string]*policy, len(p.Tiers))}
+	for _, tr := range p.Tiers {
+		pol, err := m.compile(p.tier(tr))
+		if err != nil {
+			return nil, err
+		}
+		t.tiers[tr.Name] = pol
+	}
+	if len(p.Limits) > 0 {
+		def := p
+		def.Tiers, def.Tier = nil, nil
+		pol, err := m.compile(def)
+		if err != nil {
+			return nil, err
+		}
+		t.def = pol
+	}
+	return t, nil
+}
+
+func (t *tiered) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
+	name, err := t.pick(r)
+	pol := t.def
+	if err == nil && name != "" {
+		pol = t.tiers[name]
+	}
+	if err == nil && pol == nil {
+		err = fmt.Errorf("%w: policy %q has no tier %q", ErrNoKey, t.name, name)
+	}
+	if err != nil {
+		t.m.metrics.request(t.name, OutcomeNoKey)
+		t.m.keyError(w, r, fmt.Errorf("choosing the tier: %w", err))
+		return
+	}
+	pol.serve(w, r, next)
 }
 
 func (m *Middleware) compile(p Policy) (*policy, error) {
@@ -323,6 +534,8 @@ func (m *Middleware) compile(p Policy) (*policy, error) {
 		cost:   p.Cost,
 		shadow: p.Shadow || m.shadow,
 		unit:   p.Unit,
+		upt:    max(p.UnitsPerToken, 1),
+		bytes:  p.Unit == headers.UnitContentBytes,
 	}
 	if pol.unit == "" {
 		pol.unit = headers.UnitRequests
@@ -336,11 +549,18 @@ func (m *Middleware) compile(p Policy) (*policy, error) {
 		if l.Name != "" {
 			item += "." + l.Name
 		}
+		if l.Burst > headers.MaxInteger/pol.upt {
+			return nil, fmt.Errorf("%w: httplimit: policy %q: limits[%d]: burst %d times %d units per token exceeds the headers' largest integer %d",
+				fleetrate.ErrInvalid, p.Name, i, l.Burst, pol.upt, int64(headers.MaxInteger))
+		}
+		q, w := quotaWindow(l.Interval(), l.Burst)
 		pol.items = append(pol.items, item)
+		pol.quotas = append(pol.quotas, q*pol.upt)
+		pol.windows = append(pol.windows, w)
 		if i == 0 || l.Burst < pol.minBurst {
 			pol.minBurst, pol.minItem = l.Burst, item
 		}
-		hp[i] = headers.Policy{Name: item, Quota: l.Burst, Unit: p.Unit, Window: l.FillTime()}
+		hp[i] = headers.Policy{Name: item, Quota: q * pol.upt, Unit: p.Unit, Window: time.Duration(w) * time.Second}
 	}
 	if pol.header, err = headers.FormatPolicy(hp...); err != nil {
 		return nil, fmt.Errorf("httplimit: policy %q: %w", p.Name, err)
@@ -349,6 +569,59 @@ func (m *Middleware) compile(p Policy) (*policy, error) {
 }
 
 func (p *policy) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
+	if p.m.exemptRequest(r) {
+		p.m.metrics.request(p.name, OutcomeExempt)
+		next.ServeHTTP(w, r)
+		return
+	}
+	key, cost, ok := p.keyAndCost(w, r)
+	if !ok {
+		return
+	}
+	if p.m.exemptKeys[key] {
+		p.m.metrics.request(p.name, OutcomeExempt)
+		next.ServeHTTP(w, r)
+		return
+	}
+	if cost > p.minBurst {
+		p.tooCostly(w, r, key, cost, next)
+		return
+	}
+	res, err := p.take(r, key, cost)
+	if err != nil {
+		if r.Context().Err() != nil {
+			return // the client has gone; there is no one to answer
+		}
+		p.m.storeFailed(w, r, p, err, next)
+		return
+	}
+	item := p.setHeaders(w.Header(), res)
+	if res.Allowed {
+		p.m.metrics.request(p.name, OutcomeAllowed)
+		next.ServeHTTP(w, r)
+		return
+	}
+	p.refuse(w, r, res, item, next)
+}
+
+// exemptRequest reports whether the request's peer or Exempt.Func exempts
+// it.
+func (m *Middleware) exemptRequest(r *http.Request) bool {
+	if len(m.exemptNets) > 0 {
+		if a, ok := parseHost(r.RemoteAddr); ok {
+			for _, n := range m.exemptNets {
+				if n.Contains(a) {
+					return true
+				}
+			}
+		}
+	}
+	return m.exemptFunc != nil && m.exemptFunc(r)
+}
+
+// keyAndCost identifies the client and prices the request, answering the
+// request itself when either fails.
+func (p *policy) keyAndCost(w http.ResponseWriter, r *http.Request) (key string, cost int64, ok bool) {
 	m := p.m
 	key, err := p.key(r)
 	if err == nil && key == "" {
@@ -357,67 +630,79 @@ func (p *policy) serve(w http.ResponseWriter, r *http.Request, next http.Handler
 	if err != nil {
 		m.metrics.request(p.name, OutcomeNoKey)
 		m.keyError(w, r, err)
-		return
+		return "", 0, false
 	}
-	cost := int64(1)
-	if p.cost != nil {
-		c, err := p.cost(r)
-		if err == nil && c < 0 {
-			err = fmt.Errorf("negative cost %d", c)
-		}
-		if err != nil {
-			m.metrics.request(p.name, OutcomeBadCost)
-			writeProblem(w, http.StatusBadRequest, &Problem{
-				Title:  http.StatusText(http.StatusBadRequest),
-				Detail: "cannot compute the cost of this request: " + err.Error(),
-			})
-			return
-		}
-		cost = c
+	if p.cost == nil {
+		return key, 1, true
 	}
-	if cost > p.minBurst {
-		// The request could never be admitted; retrying cannot help, so
-		// no Retry-After is sent.
+	cost, err = p.cost(r)
+	if err == nil && cost < 0 {
+		err = fmt.Errorf("negative cost %d", cost)
+	}
+	if err != nil {
 		m.metrics.request(p.name, OutcomeBadCost)
-		m.log.LogAttrs(r.Context(), slog.LevelWarn, "fleetrate: request cost exceeds the burst of its policy",
-			slog.String("policy", p.name), slog.Int64("cost", cost), slog.Int64("burst", p.minBurst))
-		if p.shadow {
-			next.ServeHTTP(w, r)
-			return
-		}
-		w.Header().Set(HeaderRateLimitPolicy, p.header)
-		writeProblem(w, http.StatusTooManyRequests, &Problem{
-			Type:             ProblemQuotaExceeded,
-			Title:            "Quota Exceeded",
-			Detail:           fmt.Sprintf("this request costs %d, more than the %d that policy %q can ever grant; it will never be admitted", cost, p.minBurst, p.minItem),
-			ViolatedPolicies: []string{p.minItem},
+		writeProblem(w, http.StatusBadRequest, &Problem{
+			Title:  http.StatusText(http.StatusBadRequest),
+			Detail: "cannot compute the cost of this request: " + err.Error(),
 		})
-		return
+		return "", 0, false
 	}
+	return key, cost, true
+}
 
+// take asks the store for cost tokens of the client's bucket, within the
+// middleware's timeout. A cost of 0 peeks.
+func (p *policy) take(r *http.Request, key string, cost int64) (fleetrate.Result, error) {
 	ctx, cancel := r.Context(), context.CancelFunc(func() {})
-	if m.timeout > 0 {
-		ctx, cancel = context.WithTimeout(ctx, m.timeout)
+	if p.m.timeout > 0 {
+		ctx, cancel = context.WithTimeout(ctx, p.m.timeout)
 	}
 	start := time.Now()
 	res, err := p.lim.AllowN(ctx, cost, bucketName(key))
 	cancel()
-	m.metrics.observe(p.name, time.Since(start))
-	if err != nil {
-		if r.Context().Err() != nil {
-			return // the client has gone; there is no one to answer
-		}
-		m.storeFailed(w, r, p, err, next)
-		return
+	p.m.metrics.observe(p.name, time.Since(start))
+	return res, err
+}
+
+// tooCostly answers a request that costs more than the burst of one of
+// the policy's limits: it can never be admitted, so no Retry-After is
+// sent (waiting cannot help), but the RateLimit fields report the
+// client's bucket, read with a peek that takes nothing. A content-bytes
+// policy answers 413 Content Too Large, any other 429.
+func (p *policy) tooCostly(w http.ResponseWriter, r *http.Request, key string, cost int64, next http.Handler) {
+	m := p.m
+	m.metrics.request(p.name, OutcomeBadCost)
+	m.log.LogAttrs(r.Context(), slog.LevelWarn, "fleetrate: request cost exceeds the burst of its policy",
+		slog.String("policy", p.name), slog.Int64("cost", cost), slog.Int64("burst", p.minBurst))
+	w.Header().Set(HeaderRateLimitPolicy, p.header)
+	res, err := p.take(r, key, 0)
+	if err == nil {
+		p.setHeaders(w.Header(), res)
 	}
-	item := p.setHeaders(w.Header(), res)
-	if res.Allowed {
-		m.metrics.request(p.name, OutcomeAllowed)
+	if p.shadow {
 		next.ServeHTTP(w, r)
 		return
 	}
+	status, prob := http.StatusTooManyRequests, &Problem{
+		Type:             ProblemQuotaExceeded,
+		Title:            "Quota Exceeded",
+		Detail:           fmt.Sprintf("this request costs %d %s, more than the %d that policy %q can ever grant; it will never be admitted", cost*p.upt, p.unit, p.minBurst*p.upt, p.minItem),
+		ViolatedPolicies: []string{p.minItem},
+	}
+	if p.bytes {
+		status = http.StatusRequestEntityTooLarge
+		prob.Type, prob.Title = "", http.StatusText(status)
+		prob.Detail = fmt.Sprintf("the request body counts as %d bytes, more than the %d that policy %q can ever grant", cost*p.upt, p.minBurst*p.upt, p.minItem)
+	}
+	m.refused(w, r, Refusal{Status: status, Policy: p.minItem, Cost: cost * p.upt, Result: res, Problem: *prob})
+}
+
+// refuse answers a request the store refused: 429 with Retry-After, or in
+// shadow mode the handler's own answer.
+func (p *policy) refuse(w http.ResponseWriter, r *http.Request, res fleetrate.Result, item string, next http.Handler) {
+	m := p.m
 	attrs := []slog.Attr{
-		slog.String("policy", item), slog.Int64("cost", cost),
+		slog.String("policy", item), slog.Int64("cost", res.N),
 		slog.Duration("retry_after", res.RetryAfter), slog.String("method", r.Method), slog.String("path", r.URL.Path),
 	}
 	if p.shadow {
@@ -430,17 +715,31 @@ func (p *policy) serve(w http.ResponseWriter, r *http.Request, next http.Handler
 	m.log.LogAttrs(r.Context(), slog.LevelDebug, "fleetrate: request rate limited", attrs...)
 	retry := max(headers.DelaySeconds(res.RetryAfter), 1)
 	w.Header().Set(HeaderRetryAfter, strconv.FormatInt(retry, 10))
-	l := p.limits[p.limitIndex(res.Limit)]
+	i := p.limitIndex(res.Limit)
 	detail := fmt.Sprintf("the quota of policy %q (%d %s per %ds) is exhausted for this client; retry in %d s",
-		item, l.Burst, p.unit, headers.DelaySeconds(l.FillTime()), retry)
-	if cost != 1 {
-		detail = fmt.Sprintf("this request costs %d; %s", cost, detail)
+		item, p.quotas[i], p.unit, p.windows[i], retry)
+	if res.N != 1 {
+		detail = fmt.Sprintf("this request costs %d %s; %s", res.N*p.upt, p.unit, detail)
 	}
-	writeProblem(w, http.StatusTooManyRequests, &Problem{
-		Type:             ProblemQuotaExceeded,
-		Title:            "Quota Exceeded",
-		Detail:           detail,
-		ViolatedPolicies: []string{item},
+	m.refused(w, r, Refusal{
+		Status: http.StatusTooManyRequests, Policy: item, Cost: res.N * p.upt, RetryAfter: res.RetryAfter, Result: res,
+		Problem: Problem{
+			Type:             ProblemQuotaExceeded,
+			Title:            "Quota Exceeded",
+			Detail:           detail,
+			ViolatedPolicies: []string{item},
+		},
+	})
+}
+
+func defaultRefused(w http.ResponseWriter, _ *http.Request, ref Refusal) {
+	writeProblem(w, ref.Status, &ref.Problem)
+}
+
+func defaultUnavailable(w http.ResponseWriter, _ *http.Request, _ error) {
+	writeProblem(w, http.StatusServiceUnavailable, &Problem{
+		Title:  http.StatusText(http.StatusServiceUnavailable),
+		Detail: "the rate limiter is unavailable; retry shortly",
 	})
 }
 
@@ -459,29 +758,21 @@ func (p *policy) limitIndex(l fleetrate.Limit) int {
 // decision and returns the name of the limit reported.
 //
 // The reported limit is the one that decided: for a denial the limit that
-// refused, otherwise the one with the fewest tokens left. Its "t", the
-// draft's effective window, is the time until that limit gains its next
-// token: within it the client can use no more than "r". It is exact for a
-// policy of one limit and bounded by one token's refill time otherwise,
-// and for a denial it never ends after Retry-After. The legacy reset is
-// when the reported limit is full again.
+// refused, otherwise the one with the fewest tokens left. "r" is its
+// tokens left and "t" the effective window (see effectiveWindow), both in
+// quota units and rounded down, so that neither promises more than the
+// bucket admits. For a denial "t" never ends after Retry-After. The legacy
+// reset is when the reported limit is full again.
 func (p *policy) setHeaders(h http.Header, res fleetrate.Result) string {
 	i := p.limitIndex(res.Limit)
 	l := p.limits[i]
-	iv := time.Duration(l.Interval())
 	remaining := min(max(res.Remaining, 0), l.Burst)
-	// The limit's debt is at most ResetAfter and lies in
-	// ((Burst-remaining-1)·iv, (Burst-remaining)·iv].
-	full := min(res.ResetAfter, time.Duration(l.Burst-remaining)*iv)
-	next := min(max(res.ResetAfter-time.Duration(l.Burst-remaining-1)*iv, 0), iv)
-	if remaining == l.Burst {
-		next = 0
-	}
+	t := effectiveWindow(len(p.limits), l, remaining, res)
 	if !res.Allowed {
-		next = min(res.RetryAfter, iv)
+		t = min(t, res.RetryAfter)
 	}
 	h.Set(HeaderRateLimitPolicy, p.header)
-	if v, err := headers.FormatRateLimit(headers.Limit{Name: p.items[i], Remaining: remaining, Reset: next, HasReset: true}); err == nil {
+	if v, err := headers.FormatRateLimit(headers.Limit{Name: p.items[i], Remaining: remaining * p.upt, Reset: t, HasReset: true}); err == nil {
 		h.Set(HeaderRateLimit, v)
 	}
 	if p.m.legacy {
@@ -489,7 +780,10 @@ func (p *policy) setHeaders(h http.Header, res fleetrate.Result) string {
 		if at.IsZero() {
 			at = time.Now()
 		}
-		headers.SetLegacy(h, headers.Legacy{Limit: l.Burst, Remaining: remaining, Reset: at.Add(full)})
+		// The limit's debt is at most ResetAfter and at most what its
+		// remaining tokens allow.
+		full := min(res.ResetAfter, time.Duration(l.Burst-remaining)*time.Duration(l.Interval()))
+		headers.SetLegacy(h, headers.Legacy{Limit: l.Burst * p.upt, Remaining: remaining * p.upt, Reset: at.Add(full)})
 	}
 	return p.items[i]
 }
@@ -521,10 +815,7 @@ func (m *Middleware) storeFailed(w http.ResponseWriter, r *http.Request, p *poli
 		return
 	}
 	w.Header().Set(HeaderRetryAfter, "1")
-	writeProblem(w, http.StatusServiceUnavailable, &Problem{
-		Title:  http.StatusText(http.StatusServiceUnavailable),
-		Detail: "the rate limiter is unavailable; retry shortly",
-	})
+	m.unavail(w, r, err)
 }
 
 // ProblemContentType is the media type of problem details (RFC 9457).

@@ -40,7 +40,9 @@ func TestAllowedResponsesCarryHeaders(t *testing.T) {
 	if len(ps) != 1 || ps[0].Quota != 20 || ps[0].Window != 2*time.Second {
 		t.Errorf("parsed policy %+v, want q=20 w=2s", ps)
 	}
-	if got, want := w.Header().Get(HeaderRateLimit), `"messages";r=19;t=1`; got != want {
+	if got, want := w.Header().Get(HeaderRateLimit), `"messages";r=19;t=0`; got != want {
+		// t=0: the next token is 100 ms away, and rounding it up would
+		// promise that no more than r are admitted within a whole second.
 		t.Errorf("RateLimit = %s, want %s", got, want)
 	}
 	if w.Header().Get(HeaderRetryAfter) != "" {
@@ -79,7 +81,7 @@ func TestDenial(t *testing.T) {
 	if got := w.Header().Get(HeaderRetryAfter); got != "1" {
 		t.Errorf("Retry-After = %q, want 1 (100 ms rounded up)", got)
 	}
-	if got, want := w.Header().Get(HeaderRateLimit), `"messages";r=0;t=1`; got != want {
+	if got, want := w.Header().Get(HeaderRateLimit), `"messages";r=0;t=0`; got != want {
 		t.Errorf("RateLimit = %s, want %s", got, want)
 	}
 	if got := w.Header().Get(HeaderRateLimitPolicy); got != `"messages";q=20;w=2` {
@@ -213,7 +215,7 @@ func TestMultiLimitPolicyHeaders(t *testing.T) {
 	if got, want := w.Header().Get(HeaderRateLimitPolicy), `"api.burst";q=20;w=2, "api.hourly";q=30;w=3600`; got != want {
 		t.Errorf("RateLimit-Policy = %s, want %s", got, want)
 	}
-	if got, want := w.Header().Get(HeaderRateLimit), `"api.burst";r=19;t=1`; got != want {
+	if got, want := w.Header().Get(HeaderRateLimit), `"api.burst";r=19;t=0`; got != want {
 		t.Errorf("RateLimit = %s, want %s", got, want)
 	}
 	// After 20 requests spaced out so the burst refills, the hourly limit
@@ -398,6 +400,14 @@ func TestCostErrors(t *testing.T) {
 	w := do(h, "k")
 	if w.Code != http.StatusTooManyRequests || w.Header().Get(HeaderRetryAfter) != "" {
 		t.Errorf("cost above burst: %d with Retry-After %q; want 429 without Retry-After", w.Code, w.Header().Get(HeaderRetryAfter))
+	}
+	// The headers are complete: the policy and what is left, untouched by
+	// the refused request.
+	if got, want := w.Header().Get(HeaderRateLimitPolicy), `"messages";q=20;w=2`; got != want {
+		t.Errorf("RateLimit-Policy = %s, want %s", got, want)
+	}
+	if got, want := w.Header().Get(HeaderRateLimit), `"messages";r=20;t=0`; got != want {
+		t.Errorf("RateLimit = %s, want %s", got, want)
 	}
 	if p := decodeProblem(t, w); !strings.Contains(p.Detail, "never") {
 		t.Errorf("detail %q", p.Detail)

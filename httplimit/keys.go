@@ -148,6 +148,14 @@ const (
 	HeaderXForwardedFor = "X-Forwarded-For"
 	// HeaderForwarded is the standard Forwarded header of RFC 7239.
 	HeaderForwarded = "Forwarded"
+	// HeaderCFConnectingIP is Cloudflare's single-address client IP header.
+	HeaderCFConnectingIP = "Cf-Connecting-Ip"
+	// HeaderTrueClientIP is the single-address client IP header of Akamai
+	// and of Cloudflare Enterprise.
+	HeaderTrueClientIP = "True-Client-Ip"
+	// HeaderXRealIP is the single-address header nginx's realip and many
+	// proxies set.
+	HeaderXRealIP = "X-Real-Ip"
 )
 
 // IPConfig configures ClientIP. The zero value keys every request by the
@@ -161,8 +169,14 @@ type IPConfig struct {
 	// headers are ignored.
 	TrustedProxies []netip.Prefix
 	// Header is the forwarding header your proxies set: HeaderXForwardedFor
-	// (the default) or HeaderForwarded. Read only one: a proxy that sets
-	// one passes a client's forged copy of the other through untouched.
+	// (the default) or HeaderForwarded, lists of hops; or a single-address
+	// header set by a CDN or proxy in front of the service:
+	// HeaderCFConnectingIP, HeaderTrueClientIP or HeaderXRealIP. Read only
+	// one: a proxy that sets one passes a client's forged copy of another
+	// through untouched. A single-address header is believed only from a
+	// trusted peer, and only when it appears once and holds one address;
+	// otherwise the peer's own address is the key, so a forged or doubled
+	// header never picks another client's bucket.
 	Header string
 	// IPv4PrefixLen groups IPv4 clients by network. The default is 32, one
 	// bucket per address.
@@ -175,9 +189,10 @@ type IPConfig struct {
 // Validate checks the configuration, naming the offending field.
 func (c IPConfig) Validate() error {
 	switch http.CanonicalHeaderKey(c.Header) {
-	case "", HeaderXForwardedFor, HeaderForwarded:
+	case "", HeaderXForwardedFor, HeaderForwarded, HeaderCFConnectingIP, HeaderTrueClientIP, HeaderXRealIP:
 	default:
-		return fmt.Errorf("httplimit: ip config: header must be %q or %q, got %q", HeaderXForwardedFor, HeaderForwarded, c.Header)
+		return fmt.Errorf("httplimit: ip config: header must be one of %q, %q, %q, %q or %q, got %q",
+			HeaderXForwardedFor, HeaderForwarded, HeaderCFConnectingIP, HeaderTrueClientIP, HeaderXRealIP, c.Header)
 	}
 	if c.IPv4PrefixLen < 0 || c.IPv4PrefixLen > 32 {
 		return fmt.Errorf("httplimit: ip config: ipv4 prefix length must be between 1 and 32 (0 means 32), got %d", c.IPv4PrefixLen)
@@ -217,6 +232,7 @@ func ParsePrefixes(cidrs ...string) ([]netip.Prefix, error) {
 type ipResolver struct {
 	trusted   []netip.Prefix
 	forwarded bool
+	single    string // a single-address header, or ""
 	v4, v6    int
 }
 
@@ -237,6 +253,10 @@ func ClientIP(cfg IPConfig) (KeyFunc, error) {
 			p = netip.PrefixFrom(p.Addr().Unmap(), max(p.Bits()-96, 0))
 		}
 		res.trusted = append(res.trusted, p.Masked())
+	}
+	switch h := http.CanonicalHeaderKey(cfg.Header); h {
+	case HeaderCFConnectingIP, HeaderTrueClientIP, HeaderXRealIP:
+		res.single = h
 	}
 	if res.v4 == 0 {
 		res.v4 = 32
@@ -278,6 +298,16 @@ func (c *ipResolver) clientAddr(r *http.Request) (netip.Addr, error) {
 		return netip.Addr{}, fmt.Errorf("%w: cannot parse the peer address %q", ErrNoKey, r.RemoteAddr)
 	}
 	if !c.isTrusted(peer) {
+		return peer, nil
+	}
+	if c.single != "" {
+		// One line holding one address, or the client is not known
+		// better than by the trusted peer.
+		if vals := r.Header.Values(c.single); len(vals) == 1 {
+			if a, ok := parseHost(strings.TrimSpace(vals[0])); ok {
+				return a, nil
+			}
+		}
 		return peer, nil
 	}
 	var hops []string

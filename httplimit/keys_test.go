@@ -105,7 +105,7 @@ func TestClientIP(t *testing.T) {
 func TestClientIPErrors(t *testing.T) {
 	t.Parallel()
 	for _, cfg := range []IPConfig{
-		{Header: "X-Real-IP"},
+		{Header: "X-Client-IP"}, // not one ClientIP knows
 		{IPv4PrefixLen: 33},
 		{IPv6PrefixLen: -1},
 		{TrustedProxies: []netip.Prefix{{}}},

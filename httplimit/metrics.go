@@ -19,6 +19,7 @@ const (
 	OutcomeFailClosed   = "fail_closed"   // store failed; answered 503
 	OutcomeNoKey        = "no_key"        // the key function failed
 	OutcomeBadCost      = "bad_cost"      // the cost function failed, or the cost exceeds the burst
+	OutcomeExempt       = "exempt"        // exempt from limiting (Config.Exempt); admitted
 )
 
 // metrics holds the collectors; every method is a no-op on a nil

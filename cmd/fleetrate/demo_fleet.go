@@ -282,6 +282,7 @@ func openRedis(ctx context.Context, url string) (*redisstore.Store, func(), erro
 	if err != nil {
 		return nil, nil, fmt.Errorf("--redis %q: %w", url, err)
 	}
+	redisstore.SetLogger(slog.Default()) // go-redis's own lines: structured, one a second
 	client := redis.NewClient(opts)
 	pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()

@@ -76,6 +76,7 @@ func newServeRedisClient(raw string) (redis.UniversalClient, string, error) {
 // service starts, /readyz fails and decisions report the store as
 // unavailable until Redis answers.
 func openServeRedis(ctx context.Context, raw string, batch bool, log *slog.Logger) (serveRedis, error) {
+	redisstore.SetLogger(log) // go-redis's own lines: structured, one a second
 	c, name, err := newServeRedisClient(raw)
 	if err != nil {
 		return serveRedis{}, err

@@ -72,7 +72,7 @@ admitted requests per second (SVG or PNG, by the --out extension).`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVarP(&out, "out", "o", "simulate.png", "chart file, .png or .svg (fonts not embedded); empty for none")
+	f.StringVarP(&out, "out", "o", filepath.Join(os.TempDir(), "fleetrate-simulate.png"), "chart file, .png or .svg (fonts not embedded); empty for none")
 	f.DurationVar(&cfg.Duration, "duration", simulate.DefaultDuration, "simulated time from 12:00:00")
 	f.DurationVar(&cfg.Window, "window", simulate.DefaultWindow, "fixed window length")
 	f.Int64Var(&cfg.Quota, "quota", simulate.DefaultQuota, "fixed window quota per client and window")

@@ -7,7 +7,7 @@
 //	go run ./examples/messages                                  # in-memory store
 //	go run ./examples/messages -redis redis://127.0.0.1:6379/0  # shared by a fleet
 //
-//	curl -i -X POST localhost:8080/v1/messages -H 'X-API-Key: sk_test_1' \
+//	curl -i -X POST localhost:8090/v1/messages -H 'X-API-Key: sk_test_1' \
 //	     -H 'Content-Type: application/json' -d '{"to":"ada","body":"hello"}'
 //
 // Any non-empty API key is accepted: a real service would look it up. The
@@ -42,11 +42,25 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
 	stop()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "messages:", err)
-		os.Exit(1)
-	}
+	os.Exit(exitCode(err, os.Stderr))
 }
+
+// exitCode reports err on stderr and returns the process's exit status:
+// 0 for success and for -h (the usage was asked for and printed), 2 for
+// other flag errors (already printed with the usage), 1 otherwise.
+func exitCode(err error, stderr io.Writer) int {
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.Is(err, errUsage):
+		return 2
+	}
+	fmt.Fprintln(stderr, "messages:", err)
+	return 1
+}
+
+// errUsage marks a command line that flag parsing rejected.
+var errUsage = errors.New("usage")
 
 // flags are the command-line settings.
 type flags struct {
@@ -63,7 +77,7 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (fl
 	var f flags
 	fs := flag.NewFlagSet("messages", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&f.addr, "addr", "127.0.0.1:8080", "listen address")
+	fs.StringVar(&f.addr, "addr", "127.0.0.1:8090", "listen address (8090: fleetrate serve takes 8080)")
 	fs.StringVar(&f.redisURL, "redis", getenv("MESSAGES_REDIS_URL"), "Redis URL, such as redis://127.0.0.1:6379/0, to share limits across instances (default in-memory; env MESSAGES_REDIS_URL)")
 	fs.Float64Var(&f.rate, "rate", 10, "POST /v1/messages requests per second per API key")
 	fs.Int64Var(&f.burst, "burst", 20, "POST /v1/messages burst per API key")
@@ -71,7 +85,10 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (fl
 	fs.BoolVar(&f.shadow, "shadow", false, "evaluate and report limits but never refuse")
 	fs.BoolVar(&f.legacyHeaders, "legacy-headers", false, "also send X-RateLimit-Limit/Remaining/Reset")
 	if err := fs.Parse(args); err != nil {
-		return f, err
+		if errors.Is(err, flag.ErrHelp) {
+			return f, err
+		}
+		return f, fmt.Errorf("%w: %w", errUsage, err)
 	}
 	if fs.NArg() > 0 {
 		return f, fmt.Errorf("unexpected arguments %q", fs.Args())
@@ -96,6 +113,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		// Let commands give up at their context's deadline, so a hung
 		// Redis costs a request at most the middleware's timeout.
 		opts.ContextTimeoutEnabled = true
+		// go-redis's own lines (a failed dial per request while Redis is
+		// down) go through our logger, at most one a second.
+		redisstore.SetLogger(logger)
 		client := redis.NewClient(opts)
 		defer client.Close()
 		if store, err = redisstore.New(client, redisstore.Options{}); err != nil {

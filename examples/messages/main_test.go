@@ -352,3 +352,27 @@ func TestRunErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestHelpExitsZero: -h prints every flag, with the ones the README lists,
+// and the process exits 0; a bad flag exits 2 and an error 1.
+func TestHelpExitsZero(t *testing.T) {
+	t.Parallel()
+	var stderr strings.Builder
+	err := run(context.Background(), []string{"-h"}, func(string) string { return "" }, io.Discard, &stderr)
+	if code := exitCode(err, io.Discard); code != 0 {
+		t.Errorf("-h: exit %d (%v), want 0", code, err)
+	}
+	for _, flag := range []string{"-addr", "-redis", "-rate", "-burst", "-fail-closed", "-shadow", "-legacy-headers", "127.0.0.1:8090"} {
+		if !strings.Contains(stderr.String(), flag) {
+			t.Errorf("usage does not mention %s:\n%s", flag, stderr.String())
+		}
+	}
+	err = run(context.Background(), []string{"-no-such-flag"}, func(string) string { return "" }, io.Discard, io.Discard)
+	if code := exitCode(err, io.Discard); code != 2 {
+		t.Errorf("unknown flag: exit %d (%v), want 2", code, err)
+	}
+	var out strings.Builder
+	if code := exitCode(fmt.Errorf("boom"), &out); code != 1 || out.String() != "messages: boom\n" {
+		t.Errorf("error: exit %d, printed %q", code, out.String())
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"flag"
 	"log"
+	"log/slog"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -36,6 +37,7 @@ func main() {
 			log.Fatal(err)
 		}
 		opts.ContextTimeoutEnabled = true
+		redisstore.SetLogger(slog.Default()) // go-redis's own lines: structured, one a second
 		rs, err := redisstore.New(redis.NewClient(opts), redisstore.Options{})
 		if err != nil {
 			log.Fatal(err)
@@ -66,21 +68,32 @@ func main() {
 	if !res.Allowed {
 		log.Printf("429, Retry-After: %v", res.RetryAfter)
 	}
+	log.Printf("Allow(api-key-hash): allowed=%v, %d tokens left of %v", res.Allowed, res.Remaining, res.Limit)
 
 	// Wait books a slot and sleeps until it (FIFO across the fleet). A wait
 	// beyond the max wait (5 s) fails at once with ErrBackpressure.
+	start := time.Now()
 	if err := lim.Wait(ctx, "{booking_com}/availability"); errors.Is(err, fleetrate.ErrBackpressure) {
 		log.Print("back off and reschedule")
-	}
-
-	// Take from the endpoint and the credential-wide bucket, all or nothing.
-	if _, err := lim.WaitN(ctx, 1, "{booking_com}/availability", "{booking_com}"); err != nil {
+	} else if err != nil {
 		log.Fatal(err)
 	}
+	log.Printf("Wait({booking_com}/availability): granted after %v", time.Since(start).Round(time.Millisecond))
+
+	// Take from the endpoint and the credential-wide bucket, all or nothing.
+	res, err = lim.WaitN(ctx, 1, "{booking_com}/availability", "{booking_com}")
+	if err != nil {
+		log.Fatal(err)
+	}
+	log.Printf("WaitN(endpoint, credential): granted after %v, %d tokens left in the tightest limit (%v)", res.Wait, res.Remaining, res.Limit)
 
 	// An upstream said Retry-After: 2: pause the whole fleet, then refill from empty.
 	if err := lim.Drain(ctx, 2*time.Second, "{booking_com}/availability"); err != nil {
 		log.Fatal(err)
 	}
-	log.Print("done")
+	res, err = lim.Allow(ctx, "{booking_com}/availability")
+	if err != nil {
+		log.Fatal(err)
+	}
+	log.Printf("after Drain(2s): allowed=%v, retry after %v", res.Allowed, res.RetryAfter.Round(time.Millisecond))
 }

@@ -1,0 +1,90 @@
+package httplimit
+
+import (
+	"time"
+
+	"github.com/fleetrate/fleetrate"
+)
+
+// This file turns a token bucket into the numbers of the ratelimit-headers
+// draft, which speaks of quotas per window in whole seconds. Every number
+// is rounded in the direction that keeps what it promises true; the
+// property test in quota_test.go holds the promises against the bucket's
+// real decisions.
+
+// quotaWindow converts a limit to the "q" (in tokens) and "w" (in seconds)
+// of its RateLimit-Policy item. The promises, for a bucket that refills
+// one token every iv nanoseconds and holds burst tokens, taking its fill
+// time F = burst·iv:
+//
+//   - Rate: the bucket refills at least q tokens in every w seconds
+//     (q·iv ≤ w s), so a client that paces itself at q per w is never
+//     refused.
+//   - Window, when F is at least one second: q ≤ burst too, so any q
+//     tokens spent within any w seconds are admitted, however bunched.
+//     w is F rounded down or up to whole seconds, whichever gives the
+//     higher rate; when F is whole seconds, q is the burst and w is F.
+//     The rate q/w is then at least F/(F+1s) of the bucket's, at least half.
+//   - Rate only, when F is under one second: w is 1 and q the tokens the
+//     bucket refills in a second, rounded down, as seen through the stores'
+//     microsecond clocks (see pacedInterval), so q/w is that rate less under
+//     one token per second. q is then above the burst, and the burst shows
+//     as the "r" of a client's first response instead.
+func quotaWindow(iv, burst int64) (q, w int64) {
+	const s = int64(time.Second)
+	fill := burst * iv // at most MaxFillTime: no overflow
+	if fill < s {
+		return s / pacedInterval(iv, burst), 1
+	}
+	hi := (fill + s - 1) / s
+	q, w = burst, hi // q·iv = fill ≤ hi seconds
+	if lo := fill / s; lo < hi {
+		// Fewer seconds may carry a higher rate: q/w > burst/hi.
+		if ql := min(burst, lo*s/iv); ql > 0 && ql*hi > burst*lo {
+			q, w = ql, lo
+		}
+	}
+	return q, w
+}
+
+// pacedInterval returns the shortest spacing at which requests of one token
+// each, arriving at any instants, are all admitted by a bucket that refills
+// one token every iv ns and holds burst tokens. The stores read time in
+// whole microseconds (Redis's TIME, and memstore likewise), so two arrivals
+// d apart may be seen up to 1 µs closer. When the burst minus one token
+// already covers that (burst−1)·iv ≥ 1 µs, the spacing is iv. Otherwise
+// it is the smaller of iv rounded up to whole microseconds (then the k-th
+// arrival is seen at least k·iv after the first) and iv plus the missing
+// part of that microsecond.
+func pacedInterval(iv, burst int64) int64 {
+	const us = int64(time.Microsecond)
+	slack := (burst - 1) * iv // below the fill time: no overflow
+	if slack >= us {
+		return iv
+	}
+	return min((iv+us-1)/us*us, iv+us-slack)
+}
+
+// effectiveWindow returns the "t" of a RateLimit item for a decision of a
+// policy of the given limits, reporting l with remaining tokens: the
+// longest whole number of seconds within which the client can use no more
+// than remaining tokens, that is, before which l gains no token.
+//
+// For a policy of one limit the store's ResetAfter is that limit's debt, so
+// the time until its next token, debt − (burst − remaining − 1)·iv, is
+// exact and t is it rounded down (under a second short of the truth). With
+// several limits ResetAfter is the largest debt of all, which does not say
+// when the tightest limit gains its next token; t is then 0 (nothing is
+// promised beyond "r" now), except for a refusal of one token, when no
+// request can be admitted before RetryAfter.
+func effectiveWindow(nlimits int, l fleetrate.Limit, remaining int64, res fleetrate.Result) time.Duration {
+	var next time.Duration
+	switch {
+	case nlimits == 1:
+		iv := time.Duration(l.Interval())
+		next = res.ResetAfter - time.Duration(l.Burst-remaining-1)*iv
+	case !res.Allowed && res.N == 1 && remaining == 0:
+		next = res.RetryAfter
+	}
+	return max(next, 0).Truncate(time.Second)
+}

@@ -1,0 +1,72 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// DefaultLogInterval is the least time between two lines a Logger writes:
+// one a second, as the rest of fleetrate logs a failing store.
+const DefaultLogInterval = time.Second
+
+// Logger carries go-redis's own log lines (such as "redis: connection pool:
+// failed to dial after 5 attempts") to a *slog.Logger at Warn level,
+// rate-limited: at most one line per interval. The lines in between are
+// counted, and the count is logged as "suppressed" with the next line, so
+// a Redis outage writes a line a second however many requests fail. It is
+// safe for concurrent use. Install it with SetLogger.
+type Logger struct {
+	log      *slog.Logger
+	interval time.Duration
+	now      func() time.Time
+
+	mu         sync.Mutex
+	last       time.Time
+	suppressed int
+}
+
+// NewLogger returns a Logger writing to log (slog.Default() when nil) at
+// most one line per interval (DefaultLogInterval when zero or negative).
+func NewLogger(log *slog.Logger, interval time.Duration) *Logger {
+	if log == nil {
+		log = slog.Default()
+	}
+	if interval <= 0 {
+		interval = DefaultLogInterval
+	}
+	return &Logger{log: log, interval: interval, now: time.Now}
+}
+
+// Printf implements go-redis's logging interface.
+func (l *Logger) Printf(ctx context.Context, format string, v ...any) {
+	now := l.now()
+	l.mu.Lock()
+	if !l.last.IsZero() && now.Sub(l.last) < l.interval {
+		l.suppressed++
+		l.mu.Unlock()
+		return
+	}
+	suppressed := l.suppressed
+	l.last, l.suppressed = now, 0
+	l.mu.Unlock()
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	l.log.LogAttrs(ctx, slog.LevelWarn, strings.TrimSpace(fmt.Sprintf(format, v...)),
+		slog.String("source", "go-redis"), slog.Int("suppressed", suppressed))
+}
+
+// SetLogger makes log, through a Logger of DefaultLogInterval, the
+// process-wide logger of go-redis (redis.SetLogger), in place of its
+// default, which prints one unstructured line to stderr per failed dial,
+// that is per request while Redis is down. Call it once at start-up,
+// before making clients.
+func SetLogger(log *slog.Logger) {
+	redis.SetLogger(NewLogger(log, DefaultLogInterval))
+}
