@@ -83,6 +83,8 @@ type serveSettings struct {
 	logLevel        string
 	responseHeaders bool
 	shadowMode      bool
+	quotaMode       bool
+	dynamicMetadata bool
 	storeAPI        bool
 	redisBatch      bool
 	tokens          []string
@@ -133,6 +135,8 @@ func serveCommand(getenv func(string) string) *cobra.Command {
 	f.String("log-level", "info", "log level: debug, info, warn or error")
 	f.Bool("response-headers", false, "add RateLimit-Limit, -Remaining and -Reset to RLS responses")
 	f.Bool("shadow-mode", false, "answer OK to every RLS request while still counting (global shadow mode)")
+	f.Bool("quota-mode", false, "put every RLS descriptor in quota mode: a request is denied only when all its descriptors are over their limits")
+	f.Bool("response-dynamic-metadata", false, "add dynamic metadata (domain, descriptors, the rules' metadata) to RLS responses")
 	f.Bool("store-api", true, "serve the raw store API (/v1/store/...) used by remotestore")
 	f.Bool("redis-batch", true, "send concurrent decisions to Redis as one script call (redisstore.Options.Batch)")
 	return cmd
@@ -264,6 +268,8 @@ func resolveSettings(fs *pflag.FlagSet, getenv func(string) string) (serveSettin
 	st.logLevel = r.str("log-level", s.LogLevel)
 	st.responseHeaders = r.boolean("response-headers", s.ResponseHeaders)
 	st.shadowMode = r.boolean("shadow-mode", s.ShadowMode)
+	st.quotaMode = r.boolean("quota-mode", nil)
+	st.dynamicMetadata = r.boolean("response-dynamic-metadata", nil)
 	st.storeAPI = r.boolean("store-api", s.StoreAPI)
 	st.redisBatch = r.boolean("redis-batch", s.RedisBatch)
 	if err := errors.Join(r.errs...); err != nil {
@@ -390,26 +396,28 @@ func serve(ctx context.Context, st serveSettings, logOut io.Writer) error {
 	}
 	defer closeFn()
 	srv, err := server.New(server.Options{
-		Store:           store,
-		StoreName:       storeName,
-		Config:          st.cfg,
-		ConfigPath:      st.configPath,
-		ReloadInterval:  st.reloadInterval,
-		Prefix:          st.prefix,
-		MaxWait:         st.maxWait,
-		StoreTimeout:    st.storeTimeout,
-		MaxRequestBytes: st.maxRequestBytes,
-		ReadTimeout:     st.readTimeout,
-		WriteTimeout:    st.writeTimeout,
-		IdleTimeout:     st.idleTimeout,
-		ShutdownTimeout: st.shutdownTimeout,
-		DrainDelay:      st.drainDelay,
-		AuthTokens:      st.tokens,
-		TLS:             tlsCfg,
-		ResponseHeaders: st.responseHeaders,
-		ShadowMode:      st.shadowMode,
-		DisableStoreAPI: !st.storeAPI,
-		Logger:          log,
+		Store:                   store,
+		StoreName:               storeName,
+		Config:                  st.cfg,
+		ConfigPath:              st.configPath,
+		ReloadInterval:          st.reloadInterval,
+		Prefix:                  st.prefix,
+		MaxWait:                 st.maxWait,
+		StoreTimeout:            st.storeTimeout,
+		MaxRequestBytes:         st.maxRequestBytes,
+		ReadTimeout:             st.readTimeout,
+		WriteTimeout:            st.writeTimeout,
+		IdleTimeout:             st.idleTimeout,
+		ShutdownTimeout:         st.shutdownTimeout,
+		DrainDelay:              st.drainDelay,
+		AuthTokens:              st.tokens,
+		TLS:                     tlsCfg,
+		ResponseHeaders:         st.responseHeaders,
+		ShadowMode:              st.shadowMode,
+		QuotaMode:               st.quotaMode,
+		DisableStoreAPI:         !st.storeAPI,
+		ResponseDynamicMetadata: st.dynamicMetadata,
+		Logger:                  log,
 	})
 	if err != nil {
 		return err

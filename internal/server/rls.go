@@ -76,14 +76,11 @@ func (s *Server) shouldRateLimit(ctx context.Context, req *rlspb.RateLimitReques
 	}
 	wg.Wait()
 
-	resp := &rlspb.RateLimitResponse{OverallCode: rlspb.RateLimitResponse_OK}
+	resp := &rlspb.RateLimitResponse{OverallCode: s.overall(plans, outs)}
 	var failure error
 	for _, o := range outs {
 		if o.err != nil && failure == nil {
 			failure = o.err
-		}
-		if o.over {
-			resp.OverallCode = rlspb.RateLimitResponse_OVER_LIMIT
 		}
 		resp.Statuses = append(resp.Statuses, o.status)
 	}
@@ -108,7 +105,39 @@ func (s *Server) shouldRateLimit(ctx context.Context, req *rlspb.RateLimitReques
 	if s.opts.ResponseHeaders {
 		resp.ResponseHeadersToAdd = rateLimitHeaders(resp.Statuses)
 	}
+	if s.opts.ResponseDynamicMetadata {
+		resp.DynamicMetadata = dynamicMetadata(req, plans, outs)
+	}
 	return resp, nil
+}
+
+// overall decides the request from its descriptors' outcomes, as
+// envoyproxy/ratelimit does: OVER_LIMIT when a descriptor that is not in
+// quota mode is over its limit, or when every descriptor in quota mode is.
+// A descriptor is in quota mode when its rule says quota_mode, or for every
+// limited descriptor when Options.QuotaMode is set.
+func (s *Server) overall(plans []plan, outs []outcome) rlspb.RateLimitResponse_Code {
+	var over, quota, quotaOver int
+	for i, o := range outs {
+		r := plans[i].rule
+		if r != nil && r.Unlimited {
+			continue
+		}
+		inQuota := s.opts.QuotaMode || (r != nil && r.QuotaMode)
+		if inQuota {
+			quota++
+		}
+		switch {
+		case o.over && inQuota:
+			quotaOver++
+		case o.over:
+			over++
+		}
+	}
+	if over > 0 || (quota > 0 && quotaOver == quota) {
+		return rlspb.RateLimitResponse_OVER_LIMIT
+	}
+	return rlspb.RateLimitResponse_OK
 }
 
 // plan validates the request and resolves every descriptor to its rule.
@@ -359,7 +388,7 @@ func (s *Server) giveBack(ctx context.Context, plans []plan, outs []outcome) {
 			s.log.Warn("refund of a denied request's tokens failed", "bucket", plans[i].bucket.StoreKey(), "n", n, "error", err.Error())
 			continue
 		}
-		if st := outs[i].status; st != nil && st.CurrentLimit != nil {
+		if st := outs[i].status; st != nil && st.CurrentLimit != nil && st.Code != rlspb.RateLimitResponse_OVER_LIMIT {
 			st.LimitRemaining = uint32(min(int64(st.LimitRemaining)+n, math.MaxUint32))
 		}
 	}

@@ -100,6 +100,15 @@ type Options struct {
 	// ShadowMode makes every RLS response OK while still counting, as
 	// envoyproxy/ratelimit's global SHADOW_MODE does.
 	ShadowMode bool
+	// QuotaMode puts every descriptor in quota mode, as
+	// envoyproxy/ratelimit's global QUOTA_MODE does: a request is denied
+	// only when all its limited descriptors are over their limits.
+	QuotaMode bool
+	// ResponseDynamicMetadata adds dynamic metadata to RLS responses, as
+	// envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA does: the domain,
+	// the descriptors, hits_addend, and the merged metadata of the rules
+	// of the descriptors that passed.
+	ResponseDynamicMetadata bool
 	// DisableStoreAPI turns off the raw store API (/v1/store/...).
 	DisableStoreAPI bool
 	// Logger receives the service's logs. Default slog.Default().
@@ -201,6 +210,7 @@ func New(opts Options) (*Server, error) {
 	s.metrics = newMetrics(opts.Registry)
 	s.store = instrumented{Store: opts.Store, m: s.metrics}
 	s.state.Store(s.newState(opts.Config))
+	s.logNotices(opts.Config)
 	s.tried = opts.Config.Hash
 	s.metrics.lastReload.SetToCurrentTime()
 	s.handler = s.routes()
@@ -252,10 +262,19 @@ func (s *Server) Reload() error {
 		s.log.Warn("config reload: the server section changed; restart to apply it", "path", s.opts.ConfigPath)
 	}
 	s.SetConfig(cfg)
+	s.logNotices(cfg)
 	s.metrics.reloads.WithLabelValues(reloadSuccess).Inc()
 	domains, rules, buckets := cfg.Summary()
 	s.log.Info("config reloaded", "path", s.opts.ConfigPath, "domains", domains, "rules", rules, "buckets", buckets)
 	return nil
+}
+
+// logNotices logs, once per load, what the configuration says that has no
+// effect.
+func (s *Server) logNotices(cfg *config.Config) {
+	for _, n := range cfg.Notices {
+		s.log.Warn("config: "+n.Msg, "at", n.String())
+	}
 }
 
 // watch reloads the config file whenever its content changes.
