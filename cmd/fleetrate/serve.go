@@ -133,7 +133,7 @@ func serveCommand(getenv func(string) string) *cobra.Command {
 	f.String("tls-client-ca-file", "", "CA bundle (PEM) to require and verify client certificates (mTLS)")
 	f.String("log-format", "text", "log format: text or json")
 	f.String("log-level", "info", "log level: debug, info, warn or error")
-	f.Bool("response-headers", false, "add RateLimit-Limit, -Remaining and -Reset to RLS responses")
+	f.Bool("response-headers", false, "add the IETF draft's RateLimit-Policy and RateLimit fields to RLS responses")
 	f.Bool("shadow-mode", false, "answer OK to every RLS request while still counting (global shadow mode)")
 	f.Bool("quota-mode", false, "put every RLS descriptor in quota mode: a request is denied only when all its descriptors are over their limits")
 	f.Bool("response-dynamic-metadata", false, "add dynamic metadata (domain, descriptors, the rules' metadata) to RLS responses")

@@ -5,9 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"strconv"
+	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -20,11 +21,11 @@ import (
 	"github.com/fleetrate/fleetrate/internal/headers"
 )
 
-// Names of the response headers added when Options.ResponseHeaders is set.
+// Names of the response headers added when Options.ResponseHeaders is
+// set: the fields of the IETF draft, as httplimit sends them.
 const (
-	HeaderLimit     = "RateLimit-Limit"
-	HeaderRemaining = "RateLimit-Remaining"
-	HeaderReset     = "RateLimit-Reset"
+	HeaderRateLimitPolicy = headers.RateLimitPolicy
+	HeaderRateLimit       = headers.RateLimit
 )
 
 // maxEntries bounds the entries of one descriptor.
@@ -50,6 +51,10 @@ type outcome struct {
 	consumed int64 // tokens taken, to give back if the request is denied
 	result   string
 	err      error
+	// spec is the limit status.current_limit reports, when it has one;
+	// res is the store's answer, when the store was asked.
+	spec *config.LimitSpec
+	res  *fleetrate.Result
 }
 
 func invalidf(format string, args ...any) error {
@@ -103,7 +108,7 @@ func (s *Server) shouldRateLimit(ctx context.Context, req *rlspb.RateLimitReques
 		resp.OverallCode = rlspb.RateLimitResponse_OK
 	}
 	if s.opts.ResponseHeaders {
-		resp.ResponseHeadersToAdd = rateLimitHeaders(resp.Statuses)
+		resp.ResponseHeadersToAdd = rateLimitHeaders(outs)
 	}
 	if s.opts.ResponseDynamicMetadata {
 		resp.DynamicMetadata = dynamicMetadata(req, plans, outs)
@@ -279,8 +284,9 @@ func (s *Server) decide(ctx context.Context, p *plan) outcome {
 				spec = l
 			}
 		}
-		st := &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OVER_LIMIT, CurrentLimit: currentLimit(spec)}
-		return s.shadow(p, outcome{status: st, over: true, result: resultOverLimit})
+		st := &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OVER_LIMIT, CurrentLimit: currentLimit(spec),
+			DurationUntilReset: durationpb.New(spec.Period())}
+		return s.shadow(p, outcome{status: st, over: true, result: resultOverLimit, spec: &spec})
 	case p.tooMany && !p.negative:
 		spec := p.rule.Limits[0]
 		for _, l := range p.rule.Limits {
@@ -288,8 +294,9 @@ func (s *Server) decide(ctx context.Context, p *plan) outcome {
 				spec = l
 			}
 		}
-		st := &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OVER_LIMIT, CurrentLimit: currentLimit(spec)}
-		return s.shadow(p, outcome{status: st, over: true, result: resultOverLimit})
+		st := &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OVER_LIMIT, CurrentLimit: currentLimit(spec),
+			DurationUntilReset: durationpb.New(fillTime(spec))}
+		return s.shadow(p, outcome{status: st, over: true, result: resultOverLimit, spec: &spec})
 	}
 	sctx, cancel := s.storeCtx(ctx)
 	defer cancel()
@@ -303,33 +310,50 @@ func (s *Server) decide(ctx context.Context, p *plan) outcome {
 		if err != nil {
 			return outcome{err: err}
 		}
-		st := s.status(p, res)
-		st.Code = rlspb.RateLimitResponse_OK
-		return outcome{status: st, result: resultRefunded}
+		st, spec := s.status(p, res)
+		return outcome{status: st, result: resultRefunded, spec: spec, res: &res}
 	}
 	res, err := s.store.Take(sctx, fleetrate.Request{Buckets: []fleetrate.Bucket{p.bucket}, N: p.hits})
 	if err != nil {
 		return outcome{err: err}
 	}
-	st := s.status(p, res)
 	allowed := res.Allowed
-	if p.hits == 0 {
-		// A peek asks whether one more hit would pass now.
-		allowed = res.Allowed && res.Remaining >= 1
+	if p.hits == 0 && allowed && res.Remaining < 1 {
+		// A peek asks whether one more hit would pass now: it would after
+		// the next token.
+		allowed = false
+		res.Allowed, res.RetryAfter = false, max(res.RetryAfter, time.Duration(res.Limit.Interval())-res.ResetAfter%time.Duration(res.Limit.Interval()))
 	}
+	st, spec := s.status(p, res)
 	if allowed {
-		o := outcome{status: st, result: resultAllowed}
+		o := outcome{status: st, result: resultAllowed, spec: spec, res: &res}
 		if p.hits > 0 {
 			o.consumed = p.hits
 		}
 		return o
 	}
-	st.Code = rlspb.RateLimitResponse_OVER_LIMIT
-	return s.shadow(p, outcome{status: st, over: true, result: resultOverLimit})
+	return s.shadow(p, outcome{status: st, over: true, result: resultOverLimit, spec: spec, res: &res})
 }
 
-// shadow turns an over-limit outcome of a shadow_mode rule into OK.
+// overLimit makes st an OVER_LIMIT status as Envoy reads it: no requests
+// left, and a duration_until_reset of whole seconds, rounded up and at
+// least one. Envoy copies the seconds of duration_until_reset, truncated,
+// into X-RateLimit-Reset, so that a sub-second wait would tell a client
+// "0" on a 429.
+func overLimit(st *rlspb.RateLimitResponse_DescriptorStatus) {
+	st.Code = rlspb.RateLimitResponse_OVER_LIMIT
+	st.LimitRemaining = 0
+	secs := max(headers.DelaySeconds(st.GetDurationUntilReset().AsDuration()), 1)
+	st.DurationUntilReset = durationpb.New(time.Duration(secs) * time.Second)
+}
+
+// shadow turns an over-limit outcome of a shadow_mode rule into OK. Every
+// over-limit outcome passes through it, so it also shapes the status as
+// Envoy needs it.
 func (s *Server) shadow(p *plan, o outcome) outcome {
+	if o.over {
+		overLimit(o.status)
+	}
 	if p.rule.ShadowMode && o.over {
 		o.over = false
 		o.status.Code = rlspb.RateLimitResponse_OK
@@ -338,10 +362,11 @@ func (s *Server) shadow(p *plan, o outcome) outcome {
 	return o
 }
 
-// status reports a store result as a descriptor status: the limit that
-// decided, the tokens left, and the time until the request would pass
-// (when over limit) or until the bucket is full again (when under).
-func (s *Server) status(p *plan, res fleetrate.Result) *rlspb.RateLimitResponse_DescriptorStatus {
+// status reports a store result as an OK descriptor status: the limit
+// that decided, the tokens left, and the time until the request would pass
+// (when over limit) or until the bucket is full again (when under), in
+// whole seconds rounded up, since Envoy reads only the seconds.
+func (s *Server) status(p *plan, res fleetrate.Result) (*rlspb.RateLimitResponse_DescriptorStatus, *config.LimitSpec) {
 	spec := p.rule.Limits[0]
 	for i, l := range p.limits {
 		if l == res.Limit && i < len(p.rule.Limits) {
@@ -357,8 +382,8 @@ func (s *Server) status(p *plan, res fleetrate.Result) *rlspb.RateLimitResponse_
 		Code:               rlspb.RateLimitResponse_OK,
 		CurrentLimit:       currentLimit(spec),
 		LimitRemaining:     uint32(min(max(res.Remaining, 0), math.MaxUint32)),
-		DurationUntilReset: durationpb.New(reset),
-	}
+		DurationUntilReset: durationpb.New(time.Duration(headers.DelaySeconds(reset)) * time.Second),
+	}, &spec
 }
 
 func currentLimit(spec config.LimitSpec) *rlspb.RateLimitResponse_RateLimit {
@@ -394,33 +419,86 @@ func (s *Server) giveBack(ctx context.Context, plans []plan, outs []outcome) {
 	}
 }
 
-// rateLimitHeaders builds RateLimit-Limit, -Remaining and -Reset from the most
-// restrictive status: an over-limit one if any, else the one with the
-// fewest requests left.
-func rateLimitHeaders(statuses []*rlspb.RateLimitResponse_DescriptorStatus) []*corev3.HeaderValue {
-	var pick *rlspb.RateLimitResponse_DescriptorStatus
-	for _, st := range statuses {
-		if st == nil || st.CurrentLimit == nil {
+// rateLimitHeaders builds the IETF draft's RateLimit-Policy and RateLimit
+// fields, as httplimit sends them: a policy for each limit reported (its
+// name, "q" its burst, "w" the time its bucket takes to fill), and the
+// state of the most restrictive one, an over-limit one if any, else the
+// one with the fewest requests left: "r" the requests left and "t" the
+// seconds until the next one can pass.
+func rateLimitHeaders(outs []outcome) []*corev3.HeaderValue {
+	var (
+		policies []headers.Policy
+		pick     *outcome
+		pickName string
+	)
+	for i := range outs {
+		o := &outs[i]
+		if o.spec == nil || o.status == nil {
 			continue
 		}
+		name := policyName(*o.spec)
+		if !slices.ContainsFunc(policies, func(p headers.Policy) bool { return p.Name == name }) {
+			policies = append(policies, headers.Policy{Name: name, Quota: o.spec.Burst, Window: fillTime(*o.spec)})
+		}
 		switch {
-		case pick == nil:
-			pick = st
-		case st.Code == rlspb.RateLimitResponse_OVER_LIMIT && pick.Code != rlspb.RateLimitResponse_OVER_LIMIT:
-			pick = st
-		case st.Code == pick.Code && st.LimitRemaining < pick.LimitRemaining:
-			pick = st
+		case pick == nil,
+			o.over && !pick.over,
+			o.over == pick.over && o.status.LimitRemaining < pick.status.LimitRemaining:
+			pick, pickName = o, name
 		}
 	}
 	if pick == nil {
 		return nil
 	}
-	secs := headers.DelaySeconds(pick.DurationUntilReset.AsDuration())
-	return []*corev3.HeaderValue{
-		{Key: HeaderLimit, Value: strconv.FormatUint(uint64(pick.CurrentLimit.RequestsPerUnit), 10)},
-		{Key: HeaderRemaining, Value: strconv.FormatUint(uint64(pick.LimitRemaining), 10)},
-		{Key: HeaderReset, Value: strconv.FormatInt(secs, 10)},
+	policy, err := headers.FormatPolicy(policies...)
+	if err != nil {
+		return nil
 	}
+	limit, err := headers.FormatRateLimit(headers.Limit{
+		Name: pickName, Remaining: int64(pick.status.LimitRemaining), Reset: nextToken(pick), HasReset: true,
+	})
+	if err != nil {
+		return nil
+	}
+	return []*corev3.HeaderValue{{Key: HeaderRateLimitPolicy, Value: policy}, {Key: HeaderRateLimit, Value: limit}}
+}
+
+// fillTime is how long an empty bucket of spec takes to fill: its period
+// when the burst is requests_per_unit, exactly, without the rounding of a
+// token's interval.
+func fillTime(spec config.LimitSpec) time.Duration {
+	if spec.RequestsPerUnit == 0 || spec.Burst == int64(spec.RequestsPerUnit) {
+		return spec.Period()
+	}
+	return time.Duration(float64(spec.Period()) * float64(spec.Burst) / float64(spec.RequestsPerUnit))
+}
+
+// policyName names a limit in the RateLimit fields: its configured name
+// when it is printable ASCII, else a description such as "100/minute".
+func policyName(spec config.LimitSpec) string {
+	if spec.Name != "" && headers.ValidString(spec.Name) == nil {
+		return spec.Name
+	}
+	spec.Name = ""
+	return spec.String()
+}
+
+// nextToken is the draft's "t" for an outcome: the time within which the
+// client can use no more than the requests left. For a denial it is the
+// wait until the request would pass; otherwise the time until the bucket
+// gains its next token (0 when it is full).
+func nextToken(o *outcome) time.Duration {
+	if o.over || o.res == nil {
+		return o.status.GetDurationUntilReset().AsDuration()
+	}
+	l := o.res.Limit
+	iv := time.Duration(l.Interval())
+	missing := l.Burst - min(max(o.res.Remaining, 0), l.Burst)
+	if missing == 0 {
+		return 0
+	}
+	// The bucket's debt, ResetAfter, lies in ((missing-1)·iv, missing·iv].
+	return min(max(o.res.ResetAfter-time.Duration(missing-1)*iv, 0), iv)
 }
 
 // isInvalid reports whether err is a rejected request rather than a

@@ -94,8 +94,9 @@ type Options struct {
 	AuthTokens []string
 	// TLS, when set, serves HTTP and gRPC over TLS.
 	TLS *tls.Config
-	// ResponseHeaders adds RateLimit-Limit, RateLimit-Remaining and
-	// RateLimit-Reset to RLS responses (response_headers_to_add).
+	// ResponseHeaders adds the IETF draft's RateLimit-Policy and RateLimit
+	// fields to RLS responses (response_headers_to_add), as httplimit
+	// sends them.
 	ResponseHeaders bool
 	// ShadowMode makes every RLS response OK while still counting, as
 	// envoyproxy/ratelimit's global SHADOW_MODE does.
