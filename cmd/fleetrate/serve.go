@@ -388,7 +388,7 @@ func serve(ctx context.Context, st serveSettings, logOut io.Writer) error {
 		closeFn                   = func() error { return nil }
 	)
 	if st.redis != "" {
-		rs, err := openServeRedis(ctx, st.redis, st.redisBatch, log)
+		rs, err := openServeRedis(ctx, st.redis, st.redisBatch, st.storeTimeout, log)
 		if err != nil {
 			return err
 		}
