@@ -339,6 +339,10 @@ func (c *Config) Summary() (domains []string, rules, buckets int) {
 	return domains, rules, len(c.Buckets)
 }
 
+func newConfig(path string, hash [32]byte) *Config {
+	return &Config{Path: path, Hash: hash, Domains: map[string]*Domain{}, byName: map[string]int{}}
+}
+
 // LoadFile reads and parses the file at path.
 func LoadFile(path string) (*Config, error) {
 	f, err := os.Open(path)
@@ -367,13 +371,8 @@ func Load(file string, data []byte) (*Config, error) {
 	if len(data) > MaxFileSize {
 		return nil, fmt.Errorf("%w: config: %s is larger than %d bytes", fleetrate.ErrInvalid, file, MaxFileSize)
 	}
-	p := &parser{file: file}
-	cfg := &Config{
-		Path:    file,
-		Hash:    sha256.Sum256(data),
-		Domains: map[string]*Domain{},
-		byName:  map[string]int{},
-	}
+	cfg := newConfig(file, sha256.Sum256(data))
+	p := &parser{file: file, shared: &shared{}}
 	p.parse(data, cfg)
 	if len(p.errs) > 0 {
 		return nil, &Error{Problems: p.errs}

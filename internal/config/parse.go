@@ -32,8 +32,27 @@ type parser struct {
 	errs    []Problem
 	notices []Problem
 	nodes   int
-	// server is the line of the first server section, to reject a second.
-	server int
+	// shared is what the files of one directory share.
+	shared *shared
+}
+
+// shared is the state of a load that spans several files.
+type shared struct {
+	// merge merges a domain given by several files (MERGE_DOMAIN_CONFIG).
+	merge bool
+	// server locates the first server section, to reject a second.
+	serverFile string
+	serverLine int
+	// domainFile names the file that first gave each domain.
+	domainFile map[string]string
+}
+
+// where names a place in this file or another one: "line 3" or "a.yaml:3".
+func (p *parser) where(file string, line int) string {
+	if file == p.file {
+		return fmt.Sprintf("line %d", line)
+	}
+	return fmt.Sprintf("%s:%d", file, line)
 }
 
 func (p *parser) errorf(n *yaml.Node, field, format string, args ...any) {
@@ -313,11 +332,11 @@ func (p *parser) document(root *yaml.Node, cfg *Config) {
 		case "buckets":
 			p.buckets(kv.val, cfg)
 		case "server":
-			if p.server != 0 {
-				p.errorf(kv.knode, "server", "given twice (first on line %d)", p.server)
+			if sh := p.shared; sh.serverLine != 0 {
+				p.errorf(kv.knode, "server", "given twice (first on %s)", p.where(sh.serverFile, sh.serverLine))
 				continue
 			}
-			p.server = kv.knode.Line
+			p.shared.serverFile, p.shared.serverLine = p.file, kv.knode.Line
 			p.settings(kv.val, &cfg.Settings)
 		}
 	}
@@ -333,12 +352,28 @@ func (p *parser) document(root *yaml.Node, cfg *Config) {
 		return
 	}
 	if old, ok := cfg.Domains[domain]; ok {
-		p.errorf(domainNode, "domain", "duplicate domain %q (first on line %d)", domain, old.root.line)
+		first := p.shared.domainFile[domain]
+		if !p.shared.merge || first == p.file {
+			hint := ""
+			if first != p.file {
+				hint = " (set MERGE_DOMAIN_CONFIG=true or --merge-domains to merge them)"
+			}
+			p.errorf(domainNode, "domain", "duplicate domain %q (first on %s)%s", domain, p.where(first, old.root.line), hint)
+			return
+		}
+		// Merged: this file's descriptors join the domain's tree, and a
+		// descriptor both files give is a duplicate, as in
+		// envoyproxy/ratelimit.
+		p.descriptors(descs, "descriptors", domain, old, old.root, 1)
 		return
 	}
 	d := &Domain{Name: domain, root: newNode(domainNode.Line)}
 	p.descriptors(descs, "descriptors", domain, d, d.root, 1)
 	cfg.Domains[domain] = d
+	if p.shared.domainFile == nil {
+		p.shared.domainFile = map[string]string{}
+	}
+	p.shared.domainFile[domain] = p.file
 }
 
 func (p *parser) descriptors(n *yaml.Node, field, parentID string, d *Domain, parent *node, depth int) {

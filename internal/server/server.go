@@ -13,7 +13,6 @@ package server
 
 import (
 	"context"
-	"crypto/sha256"
 	"crypto/subtle"
 	"crypto/tls"
 	"errors"
@@ -21,7 +20,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"reflect"
 	"strings"
 	"sync"
@@ -64,8 +62,12 @@ type Options struct {
 	StoreName string
 	// Config is the configuration in force at start. Required.
 	Config *config.Config
-	// ConfigPath is the file Reload reads. Empty disables reloading.
+	// ConfigPath is the file, or the directory of files, Reload reads.
+	// Empty disables reloading.
 	ConfigPath string
+	// ConfigOptions say how Reload reads a directory (merge of domains,
+	// dot files).
+	ConfigOptions config.LoadOptions
 	// ReloadInterval is how often Serve checks ConfigPath for changes.
 	// Zero disables watching; Reload (e.g. on SIGHUP) still works.
 	ReloadInterval time.Duration
@@ -246,7 +248,7 @@ func (s *Server) Reload() error {
 	}
 	s.reloadMu.Lock()
 	defer s.reloadMu.Unlock()
-	cfg, err := config.LoadFile(s.opts.ConfigPath)
+	cfg, err := config.LoadPath(s.opts.ConfigPath, s.opts.ConfigOptions)
 	if err != nil {
 		s.metrics.reloads.WithLabelValues(reloadFailure).Inc()
 		s.log.Error("config reload failed; keeping the configuration in force",
@@ -288,11 +290,11 @@ func (s *Server) watch(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		data, err := os.ReadFile(s.opts.ConfigPath)
+		h, err := config.Fingerprint(s.opts.ConfigPath, s.opts.ConfigOptions)
 		if err != nil {
 			continue // a file being replaced may be missing for a moment
 		}
-		if h := sha256.Sum256(data); h != s.lastTried() {
+		if h != s.lastTried() {
 			_ = s.Reload()
 			s.reloadMu.Lock()
 			s.tried = h
