@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 
@@ -219,6 +220,12 @@ func New(opts Options) (*Server, error) {
 	s.handler = s.routes()
 	s.grpc = s.newGRPC()
 	return s, nil
+}
+
+// MetricsHandler serves the metrics alone, in Prometheus text format, for
+// a listener of their own.
+func (s *Server) MetricsHandler() http.Handler {
+	return promhttp.HandlerFor(s.opts.Registry, promhttp.HandlerOpts{})
 }
 
 // Config returns the configuration in force.
