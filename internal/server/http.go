@@ -604,12 +604,20 @@ func checkWireBuckets(bs []wire.Bucket) error {
 	if len(bs) > MaxBuckets {
 		return badRequest(wire.CodeInvalid, "buckets: at most %d, got %d", MaxBuckets, len(bs))
 	}
+	for i, b := range bs {
+		if n := len(b.Key) + len(b.Prefix); n > MaxStoreKeyBytes {
+			return badRequest(wire.CodeInvalid, "buckets[%d].key: %d bytes, at most %d", i, n, MaxStoreKeyBytes)
+		}
+	}
 	return nil
 }
 
 // ownKey keeps the raw store API to the service's own keys: without it a
 // client could delete or overwrite any key of the Redis behind it.
 func (s *Server) ownKey(field, key string) error {
+	if n := len(key); n > MaxStoreKeyBytes {
+		return badRequest(wire.CodeInvalid, "%s: key of %d bytes, at most %d", field, n, MaxStoreKeyBytes)
+	}
 	if !strings.HasPrefix(key, s.opts.Prefix) {
 		return badRequest(wire.CodeInvalid, "%s: key %q must start with the service's prefix %q", field, key, s.opts.Prefix)
 	}

@@ -165,6 +165,7 @@ func (s *Server) plan(st *state, req *rlspb.RateLimitRequest) ([]plan, error) {
 	hits := int64(max(req.GetHitsAddend(), 1))
 	plans := make([]plan, len(req.GetDescriptors()))
 	replaced := map[string]bool{}
+	total := 0
 	for i, d := range req.GetDescriptors() {
 		field := fmt.Sprintf("descriptors[%d]", i)
 		if d == nil || len(d.GetEntries()) == 0 {
@@ -174,11 +175,28 @@ func (s *Server) plan(st *state, req *rlspb.RateLimitRequest) ([]plan, error) {
 			return nil, invalidf("%s.entries: at most %d entries, got %d", field, maxEntries, len(d.GetEntries()))
 		}
 		entries := make([]config.Entry, len(d.GetEntries()))
+		size := 0
 		for j, e := range d.GetEntries() {
 			if e.GetKey() == "" {
 				return nil, invalidf("%s.entries[%d].key: must not be empty", field, j)
 			}
+			// Sizes bound the memory a hostile client can make the store
+			// hold: every distinct descriptor is a bucket. The errors give
+			// the size, never the bytes.
+			if n := len(e.GetKey()); n > MaxEntryBytes {
+				return nil, invalidf("%s.entries[%d].key: %d bytes, at most %d", field, j, n, MaxEntryBytes)
+			}
+			if n := len(e.GetValue()); n > MaxEntryBytes {
+				return nil, invalidf("%s.entries[%d].value: %d bytes, at most %d", field, j, n, MaxEntryBytes)
+			}
+			size += len(e.GetKey()) + len(e.GetValue())
 			entries[j] = config.Entry{Key: e.GetKey(), Value: e.GetValue()}
+		}
+		if size > MaxDescriptorBytes {
+			return nil, invalidf("%s.entries: keys and values total %d bytes, at most %d", field, size, MaxDescriptorBytes)
+		}
+		if total += size; total > MaxRequestKeyBytes {
+			return nil, invalidf("descriptors: keys and values total more than %d bytes", MaxRequestKeyBytes)
 		}
 		p := &plans[i]
 		p.domain, p.hits, p.negative = domainLabel, hits, d.GetIsNegativeHits()

@@ -49,6 +49,16 @@ const (
 	MaxDescriptors = 64
 	// MaxBuckets bounds the buckets of one /v1 or raw store request.
 	MaxBuckets = 64
+	// MaxEntryBytes bounds each key and each value of an RLS descriptor.
+	MaxEntryBytes = 1024
+	// MaxDescriptorBytes bounds the keys and values of one RLS descriptor
+	// together.
+	MaxDescriptorBytes = 4096
+	// MaxRequestKeyBytes bounds the keys and values of all the descriptors
+	// of one RLS request together.
+	MaxRequestKeyBytes = 32 << 10
+	// MaxStoreKeyBytes bounds each key of a raw store request.
+	MaxStoreKeyBytes = 1024
 	// ProbeKey is the bucket (after the prefix) that /readyz peeks.
 	ProbeKey = "_readyz"
 )
