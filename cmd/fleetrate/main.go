@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -18,9 +19,19 @@ func main() {
 	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
 	stop()
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "fleetrate:", err)
+		fmt.Fprintln(os.Stderr, errorLine(err))
 		os.Exit(1)
 	}
+}
+
+// errorLine is how main reports err: prefixed "fleetrate: " once, even
+// when the error (as every fleetrate.ErrInvalid does) already starts so.
+func errorLine(err error) string {
+	msg := err.Error()
+	if strings.HasPrefix(msg, "fleetrate: ") {
+		return msg
+	}
+	return "fleetrate: " + msg
 }
 
 // run builds the command tree and executes it with args, reading the

@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"strings"
@@ -61,6 +62,10 @@ go-redis query options (dial_timeout, pool_size, ...) are accepted.`
 // serveSettings is the resolved configuration of one run of the service.
 type serveSettings struct {
 	configPath      string
+	configLoad      config.LoadOptions
+	envoyNotes      []string
+	metricsAddr     string
+	metricsPath     string
 	cfg             *config.Config
 	httpAddr        string
 	grpcAddr        string
@@ -83,6 +88,8 @@ type serveSettings struct {
 	logLevel        string
 	responseHeaders bool
 	shadowMode      bool
+	quotaMode       bool
+	dynamicMetadata bool
 	storeAPI        bool
 	redisBatch      bool
 	tokens          []string
@@ -111,7 +118,11 @@ func serveCommand(getenv func(string) string) *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.String("config", defaultConfig, "configuration file (YAML)")
+	f.String("config", defaultConfig, "configuration file (YAML), or a directory: every file under it")
+	f.Bool("merge-domains", false, "with a config directory, merge a domain several files give (else it is an error)")
+	f.Bool("ignore-dot-files", false, "with a config directory, skip files and directories whose name starts with a dot")
+	f.String("metrics-addr", "", "an extra listen address serving only the metrics (they are also on --http-addr)")
+	f.String("metrics-path", "/metrics", "the metrics' path on --metrics-addr")
 	f.String("http-addr", ":8080", "HTTP listen address (/json, /v1, /healthz, /readyz, /metrics); \"off\" disables")
 	f.String("grpc-addr", ":8081", "gRPC listen address (Envoy RLS v3); \"off\" disables")
 	f.String("redis", "", "Redis URL; empty means the in-memory store (see above for Sentinel and Cluster)")
@@ -131,8 +142,10 @@ func serveCommand(getenv func(string) string) *cobra.Command {
 	f.String("tls-client-ca-file", "", "CA bundle (PEM) to require and verify client certificates (mTLS)")
 	f.String("log-format", "text", "log format: text or json")
 	f.String("log-level", "info", "log level: debug, info, warn or error")
-	f.Bool("response-headers", false, "add RateLimit-Limit, -Remaining and -Reset to RLS responses")
+	f.Bool("response-headers", false, "add the IETF draft's RateLimit-Policy and RateLimit fields to RLS responses")
 	f.Bool("shadow-mode", false, "answer OK to every RLS request while still counting (global shadow mode)")
+	f.Bool("quota-mode", false, "put every RLS descriptor in quota mode: a request is denied only when all its descriptors are over their limits")
+	f.Bool("response-dynamic-metadata", false, "add dynamic metadata (domain, descriptors, the rules' metadata) to RLS responses")
 	f.Bool("store-api", true, "serve the raw store API (/v1/store/...) used by remotestore")
 	f.Bool("redis-batch", true, "send concurrent decisions to Redis as one script call (redisstore.Options.Batch)")
 	return cmd
@@ -148,6 +161,7 @@ func envName(flag string) string {
 type resolver struct {
 	fs     *pflag.FlagSet
 	getenv func(string) string
+	envoy  map[string]string // from envoyproxy/ratelimit's variables
 	errs   []error
 }
 
@@ -159,11 +173,19 @@ func (r *resolver) source(name string) (string, bool) {
 	if v := r.getenv(envName(name)); v != "" {
 		return v, true
 	}
+	if v, ok := r.envoy[name]; ok {
+		return v, true
+	}
 	return "", false
 }
 
 func (r *resolver) fail(name, v string, err error) {
 	r.errs = append(r.errs, fmt.Errorf("--%s / %s: invalid value %q: %v", name, envName(name), v, err))
+}
+
+// configLoad reads the config file or directory's load options.
+func (r *resolver) configLoad() config.LoadOptions {
+	return config.LoadOptions{MergeDomains: r.boolean("merge-domains", nil), IgnoreDotFiles: r.boolean("ignore-dot-files", nil)}
 }
 
 func (r *resolver) str(name string, file *string) string {
@@ -232,9 +254,13 @@ func (r *resolver) int64(name string, file *int64) int64 {
 // resolveSettings loads the config file and resolves every setting, with
 // flags over environment over file over defaults.
 func resolveSettings(fs *pflag.FlagSet, getenv func(string) string) (serveSettings, error) {
-	r := &resolver{fs: fs, getenv: getenv}
-	st := serveSettings{configPath: r.str("config", nil)}
-	cfg, err := config.LoadFile(st.configPath)
+	envoy, notes, err := envoyEnv(getenv)
+	if err != nil {
+		return serveSettings{}, err
+	}
+	r := &resolver{fs: fs, getenv: getenv, envoy: envoy}
+	st := serveSettings{configPath: r.str("config", nil), configLoad: r.configLoad(), envoyNotes: notes}
+	cfg, err := config.LoadPath(st.configPath, st.configLoad)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return st, fmt.Errorf("config file %s not found: give one with --config (try --config examples/fleetrate.yaml)", st.configPath)
@@ -264,8 +290,12 @@ func resolveSettings(fs *pflag.FlagSet, getenv func(string) string) (serveSettin
 	st.logLevel = r.str("log-level", s.LogLevel)
 	st.responseHeaders = r.boolean("response-headers", s.ResponseHeaders)
 	st.shadowMode = r.boolean("shadow-mode", s.ShadowMode)
+	st.quotaMode = r.boolean("quota-mode", nil)
+	st.dynamicMetadata = r.boolean("response-dynamic-metadata", nil)
 	st.storeAPI = r.boolean("store-api", s.StoreAPI)
 	st.redisBatch = r.boolean("redis-batch", s.RedisBatch)
+	st.metricsAddr = r.str("metrics-addr", nil)
+	st.metricsPath = r.str("metrics-path", nil)
 	if err := errors.Join(r.errs...); err != nil {
 		return st, err
 	}
@@ -368,6 +398,14 @@ func listen(addr string) (net.Listener, error) {
 	return net.Listen("tcp", addr)
 }
 
+func closeAll(ls ...net.Listener) {
+	for _, l := range ls {
+		if l != nil {
+			l.Close()
+		}
+	}
+}
+
 // serve runs the service until ctx ends (SIGTERM or interrupt), reloading
 // the configuration on SIGHUP.
 func serve(ctx context.Context, st serveSettings, logOut io.Writer) error {
@@ -382,7 +420,7 @@ func serve(ctx context.Context, st serveSettings, logOut io.Writer) error {
 		closeFn                   = func() error { return nil }
 	)
 	if st.redis != "" {
-		rs, err := openServeRedis(ctx, st.redis, st.redisBatch, log)
+		rs, err := openServeRedis(ctx, st.redis, st.redisBatch, st.storeTimeout, log)
 		if err != nil {
 			return err
 		}
@@ -390,26 +428,29 @@ func serve(ctx context.Context, st serveSettings, logOut io.Writer) error {
 	}
 	defer closeFn()
 	srv, err := server.New(server.Options{
-		Store:           store,
-		StoreName:       storeName,
-		Config:          st.cfg,
-		ConfigPath:      st.configPath,
-		ReloadInterval:  st.reloadInterval,
-		Prefix:          st.prefix,
-		MaxWait:         st.maxWait,
-		StoreTimeout:    st.storeTimeout,
-		MaxRequestBytes: st.maxRequestBytes,
-		ReadTimeout:     st.readTimeout,
-		WriteTimeout:    st.writeTimeout,
-		IdleTimeout:     st.idleTimeout,
-		ShutdownTimeout: st.shutdownTimeout,
-		DrainDelay:      st.drainDelay,
-		AuthTokens:      st.tokens,
-		TLS:             tlsCfg,
-		ResponseHeaders: st.responseHeaders,
-		ShadowMode:      st.shadowMode,
-		DisableStoreAPI: !st.storeAPI,
-		Logger:          log,
+		Store:                   store,
+		StoreName:               storeName,
+		Config:                  st.cfg,
+		ConfigPath:              st.configPath,
+		ConfigOptions:           st.configLoad,
+		ReloadInterval:          st.reloadInterval,
+		Prefix:                  st.prefix,
+		MaxWait:                 st.maxWait,
+		StoreTimeout:            st.storeTimeout,
+		MaxRequestBytes:         st.maxRequestBytes,
+		ReadTimeout:             st.readTimeout,
+		WriteTimeout:            st.writeTimeout,
+		IdleTimeout:             st.idleTimeout,
+		ShutdownTimeout:         st.shutdownTimeout,
+		DrainDelay:              st.drainDelay,
+		AuthTokens:              st.tokens,
+		TLS:                     tlsCfg,
+		ResponseHeaders:         st.responseHeaders,
+		ShadowMode:              st.shadowMode,
+		QuotaMode:               st.quotaMode,
+		DisableStoreAPI:         !st.storeAPI,
+		ResponseDynamicMetadata: st.dynamicMetadata,
+		Logger:                  log,
 	})
 	if err != nil {
 		return err
@@ -420,10 +461,23 @@ func serve(ctx context.Context, st serveSettings, logOut io.Writer) error {
 	}
 	gl, err := listen(st.grpcAddr)
 	if err != nil {
-		if hl != nil {
-			hl.Close()
-		}
+		closeAll(hl)
 		return fmt.Errorf("grpc-addr: %w", err)
+	}
+	for _, n := range st.envoyNotes {
+		log.Warn("envoyproxy/ratelimit setting: " + n)
+	}
+	if st.metricsAddr != "" {
+		ml, err := net.Listen("tcp", st.metricsAddr)
+		if err != nil {
+			closeAll(hl, gl)
+			return fmt.Errorf("metrics-addr: %w", err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle(st.metricsPath, srv.MetricsHandler())
+		ms := &http.Server{Handler: mux, ReadHeaderTimeout: st.readTimeout}
+		go func() { _ = ms.Serve(ml) }()
+		defer ms.Close()
 	}
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -119,5 +120,25 @@ func TestServeExamplePythonWorker(t *testing.T) {
 	took, _ := strconv.ParseFloat(string(m[1]), 64)
 	if took < 0.4 || time.Since(start) > 20*time.Second {
 		t.Errorf("50 calls took %.3fs, want about 0.5s (paced by the bucket)", took)
+	}
+}
+
+// TestServeExamplePythonWorkerWrongToken checks that the Python worker
+// stops on a 401 instead of treating it as an outage: with --on-error open
+// it would otherwise send every call unpaced.
+func TestServeExamplePythonWorkerWrongToken(t *testing.T) {
+	python, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("python3 not installed")
+	}
+	tokens := serveWriteFile(t, "tokens", "right-token\n")
+	httpAddr, _, _, stop := startServe(t, "--config", exampleConfig, "--auth-token-file", tokens)
+	defer stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, python, examplePython, "--url", "http://"+httpAddr, "--token", "wrong-token",
+		"--on-error", "open", "--bucket", "booking_com/availability", "--workers", "2", "--calls", "5").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "HTTP 401") || strings.Contains(string(out), "going ahead") {
+		t.Errorf("worker.py with a wrong token: %v\n%s\nwant it to stop on HTTP 401 without going ahead", err, out)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetrate/fleetrate"
+	"github.com/fleetrate/fleetrate/internal/server"
 	"github.com/fleetrate/fleetrate/redisstore"
 )
 
@@ -75,15 +76,20 @@ func newServeRedisClient(raw string) (redis.UniversalClient, string, error) {
 // openServeRedis connects to Redis. An unreachable server is not fatal: the
 // service starts, /readyz fails and decisions report the store as
 // unavailable until Redis answers.
-func openServeRedis(ctx context.Context, raw string, batch bool, log *slog.Logger) (serveRedis, error) {
+func openServeRedis(ctx context.Context, raw string, batch bool, timeout time.Duration, log *slog.Logger) (serveRedis, error) {
 	redisstore.SetLogger(log) // go-redis's own lines: structured, one a second
 	c, name, err := newServeRedisClient(raw)
 	if err != nil {
 		return serveRedis{}, err
 	}
-	// The server bounds every store call with its store timeout (a batched
-	// call, which belongs to no request, has the store's default bound).
-	st, err := redisstore.New(c, redisstore.Options{Timeout: -1, Batch: batch})
+	// --store-timeout bounds every store call: the server bounds each
+	// request's calls with it, and the store bounds with it the calls that
+	// belong to no single request (batched and folded ones), which would
+	// otherwise get redisstore.DefaultTimeout (50 ms).
+	if timeout <= 0 {
+		timeout = server.DefaultStoreTimeout
+	}
+	st, err := redisstore.New(c, redisstore.Options{Timeout: timeout, Batch: batch})
 	if err != nil {
 		c.Close()
 		return serveRedis{}, err

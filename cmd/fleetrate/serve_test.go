@@ -291,7 +291,7 @@ func TestServeEndToEnd(t *testing.T) {
 	req := &rlspb.RateLimitRequest{Domain: "edge", Descriptors: []*rlcommon.RateLimitDescriptor{{
 		Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "remote_address", Value: "1.2.3.4"}}}}}
 	resp, err := rls.ShouldRateLimit(context.Background(), req)
-	if err != nil || resp.OverallCode != rlspb.RateLimitResponse_OK || len(resp.ResponseHeadersToAdd) != 3 {
+	if err != nil || resp.OverallCode != rlspb.RateLimitResponse_OK || len(resp.ResponseHeadersToAdd) != 2 {
 		t.Fatalf("ShouldRateLimit: %v, %v (want OK with headers from the file's response_headers)", resp, err)
 	}
 

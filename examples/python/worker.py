@@ -33,6 +33,15 @@ class FleetrateUnavailable(Exception):
     """
 
 
+class FleetrateRefused(Exception):
+    """The service refused the call itself: a wrong or missing token (401),
+    a forbidden API (403), a bad request (400, 404).
+
+    This is a mistake in the worker's setup, not an outage: retrying or
+    going ahead unpaced would hide it, so it is raised to the caller.
+    """
+
+
 class Backpressure(Exception):
     """The wait for a token would exceed max_wait. Nothing was booked."""
 
@@ -66,10 +75,11 @@ class Fleetrate:
                 err = json.load(e)
             except ValueError:
                 err = {"error": e.reason, "code": str(e.code)}
-            if e.code == 400:
-                # Our request is wrong (unknown bucket, n above the burst):
-                # retrying will not help.
-                raise ValueError(f"fleetrate: {err.get('code')}: {err.get('error')}") from None
+            if 400 <= e.code < 500 and e.code != 429:
+                # Our request or our token is wrong (unknown bucket, n above
+                # the burst, 401 for a bad token): retrying will not help, and
+                # the service is not down, so --on-error open must not apply.
+                raise FleetrateRefused(f"fleetrate: HTTP {e.code}: {err.get('code')}: {err.get('error')}") from None
             raise FleetrateUnavailable(f"HTTP {e.code}: {err.get('error')}") from None
         except (urllib.error.URLError, OSError) as e:
             raise FleetrateUnavailable(str(e)) from None

@@ -24,6 +24,8 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/protobuf/types/known/structpb"
+
 	"github.com/fleetrate/fleetrate"
 )
 
@@ -167,6 +169,13 @@ type Rule struct {
 	Unlimited bool
 	// ShadowMode rules are evaluated and counted, but never deny.
 	ShadowMode bool
+	// QuotaMode rules deny a request only when every quota_mode rule of
+	// the request is over its limit (envoyproxy/ratelimit's quota_mode);
+	// their own status still says OVER_LIMIT.
+	QuotaMode bool
+	// Metadata is the descriptor's metadata, returned to Envoy as dynamic
+	// metadata when the request passes; nil when the file gives none.
+	Metadata *structpb.Struct
 	// DetailedMetric labels metrics with the request's values.
 	DetailedMetric bool
 	// Name is the rule's rate_limit.name, used by Replaces.
@@ -290,6 +299,10 @@ type Config struct {
 	Buckets []Bucket
 	// Settings are the file's server section.
 	Settings Settings
+	// Notices list what the file says that was accepted but has no
+	// effect, such as a field envoyproxy/ratelimit ignores at that level.
+	// The server logs them once when it loads the file.
+	Notices []Problem
 
 	byName map[string]int
 }
@@ -326,6 +339,10 @@ func (c *Config) Summary() (domains []string, rules, buckets int) {
 	return domains, rules, len(c.Buckets)
 }
 
+func newConfig(path string, hash [32]byte) *Config {
+	return &Config{Path: path, Hash: hash, Domains: map[string]*Domain{}, byName: map[string]int{}}
+}
+
 // LoadFile reads and parses the file at path.
 func LoadFile(path string) (*Config, error) {
 	f, err := os.Open(path)
@@ -354,17 +371,13 @@ func Load(file string, data []byte) (*Config, error) {
 	if len(data) > MaxFileSize {
 		return nil, fmt.Errorf("%w: config: %s is larger than %d bytes", fleetrate.ErrInvalid, file, MaxFileSize)
 	}
-	p := &parser{file: file}
-	cfg := &Config{
-		Path:    file,
-		Hash:    sha256.Sum256(data),
-		Domains: map[string]*Domain{},
-		byName:  map[string]int{},
-	}
+	cfg := newConfig(file, sha256.Sum256(data))
+	p := &parser{file: file, shared: &shared{}}
 	p.parse(data, cfg)
 	if len(p.errs) > 0 {
 		return nil, &Error{Problems: p.errs}
 	}
+	cfg.Notices = p.notices
 	return cfg, nil
 }
 

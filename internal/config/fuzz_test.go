@@ -19,6 +19,7 @@ func FuzzLoad(f *testing.F) {
 	f.Add("domain: d\ndescriptors:\n  - &a {key: k, rate_limit: {unit: second, requests_per_unit: 1}}\n  - *a\n")
 	f.Add("domain: d\n---\ndomain: e\ndescriptors: []\n")
 	f.Add("domain: d\ndescriptors:\n  - key: k\n    value: v*\n    share_threshold: true\n    descriptors:\n      - key: j\n        rate_limit: {unlimited: true}\n")
+	f.Add("domain: d\ndescriptors:\n  - key: k\n    value: a*b*c\n    quota_mode: yes\n    metadata: {x: [1, {y: z}]}\n    rate_limit: {unit: second, requests_per_unit: 1, key: ignored}\n")
 	f.Add("{")
 	f.Add("domain: [1, 2]\n")
 	f.Add("<<: {domain: d}\n")

@@ -20,8 +20,9 @@ type node struct {
 }
 
 type wildChild struct {
-	key, prefix, value string
-	n                  *node
+	key, value string
+	parts      []string // value split at each '*'
+	n          *node
 }
 
 func newNode(line int) *node { return &node{line: line} }
@@ -47,8 +48,8 @@ func (n *node) add(key, value string, child *node) *node {
 		n.exact = map[Entry]*node{}
 	}
 	n.exact[e] = child
-	if strings.HasSuffix(value, "*") {
-		n.wild = append(n.wild, wildChild{key: key, prefix: strings.TrimSuffix(value, "*"), value: value, n: child})
+	if strings.Contains(value, "*") {
+		n.wild = append(n.wild, wildChild{key: key, value: value, parts: strings.Split(value, "*"), n: child})
 	}
 	return nil
 }
@@ -65,14 +66,15 @@ const (
 	byKey
 )
 
-// child finds the child matching e: key and value first, then a wildcard
-// value prefix, then the key alone, as envoyproxy/ratelimit does.
+// child finds the child matching e: key and value first, then the first
+// wildcard value (in file order) that the value matches, then the key
+// alone, as envoyproxy/ratelimit does.
 func (n *node) child(e Entry) (*node, matchKind, string) {
 	if c := n.exact[e]; c != nil {
 		return c, byValue, ""
 	}
 	for _, w := range n.wild {
-		if w.key == e.Key && strings.HasPrefix(e.Value, w.prefix) {
+		if w.key == e.Key && wildcardMatch(w.parts, e.Value) {
 			return w.n, byWildcard, w.value
 		}
 	}
@@ -80,6 +82,33 @@ func (n *node) child(e Entry) (*node, matchKind, string) {
 		return c, byKey, ""
 	}
 	return nil, 0, ""
+}
+
+// wildcardMatch reports whether value matches the pattern whose literal
+// parts (the pattern split at each '*') are parts: each '*' stands for any
+// run of bytes, empty included, as in envoyproxy/ratelimit. "foo*" is a
+// prefix, "*bar" a suffix, "/api*v1" both, and "foo*bar*baz" also needs
+// "bar" between them.
+func wildcardMatch(parts []string, value string) bool {
+	first, last := parts[0], parts[len(parts)-1]
+	if len(parts) == 1 {
+		return value == first
+	}
+	if len(value) < len(first)+len(last) || !strings.HasPrefix(value, first) || !strings.HasSuffix(value, last) {
+		return false
+	}
+	// The middle parts must appear in order between the first and the last,
+	// without overlapping either; taking each at its leftmost place leaves
+	// the most room for the rest.
+	rest := value[len(first) : len(value)-len(last)]
+	for _, p := range parts[1 : len(parts)-1] {
+		i := strings.Index(rest, p)
+		if i < 0 {
+			return false
+		}
+		rest = rest[i+len(p):]
+	}
+	return true
 }
 
 // Entry is one key/value pair of a request's descriptor.
@@ -104,7 +133,8 @@ type Match struct {
 
 // Match finds the rule for a descriptor, following envoyproxy/ratelimit:
 // each entry descends one level of the tree, matching key and value
-// exactly, else a wildcard value ("foo*"), else the key alone. A rule
+// exactly, else a wildcard value ("foo*", "/api*v1", "a*b*c"), else the key
+// alone. A rule
 // applies only when the descriptor has exactly as many entries as the
 // path to the rule. A nil domain matches nothing.
 func (d *Domain) Match(entries []Entry) Match {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/fleetrate/fleetrate"
 )
@@ -27,11 +28,31 @@ const (
 )
 
 type parser struct {
-	file  string
-	errs  []Problem
-	nodes int
-	// server is the line of the first server section, to reject a second.
-	server int
+	file    string
+	errs    []Problem
+	notices []Problem
+	nodes   int
+	// shared is what the files of one directory share.
+	shared *shared
+}
+
+// shared is the state of a load that spans several files.
+type shared struct {
+	// merge merges a domain given by several files (MERGE_DOMAIN_CONFIG).
+	merge bool
+	// server locates the first server section, to reject a second.
+	serverFile string
+	serverLine int
+	// domainFile names the file that first gave each domain.
+	domainFile map[string]string
+}
+
+// where names a place in this file or another one: "line 3" or "a.yaml:3".
+func (p *parser) where(file string, line int) string {
+	if file == p.file {
+		return fmt.Sprintf("line %d", line)
+	}
+	return fmt.Sprintf("%s:%d", file, line)
 }
 
 func (p *parser) errorf(n *yaml.Node, field, format string, args ...any) {
@@ -46,6 +67,28 @@ func (p *parser) errorf(n *yaml.Node, field, format string, args ...any) {
 	if len(p.errs) == maxProblems {
 		p.errs = append(p.errs, Problem{File: p.file, Msg: "too many errors; stopping"})
 	}
+}
+
+// noticef records something the file says that is accepted but has no
+// effect, so that the server can say so once when it loads the file.
+func (p *parser) noticef(n *yaml.Node, field, format string, args ...any) {
+	if len(p.notices) >= maxProblems {
+		return
+	}
+	line := 0
+	if n != nil {
+		line = n.Line
+	}
+	p.notices = append(p.notices, Problem{File: p.file, Line: line, Field: field, Msg: fmt.Sprintf(format, args...)})
+}
+
+// envoyKeys are the field names envoyproxy/ratelimit accepts at any level
+// of a file (it checks names, not where they stand, and then ignores a
+// name that means nothing at its level).
+var envoyKeys = []string{
+	"domain", "key", "value", "descriptors", "rate_limit", "unit", "requests_per_unit",
+	"unlimited", "shadow_mode", "quota_mode", "name", "replaces", "detailed_metric",
+	"value_to_metric", "share_threshold", "metadata",
 }
 
 var yamlLine = regexp.MustCompile(`^yaml: (?:line (\d+): )?(.*)$`)
@@ -95,6 +138,17 @@ type pair struct {
 // mapping returns the pairs of a mapping node, rejecting keys that are not
 // in allowed, duplicates and merge keys.
 func (p *parser) mapping(n *yaml.Node, field string, allowed ...string) ([]pair, bool) {
+	return p.mappingOf(n, field, false, allowed)
+}
+
+// envoyMapping is mapping for a level of envoyproxy/ratelimit's format: a
+// name it accepts anywhere but that means nothing here is skipped with a
+// notice instead of rejected, so that every file it loads loads here too.
+func (p *parser) envoyMapping(n *yaml.Node, field string, allowed ...string) ([]pair, bool) {
+	return p.mappingOf(n, field, true, allowed)
+}
+
+func (p *parser) mappingOf(n *yaml.Node, field string, lenient bool, allowed []string) ([]pair, bool) {
 	n = p.deref(n)
 	if n == nil || p.nodes > maxNodes {
 		p.errorf(n, field, "document too large or too deeply aliased")
@@ -122,6 +176,9 @@ func (p *parser) mapping(n *yaml.Node, field string, allowed ...string) ([]pair,
 			continue
 		case seen[name]:
 			p.errorf(k, join(field, name), "given twice")
+			continue
+		case !slices.Contains(allowed, name) && lenient && slices.Contains(envoyKeys, name):
+			p.noticef(k, join(field, name), "ignored: it has no meaning at this level (envoyproxy/ratelimit ignores it here too)")
 			continue
 		case !slices.Contains(allowed, name):
 			p.errorf(k, join(field, name), "unknown field (want one of %s)", strings.Join(allowed, ", "))
@@ -179,10 +236,11 @@ func (p *parser) boolean(n *yaml.Node, field string) (bool, bool) {
 	if !ok {
 		return false, false
 	}
+	// YAML 1.1's spellings too, as envoyproxy/ratelimit's parser takes them.
 	switch strings.ToLower(s.Value) {
-	case "true":
+	case "true", "yes", "y", "on":
 		return true, true
-	case "false":
+	case "false", "no", "n", "off":
 		return false, true
 	}
 	p.errorf(s, field, "must be true or false, got %q", s.Value)
@@ -255,7 +313,7 @@ func (p *parser) document(root *yaml.Node, cfg *Config) {
 		}
 		root = root.Content[0]
 	}
-	pairs, ok := p.mapping(root, "", "domain", "descriptors", "buckets", "server")
+	pairs, ok := p.envoyMapping(root, "", "domain", "descriptors", "buckets", "server")
 	if !ok {
 		return
 	}
@@ -274,11 +332,11 @@ func (p *parser) document(root *yaml.Node, cfg *Config) {
 		case "buckets":
 			p.buckets(kv.val, cfg)
 		case "server":
-			if p.server != 0 {
-				p.errorf(kv.knode, "server", "given twice (first on line %d)", p.server)
+			if sh := p.shared; sh.serverLine != 0 {
+				p.errorf(kv.knode, "server", "given twice (first on %s)", p.where(sh.serverFile, sh.serverLine))
 				continue
 			}
-			p.server = kv.knode.Line
+			p.shared.serverFile, p.shared.serverLine = p.file, kv.knode.Line
 			p.settings(kv.val, &cfg.Settings)
 		}
 	}
@@ -294,12 +352,28 @@ func (p *parser) document(root *yaml.Node, cfg *Config) {
 		return
 	}
 	if old, ok := cfg.Domains[domain]; ok {
-		p.errorf(domainNode, "domain", "duplicate domain %q (first on line %d)", domain, old.root.line)
+		first := p.shared.domainFile[domain]
+		if !p.shared.merge || first == p.file {
+			hint := ""
+			if first != p.file {
+				hint = " (set MERGE_DOMAIN_CONFIG=true or --merge-domains to merge them)"
+			}
+			p.errorf(domainNode, "domain", "duplicate domain %q (first on %s)%s", domain, p.where(first, old.root.line), hint)
+			return
+		}
+		// Merged: this file's descriptors join the domain's tree, and a
+		// descriptor both files give is a duplicate, as in
+		// envoyproxy/ratelimit.
+		p.descriptors(descs, "descriptors", domain, old, old.root, 1)
 		return
 	}
 	d := &Domain{Name: domain, root: newNode(domainNode.Line)}
 	p.descriptors(descs, "descriptors", domain, d, d.root, 1)
 	cfg.Domains[domain] = d
+	if p.shared.domainFile == nil {
+		p.shared.domainFile = map[string]string{}
+	}
+	p.shared.domainFile[domain] = p.file
 }
 
 func (p *parser) descriptors(n *yaml.Node, field, parentID string, d *Domain, parent *node, depth int) {
@@ -312,16 +386,17 @@ func (p *parser) descriptors(n *yaml.Node, field, parentID string, d *Domain, pa
 	}
 	for i, item := range p.sequence(n, field) {
 		f := fmt.Sprintf("%s[%d]", field, i)
-		pairs, ok := p.mapping(item, f, "key", "value", "rate_limit", "rate_limits", "descriptors",
-			"shadow_mode", "detailed_metric", "value_to_metric", "share_threshold")
+		pairs, ok := p.envoyMapping(item, f, "key", "value", "rate_limit", "rate_limits", "descriptors",
+			"shadow_mode", "quota_mode", "detailed_metric", "value_to_metric", "share_threshold", "metadata")
 		if !ok {
 			continue
 		}
 		var (
 			key, value                        string
 			keyNode                           *yaml.Node
-			rl, rls, children                 *yaml.Node
+			rl, rls, children, meta           *yaml.Node
 			shadow, detailed, toMetric, share bool
+			quota                             bool
 		)
 		for _, kv := range pairs {
 			switch kv.key {
@@ -338,6 +413,10 @@ func (p *parser) descriptors(n *yaml.Node, field, parentID string, d *Domain, pa
 				children = kv.val
 			case "shadow_mode":
 				shadow, _ = p.boolean(kv.val, join(f, "shadow_mode"))
+			case "quota_mode":
+				quota, _ = p.boolean(kv.val, join(f, "quota_mode"))
+			case "metadata":
+				meta = kv.val
 			case "detailed_metric":
 				detailed, _ = p.boolean(kv.val, join(f, "detailed_metric"))
 			case "value_to_metric":
@@ -354,9 +433,9 @@ func (p *parser) descriptors(n *yaml.Node, field, parentID string, d *Domain, pa
 			p.errorf(at, join(f, "key"), "must not be empty")
 			continue
 		}
-		wildcard := strings.HasSuffix(value, "*")
+		wildcard := strings.Contains(value, "*")
 		if share && !wildcard {
-			p.errorf(at, join(f, "share_threshold"), "needs a wildcard value ending in '*', got value %q", value)
+			p.errorf(at, join(f, "share_threshold"), "needs a wildcard value (containing '*'), got value %q", value)
 		}
 		composite := key
 		if value != "" {
@@ -374,7 +453,10 @@ func (p *parser) descriptors(n *yaml.Node, field, parentID string, d *Domain, pa
 			p.errorf(at, f, "give rate_limit or rate_limits, not both")
 		}
 		if rl != nil || rls != nil {
-			r := &Rule{ID: id, ShadowMode: shadow, DetailedMetric: detailed, File: p.file, Line: at.Line}
+			r := &Rule{ID: id, ShadowMode: shadow, QuotaMode: quota, DetailedMetric: detailed, File: p.file, Line: at.Line}
+			if meta != nil {
+				r.Metadata = p.metadata(meta, join(f, "metadata"))
+			}
 			ok := true
 			if rl != nil {
 				ok = p.rateLimit(rl, join(f, "rate_limit"), r, true)
@@ -393,8 +475,16 @@ func (p *parser) descriptors(n *yaml.Node, field, parentID string, d *Domain, pa
 				child.rule = r
 				d.Rules++
 			}
-		} else if shadow {
-			p.errorf(at, join(f, "shadow_mode"), "has no effect without rate_limit")
+		} else {
+			if shadow {
+				p.errorf(at, join(f, "shadow_mode"), "has no effect without rate_limit")
+			}
+			if quota {
+				p.noticef(at, join(f, "quota_mode"), "ignored: it has no effect without rate_limit")
+			}
+			if meta != nil {
+				p.noticef(meta, join(f, "metadata"), "ignored: it has no effect without rate_limit")
+			}
 		}
 		p.descriptors(children, join(f, "descriptors"), id, d, child, depth+1)
 	}
@@ -407,7 +497,15 @@ func (p *parser) rateLimit(n *yaml.Node, field string, r *Rule, single bool) boo
 	if single {
 		allowed = append(allowed, "unlimited", "replaces")
 	}
-	pairs, ok := p.mapping(n, field, allowed...)
+	var (
+		pairs []pair
+		ok    bool
+	)
+	if single {
+		pairs, ok = p.envoyMapping(n, field, allowed...)
+	} else {
+		pairs, ok = p.mapping(n, field, allowed...)
+	}
 	if !ok {
 		return false
 	}
@@ -461,14 +559,16 @@ func (p *parser) rateLimit(n *yaml.Node, field string, r *Rule, single bool) boo
 		case "replaces":
 			for i, item := range p.sequence(kv.val, f) {
 				rf := fmt.Sprintf("%s[%d]", f, i)
-				rp, ok := p.mapping(item, rf, "name")
+				rp, ok := p.envoyMapping(item, rf, "name")
 				if !ok {
 					good = false
 					continue
 				}
 				name := ""
 				for _, kv := range rp {
-					name, _ = p.str(kv.val, join(rf, "name"))
+					if kv.key == "name" {
+						name, _ = p.str(kv.val, join(rf, "name"))
+					}
 				}
 				if name == "" {
 					p.errorf(item, join(rf, "name"), "must not be empty")
@@ -669,4 +769,63 @@ func (p *parser) settings(n *yaml.Node, s *Settings) {
 			}
 		}
 	}
+}
+
+// metadata parses a descriptor's metadata: any mapping, sent back to
+// Envoy as dynamic metadata when the descriptor's limit applies and the
+// request passes, as envoyproxy/ratelimit does.
+func (p *parser) metadata(n *yaml.Node, field string) *structpb.Struct {
+	n = p.deref(n)
+	if n == nil {
+		p.errorf(nil, field, "too deeply aliased")
+		return nil
+	}
+	if n.Kind != yaml.MappingNode {
+		p.errorf(n, field, "must be a mapping (key: value), got %s", kindName(n))
+		return nil
+	}
+	var v map[string]any
+	if err := n.Decode(&v); err != nil {
+		p.errorf(n, field, "%v", err)
+		return nil
+	}
+	st, err := structpb.NewStruct(plainMap(v))
+	if err != nil {
+		p.errorf(n, field, "%v", err)
+		return nil
+	}
+	return st
+}
+
+// plainMap turns what YAML decoded into the types structpb takes: maps
+// with string keys, lists, strings, numbers, booleans and null. Anything
+// else (a timestamp, a map with non-string keys) becomes its text.
+func plainMap(m map[string]any) map[string]any {
+	out := make(map[string]any, len(m))
+	for k, v := range m {
+		out[k] = plainValue(v)
+	}
+	return out
+}
+
+func plainValue(v any) any {
+	switch v := v.(type) {
+	case nil, bool, string, int, int64, uint64, float64:
+		return v
+	case map[string]any:
+		return plainMap(v)
+	case map[any]any:
+		m := make(map[string]any, len(v))
+		for k, x := range v {
+			m[fmt.Sprint(k)] = plainValue(x)
+		}
+		return m
+	case []any:
+		out := make([]any, len(v))
+		for i, x := range v {
+			out[i] = plainValue(x)
+		}
+		return out
+	}
+	return fmt.Sprint(v)
 }

@@ -41,7 +41,11 @@ func grpcError(err error) error {
 	return status.Error(codes.Unavailable, err.Error())
 }
 
-const healthService = "envoy.service.ratelimit.v3.RateLimitService"
+// healthServices are the service names the gRPC health service reports
+// on, besides "" (the whole server): the RLS service's full name, and
+// "ratelimit", the name envoyproxy/ratelimit registers, which its
+// deployments' probes ask for.
+var healthServices = []string{"", "envoy.service.ratelimit.v3.RateLimitService", "ratelimit"}
 
 func (s *Server) newGRPC() *grpc.Server {
 	opts := []grpc.ServerOption{
@@ -54,8 +58,9 @@ func (s *Server) newGRPC() *grpc.Server {
 	g := grpc.NewServer(opts...)
 	rlspb.RegisterRateLimitServiceServer(g, rlsService{s: s})
 	s.health = health.NewServer()
-	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	s.health.SetServingStatus(healthService, healthpb.HealthCheckResponse_SERVING)
+	for _, name := range healthServices {
+		s.health.SetServingStatus(name, healthpb.HealthCheckResponse_SERVING)
+	}
 	healthpb.RegisterHealthServer(g, s.health)
 	return g
 }
@@ -66,8 +71,9 @@ func (s *Server) setHealth(serving bool) {
 	if serving {
 		st = healthpb.HealthCheckResponse_SERVING
 	}
-	s.health.SetServingStatus("", st)
-	s.health.SetServingStatus(healthService, st)
+	for _, name := range healthServices {
+		s.health.SetServingStatus(name, st)
+	}
 }
 
 func (s *Server) grpcAuth(ctx context.Context, req any, info *grpc.UnaryServerInfo, next grpc.UnaryHandler) (any, error) {

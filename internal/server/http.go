@@ -42,6 +42,7 @@ func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", s.open(http.MethodGet, s.healthz))
 	mux.HandleFunc("/readyz", s.open(http.MethodGet, s.readyz))
+	mux.HandleFunc("/healthcheck", s.open(http.MethodGet, s.healthcheck))
 	mux.Handle("/metrics", s.open(http.MethodGet, promhttp.HandlerFor(s.opts.Registry, promhttp.HandlerOpts{}).ServeHTTP))
 	mux.HandleFunc("/json", s.api(http.MethodPost, s.handleJSON))
 	mux.HandleFunc("/v1/take", s.api(http.MethodPost, s.handleTake))
@@ -188,6 +189,19 @@ func decodeJSON(data []byte, v any) error {
 
 func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+// healthcheck is envoyproxy/ratelimit's /healthcheck, for the manifests
+// that probe it: 200 with the body "OK" while serving, 500 from the moment
+// shutdown begins. As there, it does not ask the store (a liveness probe
+// must not restart the service because Redis is away); /readyz does.
+func (s *Server) healthcheck(w http.ResponseWriter, r *http.Request) {
+	if s.draining.Load() {
+		w.WriteHeader(http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	_, _ = w.Write([]byte("OK"))
 }
 
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
@@ -591,12 +605,20 @@ func checkWireBuckets(bs []wire.Bucket) error {
 	if len(bs) > MaxBuckets {
 		return badRequest(wire.CodeInvalid, "buckets: at most %d, got %d", MaxBuckets, len(bs))
 	}
+	for i, b := range bs {
+		if n := len(b.Key) + len(b.Prefix); n > MaxStoreKeyBytes {
+			return badRequest(wire.CodeInvalid, "buckets[%d].key: %d bytes, at most %d", i, n, MaxStoreKeyBytes)
+		}
+	}
 	return nil
 }
 
 // ownKey keeps the raw store API to the service's own keys: without it a
 // client could delete or overwrite any key of the Redis behind it.
 func (s *Server) ownKey(field, key string) error {
+	if n := len(key); n > MaxStoreKeyBytes {
+		return badRequest(wire.CodeInvalid, "%s: key of %d bytes, at most %d", field, n, MaxStoreKeyBytes)
+	}
 	if !strings.HasPrefix(key, s.opts.Prefix) {
 		return badRequest(wire.CodeInvalid, "%s: key %q must start with the service's prefix %q", field, key, s.opts.Prefix)
 	}

@@ -264,6 +264,9 @@ func TestDrainDelay(t *testing.T) {
 	if code, body := ts.get(t, "/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "shutting down") {
 		t.Errorf("/readyz while draining: %d %s", code, body)
 	}
+	if code, _ := ts.get(t, "/healthcheck"); code != http.StatusInternalServerError {
+		t.Errorf("/healthcheck while draining: %d, want 500 as envoyproxy/ratelimit", code)
+	}
 	var d Decision
 	if code := ts.post(t, "/v1/take", `{"bucket":"booking_com"}`, &d); code != 200 || !d.Allowed {
 		t.Errorf("take while draining: %d %+v", code, d)

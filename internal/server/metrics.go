@@ -84,6 +84,11 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 	}
 	reg.MustRegister(m.decisions, m.storeTime, m.storeErrs, m.reloads, m.lastReload, m.inflight,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	// Every reload result is exported from the start at 0, so that a rate
+	// or an alert on failures works before the first reload.
+	for _, r := range []string{reloadSuccess, reloadFailure, reloadUnchanged} {
+		m.reloads.WithLabelValues(r)
+	}
 	return m
 }
 

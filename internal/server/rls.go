@@ -5,9 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"strconv"
+	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -20,11 +21,11 @@ import (
 	"github.com/fleetrate/fleetrate/internal/headers"
 )
 
-// Names of the response headers added when Options.ResponseHeaders is set.
+// Names of the response headers added when Options.ResponseHeaders is
+// set: the fields of the IETF draft, as httplimit sends them.
 const (
-	HeaderLimit     = "RateLimit-Limit"
-	HeaderRemaining = "RateLimit-Remaining"
-	HeaderReset     = "RateLimit-Reset"
+	HeaderRateLimitPolicy = headers.RateLimitPolicy
+	HeaderRateLimit       = headers.RateLimit
 )
 
 // maxEntries bounds the entries of one descriptor.
@@ -50,6 +51,10 @@ type outcome struct {
 	consumed int64 // tokens taken, to give back if the request is denied
 	result   string
 	err      error
+	// spec is the limit status.current_limit reports, when it has one;
+	// res is the store's answer, when the store was asked.
+	spec *config.LimitSpec
+	res  *fleetrate.Result
 }
 
 func invalidf(format string, args ...any) error {
@@ -76,14 +81,11 @@ func (s *Server) shouldRateLimit(ctx context.Context, req *rlspb.RateLimitReques
 	}
 	wg.Wait()
 
-	resp := &rlspb.RateLimitResponse{OverallCode: rlspb.RateLimitResponse_OK}
+	resp := &rlspb.RateLimitResponse{OverallCode: s.overall(plans, outs)}
 	var failure error
 	for _, o := range outs {
 		if o.err != nil && failure == nil {
 			failure = o.err
-		}
-		if o.over {
-			resp.OverallCode = rlspb.RateLimitResponse_OVER_LIMIT
 		}
 		resp.Statuses = append(resp.Statuses, o.status)
 	}
@@ -106,9 +108,41 @@ func (s *Server) shouldRateLimit(ctx context.Context, req *rlspb.RateLimitReques
 		resp.OverallCode = rlspb.RateLimitResponse_OK
 	}
 	if s.opts.ResponseHeaders {
-		resp.ResponseHeadersToAdd = rateLimitHeaders(resp.Statuses)
+		resp.ResponseHeadersToAdd = rateLimitHeaders(outs)
+	}
+	if s.opts.ResponseDynamicMetadata {
+		resp.DynamicMetadata = dynamicMetadata(req, plans, outs)
 	}
 	return resp, nil
+}
+
+// overall decides the request from its descriptors' outcomes, as
+// envoyproxy/ratelimit does: OVER_LIMIT when a descriptor that is not in
+// quota mode is over its limit, or when every descriptor in quota mode is.
+// A descriptor is in quota mode when its rule says quota_mode, or for every
+// limited descriptor when Options.QuotaMode is set.
+func (s *Server) overall(plans []plan, outs []outcome) rlspb.RateLimitResponse_Code {
+	var over, quota, quotaOver int
+	for i, o := range outs {
+		r := plans[i].rule
+		if r != nil && r.Unlimited {
+			continue
+		}
+		inQuota := s.opts.QuotaMode || (r != nil && r.QuotaMode)
+		if inQuota {
+			quota++
+		}
+		switch {
+		case o.over && inQuota:
+			quotaOver++
+		case o.over:
+			over++
+		}
+	}
+	if over > 0 || (quota > 0 && quotaOver == quota) {
+		return rlspb.RateLimitResponse_OVER_LIMIT
+	}
+	return rlspb.RateLimitResponse_OK
 }
 
 // plan validates the request and resolves every descriptor to its rule.
@@ -131,6 +165,7 @@ func (s *Server) plan(st *state, req *rlspb.RateLimitRequest) ([]plan, error) {
 	hits := int64(max(req.GetHitsAddend(), 1))
 	plans := make([]plan, len(req.GetDescriptors()))
 	replaced := map[string]bool{}
+	total := 0
 	for i, d := range req.GetDescriptors() {
 		field := fmt.Sprintf("descriptors[%d]", i)
 		if d == nil || len(d.GetEntries()) == 0 {
@@ -140,11 +175,28 @@ func (s *Server) plan(st *state, req *rlspb.RateLimitRequest) ([]plan, error) {
 			return nil, invalidf("%s.entries: at most %d entries, got %d", field, maxEntries, len(d.GetEntries()))
 		}
 		entries := make([]config.Entry, len(d.GetEntries()))
+		size := 0
 		for j, e := range d.GetEntries() {
 			if e.GetKey() == "" {
 				return nil, invalidf("%s.entries[%d].key: must not be empty", field, j)
 			}
+			// Sizes bound the memory a hostile client can make the store
+			// hold: every distinct descriptor is a bucket. The errors give
+			// the size, never the bytes.
+			if n := len(e.GetKey()); n > MaxEntryBytes {
+				return nil, invalidf("%s.entries[%d].key: %d bytes, at most %d", field, j, n, MaxEntryBytes)
+			}
+			if n := len(e.GetValue()); n > MaxEntryBytes {
+				return nil, invalidf("%s.entries[%d].value: %d bytes, at most %d", field, j, n, MaxEntryBytes)
+			}
+			size += len(e.GetKey()) + len(e.GetValue())
 			entries[j] = config.Entry{Key: e.GetKey(), Value: e.GetValue()}
+		}
+		if size > MaxDescriptorBytes {
+			return nil, invalidf("%s.entries: keys and values total %d bytes, at most %d", field, size, MaxDescriptorBytes)
+		}
+		if total += size; total > MaxRequestKeyBytes {
+			return nil, invalidf("descriptors: keys and values total more than %d bytes", MaxRequestKeyBytes)
 		}
 		p := &plans[i]
 		p.domain, p.hits, p.negative = domainLabel, hits, d.GetIsNegativeHits()
@@ -250,8 +302,9 @@ func (s *Server) decide(ctx context.Context, p *plan) outcome {
 				spec = l
 			}
 		}
-		st := &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OVER_LIMIT, CurrentLimit: currentLimit(spec)}
-		return s.shadow(p, outcome{status: st, over: true, result: resultOverLimit})
+		st := &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OVER_LIMIT, CurrentLimit: currentLimit(spec),
+			DurationUntilReset: durationpb.New(spec.Period())}
+		return s.shadow(p, outcome{status: st, over: true, result: resultOverLimit, spec: &spec})
 	case p.tooMany && !p.negative:
 		spec := p.rule.Limits[0]
 		for _, l := range p.rule.Limits {
@@ -259,8 +312,9 @@ func (s *Server) decide(ctx context.Context, p *plan) outcome {
 				spec = l
 			}
 		}
-		st := &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OVER_LIMIT, CurrentLimit: currentLimit(spec)}
-		return s.shadow(p, outcome{status: st, over: true, result: resultOverLimit})
+		st := &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OVER_LIMIT, CurrentLimit: currentLimit(spec),
+			DurationUntilReset: durationpb.New(fillTime(spec))}
+		return s.shadow(p, outcome{status: st, over: true, result: resultOverLimit, spec: &spec})
 	}
 	sctx, cancel := s.storeCtx(ctx)
 	defer cancel()
@@ -274,33 +328,50 @@ func (s *Server) decide(ctx context.Context, p *plan) outcome {
 		if err != nil {
 			return outcome{err: err}
 		}
-		st := s.status(p, res)
-		st.Code = rlspb.RateLimitResponse_OK
-		return outcome{status: st, result: resultRefunded}
+		st, spec := s.status(p, res)
+		return outcome{status: st, result: resultRefunded, spec: spec, res: &res}
 	}
 	res, err := s.store.Take(sctx, fleetrate.Request{Buckets: []fleetrate.Bucket{p.bucket}, N: p.hits})
 	if err != nil {
 		return outcome{err: err}
 	}
-	st := s.status(p, res)
 	allowed := res.Allowed
-	if p.hits == 0 {
-		// A peek asks whether one more hit would pass now.
-		allowed = res.Allowed && res.Remaining >= 1
+	if p.hits == 0 && allowed && res.Remaining < 1 {
+		// A peek asks whether one more hit would pass now: it would after
+		// the next token.
+		allowed = false
+		res.Allowed, res.RetryAfter = false, max(res.RetryAfter, time.Duration(res.Limit.Interval())-res.ResetAfter%time.Duration(res.Limit.Interval()))
 	}
+	st, spec := s.status(p, res)
 	if allowed {
-		o := outcome{status: st, result: resultAllowed}
+		o := outcome{status: st, result: resultAllowed, spec: spec, res: &res}
 		if p.hits > 0 {
 			o.consumed = p.hits
 		}
 		return o
 	}
-	st.Code = rlspb.RateLimitResponse_OVER_LIMIT
-	return s.shadow(p, outcome{status: st, over: true, result: resultOverLimit})
+	return s.shadow(p, outcome{status: st, over: true, result: resultOverLimit, spec: spec, res: &res})
 }
 
-// shadow turns an over-limit outcome of a shadow_mode rule into OK.
+// overLimit makes st an OVER_LIMIT status as Envoy reads it: no requests
+// left, and a duration_until_reset of whole seconds, rounded up and at
+// least one. Envoy copies the seconds of duration_until_reset, truncated,
+// into X-RateLimit-Reset, so that a sub-second wait would tell a client
+// "0" on a 429.
+func overLimit(st *rlspb.RateLimitResponse_DescriptorStatus) {
+	st.Code = rlspb.RateLimitResponse_OVER_LIMIT
+	st.LimitRemaining = 0
+	secs := max(headers.DelaySeconds(st.GetDurationUntilReset().AsDuration()), 1)
+	st.DurationUntilReset = durationpb.New(time.Duration(secs) * time.Second)
+}
+
+// shadow turns an over-limit outcome of a shadow_mode rule into OK. Every
+// over-limit outcome passes through it, so it also shapes the status as
+// Envoy needs it.
 func (s *Server) shadow(p *plan, o outcome) outcome {
+	if o.over {
+		overLimit(o.status)
+	}
 	if p.rule.ShadowMode && o.over {
 		o.over = false
 		o.status.Code = rlspb.RateLimitResponse_OK
@@ -309,10 +380,11 @@ func (s *Server) shadow(p *plan, o outcome) outcome {
 	return o
 }
 
-// status reports a store result as a descriptor status: the limit that
-// decided, the tokens left, and the time until the request would pass
-// (when over limit) or until the bucket is full again (when under).
-func (s *Server) status(p *plan, res fleetrate.Result) *rlspb.RateLimitResponse_DescriptorStatus {
+// status reports a store result as an OK descriptor status: the limit
+// that decided, the tokens left, and the time until the request would pass
+// (when over limit) or until the bucket is full again (when under), in
+// whole seconds rounded up, since Envoy reads only the seconds.
+func (s *Server) status(p *plan, res fleetrate.Result) (*rlspb.RateLimitResponse_DescriptorStatus, *config.LimitSpec) {
 	spec := p.rule.Limits[0]
 	for i, l := range p.limits {
 		if l == res.Limit && i < len(p.rule.Limits) {
@@ -328,8 +400,8 @@ func (s *Server) status(p *plan, res fleetrate.Result) *rlspb.RateLimitResponse_
 		Code:               rlspb.RateLimitResponse_OK,
 		CurrentLimit:       currentLimit(spec),
 		LimitRemaining:     uint32(min(max(res.Remaining, 0), math.MaxUint32)),
-		DurationUntilReset: durationpb.New(reset),
-	}
+		DurationUntilReset: durationpb.New(time.Duration(headers.DelaySeconds(reset)) * time.Second),
+	}, &spec
 }
 
 func currentLimit(spec config.LimitSpec) *rlspb.RateLimitResponse_RateLimit {
@@ -359,39 +431,92 @@ func (s *Server) giveBack(ctx context.Context, plans []plan, outs []outcome) {
 			s.log.Warn("refund of a denied request's tokens failed", "bucket", plans[i].bucket.StoreKey(), "n", n, "error", err.Error())
 			continue
 		}
-		if st := outs[i].status; st != nil && st.CurrentLimit != nil {
+		if st := outs[i].status; st != nil && st.CurrentLimit != nil && st.Code != rlspb.RateLimitResponse_OVER_LIMIT {
 			st.LimitRemaining = uint32(min(int64(st.LimitRemaining)+n, math.MaxUint32))
 		}
 	}
 }
 
-// rateLimitHeaders builds RateLimit-Limit, -Remaining and -Reset from the most
-// restrictive status: an over-limit one if any, else the one with the
-// fewest requests left.
-func rateLimitHeaders(statuses []*rlspb.RateLimitResponse_DescriptorStatus) []*corev3.HeaderValue {
-	var pick *rlspb.RateLimitResponse_DescriptorStatus
-	for _, st := range statuses {
-		if st == nil || st.CurrentLimit == nil {
+// rateLimitHeaders builds the IETF draft's RateLimit-Policy and RateLimit
+// fields, as httplimit sends them: a policy for each limit reported (its
+// name, "q" its burst, "w" the time its bucket takes to fill), and the
+// state of the most restrictive one, an over-limit one if any, else the
+// one with the fewest requests left: "r" the requests left and "t" the
+// seconds until the next one can pass.
+func rateLimitHeaders(outs []outcome) []*corev3.HeaderValue {
+	var (
+		policies []headers.Policy
+		pick     *outcome
+		pickName string
+	)
+	for i := range outs {
+		o := &outs[i]
+		if o.spec == nil || o.status == nil {
 			continue
 		}
+		name := policyName(*o.spec)
+		if !slices.ContainsFunc(policies, func(p headers.Policy) bool { return p.Name == name }) {
+			policies = append(policies, headers.Policy{Name: name, Quota: o.spec.Burst, Window: fillTime(*o.spec)})
+		}
 		switch {
-		case pick == nil:
-			pick = st
-		case st.Code == rlspb.RateLimitResponse_OVER_LIMIT && pick.Code != rlspb.RateLimitResponse_OVER_LIMIT:
-			pick = st
-		case st.Code == pick.Code && st.LimitRemaining < pick.LimitRemaining:
-			pick = st
+		case pick == nil,
+			o.over && !pick.over,
+			o.over == pick.over && o.status.LimitRemaining < pick.status.LimitRemaining:
+			pick, pickName = o, name
 		}
 	}
 	if pick == nil {
 		return nil
 	}
-	secs := headers.DelaySeconds(pick.DurationUntilReset.AsDuration())
-	return []*corev3.HeaderValue{
-		{Key: HeaderLimit, Value: strconv.FormatUint(uint64(pick.CurrentLimit.RequestsPerUnit), 10)},
-		{Key: HeaderRemaining, Value: strconv.FormatUint(uint64(pick.LimitRemaining), 10)},
-		{Key: HeaderReset, Value: strconv.FormatInt(secs, 10)},
+	policy, err := headers.FormatPolicy(policies...)
+	if err != nil {
+		return nil
 	}
+	limit, err := headers.FormatRateLimit(headers.Limit{
+		Name: pickName, Remaining: int64(pick.status.LimitRemaining), Reset: nextToken(pick), HasReset: true,
+	})
+	if err != nil {
+		return nil
+	}
+	return []*corev3.HeaderValue{{Key: HeaderRateLimitPolicy, Value: policy}, {Key: HeaderRateLimit, Value: limit}}
+}
+
+// fillTime is how long an empty bucket of spec takes to fill: its period
+// when the burst is requests_per_unit, exactly, without the rounding of a
+// token's interval.
+func fillTime(spec config.LimitSpec) time.Duration {
+	if spec.RequestsPerUnit == 0 || spec.Burst == int64(spec.RequestsPerUnit) {
+		return spec.Period()
+	}
+	return time.Duration(float64(spec.Period()) * float64(spec.Burst) / float64(spec.RequestsPerUnit))
+}
+
+// policyName names a limit in the RateLimit fields: its configured name
+// when it is printable ASCII, else a description such as "100/minute".
+func policyName(spec config.LimitSpec) string {
+	if spec.Name != "" && headers.ValidString(spec.Name) == nil {
+		return spec.Name
+	}
+	spec.Name = ""
+	return spec.String()
+}
+
+// nextToken is the draft's "t" for an outcome: the time within which the
+// client can use no more than the requests left. For a denial it is the
+// wait until the request would pass; otherwise the time until the bucket
+// gains its next token (0 when it is full).
+func nextToken(o *outcome) time.Duration {
+	if o.over || o.res == nil {
+		return o.status.GetDurationUntilReset().AsDuration()
+	}
+	l := o.res.Limit
+	iv := time.Duration(l.Interval())
+	missing := l.Burst - min(max(o.res.Remaining, 0), l.Burst)
+	if missing == 0 {
+		return 0
+	}
+	// The bucket's debt, ResetAfter, lies in ((missing-1)·iv, missing·iv].
+	return min(max(o.res.ResetAfter-time.Duration(missing-1)*iv, 0), iv)
 }
 
 // isInvalid reports whether err is a rejected request rather than a

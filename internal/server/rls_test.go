@@ -1,6 +1,7 @@
 package server
 
 import (
+	"fmt"
 	"math"
 	"testing"
 	"time"
@@ -15,6 +16,8 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/fleetrate/fleetrate/internal/headers"
 )
 
 const (
@@ -74,8 +77,9 @@ func TestGRPCAllowedThenOverLimit(t *testing.T) {
 	if resp.OverallCode != over || resp.Statuses[0].Code != over {
 		t.Fatalf("4th request: %v, want OVER_LIMIT", resp)
 	}
-	// A token bucket refills one token every 1/3 s, not a whole window.
-	if got, want := resp.Statuses[0].DurationUntilReset.AsDuration(), 333333334*time.Nanosecond; got != want {
+	// A token bucket refills one token every 1/3 s, not a whole window; Envoy
+	// reads whole seconds, so the wait is rounded up to 1 s.
+	if got, want := resp.Statuses[0].DurationUntilReset.AsDuration(), time.Second; got != want {
 		t.Errorf("duration_until_reset = %v, want %v", got, want)
 	}
 	// Another address has its own bucket.
@@ -208,7 +212,7 @@ func TestGRPCRuleKinds(t *testing.T) {
 			}
 		}
 		r := ts.should(t, "edge", 0, desc("api_key", "k"))
-		if r.OverallCode != over || r.Statuses[0].CurrentLimit.GetName() != "burst" || r.Statuses[0].DurationUntilReset.AsDuration() != 500*time.Millisecond {
+		if r.OverallCode != over || r.Statuses[0].CurrentLimit.GetName() != "burst" || r.Statuses[0].DurationUntilReset.AsDuration() != time.Second {
 			t.Errorf("5th: %v, want OVER_LIMIT by the burst limit for 500ms (daily has 1 left)", r)
 		}
 		ts.clock.Advance(time.Second)
@@ -266,15 +270,113 @@ func TestGRPCNegativeHits(t *testing.T) {
 func TestGRPCResponseHeaders(t *testing.T) {
 	t.Parallel()
 	ts := start(t, rlsConfig, func(o *Options) { o.ResponseHeaders = true })
-	r := ts.should(t, "edge", 0, desc("remote_address", "h"), desc("ldap", "x"))
-	got := map[string]string{}
-	for _, h := range r.ResponseHeadersToAdd {
-		got[h.Key] = h.Value
+	// Each field appears once, and parses under the draft's rules.
+	fields := func(r *rlspb.RateLimitResponse) ([]headers.Policy, []headers.Limit) {
+		t.Helper()
+		got := map[string][]string{}
+		for _, h := range r.ResponseHeadersToAdd {
+			got[h.Key] = append(got[h.Key], h.Value)
+		}
+		if len(got) != 2 || len(got[HeaderRateLimitPolicy]) != 1 || len(got[HeaderRateLimit]) != 1 {
+			t.Fatalf("headers %v, want one RateLimit-Policy and one RateLimit", got)
+		}
+		ps, err := headers.ParsePolicy(got[HeaderRateLimitPolicy]...)
+		if err != nil {
+			t.Fatalf("RateLimit-Policy %q: %v", got[HeaderRateLimitPolicy], err)
+		}
+		ls, err := headers.ParseRateLimit(got[HeaderRateLimit]...)
+		if err != nil {
+			t.Fatalf("RateLimit %q: %v", got[HeaderRateLimit], err)
+		}
+		return ps, ls
 	}
-	want := map[string]string{HeaderLimit: "3", HeaderRemaining: "2", HeaderReset: "1"}
-	for k, v := range want {
-		if got[k] != v {
-			t.Errorf("header %s = %q, want %q (all: %v)", k, got[k], v, got)
+	r := ts.should(t, "edge", 0, desc("remote_address", "h"), desc("ldap", "x"))
+	ps, ls := fields(r)
+	if len(ps) != 1 || ps[0].Name != "3/second" || ps[0].Quota != 3 || ps[0].Window != time.Second {
+		t.Errorf("policies %+v, want \"3/second\";q=3;w=1", ps)
+	}
+	// Remaining never exceeds the quota; one token comes back within 1 s.
+	if len(ls) != 1 || ls[0].Name != "3/second" || ls[0].Remaining != 2 || ls[0].Reset != time.Second {
+		t.Errorf("limits %+v, want \"3/second\";r=2;t=1", ls)
+	}
+	// A named limit and a denial: the denying limit is reported.
+	ts.should(t, "edge", 0, desc("tier", "free"), desc("remote_address", "h"))
+	r = ts.should(t, "edge", 0, desc("tier", "free"), desc("remote_address", "h"))
+	ps, ls = fields(r)
+	if r.OverallCode != over || len(ps) != 2 || ps[0].Name != "free" || ps[0].Window != time.Minute {
+		t.Errorf("policies %+v, want free;q=1;w=60 and 3/second", ps)
+	}
+	if ls[0].Name != "free" || ls[0].Remaining != 0 || ls[0].Reset != time.Minute {
+		t.Errorf("limits %+v, want \"free\";r=0;t=60", ls)
+	}
+}
+
+// envoyXRateLimit applies the rules of Envoy's HTTP rate limit filter
+// (enable_x_ratelimit_headers: DRAFT_VERSION_03, ratelimit_headers.cc) to
+// an RLS response: of the statuses with a current_limit, the first with
+// the fewest requests left gives X-RateLimit-Limit (its requests_per_unit,
+// then ", <rpu>;w=<unit seconds>" and ";name=..." for every status),
+// X-RateLimit-Remaining (its limit_remaining) and X-RateLimit-Reset (the
+// seconds of its duration_until_reset, the nanoseconds dropped).
+func envoyXRateLimit(r *rlspb.RateLimitResponse) (limit, remaining, reset string) {
+	var pick *rlspb.RateLimitResponse_DescriptorStatus
+	policy := ""
+	for _, st := range r.Statuses {
+		if st.CurrentLimit == nil {
+			continue
+		}
+		if pick == nil || st.LimitRemaining < pick.LimitRemaining {
+			pick = st
+		}
+		w := map[rlspb.RateLimitResponse_RateLimit_Unit]int{
+			rlspb.RateLimitResponse_RateLimit_SECOND: 1, rlspb.RateLimitResponse_RateLimit_MINUTE: 60,
+			rlspb.RateLimitResponse_RateLimit_HOUR: 3600, rlspb.RateLimitResponse_RateLimit_DAY: 86400,
+		}[st.CurrentLimit.Unit]
+		if w > 0 {
+			policy += fmt.Sprintf(", %d;w=%d", st.CurrentLimit.RequestsPerUnit, w)
+			if st.CurrentLimit.Name != "" {
+				policy += fmt.Sprintf(";name=%q", st.CurrentLimit.Name)
+			}
+		}
+	}
+	if pick == nil {
+		return "", "", ""
+	}
+	return fmt.Sprintf("%d%s", pick.CurrentLimit.RequestsPerUnit, policy),
+		fmt.Sprint(pick.LimitRemaining), fmt.Sprint(pick.DurationUntilReset.GetSeconds())
+}
+
+// TestEnvoyHeadersOnA429 checks what Envoy puts on a 429 from fleetrate's
+// answers: X-RateLimit-Remaining 0 and X-RateLimit-Reset at least 1, the
+// wait rounded up, even when the bucket refills within a fraction of a
+// second, and when a request asks for more than is left.
+func TestEnvoyHeadersOnA429(t *testing.T) {
+	t.Parallel()
+	ts := start(t, rlsConfig)
+	tests := []struct {
+		name               string
+		hits               uint32
+		ds                 []*rlcommon.RateLimitDescriptor
+		limit, left, reset string
+	}{
+		// 3/second: the 4th hit waits 1/3 s.
+		{"sub-second wait", 1, []*rlcommon.RateLimitDescriptor{desc("remote_address", "e")}, "3, 3;w=1", "0", "1"},
+		// 2 left of 3, asking for 3: over, though 2 are left.
+		{"more than is left", 3, []*rlcommon.RateLimitDescriptor{desc("remote_address", "f")}, "3, 3;w=1", "0", "1"},
+		// requests_per_unit 0.
+		{"denies everything", 1, []*rlcommon.RateLimitDescriptor{desc("remote_address", "50.0.0.5")}, "0, 0;w=1", "0", "1"},
+	}
+	ts.should(t, "edge", 3, desc("remote_address", "e"))
+	ts.should(t, "edge", 1, desc("remote_address", "f"))
+	for _, tt := range tests {
+		r := ts.should(t, "edge", tt.hits, tt.ds...)
+		if r.OverallCode != over {
+			t.Fatalf("%s: %v, want OVER_LIMIT", tt.name, r)
+		}
+		limit, left, reset := envoyXRateLimit(r)
+		if limit != tt.limit || left != tt.left || reset != tt.reset {
+			t.Errorf("%s: Envoy would send X-RateLimit-Limit %q, -Remaining %q, -Reset %q; want %q, %q, %q",
+				tt.name, limit, left, reset, tt.limit, tt.left, tt.reset)
 		}
 	}
 }

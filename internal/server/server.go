@@ -13,7 +13,6 @@ package server
 
 import (
 	"context"
-	"crypto/sha256"
 	"crypto/subtle"
 	"crypto/tls"
 	"errors"
@@ -21,7 +20,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"reflect"
 	"strings"
 	"sync"
@@ -29,6 +27,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 
@@ -50,6 +49,16 @@ const (
 	MaxDescriptors = 64
 	// MaxBuckets bounds the buckets of one /v1 or raw store request.
 	MaxBuckets = 64
+	// MaxEntryBytes bounds each key and each value of an RLS descriptor.
+	MaxEntryBytes = 1024
+	// MaxDescriptorBytes bounds the keys and values of one RLS descriptor
+	// together.
+	MaxDescriptorBytes = 4096
+	// MaxRequestKeyBytes bounds the keys and values of all the descriptors
+	// of one RLS request together.
+	MaxRequestKeyBytes = 32 << 10
+	// MaxStoreKeyBytes bounds each key of a raw store request.
+	MaxStoreKeyBytes = 1024
 	// ProbeKey is the bucket (after the prefix) that /readyz peeks.
 	ProbeKey = "_readyz"
 )
@@ -64,8 +73,12 @@ type Options struct {
 	StoreName string
 	// Config is the configuration in force at start. Required.
 	Config *config.Config
-	// ConfigPath is the file Reload reads. Empty disables reloading.
+	// ConfigPath is the file, or the directory of files, Reload reads.
+	// Empty disables reloading.
 	ConfigPath string
+	// ConfigOptions say how Reload reads a directory (merge of domains,
+	// dot files).
+	ConfigOptions config.LoadOptions
 	// ReloadInterval is how often Serve checks ConfigPath for changes.
 	// Zero disables watching; Reload (e.g. on SIGHUP) still works.
 	ReloadInterval time.Duration
@@ -94,12 +107,22 @@ type Options struct {
 	AuthTokens []string
 	// TLS, when set, serves HTTP and gRPC over TLS.
 	TLS *tls.Config
-	// ResponseHeaders adds RateLimit-Limit, RateLimit-Remaining and
-	// RateLimit-Reset to RLS responses (response_headers_to_add).
+	// ResponseHeaders adds the IETF draft's RateLimit-Policy and RateLimit
+	// fields to RLS responses (response_headers_to_add), as httplimit
+	// sends them.
 	ResponseHeaders bool
 	// ShadowMode makes every RLS response OK while still counting, as
 	// envoyproxy/ratelimit's global SHADOW_MODE does.
 	ShadowMode bool
+	// QuotaMode puts every descriptor in quota mode, as
+	// envoyproxy/ratelimit's global QUOTA_MODE does: a request is denied
+	// only when all its limited descriptors are over their limits.
+	QuotaMode bool
+	// ResponseDynamicMetadata adds dynamic metadata to RLS responses, as
+	// envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA does: the domain,
+	// the descriptors, hits_addend, and the merged metadata of the rules
+	// of the descriptors that passed.
+	ResponseDynamicMetadata bool
 	// DisableStoreAPI turns off the raw store API (/v1/store/...).
 	DisableStoreAPI bool
 	// Logger receives the service's logs. Default slog.Default().
@@ -201,11 +224,18 @@ func New(opts Options) (*Server, error) {
 	s.metrics = newMetrics(opts.Registry)
 	s.store = instrumented{Store: opts.Store, m: s.metrics}
 	s.state.Store(s.newState(opts.Config))
+	s.logNotices(opts.Config)
 	s.tried = opts.Config.Hash
 	s.metrics.lastReload.SetToCurrentTime()
 	s.handler = s.routes()
 	s.grpc = s.newGRPC()
 	return s, nil
+}
+
+// MetricsHandler serves the metrics alone, in Prometheus text format, for
+// a listener of their own.
+func (s *Server) MetricsHandler() http.Handler {
+	return promhttp.HandlerFor(s.opts.Registry, promhttp.HandlerOpts{})
 }
 
 // Config returns the configuration in force.
@@ -235,7 +265,7 @@ func (s *Server) Reload() error {
 	}
 	s.reloadMu.Lock()
 	defer s.reloadMu.Unlock()
-	cfg, err := config.LoadFile(s.opts.ConfigPath)
+	cfg, err := config.LoadPath(s.opts.ConfigPath, s.opts.ConfigOptions)
 	if err != nil {
 		s.metrics.reloads.WithLabelValues(reloadFailure).Inc()
 		s.log.Error("config reload failed; keeping the configuration in force",
@@ -252,10 +282,19 @@ func (s *Server) Reload() error {
 		s.log.Warn("config reload: the server section changed; restart to apply it", "path", s.opts.ConfigPath)
 	}
 	s.SetConfig(cfg)
+	s.logNotices(cfg)
 	s.metrics.reloads.WithLabelValues(reloadSuccess).Inc()
 	domains, rules, buckets := cfg.Summary()
 	s.log.Info("config reloaded", "path", s.opts.ConfigPath, "domains", domains, "rules", rules, "buckets", buckets)
 	return nil
+}
+
+// logNotices logs, once per load, what the configuration says that has no
+// effect.
+func (s *Server) logNotices(cfg *config.Config) {
+	for _, n := range cfg.Notices {
+		s.log.Warn("config: "+n.Msg, "at", n.String())
+	}
 }
 
 // watch reloads the config file whenever its content changes.
@@ -268,11 +307,11 @@ func (s *Server) watch(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		data, err := os.ReadFile(s.opts.ConfigPath)
+		h, err := config.Fingerprint(s.opts.ConfigPath, s.opts.ConfigOptions)
 		if err != nil {
 			continue // a file being replaced may be missing for a moment
 		}
-		if h := sha256.Sum256(data); h != s.lastTried() {
+		if h != s.lastTried() {
 			_ = s.Reload()
 			s.reloadMu.Lock()
 			s.tried = h

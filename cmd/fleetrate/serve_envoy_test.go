@@ -1,0 +1,136 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/fleetrate/fleetrate"
+)
+
+func envFrom(m map[string]string) func(string) string {
+	return func(k string) string { return m[k] }
+}
+
+// TestEnvoyEnv covers envoyproxy/ratelimit's environment variables that
+// its manifests set (the README's settings): each maps onto the fleetrate
+// setting docs/OPERATIONS.md names.
+func TestEnvoyEnv(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		env  map[string]string
+		want map[string]string
+	}{
+		{"runtime layout", map[string]string{"RUNTIME_ROOT": "/data", "RUNTIME_SUBDIRECTORY": "ratelimit", "RUNTIME_IGNOREDOTFILES": "true", "MERGE_DOMAIN_CONFIG": "true"},
+			map[string]string{"config": "/data/ratelimit/config", "ignore-dot-files": "true", "merge-domains": "true"}},
+		{"runtime app directory", map[string]string{"RUNTIME_ROOT": "/data", "RUNTIME_APPDIRECTORY": "limits"},
+			map[string]string{"config": "/data/limits"}},
+		{"ports", map[string]string{"PORT": "8080", "GRPC_PORT": "8081", "GRPC_HOST": "127.0.0.1"},
+			map[string]string{"http-addr": ":8080", "grpc-addr": "127.0.0.1:8081"}},
+		{"logs", map[string]string{"LOG_LEVEL": "WARN", "LOG_FORMAT": "json"},
+			map[string]string{"log-level": "warn", "log-format": "json"}},
+		{"modes and headers", map[string]string{"SHADOW_MODE": "true", "QUOTA_MODE": "true", "RESPONSE_DYNAMIC_METADATA": "true", "LIMIT_RESPONSE_HEADERS_ENABLED": "true"},
+			map[string]string{"shadow-mode": "true", "quota-mode": "true", "response-dynamic-metadata": "true", "response-headers": "true"}},
+		{"prometheus", map[string]string{"USE_PROMETHEUS": "true"}, map[string]string{"metrics-addr": ":9090"}},
+		{"redis tcp", map[string]string{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "redis.svc:6379", "REDIS_AUTH": "s3cret", "REDIS_POOL_SIZE": "20", "REDIS_TIMEOUT": "2s"},
+			map[string]string{"redis": "redis://:s3cret@redis.svc:6379?pool_size=20", "store-timeout": "2s"}},
+		{"redis tls with user", map[string]string{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "r:6380", "REDIS_TLS": "true", "REDIS_AUTH": "app:pw"},
+			map[string]string{"redis": "rediss://app:pw@r:6380"}},
+		{"redis unix", map[string]string{"REDIS_URL": "/var/run/nutcracker/ratelimit.sock"},
+			map[string]string{"redis": "unix:///var/run/nutcracker/ratelimit.sock"}},
+		{"redis sentinel", map[string]string{"REDIS_SOCKET_TYPE": "tcp", "REDIS_TYPE": "SENTINEL", "REDIS_URL": "mymaster,s1:26379,s2:26379", "REDIS_AUTH": "pw"},
+			map[string]string{"redis": "redis+sentinel://s1:26379?addr=s2%3A26379&master_name=mymaster&password=pw"}},
+		{"redis cluster", map[string]string{"REDIS_SOCKET_TYPE": "tcp", "REDIS_TYPE": "cluster", "REDIS_URL": "n1:6379,n2:6379"},
+			map[string]string{"redis": "redis+cluster://n1:6379?addr=n2%3A6379"}},
+		{"cache prefix", map[string]string{"CACHE_KEY_PREFIX": "rl:"}, map[string]string{"prefix": "rl:"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			got, _, err := envoyEnv(envFrom(tt.env))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if fmt.Sprint(got) != fmt.Sprint(tt.want) {
+				t.Errorf("got %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestEnvoyEnvRefusedAndIgnored checks that a setting fleetrate cannot
+// honour stops the start with a reason, and that one with no equivalent is
+// reported with its reason.
+func TestEnvoyEnvRefusedAndIgnored(t *testing.T) {
+	t.Parallel()
+	for _, env := range []map[string]string{
+		{"BACKEND_TYPE": "memcache"},
+		{"CONFIG_TYPE": "GRPC_XDS"},
+		{"REDIS_URL": "x", "REDIS_TYPE": "sentinel"},
+		{"REDIS_URL": "x", "REDIS_SOCKET_TYPE": "udp"},
+		{"LOG_LEVEL": "loud"},
+	} {
+		if _, _, err := envoyEnv(envFrom(env)); err == nil {
+			t.Errorf("%v: no error", env)
+		}
+	}
+	_, notes, err := envoyEnv(envFrom(map[string]string{"USE_STATSD": "true", "LIMIT_LIMIT_HEADER": "X-Limit", "USE_DOG_STATSD": "false"}))
+	if err != nil || len(notes) != 2 || !strings.Contains(strings.Join(notes, "\n"), "USE_STATSD: ignored; fleetrate exports Prometheus") {
+		t.Errorf("notes %q, %v; want USE_STATSD and LIMIT_LIMIT_HEADER, each with the reason", notes, err)
+	}
+}
+
+// TestServeEnvoyDeployment starts the service as envoyproxy/ratelimit's
+// manifests do: no flags, its variables, a ConfigMap-like directory with
+// two files giving one domain.
+func TestServeEnvoyDeployment(t *testing.T) {
+	t.Parallel()
+	root := t.TempDir()
+	cfgDir := filepath.Join(root, "ratelimit", "config")
+	if err := os.MkdirAll(filepath.Join(cfgDir, "..2030_01_01"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for name, src := range map[string]string{
+		"a.yaml":              "domain: rl\ndescriptors:\n  - key: k1\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+		"b.yaml":              "domain: rl\ndescriptors:\n  - key: k2\n    rate_limit: {unit: second, requests_per_unit: 2}\n",
+		"..2030_01_01/a.yaml": "domain: rl\n",
+	} {
+		if err := os.WriteFile(filepath.Join(cfgDir, name), []byte(src), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	env := map[string]string{
+		"RUNTIME_ROOT": root, "RUNTIME_SUBDIRECTORY": "ratelimit", "RUNTIME_IGNOREDOTFILES": "true",
+		"MERGE_DOMAIN_CONFIG": "true", "USE_STATSD": "false", "LOG_LEVEL": "debug",
+		"HOST": "127.0.0.1", "PORT": "0", "GRPC_HOST": "127.0.0.1", "GRPC_PORT": "0",
+	}
+	cmd := serveCommand(envFrom(env))
+	if err := cmd.ParseFlags(nil); err != nil {
+		t.Fatal(err)
+	}
+	st, err := resolveSettings(cmd.Flags(), envFrom(env))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if domains, rules, _ := st.cfg.Summary(); len(domains) != 1 || rules != 2 || st.httpAddr != "127.0.0.1:0" || st.logLevel != "debug" {
+		t.Errorf("resolved: domains %v, rules %d, http %q, log level %q; want [rl], 2, 127.0.0.1:0, debug", domains, rules, st.httpAddr, st.logLevel)
+	}
+	// Without the merge, the second file is rejected with both names.
+	env["MERGE_DOMAIN_CONFIG"] = "false"
+	if _, err := resolveSettings(cmd.Flags(), envFrom(env)); err == nil || !strings.Contains(err.Error(), "b.yaml:1: domain: duplicate domain \"rl\"") {
+		t.Errorf("without MERGE_DOMAIN_CONFIG: %v", err)
+	}
+}
+
+func TestErrorLineHasOnePrefix(t *testing.T) {
+	t.Parallel()
+	if got := errorLine(fmt.Errorf("%w: config: x", fleetrate.ErrInvalid)); got != "fleetrate: invalid: config: x" {
+		t.Errorf("errorLine = %q", got)
+	}
+	if got := errorLine(fmt.Errorf("boom")); got != "fleetrate: boom" {
+		t.Errorf("errorLine = %q", got)
+	}
+}

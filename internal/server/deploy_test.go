@@ -1,0 +1,85 @@
+package server
+
+import (
+	"net/http"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/fleetrate/fleetrate/internal/config"
+)
+
+// TestEnvoyDeploymentProbes covers the probes of envoyproxy/ratelimit's
+// manifests: GET /healthcheck answers 200 "OK" (no token needed), and the
+// gRPC health service knows "ratelimit", the name it registers.
+func TestEnvoyDeploymentProbes(t *testing.T) {
+	t.Parallel()
+	ts := start(t, rlsConfig, func(o *Options) { o.AuthTokens = []string{"secret"} })
+	if code, body := ts.get(t, "/healthcheck"); code != http.StatusOK || body != "OK" {
+		t.Errorf("/healthcheck: %d %q, want 200 \"OK\"", code, body)
+	}
+	conn, err := grpc.NewClient(ts.grpcAdr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	for _, name := range []string{"", "ratelimit", "envoy.service.ratelimit.v3.RateLimitService"} {
+		resp, err := healthpb.NewHealthClient(conn).Check(ctxT(t), &healthpb.HealthCheckRequest{Service: name})
+		if err != nil || resp.Status != healthpb.HealthCheckResponse_SERVING {
+			t.Errorf("health of %q: %v, %v; want SERVING", name, resp, err)
+		}
+	}
+}
+
+// TestReloadCounterFromStart checks that fleetrate_config_reloads_total is
+// exported for every result before the first reload.
+func TestReloadCounterFromStart(t *testing.T) {
+	t.Parallel()
+	ts := start(t, rlsConfig)
+	for _, r := range []string{"success", "failure", "unchanged"} {
+		if !metricHas(t, ts, `fleetrate_config_reloads_total{result="`+r+`"} 0`) {
+			t.Errorf("fleetrate_config_reloads_total{result=%q} is not exported at 0 before any reload", r)
+		}
+	}
+}
+
+// TestReloadDirectory covers envoyproxy/ratelimit's runtime directory: a
+// directory of files, one domain each, reloaded as one configuration, with
+// a domain split over two files merged under MERGE_DOMAIN_CONFIG
+// (merge_domain_key1.yaml and merge_domain_key2.yaml).
+func TestReloadDirectory(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	write := func(name, src string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(src), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("basic.yaml", "domain: basic\ndescriptors:\n  - key: key1\n    rate_limit: {unit: second, requests_per_unit: 1}\n")
+	opts := config.LoadOptions{MergeDomains: true}
+	cfg, err := config.LoadPath(dir, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := start(t, "domain: unused\n", func(o *Options) {
+		o.Config, o.ConfigPath, o.ConfigOptions = cfg, dir, opts
+	})
+	if r := ts.should(t, "basic", 0, desc("key1", "a")); r.Statuses[0].CurrentLimit.GetRequestsPerUnit() != 1 {
+		t.Fatalf("before reload: %v", r)
+	}
+	write("merge1.yaml", "domain: basic\ndescriptors:\n  - key: key2\n    rate_limit: {unit: minute, requests_per_unit: 20}\n")
+	if err := ts.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if r := ts.should(t, "basic", 0, desc("key2", "a")); r.Statuses[0].CurrentLimit.GetRequestsPerUnit() != 20 {
+		t.Errorf("merged file's descriptor: %v, want 20/minute", r)
+	}
+	if r := ts.should(t, "basic", 0, desc("key1", "b")); r.Statuses[0].CurrentLimit.GetRequestsPerUnit() != 1 {
+		t.Errorf("first file's descriptor after the merge: %v, want 1/second", r)
+	}
+}
