@@ -90,9 +90,9 @@ func ExampleUpstream_Buckets() {
 	}
 	// Output:
 	// {booking_com} 28/s burst 1
-	// {booking_com}#pause pause 1e+06/s burst 1
+	// {booking_com}#pause pause 1e+09/s burst 1099511627776
 	// {booking_com}/availability 19/s burst 1
-	// {booking_com}/availability#pause pause 1e+06/s burst 1
+	// {booking_com}/availability#pause pause 1e+09/s burst 1099511627776
 }
 
 // A request that stays rate limited ends in a *GaveUpError, which a

@@ -7,6 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/fleetrate/fleetrate"
 	"github.com/fleetrate/fleetrate/internal/promreg"
 )
 
@@ -28,6 +29,14 @@ const (
 	// MetricGaveUp counts requests that stayed rate limited through every
 	// attempt.
 	MetricGaveUp = "fleetrate_transport_gave_up_total"
+	// MetricEffectiveRate is the rate, in tokens per second, that this
+	// process last paced a bucket at (the documented rate lowered by
+	// adaptive pacing), labelled by bucket too: the endpoint's and the
+	// credential's.
+	MetricEffectiveRate = "fleetrate_transport_effective_rate"
+	// MetricPersistent counts rate limits answered while the effective
+	// rate was already at its floor (see ErrPersistentLimit): alert on it.
+	MetricPersistent = "fleetrate_transport_persistent_limit_total"
 )
 
 // waitBuckets are the histogram bounds in seconds, from a millisecond to
@@ -41,6 +50,8 @@ type metrics struct {
 	retries      *prometheus.CounterVec
 	backpressure *prometheus.CounterVec
 	gaveUp       *prometheus.CounterVec
+	effective    *prometheus.GaugeVec
+	persist      *prometheus.CounterVec
 }
 
 // newMetrics registers the transport's collectors on reg. Transports that
@@ -77,6 +88,15 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if m.gaveUp, err = counter(MetricGaveUp, "Requests still rate limited after every attempt."); err != nil {
 		return nil, err
 	}
+	if m.effective, err = registerMetric(reg, prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: MetricEffectiveRate,
+		Help: "Rate (tokens/s) this process last paced the bucket at, after adaptive pacing.",
+	}, append(labels, "bucket"))); err != nil {
+		return nil, err
+	}
+	if m.persist, err = counter(MetricPersistent, "Rate limits answered while the effective rate was at its floor."); err != nil {
+		return nil, err
+	}
 	return m, nil
 }
 
@@ -111,6 +131,18 @@ func (m *metrics) backpressured(t Target) {
 func (m *metrics) gaveUpOn(t Target) {
 	if m != nil {
 		m.gaveUp.WithLabelValues(t.Channel, t.Endpoint).Inc()
+	}
+}
+
+func (m *metrics) effectiveRate(t Target, bucket string, limits []fleetrate.Limit) {
+	if m != nil && len(limits) > 0 {
+		m.effective.WithLabelValues(t.Channel, t.Endpoint, bucket).Set(limits[0].Rate)
+	}
+}
+
+func (m *metrics) persistent(t Target) {
+	if m != nil {
+		m.persist.WithLabelValues(t.Channel, t.Endpoint).Inc()
 	}
 }
 

@@ -57,7 +57,8 @@ func (l *sendLog) RoundTrip(r *http.Request) (*http.Response, error) {
 	return l.base.RoundTrip(r)
 }
 
-// drainWatch records when each drain of the wrapped store completed.
+// drainWatch records when each pause (a drain of pause markers) of the
+// wrapped store completed.
 type drainWatch struct {
 	fleetrate.Store
 	mu      sync.Mutex
@@ -66,9 +67,11 @@ type drainWatch struct {
 
 func (d *drainWatch) Drain(ctx context.Context, bs []fleetrate.Bucket, dur time.Duration) error {
 	err := d.Store.Drain(ctx, bs, dur)
-	d.mu.Lock()
-	d.drained = append(d.drained, time.Now())
-	d.mu.Unlock()
+	if slices.ContainsFunc(bs, func(b fleetrate.Bucket) bool { return strings.HasSuffix(b.Key, "#pause") }) {
+		d.mu.Lock()
+		d.drained = append(d.drained, time.Now())
+		d.mu.Unlock()
+	}
 	return err
 }
 

@@ -184,7 +184,20 @@ type Options struct {
 	// (errors wrapping fleetrate.ErrStoreUnavailable) instead of failing
 	// them. Either way the failure is logged as rate_store_error.
 	FailOpen bool
+	// Adaptive tunes adaptive pacing, which is on by default: see
+	// Adaptive.
+	Adaptive Adaptive
+	// PauseCheckAge bounds how old this process's knowledge of a pause
+	// may be when a request wakes from its booked wait: older, and the
+	// request reads the pause markers once more before it sends (one
+	// store call), so that a pause another process announced meanwhile
+	// is honoured. The default is DefaultPauseCheckAge; a negative value
+	// always reads them.
+	PauseCheckAge time.Duration
 }
+
+// DefaultPauseCheckAge is the default of Options.PauseCheckAge.
+const DefaultPauseCheckAge = 100 * time.Millisecond
 
 // Transport is an http.RoundTripper that paces requests through shared
 // fleetrate buckets and turns an upstream's 429 into a fleet-wide pause.
@@ -218,6 +231,9 @@ type Transport struct {
 	log           *slog.Logger
 	m             *metrics
 	failOpen      bool
+	adaptive      Adaptive
+	pauseCheckAge time.Duration
+	views         views
 }
 
 var _ http.RoundTripper = (*Transport)(nil)
@@ -244,10 +260,23 @@ func New(limiter *fleetrate.Limiter, classify Classify, opts Options) (*Transpor
 		backoff:       opts.Backoff,
 		log:           opts.Logger,
 		failOpen:      opts.FailOpen,
+		pauseCheckAge: opts.PauseCheckAge,
+	}
+	adaptive, err := opts.Adaptive.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	t.adaptive = adaptive
+	if t.pauseCheckAge == 0 {
+		t.pauseCheckAge = DefaultPauseCheckAge
 	}
 	switch {
 	case opts.MaxWait < 0 || opts.MaxWait > limiter.MaxWait():
 		return nil, fmt.Errorf("%w: transport: max wait must be between 0 and the limiter's max wait %v, got %v", fleetrate.ErrInvalid, limiter.MaxWait(), opts.MaxWait)
+	case opts.MaxWait == 0 && limiter.MaxWait() > maxMarkedWait:
+		return nil, fmt.Errorf("%w: transport: max wait must be at most %v (set Options.MaxWait: the limiter's is %v)", fleetrate.ErrInvalid, maxMarkedWait, limiter.MaxWait())
+	case opts.MaxWait > maxMarkedWait:
+		return nil, fmt.Errorf("%w: transport: max wait must be at most %v, got %v", fleetrate.ErrInvalid, maxMarkedWait, opts.MaxWait)
 	case opts.MaxAttempts < 0:
 		return nil, fmt.Errorf("%w: transport: max attempts must be >= 0, got %d", fleetrate.ErrInvalid, opts.MaxAttempts)
 	case opts.BackoffMin < 0:
@@ -341,24 +370,31 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 				return nil, fmt.Errorf("transport: %s/%s: rebuilding the body for attempt %d: %w", tg.Channel, tg.Endpoint, attempt, err)
 			}
 		}
+		sent := time.Now()
 		resp, err := t.base.RoundTrip(out)
 
 		limited := err == nil && IsRateLimited(resp)
-		var retryAfter time.Duration
+		var retryAfter, pause time.Duration
+		atFloor := false
 		if limited {
 			ra, ok := ParseRetryAfter(resp.Header.Get(HeaderRetryAfter), time.Now(), t.maxRetryAfter)
 			retryAfter = ra
+			// Every rate limit pauses the fleet: without a usable
+			// Retry-After, for the backoff of this attempt.
+			pause = t.pauseFor(ra, attempt)
 			t.m.rateLimited(tg, resp.StatusCode)
 			t.log.LogAttrs(ctx, slog.LevelWarn, "rate_limited", append(attrs,
 				slog.Int("status", resp.StatusCode),
 				slog.String("retry_after", resp.Header.Get(HeaderRetryAfter)),
 				slog.Bool("retry_after_valid", ok),
-				slog.Int64("drain_ms", retryAfter.Milliseconds()),
+				slog.Int64("pause_ms", pause.Milliseconds()),
 				slog.Int("attempt", attempt))...)
-			if derr := t.drain(ctx, tg, retryAfter, attrs); derr != nil {
+			drained, derr := t.drain(ctx, tg, pause, attrs)
+			if derr != nil {
 				discard(resp)
 				return nil, derr
 			}
+			atFloor = t.decrease(ctx, tg, drained, sent, attrs)
 		}
 
 		retry, cerr := t.checkRetry(ctx, resp, err)
@@ -376,6 +412,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return resp, err
 		}
 		gaveUp := func(cause error) error {
+			if cause == nil && atFloor {
+				cause = ErrPersistentLimit
+			}
 			t.m.gaveUpOn(tg)
 			t.log.LogAttrs(ctx, slog.LevelError, "rate_gave_up", append(attrs,
 				slog.Int("attempts", attempt),
@@ -391,7 +430,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return resp, err
 		}
 
-		delay := max(t.backoff(attempt, t.backoffMin, t.backoffMax), retryAfter)
+		delay := max(t.backoff(attempt, t.backoffMin, t.backoffMax), pause)
 		if dl, ok := ctx.Deadline(); ok && limited && time.Until(dl) < delay {
 			// The next attempt could not be sent in time: say so now
 			// rather than sleep into the deadline.
@@ -410,30 +449,38 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 // its start (lowered by ctx's deadline). A wait known to exceed that fails
 // at once with backpressure.
 //
-// Each round is one atomic take that books the tokens up to the look-ahead
-// into the future. A request drawing from a single bucket books its whole
-// wait, so waiters are served in booking (FIFO) order. A request drawing
-// from several buckets books only when its turn is within the look-ahead:
-// a booking is a point in time on every bucket, and a token bucket cannot
-// leave a hole before it, so booking far ahead because one bucket is slow
-// would idle the others until then. The look-ahead is the shortest
-// emission interval among its limits, so a booking idles at most about one
-// token of a bucket that did not set the wait. Until its turn is that near,
-// such a request sleeps the store's retry-after, booking nothing, and
-// takes again.
+// Each round is one atomic take of the request's buckets, at their
+// effective (adapted) rates, and of their markers (see adaptive.go): a
+// pause drained into a marker books the take after the pause, so requests
+// queue behind it in booking order without polling, and the take's
+// booking tells this process the pauses and rates of the buckets.
 //
-// When a booked delay ends inside a pause that a 429 started meanwhile,
-// the drain has voided the booking: the request sleeps out the pause and
-// queues again behind it.
+// A request drawing from a single bucket books its whole wait. A request
+// drawing from several buckets books only when its turn is within the
+// look-ahead: a booking is a point in time on every bucket, and a token
+// bucket cannot leave a hole before it, so booking far ahead because one
+// bucket is slow would idle the others until then. The look-ahead is the
+// shortest emission interval among its limits, so a booking idles at most
+// about one token of a bucket that did not set the wait. Until its turn is
+// that near, such a request sleeps the store's retry-after, booking
+// nothing, and takes again.
+//
+// A request that wakes inside a pause announced after it booked (one this
+// process learned of from its own 429 or another take, or, when what it
+// knows is older than the pause check age, from reading the markers) gives
+// its booking back and queues again behind the pause: nothing is sent
+// during a pause this process knows of.
 func (t *Transport) wait(ctx context.Context, tg Target, attrs []slog.Attr) error {
 	names, n := tg.buckets(), tg.cost()
-	bs := make([]fleetrate.Bucket, len(names))
+	paced := make([]fleetrate.Bucket, len(names))
+	pauses := make([]fleetrate.Bucket, 0, len(names))
 	for i, name := range names {
 		b, err := t.lim.Bucket(name)
 		if err != nil {
 			return fmt.Errorf("transport: %s/%s: %w", tg.Channel, tg.Endpoint, err)
 		}
-		bs[i] = b
+		paced[i] = b
+		pauses = append(pauses, pauseMarker(b))
 	}
 	store := t.lim.Store()
 	start := time.Now()
@@ -442,8 +489,8 @@ func (t *Transport) wait(ctx context.Context, tg Target, attrs []slog.Attr) erro
 		maxWait = max(min(maxWait, time.Until(dl)), 0)
 	}
 	horizon := maxWait
-	if len(bs) > 1 {
-		horizon = min(horizon, lookahead(bs))
+	if len(paced) > 1 {
+		horizon = min(horizon, lookahead(paced))
 	}
 	// The error reports the wait budget that was left, not the whole
 	// max wait: that is what the wait exceeded.
@@ -451,12 +498,28 @@ func (t *Transport) wait(ctx context.Context, tg Target, attrs []slog.Attr) erro
 		left := max(maxWait-time.Since(start), 0)
 		return t.waitFailed(ctx, tg, attrs, &fleetrate.BackpressureError{RetryAfter: retryAfter, MaxWait: left, Result: res})
 	}
+	failed := func(what string, err error) error {
+		return fmt.Errorf("transport: %s/%s: %s: %w", tg.Channel, tg.Endpoint, what, err)
+	}
 	var booking fleetrate.Booking
 	for {
 		if err := ctx.Err(); err != nil {
-			return fmt.Errorf("transport: %s/%s: %w", tg.Channel, tg.Endpoint, err)
+			return failed("waiting for the bucket", err)
 		}
 		remaining := max(maxWait-time.Since(start), 0)
+		if until, _ := t.pausedUntil(paced, time.Time{}); until.After(time.Now()) {
+			// A pause this process knows of (its own 429 sets it before
+			// the drain returns): sit it out, then book behind it.
+			d := time.Until(until)
+			if d > remaining {
+				return backpressure(d, fleetrate.Result{})
+			}
+			if err := sleep(ctx, d); err != nil {
+				return failed("waiting out a pause", err)
+			}
+			continue
+		}
+		bs := append(t.effective(ctx, tg, paced), pauses...)
 		req := fleetrate.Request{Buckets: bs, N: n, MaxWait: min(remaining, horizon), Booking: &booking}
 		if err := req.Validate(); err != nil {
 			return fmt.Errorf("transport: %s/%s: %w", tg.Channel, tg.Endpoint, err)
@@ -475,45 +538,60 @@ func (t *Transport) wait(ctx context.Context, tg Target, attrs []slog.Attr) erro
 			// Only a multi-bucket request gets here: its turn is beyond
 			// the look-ahead. Sleep until it is within it.
 			if err := sleep(ctx, res.RetryAfter-horizon); err != nil {
-				return fmt.Errorf("transport: %s/%s: waiting for the bucket: %w", tg.Channel, tg.Endpoint, err)
+				return failed("waiting for the bucket", err)
 			}
 			continue
 		}
-		d := time.Until(booked.Add(res.Wait))
-		if d <= 0 {
-			t.waited(ctx, tg, attrs, time.Since(start))
-			return nil
-		}
-		if err := sleep(ctx, d); err != nil {
+		t.learn(paced, booking, booked)
+		if err := sleep(ctx, time.Until(booked.Add(res.Wait))); err != nil {
 			// Give the booking back: only what no later booking relies on
 			// returns, and nothing while a 429's drain has moved the
 			// bucket on (the drain has absorbed the booking), so a cancel
 			// never shortens a pause or grants a slot twice.
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeTimeout)
-			_ = store.Cancel(rctx, bs, n, booking)
-			cancel()
-			return fmt.Errorf("transport: %s/%s: waiting for the bucket: %w", tg.Channel, tg.Endpoint, err)
+			t.cancel(ctx, bs, n, booking)
+			return failed("waiting for the bucket", err)
 		}
-		pauses := t.pauses(tg)
-		if len(pauses) == 0 {
-			t.waited(ctx, tg, attrs, time.Since(start))
-			return nil
+		if _, fresh := t.pausedUntil(paced, time.Now().Add(-t.pauseCheckAge)); !fresh || t.pauseCheckAge < 0 {
+			if err := t.readPauses(ctx, paced, pauses); err != nil {
+				return t.waitFailed(ctx, tg, attrs, err)
+			}
 		}
-		p, err := t.lim.Peek(ctx, pauses...)
-		if err != nil {
-			return t.waitFailed(ctx, tg, attrs, err)
+		if until, _ := t.pausedUntil(paced, time.Time{}); until.After(time.Now()) {
+			t.cancel(ctx, bs, n, booking)
+			continue
 		}
-		if p.Allowed {
-			t.waited(ctx, tg, attrs, time.Since(start))
-			return nil
-		}
-		if p.RetryAfter > max(maxWait-time.Since(start), 0) {
-			return backpressure(p.RetryAfter, p)
-		}
-		if err := sleep(ctx, p.RetryAfter); err != nil {
-			return fmt.Errorf("transport: %s/%s: waiting out a pause: %w", tg.Channel, tg.Endpoint, err)
+		t.waited(ctx, tg, attrs, time.Since(start))
+		return nil
+	}
+}
+
+// cancel gives a booking back, best effort, even once ctx has ended.
+func (t *Transport) cancel(ctx context.Context, bs []fleetrate.Bucket, n int64, b fleetrate.Booking) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeTimeout)
+	defer cancel()
+	_ = t.lim.Store().Cancel(rctx, bs, n, b)
+}
+
+// readPauses reads the pause markers of the paced buckets (one peek) into
+// this process's views.
+func (t *Transport) readPauses(ctx context.Context, paced, pauses []fleetrate.Bucket) error {
+	res, err := t.lim.Store().Take(ctx, fleetrate.Request{Buckets: pauses})
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	t.views.mu.Lock()
+	defer t.views.mu.Unlock()
+	for _, b := range paced {
+		v := t.views.get(b.Key)
+		v.seen = now
+		if !res.Allowed {
+			if until := now.Add(res.RetryAfter); until.After(v.pauseUntil) {
+				v.pauseUntil = until
+			}
 		}
 	}
+	return nil
 }
 
 // lookahead returns how far ahead a multi-bucket take may book: the
@@ -526,18 +604,6 @@ func lookahead(bs []fleetrate.Bucket) time.Duration {
 		}
 	}
 	return d
-}
-
-// pauses returns the pause markers of tg that the limiter knows.
-func (t *Transport) pauses(tg Target) []string {
-	names := tg.pauses()
-	known := names[:0]
-	for _, n := range names {
-		if _, err := t.lim.Bucket(n); err == nil {
-			known = append(known, n)
-		}
-	}
-	return known
 }
 
 // waited records a granted wait.
@@ -568,53 +634,52 @@ func (t *Transport) waitFailed(ctx context.Context, tg Target, attrs []slog.Attr
 	return fmt.Errorf("transport: %s/%s: %w", tg.Channel, tg.Endpoint, err)
 }
 
-// drain pauses the target's buckets for d across the fleet. It runs even
-// if the caller's context has ended, since the whole fleet needs it.
-func (t *Transport) drain(ctx context.Context, tg Target, d time.Duration, attrs []slog.Attr) error {
+// drain pauses the target's buckets and their pause markers for d across
+// the fleet (see Target.drained), in one call, after pausing this
+// process's own requests at once. It runs even if the caller's context has
+// ended, since the whole fleet needs it. It returns the buckets drained.
+func (t *Transport) drain(ctx context.Context, tg Target, d time.Duration, attrs []slog.Attr) ([]fleetrate.Bucket, error) {
 	names := tg.drained()
-	if d == 0 {
-		// No usable Retry-After: empty the buckets so that the fleet does
-		// not spend a burst on a limited upstream, but set no pause.
-		names = names[:0]
-		for _, n := range tg.drained() {
-			if !isPause(n) {
-				names = append(names, n)
-			}
+	paced := make([]fleetrate.Bucket, len(names))
+	keys := make([]string, len(names))
+	for i, name := range names {
+		b, err := t.lim.Bucket(name)
+		if err != nil {
+			return nil, fmt.Errorf("transport: %s/%s: %w", tg.Channel, tg.Endpoint, err)
 		}
-	} else {
-		names = t.knownOrRequired(names)
+		paced[i], keys[i] = b, b.Key
+	}
+	t.pauseLocally(keys, time.Now().Add(d))
+	bs := t.effective(ctx, tg, paced)
+	for _, b := range paced {
+		bs = append(bs, pauseMarker(b))
 	}
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeTimeout)
 	defer cancel()
-	if err := t.lim.Drain(dctx, d, names...); err != nil {
+	if err := t.lim.Store().Drain(dctx, bs, d); err != nil {
 		if errors.Is(err, fleetrate.ErrStoreUnavailable) && t.failOpen {
 			t.log.LogAttrs(ctx, slog.LevelError, "rate_store_error", append(attrs,
 				slog.String("error", err.Error()), slog.Bool("fail_open", true))...)
-			return nil
+			return paced, nil
 		}
-		return fmt.Errorf("transport: %s/%s: draining after a rate limit: %w", tg.Channel, tg.Endpoint, err)
+		return paced, fmt.Errorf("transport: %s/%s: draining after a rate limit: %w", tg.Channel, tg.Endpoint, err)
 	}
-	return nil
+	return paced, nil
 }
 
-// knownOrRequired drops the pause markers the limiter does not know; the
-// buckets themselves are required.
-func (t *Transport) knownOrRequired(names []string) []string {
-	out := names[:0]
-	for _, n := range names {
-		if isPause(n) {
-			if _, err := t.lim.Bucket(n); err != nil {
-				continue
-			}
-		}
-		out = append(out, n)
+// pauseFor returns how long a rate limit on attempt pauses the fleet: the
+// Retry-After when the upstream sent a usable one, else the backoff's
+// ceiling for the attempt (its jitter is for retries; a pause needs a
+// length).
+func (t *Transport) pauseFor(retryAfter time.Duration, attempt int) time.Duration {
+	if retryAfter > 0 {
+		return retryAfter
 	}
-	return out
-}
-
-func isPause(name string) bool {
-	const suffix = "#pause"
-	return len(name) >= len(suffix) && name[len(name)-len(suffix):] == suffix
+	ceil := t.backoffMin
+	for i := 1; i < attempt && ceil < t.backoffMax; i++ {
+		ceil = min(2*ceil, t.backoffMax)
+	}
+	return min(ceil, t.backoffMax)
 }
 
 // rewind returns a copy of req with a fresh body for a retry.

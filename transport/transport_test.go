@@ -120,6 +120,7 @@ func TestRetryAfterForms(t *testing.T) {
 				tr, _ := setup(t, bookingCom(10), inMemory(srv), transport.Options{
 					Backoff:       fixedBackoff(backoff),
 					MaxRetryAfter: 10 * time.Second,
+					Adaptive:      transport.Adaptive{Off: true}, // the retry's slot at the documented rate
 				})
 				resp, err := get(t, t.Context(), tr, "/availability")
 				if err != nil || resp.StatusCode != http.StatusOK {
@@ -555,6 +556,7 @@ func TestLogsAndMetrics(t *testing.T) {
 			MaxAttempts: 2,
 			MaxWait:     time.Second,
 			Backoff:     fixedBackoff(0),
+			Adaptive:    transport.Adaptive{Off: true},
 		})
 		ctx := transport.WithEntity(t.Context(), "hotel-7")
 		for range 2 {

@@ -40,6 +40,9 @@ type Target struct {
 	// Bypass sends the request straight to the base transport, unpaced
 	// and never retried (e.g. an OAuth token refresh).
 	Bypass bool
+	// Fixed paces the request at the documented limits always: its 429s
+	// pause the fleet but do not lower the effective rate (see Adaptive).
+	Fixed bool
 }
 
 // validate checks the target, naming the failing field and value.
@@ -91,21 +94,12 @@ func (t Target) buckets() []string {
 	return []string{EndpointBucket(t.Channel, t.Endpoint)}
 }
 
-// drained returns the bucket names a 429 on the request drains, pause
-// markers included.
+// drained returns the names of the buckets a 429 on the request drains
+// (their pause markers are drained with them).
 func (t Target) drained() []string {
-	names := []string{EndpointBucket(t.Channel, t.Endpoint), PauseBucket(EndpointBucket(t.Channel, t.Endpoint))}
+	names := []string{EndpointBucket(t.Channel, t.Endpoint)}
 	if t.DrainCredential {
-		names = append(names, CredentialBucket(t.Channel), PauseBucket(CredentialBucket(t.Channel)))
-	}
-	return names
-}
-
-// pauses returns the pause markers checked before sending.
-func (t Target) pauses() []string {
-	names := []string{PauseBucket(EndpointBucket(t.Channel, t.Endpoint))}
-	if t.Credential {
-		names = append(names, PauseBucket(CredentialBucket(t.Channel)))
+		names = append(names, CredentialBucket(t.Channel))
 	}
 	return names
 }
@@ -125,19 +119,20 @@ func CredentialBucket(channel string) string {
 }
 
 // PauseBucket returns the name of the pause marker kept beside a bucket,
-// bucket + "#pause". A 429 drains the marker for the Retry-After, and a
-// request whose booked wait ends while its marker is drained goes back in
-// the queue instead of sending. Nothing ever takes from a marker, so it
-// holds exactly the pause: tokens booked before the 429 cannot leak into
-// it, in this process or any other sharing the store.
+// bucket + "#pause". A 429 drains the marker for the pause, every take of
+// the bucket also takes from its marker (so it is booked after the pause,
+// and learns how long the pause lasts), and a request whose booked wait
+// ends inside a pause goes back in the queue instead of sending. A marker
+// is so large (PauseLimit) that takes never deplete it: it holds exactly
+// the pause.
 func PauseBucket(bucket string) string {
 	return bucket + "#pause"
 }
 
-// PauseLimit is the limit Upstream.Buckets gives pause markers. Any valid
-// limit works, since a marker is only drained and peeked; this one keeps
-// its state small and short-lived.
-var PauseLimit = fleetrate.Limit{Name: "pause", Rate: 1e6, Burst: 1}
+// PauseLimit is the limit of pause markers, which Upstream.Buckets
+// configures so that a Limiter (or a status page) can peek them: a peek's
+// RetryAfter is what is left of the pause. See the markers in adaptive.go.
+var PauseLimit = markerLimit.Named("pause")
 
 // Classify maps an outgoing request to the buckets it draws from. An error
 // fails the request before anything is sent.
@@ -174,6 +169,9 @@ type Upstream struct {
 	// DrainCredential makes a 429 on any endpoint pause the whole channel.
 	// By default only the endpoint that answered 429 pauses.
 	DrainCredential bool
+	// Fixed turns adaptive pacing off for this upstream: its requests are
+	// paced at the documented limits whatever it answers (see Adaptive).
+	Fixed bool
 }
 
 // Validate checks the upstream, naming the failing field and value.
@@ -292,6 +290,7 @@ func (u Upstream) Classifier() (Classify, error) {
 			Endpoint:        e.Name,
 			Cost:            e.Cost,
 			Credential:      credential,
+			Fixed:           u.Fixed,
 			DrainCredential: u.DrainCredential,
 		}, nil
 	}, nil
