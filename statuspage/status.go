@@ -57,7 +57,8 @@ type Totals struct {
 // BucketStatus is one bucket's row.
 type BucketStatus struct {
 	Name string `json:"name"`
-	// Limits describe every limit, e.g. "second 20/s burst 40".
+	// Limits describe every limit, e.g. "20/s burst 40", or with its
+	// name, "second (20/s burst 40)".
 	Limits []string `json:"limits"`
 	// Limit names the limit with the fewest tokens left; Burst is its
 	// capacity and Remaining its tokens.

@@ -25,6 +25,7 @@ import (
 	"fmt"
 	"io/fs"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -150,7 +151,26 @@ func New(opts Options) (*Page, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Page{opts: opts, files: http.FileServerFS(sub)}, nil
+	p := &Page{opts: opts, files: http.FileServerFS(sub)}
+	p.Track()
+	return p, nil
+}
+
+// Track makes the Counter count each listed bucket on its own from now
+// on; decisions before are counted in the totals only. New and every
+// refresh call it; call it again when Options.Buckets starts listing
+// buckets (e.g. once the program's configuration is loaded), so that the
+// first view of the page already shows their counts.
+func (p *Page) Track() {
+	if p.opts.Counter == nil {
+		return
+	}
+	all := p.opts.Buckets()
+	fbs := make([]fleetrate.Bucket, min(len(all), MaxBuckets))
+	for i := range fbs {
+		fbs[i] = all[i].Bucket
+	}
+	p.opts.Counter.track(fbs)
 }
 
 // ServeHTTP serves the page at "/" (or "" under http.StripPrefix), its
@@ -320,7 +340,7 @@ func (p *Page) push(s sample) sample {
 func (p *Page) peek(ctx context.Context, b Bucket) BucketStatus {
 	bs := BucketStatus{Name: b.Name, Limits: make([]string, len(b.Bucket.Limits))}
 	for i, l := range b.Bucket.Limits {
-		bs.Limits[i] = l.String()
+		bs.Limits[i] = limitString(l)
 	}
 	ctx, cancel := context.WithTimeout(ctx, peekTimeout)
 	defer cancel()
@@ -340,6 +360,16 @@ func (p *Page) peek(ctx context.Context, b Bucket) BucketStatus {
 		bs.InDebtMS = millis(res.RetryAfter)
 	}
 	return bs
+}
+
+// limitString shows a limit as "20/s burst 40", with its name first when
+// it has one.
+func limitString(l fleetrate.Limit) string {
+	s := strconv.FormatFloat(l.Rate, 'g', 4, 64) + "/s burst " + strconv.FormatInt(l.Burst, 10)
+	if l.Name != "" {
+		s = l.Name + " (" + s + ")"
+	}
+	return s
 }
 
 func millis(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

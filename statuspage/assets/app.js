@@ -147,8 +147,18 @@
     if (st.interval_ms > 0) interval = st.interval_ms;
   }
 
+  // The document's URL may carry the Basic credentials a person typed
+  // (http://user:token@host/status/); fetch refuses such a URL, and the
+  // browser sends the credentials it cached for the page anyway.
+  function dataURL() {
+    var u = new URL("status.json", location.href);
+    u.username = "";
+    u.password = "";
+    return u.href;
+  }
+
   function poll() {
-    fetch("status.json", { cache: "no-store", credentials: "same-origin" })
+    fetch(dataURL(), { cache: "no-store", credentials: "same-origin" })
       .then(function (r) {
         if (!r.ok) throw new Error("HTTP " + r.status);
         return r.json();
