@@ -66,10 +66,18 @@ type deniedShard struct {
 	_     [40]byte
 }
 
+// deniedSlot counts denials by the 64-bit hash of prefix and key, hashed
+// once per denial (two keys sharing a hash, at odds of 2^-64, would be
+// counted as the first).
 type deniedSlot struct {
 	epoch    int64
-	keys     map[storeKey]int64
+	keys     map[uint64]*deniedCount
 	overflow int64
+}
+
+type deniedCount struct {
+	key storeKey
+	n   int64
 }
 
 type storeKey struct{ prefix, key string }
@@ -198,20 +206,27 @@ func (c *Counter) deny(prefix, key string, at time.Time) {
 		at = c.now()
 	}
 	epoch := at.Unix() / slotSeconds
-	sh := &c.keys[maphash.String(c.seed, key)%shards]
+	var hh maphash.Hash
+	hh.SetSeed(c.seed)
+	hh.WriteString(prefix)
+	hh.WriteByte(0)
+	hh.WriteString(key)
+	h := hh.Sum64()
+	sh := &c.keys[h%shards]
 	sh.mu.Lock()
 	s := &sh.slots[epoch%slots]
 	if s.epoch != epoch || s.keys == nil {
 		s.epoch, s.overflow = epoch, 0
 		if s.keys == nil {
-			s.keys = make(map[storeKey]int64)
+			s.keys = make(map[uint64]*deniedCount)
 		} else {
 			clear(s.keys)
 		}
 	}
-	k := storeKey{prefix, key}
-	if _, ok := s.keys[k]; ok || len(s.keys) < maxSlotKeys {
-		s.keys[k]++
+	if d, ok := s.keys[h]; ok {
+		d.n++
+	} else if len(s.keys) < maxSlotKeys {
+		s.keys[h] = &deniedCount{key: storeKey{prefix, key}, n: 1}
 	} else {
 		s.overflow++
 	}
@@ -239,8 +254,8 @@ func (c *Counter) topDenied(n int) ([]deniedKey, int64) {
 			if s.keys == nil || s.epoch <= epoch-slots || s.epoch > epoch {
 				continue
 			}
-			for k, v := range s.keys {
-				sum[k] += v
+			for _, d := range s.keys {
+				sum[d.key] += d.n
 			}
 			overflow += s.overflow
 		}
