@@ -40,6 +40,9 @@ type demoOptions struct {
 	share     float64
 	redis     string
 	progress  bool
+	// statusAddr is where the status page listens; "off" disables it.
+	statusAddr string
+	status     *demoStatus
 }
 
 func (o demoOptions) validate() error {
@@ -101,6 +104,7 @@ workers over that many OS processes.`,
 	f.Float64Var(&o.share, "share", o.share, "shared run: fraction of each documented limit to pace at")
 	f.StringVar(&o.redis, "redis", "", "Redis URL for the shared store, e.g. redis://127.0.0.1:6379/0 (default: in memory)")
 	f.BoolVar(&o.progress, "progress", o.progress, "show a live progress line on stderr")
+	f.StringVar(&o.statusAddr, "status-addr", "127.0.0.1:0", "where the live status page of the shared run listens (in-process fleets only); \"off\" disables it")
 	cmd.AddCommand(newDemoWorkerCmd())
 	return cmd
 }
@@ -163,7 +167,15 @@ func runDemo(ctx context.Context, o demoOptions, stdout, stderr io.Writer) error
 	}
 	fmt.Fprintf(stdout, "fleetrate demo: %d workers (%s) against a mock OTA for %v per run\n", o.workers, where, o.duration)
 	fmt.Fprintf(stdout, "documented limits: %s (sliding 1 s window)\n", ota.Describe())
-	fmt.Fprintf(stdout, "hidden limit: %s %d/s per hotel\n\n", cfg.Hidden.Endpoint, cfg.Hidden.Limit)
+	fmt.Fprintf(stdout, "hidden limit: %s %d/s per hotel\n", cfg.Hidden.Endpoint, cfg.Hidden.Limit)
+	if o.statusAddr != "off" && o.processes == 1 {
+		if o.status, err = startDemoStatus(o.statusAddr, o.share); err != nil {
+			return err
+		}
+		defer o.status.close()
+		o.status.printAddr(stdout)
+	}
+	fmt.Fprintln(stdout)
 
 	runs := []struct{ mode, about string }{
 		{modeNaive, fmt.Sprintf("each worker has its own local %g/s bucket", o.rate)},
@@ -220,6 +232,7 @@ func runMode(ctx context.Context, o demoOptions, mode string, stderr io.Writer) 
 	}
 	start := time.Now().Add(lead)
 	spec := fleetSpec{
+		status:  o.status,
 		Mode:    mode,
 		OTA:     "http://" + ln.Addr().String(),
 		Workers: o.workers,

@@ -35,15 +35,16 @@ const demoHotels = 4
 // or one share of it in a child process.
 type fleetSpec struct {
 	Mode        string
-	OTA         string    // the mock OTA's base URL
-	Workers     int       // workers in this process
-	FirstWorker int       // index of this process's first worker in the fleet
-	Start       time.Time // when the workers begin
-	Until       time.Time // when they stop sending
-	Share       float64   // shared mode: fraction of each documented limit to pace at
-	Rate        float64   // naive mode: each worker's own bucket, per second
-	Redis       string    // shared mode: Redis URL; empty means the in-memory store
-	Prefix      string    // shared mode: store key prefix, unique per run
+	OTA         string      // the mock OTA's base URL
+	Workers     int         // workers in this process
+	FirstWorker int         // index of this process's first worker in the fleet
+	Start       time.Time   // when the workers begin
+	Until       time.Time   // when they stop sending
+	Share       float64     // shared mode: fraction of each documented limit to pace at
+	Rate        float64     // naive mode: each worker's own bucket, per second
+	Redis       string      // shared mode: Redis URL; empty means the in-memory store
+	Prefix      string      // shared mode: store key prefix, unique per run
+	status      *demoStatus // in-process shared run: the status page, if any
 }
 
 // fleetReport is what a fleet process reports: the outcome of each request
@@ -151,6 +152,9 @@ func runFleet(ctx context.Context, spec fleetSpec) (fleetReport, error) {
 			defer closeRedis()
 			store = rs
 		}
+		if spec.status != nil {
+			store = spec.status.attach(store, spec.Prefix)
+		}
 	}
 
 	// Every worker builds its own client, as separate services would;
@@ -163,7 +167,11 @@ func runFleet(ctx context.Context, spec fleetSpec) (fleetReport, error) {
 			if err != nil {
 				return fleetReport{}, err
 			}
-			tr, err := transport.New(lim, classify, transport.Options{Base: base, Logger: slog.New(slog.DiscardHandler)})
+			topts := transport.Options{Base: base, Logger: slog.New(slog.DiscardHandler)}
+			if spec.status != nil {
+				topts.Registerer = spec.status.registry
+			}
+			tr, err := transport.New(lim, classify, topts)
 			if err != nil {
 				return fleetReport{}, err
 			}

@@ -32,7 +32,9 @@ It speaks Envoy's rate limit protocol (gRPC RLS v3, ShouldRateLimit) on
 --grpc-addr, and HTTP on --http-addr: POST /json (envoyproxy/ratelimit's
 JSON API), POST /v1/take, /v1/wait, /v1/refund, /v1/drain and /v1/reset for
 fleets in any language, the raw store API /v1/store/... for Go workers
-using remotestore, GET /healthz, /readyz and /metrics. See docs/API.md.
+using remotestore, GET /healthz, /readyz and /metrics, and a live status
+page at /status/ (behind the same tokens; a browser gives one as the Basic
+password). See docs/API.md.
 
 The configuration file is an envoyproxy/ratelimit file (loaded unchanged),
 plus fleetrate's extensions: burst, rate_limits, buckets and a server
@@ -427,7 +429,7 @@ func serve(ctx context.Context, st serveSettings, logOut io.Writer) error {
 		store, storeName, closeFn = rs.store, rs.name, rs.close
 	}
 	defer closeFn()
-	srv, err := server.New(server.Options{
+	srv, err := newServerWithStatus(server.Options{
 		Store:                   store,
 		StoreName:               storeName,
 		Config:                  st.cfg,

@@ -56,6 +56,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc(wire.CancelPath, s.api(http.MethodPost, s.storeAPI(s.handleStoreCancel)))
 	mux.HandleFunc(wire.DrainPath, s.api(http.MethodPost, s.storeAPI(s.handleStoreDrain)))
 	mux.HandleFunc(wire.ResetPath, s.api(http.MethodPost, s.storeAPI(s.handleStoreReset)))
+	s.mountPages(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &httpError{status: http.StatusNotFound, code: wire.CodeNotFound, msg: fmt.Sprintf("no such endpoint %s %s", r.Method, r.URL.Path)})
 	})

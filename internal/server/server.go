@@ -125,6 +125,12 @@ type Options struct {
 	ResponseDynamicMetadata bool
 	// DisableStoreAPI turns off the raw store API (/v1/store/...).
 	DisableStoreAPI bool
+	// Pages are extra handlers served on the HTTP listener behind the same
+	// bearer tokens as the APIs, keyed by http.ServeMux pattern, e.g. the
+	// status page at "/status/". A browser cannot send a bearer token, so
+	// these also accept a token as the password of HTTP Basic
+	// authentication, and ask for it.
+	Pages map[string]http.Handler
 	// Logger receives the service's logs. Default slog.Default().
 	Logger *slog.Logger
 	// Clock is used to turn /v1/drain's "until" into a duration. Default
