@@ -335,3 +335,20 @@ func (t *Transport) decrease(ctx context.Context, tg Target, buckets []fleetrate
 	}
 	return atFloor
 }
+
+// EffectiveFactor reads from store the effective rate of bucket b (a
+// transport's endpoint or credential bucket, as Limiter.Bucket returns it)
+// as a fraction of its documented rate, under the adaptive settings a (its
+// zero value means the defaults): what every transport pacing b reads, for
+// a status page or a tool. It is 1 when no 429 has lowered the rate.
+func EffectiveFactor(ctx context.Context, store fleetrate.Store, b fleetrate.Bucket, a Adaptive) (float64, error) {
+	a, err := a.withDefaults()
+	if err != nil {
+		return 0, err
+	}
+	res, err := store.Take(ctx, fleetrate.Request{Buckets: []fleetrate.Bucket{rateMarker(b)}})
+	if err != nil {
+		return 0, err
+	}
+	return a.factor(max(res.ResetAfter-markerFill, 0)), nil
+}
