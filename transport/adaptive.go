@@ -134,6 +134,7 @@ type view struct {
 	read       time.Time // when the penalty marker was last read
 	seen       time.Time // when the markers were last read
 	decreased  time.Time // when this process last lowered the rate
+	floored    time.Time // when it lowered it to the floor, if it did
 }
 
 // views holds the views of a transport's buckets.
@@ -300,14 +301,21 @@ func (t *Transport) decrease(ctx context.Context, tg Target, buckets []fleetrate
 		v := t.views.get(b.Key)
 		p := v.penaltyNow(now)
 		from := t.adaptive.factor(p)
-		if from <= t.adaptive.Floor {
+		to := max(from*t.adaptive.Decrease, t.adaptive.Floor)
+		if to == t.adaptive.Floor && !v.floored.IsZero() && sent.After(v.floored) {
+			// Sent after a 429 had brought the rate to its floor, and
+			// limited all the same: lowering it further would not help.
 			atFloor = true
-			continue
 		}
 		if sent.Before(v.decreased) {
 			continue
 		}
-		to := max(from*t.adaptive.Decrease, t.adaptive.Floor)
+		switch {
+		case to > t.adaptive.Floor:
+			v.floored = time.Time{} // climbed off the floor since
+		case v.floored.IsZero():
+			v.floored = now
+		}
 		target := time.Duration((1 - to) * float64(t.adaptive.Recovery))
 		if target <= p {
 			continue

@@ -187,17 +187,18 @@ type Options struct {
 	// Adaptive tunes adaptive pacing, which is on by default: see
 	// Adaptive.
 	Adaptive Adaptive
-	// PauseCheckAge bounds how old this process's knowledge of a pause
-	// may be when a request wakes from its booked wait: older, and the
-	// request reads the pause markers once more before it sends (one
-	// store call), so that a pause another process announced meanwhile
-	// is honoured. The default is DefaultPauseCheckAge; a negative value
-	// always reads them.
+	// PauseCheckAge bounds how old this process's knowledge of the pauses
+	// may be when a request that slept for its booked slot wakes: older,
+	// and the request reads the pause markers once more before it sends
+	// (one store call), so that a pause another process announced while
+	// it slept is honoured. The default, 0, reads them whenever a request
+	// slept, so that no request is sent during a pause announced before
+	// it woke: a queued fleet then makes two store calls per request. A
+	// positive value saves the second call when this process read the
+	// markers (by another take) that recently, at the price of sending
+	// during a pause announced in the last PauseCheckAge.
 	PauseCheckAge time.Duration
 }
-
-// DefaultPauseCheckAge is the default of Options.PauseCheckAge.
-const DefaultPauseCheckAge = 100 * time.Millisecond
 
 // Transport is an http.RoundTripper that paces requests through shared
 // fleetrate buckets and turns an upstream's 429 into a fleet-wide pause.
@@ -267,8 +268,8 @@ func New(limiter *fleetrate.Limiter, classify Classify, opts Options) (*Transpor
 		return nil, err
 	}
 	t.adaptive = adaptive
-	if t.pauseCheckAge == 0 {
-		t.pauseCheckAge = DefaultPauseCheckAge
+	if opts.PauseCheckAge < 0 {
+		return nil, fmt.Errorf("%w: transport: pause check age must not be negative, got %v", fleetrate.ErrInvalid, opts.PauseCheckAge)
 	}
 	switch {
 	case opts.MaxWait < 0 || opts.MaxWait > limiter.MaxWait():
@@ -543,6 +544,7 @@ func (t *Transport) wait(ctx context.Context, tg Target, attrs []slog.Attr) erro
 			continue
 		}
 		t.learn(paced, booking, booked)
+		slept := time.Until(booked.Add(res.Wait)) > 0
 		if err := sleep(ctx, time.Until(booked.Add(res.Wait))); err != nil {
 			// Give the booking back: only what no later booking relies on
 			// returns, and nothing while a 429's drain has moved the
@@ -551,7 +553,7 @@ func (t *Transport) wait(ctx context.Context, tg Target, attrs []slog.Attr) erro
 			t.cancel(ctx, bs, n, booking)
 			return failed("waiting for the bucket", err)
 		}
-		if _, fresh := t.pausedUntil(paced, time.Now().Add(-t.pauseCheckAge)); !fresh || t.pauseCheckAge < 0 {
+		if _, fresh := t.pausedUntil(paced, time.Now().Add(-t.pauseCheckAge)); slept && !fresh {
 			if err := t.readPauses(ctx, paced, pauses); err != nil {
 				return t.waitFailed(ctx, tg, attrs, err)
 			}

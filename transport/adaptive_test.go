@@ -1,0 +1,272 @@
+package transport_test
+
+import (
+	"errors"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/fleetrate/fleetrate"
+	"github.com/fleetrate/fleetrate/memstore"
+	"github.com/fleetrate/fleetrate/transport"
+)
+
+// fleetOf builds n transports over one memory store, each with a Limiter
+// of its own, as n processes sharing a Redis have.
+func fleetOf(t *testing.T, n int, up transport.Upstream, base http.RoundTripper, opts transport.Options) ([]*transport.Transport, fleetrate.Store) {
+	t.Helper()
+	store := memstore.New(memstore.Options{})
+	classify, err := up.Classifier()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if opts.Logger == nil {
+		opts.Logger = quiet
+	}
+	opts.Base = base
+	var out []*transport.Transport
+	for range n {
+		lim, err := fleetrate.New(store, fleetrate.Config{Buckets: up.Buckets()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr, err := transport.New(lim, classify, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, tr)
+	}
+	return out, store
+}
+
+// gaps returns the time between consecutive arrivals from from on.
+func gaps(got []arrival, from time.Time) []time.Duration {
+	var out []time.Duration
+	var last time.Time
+	for _, a := range got {
+		if a.at.Before(from) {
+			continue
+		}
+		if !last.IsZero() {
+			out = append(out, a.at.Sub(last))
+		}
+		last = a.at
+	}
+	return out
+}
+
+// TestAdaptiveLowersTheRateFleetWide: one process's 429 lowers the
+// effective rate of every process sharing the store (they read it within
+// Refresh), and the rate then climbs back linearly to the documented one.
+func TestAdaptiveLowersTheRateFleetWide(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := &upstream{script: []reply{{200, ""}, {http.StatusTooManyRequests, "1"}}}
+		reg := prometheus.NewRegistry()
+		a := transport.Adaptive{Decrease: 0.5, Recovery: 20 * time.Second, Refresh: time.Second}
+		trs, store := fleetOf(t, 2, bookingCom(10), inMemory(srv), transport.Options{Adaptive: a, Backoff: fixedBackoff(0), Registerer: reg})
+		// Process 0 gets the 429.
+		for range 2 {
+			if _, err := get(t, t.Context(), trs[0], "/availability"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		limitedAt := srv.got()[1].at
+		lim, _ := fleetrate.New(store, fleetrate.Config{Buckets: bookingCom(10).Buckets()})
+		b, _ := lim.Bucket(transport.EndpointBucket("booking_com", "availability"))
+		f, err := transport.EffectiveFactor(t.Context(), store, b, a)
+		// Lowered to 0.5 at the 429, climbing back since (the retry waited
+		// out the 1 s pause): 0.5 + 1/20 at most, rounded up to 1/128.
+		if err != nil || f < 0.5 || f > 0.5625 {
+			t.Fatalf("effective factor after one 429 = %v, %v; want 0.5 to 0.5625", f, err)
+		}
+		// Process 1 paces at the lowered rate: 5/s, a request every 200 ms.
+		time.Sleep(2 * time.Second)
+		from := time.Now()
+		for range 5 {
+			if _, err := get(t, t.Context(), trs[1], "/availability"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// Lowered to 5/s, the rate climbs by 10/s over 20 s: 2 to 4 s after
+		// the 429, process 1 paces at 6 to 7/s, every 143 to 167 ms.
+		for i, g := range gaps(srv.got(), from) {
+			if g < 140*time.Millisecond || g > 170*time.Millisecond {
+				t.Errorf("process 1, gap %d: %v, want the lowered rate's 140-170 ms (the documented rate's is 100 ms)", i, g)
+			}
+		}
+		if v := gauge(t, reg, transport.MetricEffectiveRate); v < 6 || v > 7.2 {
+			t.Errorf("%s = %v, want the lowered rate, 6 to 7/s", transport.MetricEffectiveRate, v)
+		}
+		// Recovery: 20 s after the 429 the rate is back at 10/s.
+		time.Sleep(time.Until(limitedAt.Add(21 * time.Second)))
+		from = time.Now()
+		for range 5 {
+			if _, err := get(t, t.Context(), trs[1], "/availability"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for i, g := range gaps(srv.got(), from) {
+			if g != 100*time.Millisecond {
+				t.Errorf("after recovery, gap %d: %v, want the documented 100 ms", i, g)
+			}
+		}
+	})
+}
+
+// TestPersistentLimitAtTheFloor: a 429 answered at the floor rate is an
+// error an operator can alert on, not one more silent retry.
+func TestPersistentLimitAtTheFloor(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := &upstream{always: &reply{http.StatusTooManyRequests, "1"}}
+		reg := prometheus.NewRegistry()
+		tr, _ := setup(t, bookingCom(10), inMemory(srv), transport.Options{
+			Adaptive: transport.Adaptive{Decrease: 0.5, Floor: 0.5}, Backoff: fixedBackoff(0), MaxAttempts: 3, Registerer: reg,
+		})
+		_, err := get(t, t.Context(), tr, "/availability")
+		var gu *transport.GaveUpError
+		if !errors.As(err, &gu) || !errors.Is(err, transport.ErrPersistentLimit) {
+			t.Fatalf("got %v, want a *GaveUpError wrapping ErrPersistentLimit", err)
+		}
+		if n := testutil.ToFloat64(counter(t, reg, transport.MetricPersistent)); n < 1 {
+			t.Fatalf("%s = %v, want >= 1", transport.MetricPersistent, n)
+		}
+	})
+}
+
+// gauge returns the value of the first series of the named gauge in reg.
+func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return 0
+}
+
+// counter returns the one series of the named metric in reg.
+func counter(t *testing.T, reg *prometheus.Registry, name string) prometheus.Collector {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return collected{v: mf.GetMetric()[0].GetCounter().GetValue(), name: name}
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return nil
+}
+
+// collected is a constant collector of one counter value, for testutil.
+type collected struct {
+	v    float64
+	name string
+}
+
+func (c collected) Describe(ch chan<- *prometheus.Desc) {
+	ch <- prometheus.NewDesc(c.name, "test", nil, nil)
+}
+
+func (c collected) Collect(ch chan<- prometheus.Metric) {
+	ch <- prometheus.MustNewConstMetric(prometheus.NewDesc(c.name, "test", nil, nil), prometheus.CounterValue, c.v)
+}
+
+// TestFixedUpstreamIsNotAdapted: Upstream.Fixed keeps the documented rate.
+func TestFixedUpstreamIsNotAdapted(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := &upstream{script: []reply{{http.StatusTooManyRequests, "1"}}}
+		up := bookingCom(10)
+		up.Fixed = true
+		tr, lim := setup(t, up, inMemory(srv), transport.Options{Backoff: fixedBackoff(0)})
+		if _, err := get(t, t.Context(), tr, "/availability"); err != nil {
+			t.Fatal(err)
+		}
+		b, _ := lim.Bucket(transport.EndpointBucket("booking_com", "availability"))
+		if f, err := transport.EffectiveFactor(t.Context(), lim.Store(), b, transport.Adaptive{}); err != nil || f != 1 {
+			t.Fatalf("factor of a fixed upstream after a 429 = %v, %v; want 1", f, err)
+		}
+	})
+}
+
+// TestRateLimitWithoutRetryAfterPausesTheFleet: a 429 with no usable
+// Retry-After still pauses every process, for the backoff ceiling.
+func TestRateLimitWithoutRetryAfterPausesTheFleet(t *testing.T) {
+	for _, ra := range []string{"", "garbage"} {
+		t.Run("retry-after="+ra, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				srv := &upstream{script: []reply{{200, ""}, {http.StatusTooManyRequests, ra}}}
+				const pause = 800 * time.Millisecond
+				trs, _ := fleetOf(t, 2, bookingCom(100), inMemory(srv), transport.Options{
+					BackoffMin: pause, Backoff: fixedBackoff(0), MaxAttempts: 1, Adaptive: transport.Adaptive{Off: true},
+				})
+				var wg sync.WaitGroup
+				start := time.Now()
+				for _, tr := range trs {
+					wg.Go(func() {
+						for time.Since(start) < 2*time.Second {
+							_, _ = get(t, t.Context(), tr, "/availability")
+						}
+					})
+				}
+				wg.Wait()
+				got := srv.got()
+				t429 := got[1].at
+				for _, a := range got[2:] {
+					if a.at.Before(t429.Add(pause)) {
+						t.Fatalf("a request arrived %v after a 429 without Retry-After, inside the %v pause", a.at.Sub(t429), pause)
+					}
+				}
+				if len(got) < 10 {
+					t.Fatalf("only %d requests: the fleet did not resume", len(got))
+				}
+			})
+		})
+	}
+}
+
+// TestBackpressureReportsTheBudgetLeft: the error names what the wait
+// exceeded, the budget left, not the configured max wait.
+func TestBackpressureReportsTheBudgetLeft(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := &upstream{}
+		tr, _ := setup(t, bookingCom(1), inMemory(srv), transport.Options{MaxWait: 5 * time.Second})
+		var wg sync.WaitGroup
+		errs := make(chan error, 8)
+		for range 8 {
+			wg.Go(func() {
+				_, err := get(t, t.Context(), tr, "/availability")
+				errs <- err
+			})
+			synctest.Wait() // booked in order
+		}
+		wg.Wait()
+		close(errs)
+		var bps int
+		for err := range errs {
+			var bp *fleetrate.BackpressureError
+			if errors.As(err, &bp) {
+				bps++
+				if bp.MaxWait > 5*time.Second || bp.RetryAfter <= bp.MaxWait || !strings.Contains(err.Error(), "exceeds max wait") {
+					t.Errorf("backpressure %v: retry-after %v, budget %v", err, bp.RetryAfter, bp.MaxWait)
+				}
+			}
+		}
+		if bps != 2 {
+			t.Fatalf("%d requests refused with backpressure, want the 2 beyond 5 s of queue", bps)
+		}
+	})
+}
