@@ -135,6 +135,7 @@ type view struct {
 	seen       time.Time // when the markers were last read
 	decreased  time.Time // when this process last lowered the rate
 	floored    time.Time // when it lowered it to the floor, if it did
+	lastPause  time.Duration // the last pause chosen without a Retry-After
 }
 
 // views holds the views of a transport's buckets.

@@ -382,7 +382,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			retryAfter = ra
 			// Every rate limit pauses the fleet: without a usable
 			// Retry-After, for the backoff of this attempt.
-			pause = t.pauseFor(ra, attempt)
+			pause = t.pauseFor(ra, tg)
 			t.m.rateLimited(tg, resp.StatusCode)
 			t.log.LogAttrs(ctx, slog.LevelWarn, "rate_limited", append(attrs,
 				slog.Int("status", resp.StatusCode),
@@ -669,19 +669,27 @@ func (t *Transport) drain(ctx context.Context, tg Target, d time.Duration, attrs
 	return paced, nil
 }
 
-// pauseFor returns how long a rate limit on attempt pauses the fleet: the
-// Retry-After when the upstream sent a usable one, else the backoff's
-// ceiling for the attempt (its jitter is for retries; a pause needs a
-// length).
-func (t *Transport) pauseFor(retryAfter time.Duration, attempt int) time.Duration {
+// pauseFor returns how long a rate limit pauses the fleet: the
+// Retry-After when the upstream sent a usable one. Without one, the
+// backoff's floor, doubled (up to its ceiling) for each rate limit that
+// comes within one pause of the end of the target's last pause: an
+// upstream that keeps limiting after a short pause gets a longer one, as
+// its own unannounced pause likely is.
+func (t *Transport) pauseFor(retryAfter time.Duration, tg Target) time.Duration {
 	if retryAfter > 0 {
 		return retryAfter
 	}
-	ceil := t.backoffMin
-	for i := 1; i < attempt && ceil < t.backoffMax; i++ {
-		ceil = min(2*ceil, t.backoffMax)
+	key := EndpointBucket(tg.Channel, tg.Endpoint)
+	now := time.Now()
+	t.views.mu.Lock()
+	defer t.views.mu.Unlock()
+	v := t.views.get(key)
+	d := t.backoffMin
+	if v.lastPause > 0 && now.Before(v.pauseUntil.Add(v.lastPause)) {
+		d = min(2*v.lastPause, t.backoffMax)
 	}
-	return min(ceil, t.backoffMax)
+	v.lastPause = d
+	return d
 }
 
 // rewind returns a copy of req with a fresh body for a retry.

@@ -1,0 +1,323 @@
+// Package outbench measures the outbound transport where the upstream
+// stands: a fleet of worker processes (each its own Limiter and Transport
+// over one real Redis) sends to an adversarial mock upstream
+// (mockota.Adversary: exact token buckets, a hidden limit, strict windows,
+// a pause after every 429 announced in the configured Retry-After form),
+// and the upstream's own log says what was admitted, what was refused and
+// what arrived during a pause it had announced.
+//
+// A test package that uses Run must call Main from its TestMain, so that
+// the test binary can re-execute itself as a worker process.
+package outbench
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetrate/fleetrate"
+	"github.com/fleetrate/fleetrate/internal/mockota"
+	"github.com/fleetrate/fleetrate/redisstore"
+	"github.com/fleetrate/fleetrate/transport"
+)
+
+const workerEnv = "FLEETRATE_OUTBENCH_WORKER"
+
+// Scenario is one upstream and how the fleet is configured against it.
+type Scenario struct {
+	Name string
+	// Upstream is the mock's configuration (its clock is the real one).
+	Upstream mockota.AdversaryConfig
+	// Limit is what the fleet is told: the documented limit.
+	Limit fleetrate.Limit
+	// Credential, when its rate is set, adds a credential-wide bucket that
+	// every request also takes (atomically with the endpoint's).
+	Credential fleetrate.Limit
+	// Fixed turns adaptive pacing off.
+	Fixed bool
+	// Target is the rate the scenario should reach: the hidden rate when
+	// there is one, else the documented one.
+	Target float64
+}
+
+// Options size a run.
+type Options struct {
+	Processes, Goroutines int
+	Duration              time.Duration
+}
+
+// Result is what the upstream saw, and the store calls the fleet made.
+type Result struct {
+	Scenario string
+	mockota.AdversaryReport
+	// Share is AcceptedPerSecond over the scenario's target.
+	Share float64
+	// LimitedShare is the 429s over the requests.
+	LimitedShare float64
+	// CallsPerRequest is the store's script calls (INFO commandstats) per
+	// request the upstream received.
+	CallsPerRequest float64
+	// Errors are the workers' errors other than backpressure and give-ups.
+	Errors []string
+	// GaveUp and Backpressure count what the callers got instead of a
+	// response.
+	GaveUp, Backpressure int
+}
+
+type spec struct {
+	Scenario
+	Addr, URL, Prefix string
+	Goroutines        int
+	StartAt, Until    time.Time
+}
+
+type workerOut struct {
+	GaveUp, Backpressure int
+	Errors               []string
+}
+
+// Main runs the worker when the binary was started as one, and returns
+// otherwise. Call it first in TestMain.
+func Main() {
+	raw := os.Getenv(workerEnv)
+	if raw == "" {
+		return
+	}
+	var s spec
+	if err := json.Unmarshal([]byte(raw), &s); err != nil {
+		fmt.Fprintln(os.Stderr, "outbench worker:", err)
+		os.Exit(2)
+	}
+	out := work(s)
+	_ = json.NewEncoder(os.Stdout).Encode(out)
+	os.Exit(0)
+}
+
+func upstreamOf(s Scenario) transport.Upstream {
+	up := transport.Upstream{
+		Channel:   "ota",
+		Endpoints: []transport.Endpoint{{Name: "avail", Pattern: "/avail", Limits: []fleetrate.Limit{s.Limit}}},
+		Fixed:     s.Fixed,
+	}
+	if s.Credential.Rate > 0 {
+		up.Credential = []fleetrate.Limit{s.Credential}
+	}
+	return up
+}
+
+func work(s spec) workerOut {
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, PoolSize: s.Goroutines + 4})
+	defer c.Close()
+	store, err := redisstore.New(c, redisstore.Options{Timeout: 2 * time.Second})
+	if err != nil {
+		return workerOut{Errors: []string{err.Error()}}
+	}
+	up := upstreamOf(s.Scenario)
+	lim, err := fleetrate.New(store, fleetrate.Config{Prefix: s.Prefix, Buckets: up.Buckets()})
+	if err != nil {
+		return workerOut{Errors: []string{err.Error()}}
+	}
+	classify, err := up.Classifier()
+	if err != nil {
+		return workerOut{Errors: []string{err.Error()}}
+	}
+	tr, err := transport.New(lim, classify, transport.Options{
+		Base:          &http.Transport{MaxIdleConnsPerHost: s.Goroutines},
+		Logger:        nil,
+		MaxRetryAfter: 5 * time.Second,
+	})
+	if err != nil {
+		return workerOut{Errors: []string{err.Error()}}
+	}
+	client := &http.Client{Transport: tr}
+	var (
+		mu  sync.Mutex
+		out workerOut
+		wg  sync.WaitGroup
+	)
+	time.Sleep(time.Until(s.StartAt))
+	for range s.Goroutines {
+		wg.Go(func() {
+			for time.Now().Before(s.Until) {
+				// A caller's own deadline, well past its max wait: the
+				// requests still queued at the end of the run are not sent.
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				req, _ := http.NewRequestWithContext(ctx, http.MethodGet, s.URL+"/avail", nil)
+				resp, err := client.Do(req)
+				cancel()
+				mu.Lock()
+				switch {
+				case err == nil:
+					_ = resp.Body.Close()
+				case errors.Is(err, fleetrate.ErrBackpressure):
+					out.Backpressure++
+				case errors.Is(err, transport.ErrGaveUp):
+					out.GaveUp++
+				case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+				default:
+					if len(out.Errors) < 5 {
+						out.Errors = append(out.Errors, err.Error())
+					}
+				}
+				mu.Unlock()
+				// A scheduler told to back off waits until the wait would
+				// fit in its budget, as the error says, before it tries
+				// again.
+				var bp *fleetrate.BackpressureError
+				if errors.As(err, &bp) {
+					time.Sleep(max(bp.RetryAfter-bp.MaxWait, 100*time.Millisecond))
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return out
+}
+
+// Run runs the scenario against a fresh mock upstream and the Redis at
+// addr, and reports what the upstream saw.
+func Run(t testing.TB, addr string, s Scenario, o Options) Result {
+	t.Helper()
+	if o.Processes == 0 {
+		o.Processes = 4
+	}
+	if o.Goroutines == 0 {
+		o.Goroutines = 16
+	}
+	if o.Duration == 0 {
+		o.Duration = 20 * time.Second
+	}
+	adv, err := mockota.NewAdversary(s.Upstream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(adv)
+	defer srv.Close()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	callsBefore := scriptCalls(t, addr)
+	start := time.Now().Add(1500 * time.Millisecond)
+	sp := spec{Scenario: s, Addr: addr, URL: srv.URL, Prefix: fmt.Sprintf("fleetrate:outbench:%d:", time.Now().UnixNano()),
+		Goroutines: o.Goroutines, StartAt: start, Until: start.Add(o.Duration)}
+	raw, err := json.Marshal(sp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := Result{Scenario: s.Name}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for p := range o.Processes {
+		cmd := exec.Command(exe, "-test.run=^$")
+		cmd.Env = append(os.Environ(), workerEnv+"="+string(raw))
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		wg.Go(func() {
+			var out workerOut
+			decErr := json.NewDecoder(bufio.NewReader(stdout)).Decode(&out)
+			waitErr := cmd.Wait()
+			mu.Lock()
+			defer mu.Unlock()
+			if decErr != nil || waitErr != nil {
+				res.Errors = append(res.Errors, fmt.Sprintf("worker %d: %v %v: %s", p, decErr, waitErr, stderr.String()))
+				return
+			}
+			res.GaveUp += out.GaveUp
+			res.Backpressure += out.Backpressure
+			res.Errors = append(res.Errors, out.Errors...)
+		})
+	}
+	wg.Wait()
+	calls := scriptCalls(t, addr) - callsBefore
+	res.AdversaryReport = adv.Report(start, start.Add(o.Duration))
+	if s.Target > 0 {
+		res.Share = res.AcceptedPerSecond / s.Target
+	}
+	if res.Requests > 0 {
+		res.LimitedShare = float64(res.Limited) / float64(res.Requests)
+		res.CallsPerRequest = float64(calls) / float64(res.Requests)
+	}
+	return res
+}
+
+// scriptCalls sums the script calls the server at addr has served (INFO
+// commandstats).
+func scriptCalls(t testing.TB, addr string) int64 {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	defer c.Close()
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatalf("INFO commandstats: %v", err)
+	}
+	var total int64
+	for line := range strings.SplitSeq(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || !slices.Contains([]string{"cmdstat_eval", "cmdstat_evalsha"}, name) {
+			continue
+		}
+		for kv := range strings.SplitSeq(rest, ",") {
+			if v, ok := strings.CutPrefix(kv, "calls="); ok {
+				n, _ := strconv.ParseInt(v, 10, 64)
+				total += n
+			}
+		}
+	}
+	return total
+}
+
+// Table formats results as the Markdown table docs/BENCHMARKS.md shows.
+func Table(rs []Result) string {
+	var b strings.Builder
+	b.WriteString("| upstream | accepted/s | of target | 429s | arrivals during an announced pause | worst overshoot (tokens) | store calls per request | gave up / backpressure |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|\n")
+	for _, r := range rs {
+		fmt.Fprintf(&b, "| %s | %.1f | %.0f %% | %d (%.1f %%) | %d | %.2f | %.2f | %d / %d |\n",
+			r.Scenario, r.AcceptedPerSecond, 100*r.Share, r.Limited, 100*r.LimitedShare, r.DuringPause, r.Overshoot, r.CallsPerRequest, r.GaveUp, r.Backpressure)
+	}
+	return b.String()
+}
+
+// Scenarios are the upstreams of issue 13's table: a documented limit, a
+// strict burst-1 window, and a hidden limit behind a documented one with
+// each form of Retry-After; then endpoint + credential. The fleet is
+// configured as the README shows: 95 % of the documented 20/s, burst 1.
+func Scenarios() []Scenario {
+	doc := fleetrate.PerSecond(19, 1)
+	hidden := func(name string, f mockota.RetryAfterForm) Scenario {
+		return Scenario{Name: name, Limit: doc, Target: 12,
+			Upstream: mockota.AdversaryConfig{Rate: 20, Burst: 2, HiddenRate: 12, HiddenBurst: 2, RetryAfter: f}}
+	}
+	return []Scenario{
+		{Name: "documented 20/s burst 2", Limit: doc, Target: 20, Upstream: mockota.AdversaryConfig{Rate: 20, Burst: 2}},
+		{Name: "strict 20/s burst 1", Limit: doc, Target: 20, Upstream: mockota.AdversaryConfig{Rate: 20, Burst: 1}},
+		hidden("hidden 12/s, Retry-After seconds", mockota.RetrySeconds),
+		hidden("hidden 12/s, Retry-After date", mockota.RetryDate),
+		hidden("hidden 12/s, Retry-After missing", mockota.RetryMissing),
+		hidden("hidden 12/s, Retry-After garbage", mockota.RetryGarbage),
+		{Name: "documented 20/s + credential 30/s", Limit: doc, Credential: fleetrate.PerSecond(28, 1), Target: 20,
+			Upstream: mockota.AdversaryConfig{Rate: 20, Burst: 2}},
+	}
+}

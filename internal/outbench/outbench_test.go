@@ -1,0 +1,68 @@
+package outbench
+
+import (
+	"flag"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fleetrate/fleetrate/internal/redistest"
+)
+
+func TestMain(m *testing.M) {
+	Main()
+	os.Exit(m.Run())
+}
+
+var (
+	duration = flag.Duration("outbench.duration", 20*time.Second, "how long BenchmarkOutbound runs each scenario")
+	only     = flag.String("outbench.only", "", "run only the scenarios whose name contains this")
+)
+
+// BenchmarkOutbound runs every scenario with 4 processes × 16 goroutines
+// for -outbench.duration and logs the table docs/BENCHMARKS.md shows:
+//
+//	go test -run '^$' -bench Outbound -benchtime 1x -outbench.duration 60s ./internal/outbench
+func BenchmarkOutbound(b *testing.B) {
+	srv := redistest.Start(b)
+	for range b.N {
+		var rs []Result
+		for _, s := range Scenarios() {
+			if !strings.Contains(s.Name, *only) {
+				continue
+			}
+			r := Run(b, srv.Addr(), s, Options{Duration: *duration})
+			if len(r.Errors) > 0 {
+				b.Logf("%s: worker errors: %v", s.Name, r.Errors)
+			}
+			rs = append(rs, r)
+		}
+		b.Logf("%d processes × %d goroutines, %v per upstream:\n%s", 4, 16, *duration, Table(rs))
+	}
+}
+
+// TestOutboundShort is the CI version: a few seconds against a hidden
+// limit announced in seconds and against a strict window. It asserts what
+// does not depend on the machine's speed: the workers ran without errors,
+// the upstream admitted a real share of its limit, and no request arrived
+// during a pause the upstream had announced, beyond the requests already
+// on the wire when it answered the 429 (at most one per process).
+func TestOutboundShort(t *testing.T) {
+	srv := redistest.Start(t)
+	for _, s := range []Scenario{Scenarios()[1], Scenarios()[2]} {
+		t.Run(s.Name, func(t *testing.T) {
+			r := Run(t, srv.Addr(), s, Options{Duration: 6 * time.Second})
+			t.Logf("\n%s", Table([]Result{r}))
+			if len(r.Errors) > 0 {
+				t.Fatalf("worker errors: %v", r.Errors)
+			}
+			if r.Share < 0.3 {
+				t.Errorf("the upstream admitted %.1f/s, %.0f %% of %v/s", r.AcceptedPerSecond, 100*r.Share, s.Target)
+			}
+			if r.DuringPause > 4*max(1, r.Limited) {
+				t.Errorf("%d requests arrived during announced pauses (%d 429s)", r.DuringPause, r.Limited)
+			}
+		})
+	}
+}
