@@ -130,11 +130,11 @@ func rateMarker(b fleetrate.Bucket) fleetrate.Bucket {
 type view struct {
 	pauseUntil time.Time // local clock
 	penalty    time.Duration
-	penaltyAt  time.Time // when penalty was read or set (local clock)
-	read       time.Time // when the penalty marker was last read
-	seen       time.Time // when the markers were last read
-	decreased  time.Time // when this process last lowered the rate
-	floored    time.Time // when it lowered it to the floor, if it did
+	penaltyAt  time.Time     // when penalty was read or set (local clock)
+	read       time.Time     // when the penalty marker was last read
+	seen       time.Time     // when the markers were last read
+	decreased  time.Time     // when this process last lowered the rate
+	floored    time.Time     // when it lowered it to the floor, if it did
 	lastPause  time.Duration // the last pause chosen without a Retry-After
 }
 

@@ -45,7 +45,9 @@ func (f RetryAfterForm) String() string {
 }
 
 // Announced reports whether the form tells the client when the pause ends.
-func (f RetryAfterForm) Announced() bool { return f == RetrySeconds || f == RetryDate || f == RetryHuge }
+func (f RetryAfterForm) Announced() bool {
+	return f == RetrySeconds || f == RetryDate || f == RetryHuge
+}
 
 // AdversaryConfig configures an Adversary: an upstream as hostile as real
 // ones are, one path, whose limits are token buckets kept exactly on its
