@@ -48,7 +48,7 @@ func ExampleLimiter_Wait() {
 	}
 	// Blocks until the fleet-wide bucket grants a token, or fails at once
 	// with ErrBackpressure when the wait would pass the max wait.
-	if err := lim.Wait(context.Background(), "{booking_com}/availability"); err != nil {
+	if _, err := lim.Wait(context.Background(), "{booking_com}/availability"); err != nil {
 		panic(err)
 	}
 	fmt.Println("sent")

@@ -365,10 +365,10 @@ func (l *Limiter) ReserveN(ctx context.Context, n int64, names ...string) (*Rese
 	return r, nil
 }
 
-// Wait blocks until one token of the named bucket is granted. See WaitN.
-func (l *Limiter) Wait(ctx context.Context, name string) error {
-	_, err := l.WaitN(ctx, 1, name)
-	return err
+// Wait blocks until one token of the named bucket is granted, and returns
+// the store's decision. See WaitN.
+func (l *Limiter) Wait(ctx context.Context, name string) (Result, error) {
+	return l.WaitN(ctx, 1, name)
 }
 
 // WaitN reserves n tokens from every named bucket with a max wait of the

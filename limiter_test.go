@@ -28,7 +28,7 @@ func TestWaitSleepsExactlyTheBookedDelay(t *testing.T) {
 		l := newLimiter(t, fleetrate.Config{Limits: []fleetrate.Limit{fleetrate.PerSecond(10, 1)}})
 		start := time.Now()
 		for range 4 {
-			if err := l.Wait(t.Context(), "k"); err != nil {
+			if _, err := l.Wait(t.Context(), "k"); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -46,7 +46,7 @@ func TestWaitServesWaitersInBookingOrder(t *testing.T) {
 		var wg sync.WaitGroup
 		for i := range 20 {
 			wg.Go(func() {
-				if err := l.Wait(t.Context(), "k"); err != nil {
+				if _, err := l.Wait(t.Context(), "k"); err != nil {
 					t.Error(err)
 				}
 				mu.Lock()
@@ -72,7 +72,7 @@ func TestWaitCancelledRefundsTokens(t *testing.T) {
 		}
 		ctx, cancel := context.WithCancel(t.Context())
 		done := make(chan error)
-		go func() { done <- l.Wait(ctx, "k") }()
+		go func() { _, err := l.Wait(ctx, "k"); done <- err }()
 		time.Sleep(100 * time.Millisecond)
 		cancel()
 		if err := <-done; !errors.Is(err, context.Canceled) {
@@ -96,7 +96,7 @@ func TestWaitFailsAtOnceWhenDeadlineIsTooSoon(t *testing.T) {
 		ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
 		defer cancel()
 		start := time.Now()
-		err := l.Wait(ctx, "k")
+		_, err := l.Wait(ctx, "k")
 		var bp *fleetrate.BackpressureError
 		if !errors.As(err, &bp) || !errors.Is(err, fleetrate.ErrBackpressure) {
 			t.Fatalf("Wait = %v, want a BackpressureError", err)
@@ -250,7 +250,7 @@ func TestStoreFailureIsAnErrorNotADenial(t *testing.T) {
 	if _, err := l.Allow(context.Background(), "k"); !errors.Is(err, fleetrate.ErrStoreUnavailable) {
 		t.Fatalf("Allow = %v", err)
 	}
-	if err := l.Wait(context.Background(), "k"); !errors.Is(err, fleetrate.ErrStoreUnavailable) || errors.Is(err, fleetrate.ErrBackpressure) {
+	if _, err := l.Wait(context.Background(), "k"); !errors.Is(err, fleetrate.ErrStoreUnavailable) || errors.Is(err, fleetrate.ErrBackpressure) {
 		t.Fatalf("Wait = %v", err)
 	}
 }

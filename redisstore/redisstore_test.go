@@ -119,7 +119,7 @@ func stoppedRedisIsAnError(t *testing.T, opts redisstore.Options) {
 				if took > 2*time.Second {
 					t.Fatalf("Allow took %v with a 100ms timeout", took)
 				}
-				if err := lim.Wait(ctx, "k"); !errors.Is(err, fleetrate.ErrStoreUnavailable) {
+				if _, err := lim.Wait(ctx, "k"); !errors.Is(err, fleetrate.ErrStoreUnavailable) {
 					t.Fatalf("Wait = %v", err)
 				}
 			}

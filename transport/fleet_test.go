@@ -137,7 +137,7 @@ func TestFleetAgainstMockOTA(t *testing.T) {
 				}
 				wg.Go(func() {
 					for i := 0; time.Since(start) < run; i++ {
-						if err := lim.Wait(context.Background(), "local"); err != nil {
+						if _, err := lim.Wait(context.Background(), "local"); err != nil {
 							t.Errorf("worker %d: %v", w, err)
 							return
 						}

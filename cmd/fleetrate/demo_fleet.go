@@ -193,7 +193,7 @@ func runFleet(ctx context.Context, spec fleetSpec) (fleetReport, error) {
 			client := &http.Client{Transport: base}
 			clients[i] = func(req *http.Request) (*http.Response, time.Duration, error) {
 				start := time.Now()
-				if err := lim.Wait(req.Context(), "local"); err != nil {
+				if _, err := lim.Wait(req.Context(), "local"); err != nil {
 					return nil, -1, err
 				}
 				wait := time.Since(start)

@@ -73,7 +73,7 @@ func main() {
 	// Wait books a slot and sleeps until it (FIFO across the fleet). A wait
 	// beyond the max wait (5 s) fails at once with ErrBackpressure.
 	start := time.Now()
-	if err := lim.Wait(ctx, "{booking_com}/availability"); errors.Is(err, fleetrate.ErrBackpressure) {
+	if _, err := lim.Wait(ctx, "{booking_com}/availability"); errors.Is(err, fleetrate.ErrBackpressure) {
 		log.Print("back off and reschedule")
 	} else if err != nil {
 		log.Fatal(err)

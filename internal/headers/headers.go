@@ -21,7 +21,6 @@ import (
 	"math"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 )
 
@@ -124,44 +123,6 @@ func DelaySeconds(d time.Duration) int64 {
 // at least d. A positive d never formats as "0".
 func FormatRetryAfter(d time.Duration) string {
 	return strconv.FormatInt(DelaySeconds(d), 10)
-}
-
-// MaxRetryAfter is the largest Retry-After ParseRetryAfter accepts: 400
-// days. Anything longer is far more likely a bug or an attack than a plan.
-const MaxRetryAfter = 400 * 24 * time.Hour
-
-// ParseRetryAfter parses a Retry-After value, either delta-seconds or an
-// HTTP-date in any of the three formats of RFC 9110, into a wait from now.
-// A date in the past is a wait of 0. A value that is neither form, or a
-// wait longer than MaxRetryAfter, is an error.
-func ParseRetryAfter(v string, now time.Time) (time.Duration, error) {
-	v = strings.TrimSpace(v)
-	if v == "" {
-		return 0, invalid("empty Retry-After")
-	}
-	if isAllDigits(v) {
-		if len(v) > 12 {
-			return 0, invalid("Retry-After %q exceeds %v", v, MaxRetryAfter)
-		}
-		n, _ := strconv.ParseInt(v, 10, 64)
-		if n > int64(MaxRetryAfter/time.Second) {
-			return 0, invalid("Retry-After %q exceeds %v", v, MaxRetryAfter)
-		}
-		d := time.Duration(n) * time.Second
-		if d > MaxRetryAfter {
-			return 0, invalid("Retry-After %q exceeds %v", v, MaxRetryAfter)
-		}
-		return d, nil
-	}
-	t, err := http.ParseTime(v)
-	if err != nil {
-		return 0, invalid("Retry-After %q is neither delta-seconds nor an HTTP-date", v)
-	}
-	d := t.Sub(now)
-	if d > MaxRetryAfter {
-		return 0, invalid("Retry-After %q is more than %v away", v, MaxRetryAfter)
-	}
-	return max(d, 0), nil
 }
 
 func isAllDigits(s string) bool {

@@ -231,40 +231,6 @@ func TestDelaySeconds(t *testing.T) {
 	}
 }
 
-func TestParseRetryAfter(t *testing.T) {
-	t.Parallel()
-	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-	tests := []struct {
-		in   string
-		want time.Duration
-		ok   bool
-	}{
-		{"0", 0, true},
-		{"120", 2 * time.Minute, true},
-		{" 7 ", 7 * time.Second, true},
-		{"Sun, 01 Mar 2026 12:00:30 GMT", 30 * time.Second, true},
-		{"Sunday, 01-Mar-26 12:01:00 GMT", time.Minute, true},
-		{"Sun Mar  1 12:00:05 2026", 5 * time.Second, true},
-		{"Sun, 01 Mar 2026 11:00:00 GMT", 0, true},
-		{"", 0, false},
-		{"-1", 0, false},
-		{"1.5", 0, false},
-		{"soon", 0, false},
-		{"99999999999999999999", 0, false},
-		{"34560001", 0, false},
-		{"Sun, 01 Mar 2030 12:00:30 GMT", 0, false},
-	}
-	for _, tt := range tests {
-		got, err := ParseRetryAfter(tt.in, now)
-		if tt.ok && (err != nil || got != tt.want) {
-			t.Errorf("ParseRetryAfter(%q) = %v, %v; want %v", tt.in, got, err, tt.want)
-		}
-		if !tt.ok && !errors.Is(err, ErrInvalid) {
-			t.Errorf("ParseRetryAfter(%q) = %v, %v; want ErrInvalid", tt.in, got, err)
-		}
-	}
-}
-
 func TestSetLegacy(t *testing.T) {
 	t.Parallel()
 	h := http.Header{}
