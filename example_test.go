@@ -140,3 +140,37 @@ func ExampleLimiter_Refund() {
 	fmt.Println(res.Remaining)
 	// Output: 2
 }
+
+// A cancelled reservation gives its slot back only when no later one
+// relies on it: cancelling the latest frees its slot for the next booking;
+// cancelling one with a later booking behind it leaves its tokens unused,
+// so that the later booking's slot is never granted twice.
+func ExampleReservation_Cancel() {
+	store := memstore.New(memstore.Options{Clock: fixedClock})
+	lim, err := fleetrate.New(store, fleetrate.Config{
+		Limits:  []fleetrate.Limit{fleetrate.PerSecond(1, 1)}, // one a second
+		MaxWait: time.Minute,
+	})
+	if err != nil {
+		panic(err)
+	}
+	ctx := context.Background()
+	wait := func() time.Duration {
+		r, err := lim.Reserve(ctx, "k")
+		if err != nil {
+			panic(err)
+		}
+		return r.Result.Wait
+	}
+	first, _ := lim.Reserve(ctx, "k") // now
+	second, _ := lim.Reserve(ctx, "k")
+	fmt.Println("second at", second.Result.Wait)
+	_ = second.Cancel(ctx) // the latest: its slot goes back
+	fmt.Println("next at", wait())
+	_ = first.Cancel(ctx) // a later booking relies on it: nothing goes back
+	fmt.Println("next at", wait())
+	// Output:
+	// second at 1s
+	// next at 1s
+	// next at 2s
+}
