@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -235,6 +237,8 @@ type Transport struct {
 	adaptive      Adaptive
 	pauseCheckAge time.Duration
 	views         views
+	qmu           sync.Mutex
+	queues        map[string]chan struct{} // see queue
 }
 
 var _ http.RoundTripper = (*Transport)(nil)
@@ -490,8 +494,22 @@ func (t *Transport) wait(ctx context.Context, tg Target, attrs []slog.Attr) erro
 		maxWait = max(min(maxWait, time.Until(dl)), 0)
 	}
 	horizon := maxWait
+	release := func() {}
 	if len(paced) > 1 {
 		horizon = min(horizon, lookahead(paced))
+		// Requests of this process for the same buckets queue here, in
+		// order, and only the first of them asks the store (see queue):
+		// a queued multi-bucket fleet so makes a few calls per request,
+		// not one per request per look-ahead.
+		r, err := t.queue(ctx, names, start, maxWait)
+		if err != nil {
+			if errors.Is(err, errQueueBudget) {
+				return t.waitFailed(ctx, tg, attrs, &fleetrate.BackpressureError{RetryAfter: maxWait, MaxWait: 0})
+			}
+			return fmt.Errorf("transport: %s/%s: waiting for the bucket: %w", tg.Channel, tg.Endpoint, err)
+		}
+		release = r
+		defer release()
 	}
 	// The error reports the wait budget that was left, not the whole
 	// max wait: that is what the wait exceeded.
@@ -544,6 +562,7 @@ func (t *Transport) wait(ctx context.Context, tg Target, attrs []slog.Attr) erro
 			continue
 		}
 		t.learn(paced, booking, booked)
+		release() // booked: the next request of this process may ask
 		slept := time.Until(booked.Add(res.Wait)) > 0
 		if err := sleep(ctx, time.Until(booked.Add(res.Wait))); err != nil {
 			// Give the booking back: only what no later booking relies on
@@ -564,6 +583,40 @@ func (t *Transport) wait(ctx context.Context, tg Target, attrs []slog.Attr) erro
 		}
 		t.waited(ctx, tg, attrs, time.Since(start))
 		return nil
+	}
+}
+
+// errQueueBudget is queue's error for a request whose wait budget ran out
+// while it queued in its process.
+var errQueueBudget = errors.New("transport: wait budget spent in the process's queue")
+
+// queue waits for the request's turn among this process's requests for the
+// same buckets (in arrival order: a channel's waiting senders are served
+// first in, first out), within the wait budget, and returns the function
+// that lets the next one go: the caller calls it once its own booking is
+// made or its wait has failed.
+func (t *Transport) queue(ctx context.Context, names []string, start time.Time, maxWait time.Duration) (release func(), err error) {
+	key := strings.Join(names, "\x00")
+	t.qmu.Lock()
+	if t.queues == nil {
+		t.queues = map[string]chan struct{}{}
+	}
+	q := t.queues[key]
+	if q == nil {
+		q = make(chan struct{}, 1)
+		t.queues[key] = q
+	}
+	t.qmu.Unlock()
+	timer := time.NewTimer(max(maxWait-time.Since(start), 0))
+	defer timer.Stop()
+	select {
+	case q <- struct{}{}:
+		var once sync.Once
+		return func() { once.Do(func() { <-q }) }, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-timer.C:
+		return nil, errQueueBudget
 	}
 }
 
