@@ -136,6 +136,10 @@ type view struct {
 	decreased  time.Time     // when this process last lowered the rate
 	floored    time.Time     // when it lowered it to the floor, if it did
 	lastPause  time.Duration // the last pause chosen without a Retry-After
+	// next is when the bucket's next token was free, as the last booking
+	// this process made left it (local clock): a request whose wait budget
+	// ends sooner fails with backpressure without asking the store.
+	next time.Time
 }
 
 // views holds the views of a transport's buckets.
@@ -188,10 +192,13 @@ func scaled(limits []fleetrate.Limit, f float64) []fleetrate.Limit {
 	return out
 }
 
-// learn reads the pause markers' debts from a take's booking: the booking
-// holds every limit's debt after the take, bucket by bucket; the pause
-// markers follow the paced buckets, one for each.
-func (t *Transport) learn(paced []fleetrate.Bucket, b fleetrate.Booking, at time.Time) {
+// learn reads a take's booking: the booking holds every limit's debt
+// after the take, bucket by bucket (the paced buckets, at the limits the
+// take used, then their pause markers, one for each). From the debts it
+// learns when each bucket's next token is free and how long its pause
+// lasts.
+func (t *Transport) learn(used []fleetrate.Bucket, b fleetrate.Booking, at time.Time) {
+	paced := used[:len(used)/2]
 	off := 0
 	for _, bk := range paced {
 		off += len(bk.Limits)
@@ -201,6 +208,15 @@ func (t *Transport) learn(paced []fleetrate.Bucket, b fleetrate.Booking, at time
 	}
 	t.views.mu.Lock()
 	defer t.views.mu.Unlock()
+	pos := 0
+	for _, bk := range paced {
+		var next time.Duration
+		for _, l := range bk.Limits {
+			next = max(next, time.Duration(b.Debts[pos]-(l.Burst-1)*l.Interval()))
+			pos++
+		}
+		t.views.get(bk.Key).next = at.Add(next)
+	}
 	for i, bk := range paced {
 		v := t.views.get(bk.Key)
 		if pause := time.Duration(b.Debts[off+i]) - markerFill; pause > 0 {
@@ -210,6 +226,20 @@ func (t *Transport) learn(paced []fleetrate.Bucket, b fleetrate.Booking, at time
 		}
 		v.seen = at
 	}
+}
+
+// nextFree returns when the first of the buckets' next tokens is free, as
+// far as this process's last bookings tell.
+func (t *Transport) nextFree(paced []fleetrate.Bucket) time.Time {
+	t.views.mu.Lock()
+	defer t.views.mu.Unlock()
+	var next time.Time
+	for _, b := range paced {
+		if n := t.views.get(b.Key).next; n.After(next) {
+			next = n
+		}
+	}
+	return next
 }
 
 // pausedUntil returns the latest pause this process knows of the buckets,

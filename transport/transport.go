@@ -538,6 +538,11 @@ func (t *Transport) wait(ctx context.Context, tg Target, attrs []slog.Attr) erro
 			}
 			continue
 		}
+		if d := time.Until(t.nextFree(paced)); d > remaining && len(paced) == 1 {
+			// This process's last booking already queued the bucket past
+			// the budget: no need to ask the store to say so.
+			return backpressure(d, fleetrate.Result{})
+		}
 		bs := append(t.effective(ctx, tg, paced), pauses...)
 		req := fleetrate.Request{Buckets: bs, N: n, MaxWait: min(remaining, horizon), Booking: &booking}
 		if err := req.Validate(); err != nil {
@@ -561,7 +566,7 @@ func (t *Transport) wait(ctx context.Context, tg Target, attrs []slog.Attr) erro
 			}
 			continue
 		}
-		t.learn(paced, booking, booked)
+		t.learn(bs, booking, booked)
 		release() // booked: the next request of this process may ask
 		slept := time.Until(booked.Add(res.Wait)) > 0
 		if err := sleep(ctx, time.Until(booked.Add(res.Wait))); err != nil {
