@@ -76,6 +76,8 @@ type Result struct {
 	// GaveUp and Backpressure count what the callers got instead of a
 	// response.
 	GaveUp, Backpressure int
+	// Series is the upstream's arrivals second by second, for a chart.
+	Series Series
 }
 
 type spec struct {
@@ -252,6 +254,7 @@ func Run(t testing.TB, addr string, s Scenario, o Options) Result {
 	wg.Wait()
 	calls := scriptCalls(t, addr) - callsBefore
 	res.AdversaryReport = adv.Report(start, start.Add(o.Duration))
+	res.Series = series(s.Name, s.Target, adv.Arrivals(), start, start.Add(o.Duration))
 	if s.Target > 0 {
 		res.Share = res.AcceptedPerSecond / s.Target
 	}

@@ -18,6 +18,7 @@ func TestMain(m *testing.M) {
 var (
 	duration = flag.Duration("outbench.duration", 20*time.Second, "how long BenchmarkOutbound runs each scenario")
 	only     = flag.String("outbench.only", "", "run only the scenarios whose name contains this")
+	chart    = flag.String("outbench.chart", "", "write a PNG chart of the runs to this file")
 )
 
 // BenchmarkOutbound runs every scenario with 4 processes × 16 goroutines
@@ -39,6 +40,22 @@ func BenchmarkOutbound(b *testing.B) {
 			rs = append(rs, r)
 		}
 		b.Logf("%d processes × %d goroutines, %v per upstream:\n%s", 4, 16, *duration, Table(rs))
+		if *chart != "" {
+			var ss []Series
+			for _, r := range rs {
+				ss = append(ss, r.Series)
+			}
+			f, err := os.Create(*chart)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := WriteChart(f, ss); err != nil {
+				b.Fatal(err)
+			}
+			if err := f.Close(); err != nil {
+				b.Fatal(err)
+			}
+		}
 	}
 }
 
