@@ -228,6 +228,15 @@ func (t *Transport) learn(used []fleetrate.Bucket, b fleetrate.Booking, at time.
 	}
 }
 
+// learnNext records when the bucket's next token is free, from a denial.
+func (t *Transport) learnNext(key string, next time.Time) {
+	t.views.mu.Lock()
+	defer t.views.mu.Unlock()
+	if v := t.views.get(key); next.After(v.next) {
+		v.next = next
+	}
+}
+
 // nextFree returns when the first of the buckets' next tokens is free, as
 // far as this process's last bookings tell.
 func (t *Transport) nextFree(paced []fleetrate.Bucket) time.Time {

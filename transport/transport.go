@@ -556,6 +556,9 @@ func (t *Transport) wait(ctx context.Context, tg Target, attrs []slog.Attr) erro
 			return t.waitFailed(ctx, tg, attrs, err)
 		}
 		if !res.Allowed {
+			if len(paced) == 1 {
+				t.learnNext(paced[0].Key, booked.Add(res.RetryAfter))
+			}
 			if res.RetryAfter > remaining {
 				return backpressure(res.RetryAfter, res)
 			}
