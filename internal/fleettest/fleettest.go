@@ -27,7 +27,6 @@ import (
 	"os"
 	"os/exec"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -36,6 +35,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetrate/fleetrate"
+	"github.com/fleetrate/fleetrate/internal/redistest"
 	"github.com/fleetrate/fleetrate/lease"
 	"github.com/fleetrate/fleetrate/redisstore"
 )
@@ -257,31 +257,17 @@ func cmpInt(a, b int64) int {
 	return 0
 }
 
-// scriptCalls sums the script calls (EVAL, EVALSHA and their read-only
-// forms) that the fleet's Redis servers have served, from INFO
-// commandstats: what the server saw, not what a client hook counted.
+// scriptCalls sums the script calls the fleet's Redis servers have served
+// (redistest.ScriptCalls).
 func scriptCalls(t testing.TB, o Options) int64 {
 	t.Helper()
 	var total int64
 	for _, addr := range o.Addrs {
-		c := redis.NewClient(&redis.Options{Addr: addr})
-		info, err := c.Info(context.Background(), "commandstats").Result()
-		_ = c.Close()
+		n, err := redistest.ScriptCalls(addr)
 		if err != nil {
-			t.Fatalf("INFO commandstats on %s: %v", addr, err)
+			t.Fatal(err)
 		}
-		for line := range strings.SplitSeq(info, "\n") {
-			name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
-			if !ok || !slices.Contains([]string{"cmdstat_eval", "cmdstat_evalsha", "cmdstat_eval_ro", "cmdstat_evalsha_ro"}, name) {
-				continue
-			}
-			for kv := range strings.SplitSeq(rest, ",") {
-				if v, ok := strings.CutPrefix(kv, "calls="); ok {
-					n, _ := strconv.ParseInt(v, 10, 64)
-					total += n
-				}
-			}
-		}
+		total += n
 	}
 	return total
 }

@@ -20,8 +20,6 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
-	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -31,6 +29,7 @@ import (
 
 	"github.com/fleetrate/fleetrate"
 	"github.com/fleetrate/fleetrate/internal/mockota"
+	"github.com/fleetrate/fleetrate/internal/redistest"
 	"github.com/fleetrate/fleetrate/redisstore"
 	"github.com/fleetrate/fleetrate/transport"
 )
@@ -265,30 +264,14 @@ func Run(t testing.TB, addr string, s Scenario, o Options) Result {
 	return res
 }
 
-// scriptCalls sums the script calls the server at addr has served (INFO
-// commandstats).
+// scriptCalls is redistest.ScriptCalls for a test.
 func scriptCalls(t testing.TB, addr string) int64 {
 	t.Helper()
-	c := redis.NewClient(&redis.Options{Addr: addr})
-	defer c.Close()
-	info, err := c.Info(context.Background(), "commandstats").Result()
+	n, err := redistest.ScriptCalls(addr)
 	if err != nil {
-		t.Fatalf("INFO commandstats: %v", err)
+		t.Fatal(err)
 	}
-	var total int64
-	for line := range strings.SplitSeq(info, "\n") {
-		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
-		if !ok || !slices.Contains([]string{"cmdstat_eval", "cmdstat_evalsha"}, name) {
-			continue
-		}
-		for kv := range strings.SplitSeq(rest, ",") {
-			if v, ok := strings.CutPrefix(kv, "calls="); ok {
-				n, _ := strconv.ParseInt(v, 10, 64)
-				total += n
-			}
-		}
-	}
-	return total
+	return n
 }
 
 // Table formats results as the Markdown table docs/BENCHMARKS.md shows.

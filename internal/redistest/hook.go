@@ -2,6 +2,9 @@ package redistest
 
 import (
 	"context"
+	"fmt"
+	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 
@@ -52,4 +55,30 @@ func isScriptCall(cmd redis.Cmder) bool {
 		return true
 	}
 	return false
+}
+
+// ScriptCalls returns the script calls (EVAL, EVALSHA and their read-only
+// forms) the server at addr has served, from INFO commandstats: what the
+// server saw, not what a client hook counted.
+func ScriptCalls(addr string) (int64, error) {
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	defer c.Close()
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		return 0, fmt.Errorf("INFO commandstats on %s: %w", addr, err)
+	}
+	var total int64
+	for line := range strings.SplitSeq(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || !slices.Contains([]string{"cmdstat_eval", "cmdstat_evalsha", "cmdstat_eval_ro", "cmdstat_evalsha_ro"}, name) {
+			continue
+		}
+		for kv := range strings.SplitSeq(rest, ",") {
+			if v, ok := strings.CutPrefix(kv, "calls="); ok {
+				n, _ := strconv.ParseInt(v, 10, 64)
+				total += n
+			}
+		}
+	}
+	return total, nil
 }
