@@ -19,7 +19,7 @@ go test -race -count=1 -timeout 15m ./... 2>&1 | tee -a "$log"
 # longer by hand, e.g. go test -fuzz=FuzzLoad -fuzztime=10m ./internal/config
 fuzztime=${FUZZTIME:-3s}
 targets=(
-  .:FuzzDecide .:FuzzLimitValidate
+  ./gcra:FuzzDecide .:FuzzLimitValidate
   ./redisstore:FuzzSlot
   ./transport:FuzzParseRetryAfter
   ./internal/headers:FuzzParseList ./internal/headers:FuzzFormatPolicy
