@@ -169,14 +169,6 @@ func (l Limit) Interval() int64 {
 	return max(int64(f), 1)
 }
 
-// interval is Interval without copying l, for the hot path.
-func (l *Limit) interval() int64 {
-	if l.cached() {
-		return l.iv
-	}
-	return l.Interval()
-}
-
 // FillTime returns the time this limit takes to refill from empty to full.
 func (l Limit) FillTime() time.Duration {
 	return time.Duration(l.Interval() * l.Burst)

@@ -8,8 +8,6 @@ import (
 	"time"
 )
 
-const sec = int64(time.Second / time.Microsecond) // one second in µs
-
 func TestLimitValidate(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
