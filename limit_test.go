@@ -83,6 +83,24 @@ func TestRequestValidate(t *testing.T) {
 	if err := (Request{Buckets: []Bucket{{Key: "", Limits: b.Limits}}}).Validate(); err == nil || !strings.Contains(err.Error(), "buckets[0].key") {
 		t.Fatalf("empty key: %v", err)
 	}
+	for _, c := range []struct {
+		reserve, n int64
+		want       error
+		field      string
+	}{
+		{reserve: -1, n: 1, want: ErrInvalid, field: "reserve"},
+		{reserve: 2, n: 0, want: ErrInvalid, field: "reserve"}, // the whole burst
+		{reserve: 1, n: 2, want: ErrBurstExceeded, field: "reserve 1"},
+		{reserve: 1, n: 1},
+		{reserve: 1, n: 0},
+	} {
+		rb := b
+		rb.Reserve = c.reserve
+		err := (Request{Buckets: []Bucket{rb}, N: c.n}).Validate()
+		if c.want == nil && err != nil || c.want != nil && (!errors.Is(err, c.want) || !strings.Contains(err.Error(), c.field)) {
+			t.Errorf("reserve %d, n %d: got %v, want %v naming %q", c.reserve, c.n, err, c.want, c.field)
+		}
+	}
 }
 
 // TestCompiledLimitFollowsChanges checks that a Limiter's cached interval

@@ -52,16 +52,24 @@ type Bucket struct {
 	Key string
 	// Limits are enforced together; at least one is required.
 	Limits []Limit
+	// Reserve is, for a take, how many tokens every limit of the bucket
+	// must still hold after it: tokens kept for takes of a higher priority
+	// (see Priority). The take conforms when its n tokens plus Reserve
+	// are available, and books as any other take, so a bucket's bound
+	// holds over all its takes together. 0, the default, keeps nothing
+	// back: the top class. It must be below every limit's burst, and n +
+	// Reserve at most it. Refunds, cancels, drains and resets ignore it.
+	Reserve int64
 }
 
 // compiled reports whether b is valid for a take of n tokens because its
 // limits are a Limiter's validated copies.
 func (b *Bucket) compiled(n int64) bool {
-	if b.Key == "" || len(b.Limits) == 0 {
+	if b.Key == "" || len(b.Limits) == 0 || b.Reserve < 0 {
 		return false
 	}
 	for i := range b.Limits {
-		if l := &b.Limits[i]; !l.cached() || n > l.Burst {
+		if l := &b.Limits[i]; !l.cached() || n > l.Burst-b.Reserve || b.Reserve >= l.Burst {
 			return false
 		}
 	}
@@ -128,8 +136,14 @@ func (r Request) validate() error {
 			}
 		}
 		for _, l := range b.Limits {
+			if b.Reserve < 0 || b.Reserve >= l.Burst {
+				return fmt.Errorf("%w: buckets[%d] %q reserve: must be between 0 and burst-1 (%d), got %d", ErrInvalid, i, b.StoreKey(), l.Burst-1, b.Reserve)
+			}
 			if r.N > l.Burst {
 				return fmt.Errorf("%w: n=%d, %q burst %d", ErrBurstExceeded, r.N, b.StoreKey(), l.Burst)
+			}
+			if r.N > l.Burst-b.Reserve {
+				return fmt.Errorf("%w: n=%d plus reserve %d, %q burst %d", ErrBurstExceeded, r.N, b.Reserve, b.StoreKey(), l.Burst)
 			}
 		}
 	}

@@ -113,14 +113,15 @@ func Convert(debt, from, to int64) int64 {
 
 // needs returns how long from now (ns) until n tokens conform in every
 // limit of this bucket, which may be negative, and the limit that needs the
-// longest.
+// longest. A take that must leave a reserve of r tokens needs n+r: it
+// conforms when the bucket holds its n tokens and the reserve.
 func needs(limits []fleetrate.Limit, debts []int64, n int64) (need int64, worst int) {
 	need = math.MinInt64
 	for i := range limits {
 		l := &limits[i]
 		iv := l.Interval()
 		// (Burst-n)*T first keeps every intermediate below 2^53, as the Lua
-		// mirror needs; n <= Burst is validated.
+		// mirror needs; n (with the reserve) <= Burst is validated.
 		if w := debts[i] - (l.Burst-n)*iv; w > need {
 			need, worst = w, i
 		}
@@ -167,17 +168,29 @@ func plain(l *fleetrate.Limit) fleetrate.Limit {
 // second result reports whether they changed and must be written back.
 //
 // The take conforms when the wait until n tokens are available in every
-// limit is at most req.MaxWait. Then all limits are booked at that moment
+// limit, beyond the reserve its bucket keeps for higher priorities
+// (Bucket.Reserve), is at most req.MaxWait. Then all limits are booked at that moment
 // and the result is allowed with Wait set; otherwise nothing changes and
 // RetryAfter says how long until the take would conform. N = 0 peeks. When
 // req.Booking is set, a granted take of N > 0 records in it where it left
 // every limit, for a later Cancel.
 //
+// Priorities. A bucket's Reserve R makes the take one of a lower class:
+// it conforms only when, at its grant, every limit still holds R tokens
+// beyond its n, and its MaxWait is its class's horizon D. It books as any
+// take does, so every booking is an ordinary GCRA booking and the bound
+// of each limit (Burst tokens plus the rate over any window) holds over
+// all classes together. After a take of the lower class a limit's debt
+// is at most (Burst-R)*T + D, so a take of a higher class (reserve r, n
+// <= R-r tokens) that finds only lower-class bookings waits at most
+// D - (R-r-n)*T, and not at all when D <= (R-r-n)*T.
+//
 // Decide assumes a validated request.
 func Decide(now int64, req fleetrate.Request, states []State) (fleetrate.Result, bool) {
 	if len(req.Buckets) == 1 && len(req.Buckets[0].Limits) == 1 && req.Booking == nil {
 		var res fleetrate.Result
-		changed := decideOne(now, &req.Buckets[0].Limits[0], req.N, req.MaxWait, &states[0], &res)
+		b := &req.Buckets[0]
+		changed := decideOne(now, &b.Limits[0], req.N, b.Reserve, req.MaxWait, &states[0], &res)
 		return res, changed
 	}
 	return decide(now, req, states)
@@ -191,7 +204,7 @@ func Decide(now int64, req fleetrate.Request, states []State) (fleetrate.Result,
 // Result. It assumes a validated request and keeps no pointer.
 func DecideOne(now int64, limits []fleetrate.Limit, n int64, maxWait time.Duration, s *State, res *fleetrate.Result) bool {
 	if len(limits) == 1 {
-		return decideOne(now, &limits[0], n, maxWait, s, res)
+		return decideOne(now, &limits[0], n, 0, maxWait, s, res)
 	}
 	bs, states := [1]fleetrate.Bucket{{Limits: limits}}, [1]State{*s}
 	r, changed := decide(now, fleetrate.Request{Buckets: bs[:], N: n, MaxWait: maxWait}, states[:])
@@ -201,12 +214,13 @@ func DecideOne(now int64, limits []fleetrate.Limit, n int64, maxWait time.Durati
 
 // decideOne is Decide for one bucket with one limit, the common case: the
 // same steps as decide, with the loops over buckets and limits unrolled.
-func decideOne(now int64, lim *fleetrate.Limit, n int64, maxWait time.Duration, s *State, res *fleetrate.Result) (booked bool) {
+// reserve is the bucket's Reserve.
+func decideOne(now int64, lim *fleetrate.Limit, n, reserve int64, maxWait time.Duration, s *State, res *fleetrate.Result) (booked bool) {
 	// A one-limit slice over lim, without allocating.
 	s.Elapse(now, unsafe.Slice(lim, 1))
 	iv := lim.Interval()
 	debt := s.Debts[0]
-	wait := max(debt-(lim.Burst-n)*iv, 0) // see needs
+	wait := max(debt-(lim.Burst-(n+reserve))*iv, 0) // see needs
 	// Field by field: building a Result aside and copying it is slower.
 	*res = fleetrate.Result{}
 	res.At, res.N = time.UnixMicro(now), n
@@ -233,7 +247,7 @@ func decide(now int64, req fleetrate.Request, states []State) (fleetrate.Result,
 	need, wb, wl := int64(math.MinInt64), 0, 0
 	for b, bk := range req.Buckets {
 		states[b].Elapse(now, bk.Limits)
-		if w, l := needs(bk.Limits, states[b].Debts, req.N); w > need {
+		if w, l := needs(bk.Limits, states[b].Debts, req.N+bk.Reserve); w > need {
 			need, wb, wl = w, b, l
 		}
 	}

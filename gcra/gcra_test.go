@@ -220,6 +220,16 @@ func TestDecideOneMatchesDecide(t *testing.T) {
 		clone := func() State {
 			return State{Stamp: st.Stamp, Debts: append([]int64(nil), st.Debts...)}
 		}
+		// With a reserve, Decide's fast path against decide.
+		if rb := b; n < lim.Burst && rng.IntN(3) == 0 {
+			rb.Reserve = rng.Int64N(lim.Burst - n)
+			ref, fast := []State{clone()}, []State{clone()}
+			want, wantChanged := decide(now, take(rb, n, maxWait), ref)
+			got, changed := Decide(now, take(rb, n, maxWait), fast)
+			if got != want || changed != wantChanged || fast[0].Stamp != ref[0].Stamp || fast[0].Debts[0] != ref[0].Debts[0] {
+				t.Fatalf("trial %d: reserve %d: Decide %+v %v %+v, want %+v %v %+v", trial, rb.Reserve, got, changed, fast[0], want, wantChanged, ref[0])
+			}
+		}
 		ref := []State{clone()}
 		want, wantChanged := decide(now, take(b, n, maxWait), ref)
 

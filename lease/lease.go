@@ -10,7 +10,8 @@
 // fewer than Tokens tokens, the lease is refused and takes go to the shared
 // store one by one, exactly as without a lease, until one of them finds
 // Tokens tokens left. Every other take (waits, peeks, several buckets, more than
-// Tokens tokens) goes to the shared store unchanged.
+// Tokens tokens, takes of a lower priority class, which must see the
+// bucket's reserve) goes to the shared store unchanged.
 //
 // Every leased token was granted by the shared bucket, so the fleet never
 // spends more tokens than the bucket allows; a lease only moves tokens in
@@ -122,7 +123,7 @@ func New(inner fleetrate.Store, opts Options) (*Store, error) {
 
 // Take implements fleetrate.Store.
 func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Result, error) {
-	if len(req.Buckets) != 1 || req.N < 1 || req.N > s.opts.Tokens || req.MaxWait != 0 || req.Booking != nil {
+	if len(req.Buckets) != 1 || req.N < 1 || req.N > s.opts.Tokens || req.MaxWait != 0 || req.Booking != nil || req.Buckets[0].Reserve != 0 {
 		return s.inner.Take(ctx, req)
 	}
 	if err := req.Validate(); err != nil {

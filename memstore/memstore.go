@@ -343,7 +343,7 @@ func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Resu
 	if err := req.Validate(); err != nil {
 		return fleetrate.Result{}, err
 	}
-	if len(req.Buckets) == 1 && req.Booking == nil {
+	if len(req.Buckets) == 1 && req.Booking == nil && req.Buckets[0].Reserve == 0 {
 		var res fleetrate.Result
 		b := &req.Buckets[0]
 		s.takeOne(b.Prefix, b.Key, b.Limits, req.N, req.MaxWait, &res)
