@@ -62,7 +62,7 @@ type batchCall struct {
 	req  fleetrate.Request
 	// keys are the store keys of req's buckets; nil until needed.
 	keys []string
-	// largs are the script arguments of req's limits (see appendLimits),
+	// largs are the script arguments of req's limits (see appendTakeLimits),
 	// encoded once by a bound taker; nil for other takes.
 	largs []any
 	// res is the caller's decision, valid once err is nil and done has
@@ -313,7 +313,7 @@ func encodeBatch(runs [][]*batchCall) (keys []string, args []any) {
 			counts = append(counts, len(run))
 			nargs += 4
 			for _, bk := range run[0].req.Buckets {
-				nargs += 1 + 2*len(bk.Limits)
+				nargs += 2 + 2*len(bk.Limits)
 			}
 		}
 	}
@@ -325,7 +325,7 @@ func encodeBatch(runs [][]*batchCall) (keys []string, args []any) {
 		if c.largs != nil {
 			args = append(args, c.largs...)
 		} else {
-			args = appendLimits(args, c.req.Buckets)
+			args = appendTakeLimits(args, c.req.Buckets)
 		}
 	}
 	for i, run := range runs {
@@ -372,7 +372,7 @@ func decide(reply []int64, runs [][]*batchCall, n int) error {
 }
 
 // sameShape reports whether takes s and c have one shape but for their
-// counts: the same number of keys, n, wait and limits.
+// counts: the same number of keys, n, wait, limits and reserves.
 func sameShape(s, c *batchCall) bool {
 	if s.req.N != c.req.N || s.req.MaxWait != c.req.MaxWait || len(s.req.Buckets) != len(c.req.Buckets) {
 		return false

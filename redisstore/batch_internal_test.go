@@ -36,7 +36,7 @@ func TestBatchMatchesSequentialModel(t *testing.T) {
 	bound := map[*fleetrate.Limit][]any{}
 	boundArgs := func(ls []fleetrate.Limit) []any {
 		if bound[&ls[0]] == nil {
-			bound[&ls[0]] = appendLimits(nil, []fleetrate.Bucket{{Limits: ls}})
+			bound[&ls[0]] = appendTakeLimits(nil, []fleetrate.Bucket{{Limits: ls}})
 		}
 		return bound[&ls[0]]
 	}
@@ -61,7 +61,16 @@ func TestBatchMatchesSequentialModel(t *testing.T) {
 				if rng.IntN(8) != 0 {
 					ls = limitSets[i%2] // mostly the key's usual limits
 				}
-				req.Buckets = append(req.Buckets, fleetrate.Bucket{Key: keys[i], Limits: ls})
+				bk := fleetrate.Bucket{Key: keys[i], Limits: ls}
+				if rng.IntN(4) == 0 {
+					bk.Reserve = rng.Int64N(2) // a lower priority class (bursts are at least 2)
+				}
+				req.Buckets = append(req.Buckets, bk)
+			}
+			for _, bk := range req.Buckets {
+				for _, l := range bk.Limits {
+					req.N = min(req.N, l.Burst-bk.Reserve)
+				}
 			}
 			if err := req.Validate(); err != nil {
 				t.Fatal(err)
@@ -73,7 +82,7 @@ func TestBatchMatchesSequentialModel(t *testing.T) {
 					c.keys = append(c.keys, b.StoreKey())
 				}
 			}
-			if len(req.Buckets) == 1 && rng.IntN(2) == 0 {
+			if len(req.Buckets) == 1 && req.Buckets[0].Reserve == 0 && rng.IntN(2) == 0 {
 				c.largs = boundArgs(req.Buckets[0].Limits) // as a bound taker
 			}
 			batch = append(batch, c)
@@ -168,7 +177,7 @@ func TestDecodeReplyRejectsBadReplies(t *testing.T) {
 func TestEncodeBatchSharesShapes(t *testing.T) {
 	a := []fleetrate.Limit{fleetrate.PerSecond(10, 5)}
 	b := []fleetrate.Limit{fleetrate.PerSecond(50, 3), fleetrate.Every(time.Minute, 7)}
-	aArgs := appendLimits(nil, []fleetrate.Bucket{{Limits: a}})
+	aArgs := appendTakeLimits(nil, []fleetrate.Bucket{{Limits: a}})
 	call := func(n int64, wait time.Duration, largs []any, buckets ...fleetrate.Bucket) *batchCall {
 		c := newBatchCall()
 		c.req = fleetrate.Request{Buckets: buckets, N: n, MaxWait: wait}
@@ -176,6 +185,9 @@ func TestEncodeBatchSharesShapes(t *testing.T) {
 		return c
 	}
 	k := func(key string, ls []fleetrate.Limit) fleetrate.Bucket { return fleetrate.Bucket{Key: key, Limits: ls} }
+	kr := func(key string, ls []fleetrate.Limit, r int64) fleetrate.Bucket {
+		return fleetrate.Bucket{Key: key, Limits: ls, Reserve: r}
+	}
 	runs := [][]*batchCall{
 		{call(1, 0, aArgs, k("x", a))},
 		{call(1, 0, aArgs, k("y", a))},                               // bound: the shape of the first
@@ -186,6 +198,8 @@ func TestEncodeBatchSharesShapes(t *testing.T) {
 		{call(1, 0, nil, k("x", b))},                                 // other limits
 		{call(1, 0, nil, k("x", a), k("y", b))},                      // two keys
 		{call(1, 0, nil, k("w", a), k("v", b))},                      // the shape before
+		{call(1, 0, nil, kr("x", a, 2))},                             // a reserve
+		{call(1, 0, nil, kr("y", a, 2))},                             // the shape before
 	}
 	for i := range 12 { // more shapes than a take is compared with
 		runs = append(runs, []*batchCall{call(int64(3+i), 0, nil, k("u", a))})
@@ -214,17 +228,17 @@ func TestEncodeBatchSharesShapes(t *testing.T) {
 		pos += 4
 		for range sh.nb {
 			m := num(pos)
-			for i := pos; i <= pos+2*int(m); i++ {
+			for i := pos; i <= pos+2*int(m)+1; i++ { // the reserve after the limits
 				sh.limits = append(sh.limits, num(i))
 			}
-			pos += 1 + 2*int(m)
+			pos += 2 + 2*int(m)
 		}
 		shapes = append(shapes, sh)
 	}
 	if got, want := len(args)-pos, len(runs); got != want {
 		t.Fatalf("%d take arguments for %d takes", got, want)
 	}
-	if want := 6 + 12 + 1; len(shapes) != want {
+	if want := 6 + 1 + 12 + 1; len(shapes) != want {
 		t.Fatalf("%d shapes, want %d", len(shapes), want)
 	}
 	kpos := 0
@@ -237,6 +251,7 @@ func TestEncodeBatchSharesShapes(t *testing.T) {
 			for _, l := range b.Limits {
 				limits = append(limits, l.Interval(), l.Burst)
 			}
+			limits = append(limits, b.Reserve)
 		}
 		want := shape{int64(len(c.req.Buckets)), c.req.N, int64(c.req.MaxWait), int64(len(run)), limits}
 		if !reflect.DeepEqual(sh, want) {

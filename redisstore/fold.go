@@ -54,14 +54,14 @@ func identity(req fleetrate.Request) string {
 }
 
 // sameLimits reports whether two requests on the same buckets carry the
-// same limits, so that their takes may fold.
+// same limits and reserves, so that their takes may fold.
 func sameLimits(a, b fleetrate.Request) bool {
 	if len(a.Buckets) != len(b.Buckets) {
 		return false
 	}
 	for i := range a.Buckets {
 		x, y := a.Buckets[i].Limits, b.Buckets[i].Limits
-		if len(x) != len(y) {
+		if len(x) != len(y) || a.Buckets[i].Reserve != b.Buckets[i].Reserve {
 			return false
 		}
 		for j := range x {

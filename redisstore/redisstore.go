@@ -273,6 +273,16 @@ func appendLimits(args []any, buckets []fleetrate.Bucket) []any {
 	return args
 }
 
+// appendTakeLimits is appendLimits for a take: each bucket's limits are
+// followed by its reserve.
+func appendTakeLimits(args []any, buckets []fleetrate.Bucket) []any {
+	for i := range buckets {
+		args = appendLimits(args, buckets[i:i+1])
+		args = append(args, buckets[i].Reserve)
+	}
+	return args
+}
+
 // LoadScripts loads every script into the server's script cache (on a
 // Cluster client, into every master), so that the first calls need no EVAL
 // fallback. It is optional: a missing script is always reloaded on demand.
@@ -329,7 +339,7 @@ func (s *Store) Bind(prefix string, limits []fleetrate.Limit) (fleetrate.BoundTa
 	if err := fleetrate.ValidateBuckets([]fleetrate.Bucket{b}); err != nil {
 		return nil, err
 	}
-	largs := appendLimits(nil, []fleetrate.Bucket{b})
+	largs := appendTakeLimits(nil, []fleetrate.Bucket{b})
 	return &bound{s: s, b: b, largs: largs}, nil
 }
 
@@ -359,7 +369,7 @@ func (t *bound) TakeKey(ctx context.Context, key string, n int64, maxWait time.D
 func (s *Store) takeOne(ctx context.Context, req fleetrate.Request) (fleetrate.Result, error) {
 	args := make([]any, 3, 3+3*len(req.Buckets))
 	args[0], args[1], args[2] = req.N, int64(req.MaxWait), 1
-	keys, args := storeKeys(req.Buckets), appendLimits(args, req.Buckets)
+	keys, args := storeKeys(req.Buckets), appendTakeLimits(args, req.Buckets)
 	if err := s.sameSlot(keys); err != nil {
 		return fleetrate.Result{}, err
 	}

@@ -348,10 +348,10 @@ func TestBatchCallerThatGivesUpIsRefunded(t *testing.T) {
 		mu.Lock()
 		seen := slices.Clone(calls)
 		mu.Unlock()
-		// The batch took one token (one shape, then one take of it), and
-		// a cancel of its booking of one followed (n, stamp, then the
-		// limits and the booked debt).
-		took := slices.Contains(seen, fmt.Sprint([]any{1, 1, int64(1), int64(0), 1, 1, lim[0].Interval(), lim[0].Burst, 1}))
+		// The batch took one token (one shape with its limits and reserve,
+		// then one take of it), and a cancel of its booking of one
+		// followed (n, stamp, then the limits and the booked debt).
+		took := slices.Contains(seen, fmt.Sprint([]any{1, 1, int64(1), int64(0), 1, 1, lim[0].Interval(), lim[0].Burst, int64(0), 1}))
 		refunded := slices.ContainsFunc(seen, func(call string) bool {
 			f := strings.Fields(strings.Trim(call, "[]"))
 			return len(f) == 6 && f[0] == "1" && f[2] == "1" && f[3] == fmt.Sprint(lim[0].Interval()) && f[4] == fmt.Sprint(lim[0].Burst)

@@ -9,8 +9,10 @@
 -- Every number is an integer below 2^53, exact in Lua's doubles.
 --
 -- ARGV layout after the operation's own leading arguments: for each key, the
--- number of limits m, then m pairs of (interval_ns, burst). A bucket's limits
--- are read into one flat table {iv1, burst1, iv2, burst2, ...}.
+-- number of limits m, then m pairs of (interval_ns, burst), and for a take
+-- the bucket's reserve (tokens kept for higher priorities). A bucket's limits
+-- are read into one flat table {iv1, burst1, iv2, burst2, ...}, with the
+-- reserve of a take in its field r.
 
 if redis.replicate_commands then redis.replicate_commands() end
 
@@ -39,6 +41,14 @@ local function read_limits(pos)
     lims[i] = tonumber(ARGV[pos + i])
   end
   return lims, m, pos + 1 + 2 * m
+end
+
+-- read_take_limits is read_limits for a take: the limits are followed by
+-- the bucket's reserve (see fleetrate.Bucket.Reserve), kept in lims.r.
+local function read_take_limits(pos)
+  local lims, m, nx = read_limits(pos)
+  lims.r = tonumber(ARGV[nx])
+  return lims, m, nx + 1
 end
 
 -- convert returns the debt, under a limit of fill time to (ns), of a
@@ -150,7 +160,8 @@ end
 -- take_all makes count identical, consecutive takes of n tokens at one
 -- instant, each all or nothing across buckets 1..nb (debts[b], lims[b] and
 -- ms[b] per bucket) and booked up to max_wait ns ahead, updating the debts
--- in place as fleetrate.Decide does. It stops at the first denial (every
+-- in place as gcra.Decide does. A bucket's reserve r counts as tokens the
+-- take needs beside its n, which it does not book. It stops at the first denial (every
 -- later take would be denied the same way) and returns the number of
 -- decisions made, that denial included, and whether any tokens were booked.
 -- The scripts reply with the debts from before the takes; the client
@@ -162,8 +173,9 @@ local function take_all(debts, lims, ms, nb, n, max_wait, count)
     local need = nil
     for b = 1, nb do
       local d, l = debts[b], lims[b]
+      local nr = n + l.r
       for i = 1, ms[b] do
-        local w = d[i] - (l[2 * i] - n) * l[2 * i - 1]
+        local w = d[i] - (l[2 * i] - nr) * l[2 * i - 1]
         if need == nil or w > need then need = w end
       end
     end

@@ -2,7 +2,8 @@
 -- or nothing across every bucket in KEYS and booked up to max_wait ns ahead,
 -- at one instant (see take_all in common.lua). The store sends count 1
 -- (shared calls use take_batch.lua); the benchmark's ceiling runs it too.
--- ARGV: n, max_wait_ns, count, then the limits of each key (see common.lua).
+-- ARGV: n, max_wait_ns, count, then the limits and the reserve of each key
+-- (see common.lua).
 -- Returns {now_us, decisions made, the debts of each key before the takes}.
 local n = tonumber(ARGV[1])
 local max_wait = tonumber(ARGV[2])
@@ -12,7 +13,7 @@ local now = now_us()
 local lims, ms, debts = {}, {}, {}
 local pos = 4
 for b = 1, #KEYS do
-  lims[b], ms[b], pos = read_limits(pos)
+  lims[b], ms[b], pos = read_take_limits(pos)
   debts[b] = load(KEYS[b], lims[b], ms[b], now)
 end
 

@@ -3,7 +3,8 @@
 -- several takes name is read once and its state carried from one take to
 -- the next; every changed key is written once at the end.
 -- ARGV: the number of shapes, then each shape: its number of keys, n,
--- max_wait_ns, count, then the limits of each of its keys (see common.lua);
+-- max_wait_ns, count, then the limits and the reserve of each of its keys
+-- (see common.lua);
 -- then one argument per take, the number of its shape (from 1). Takes of
 -- one limiter share a shape, so a take costs Redis one argument and its
 -- keys, not its limits again.
@@ -18,7 +19,7 @@ for s = 1, tonumber(ARGV[1]) do
   local sh = { nb = nb, n = tonumber(ARGV[pos + 1]), max_wait = tonumber(ARGV[pos + 2]), count = tonumber(ARGV[pos + 3]), lims = {}, ms = {} }
   pos = pos + 4
   for b = 1, nb do
-    sh.lims[b], sh.ms[b], pos = read_limits(pos)
+    sh.lims[b], sh.ms[b], pos = read_take_limits(pos)
   end
   shapes[s] = sh
 end

@@ -60,6 +60,9 @@ type Bucket struct {
 	Prefix Bytes   `json:"prefix,omitempty"`
 	Key    Bytes   `json:"key"`
 	Limits []Limit `json:"limits"`
+	// Reserve is fleetrate.Bucket.Reserve: for a take of a lower priority
+	// class, the tokens every limit keeps for the classes above.
+	Reserve int64 `json:"reserve,omitempty"`
 }
 
 // Bytes is a key that may hold any bytes. It travels as a plain JSON
@@ -183,7 +186,7 @@ func FromBuckets(bs []fleetrate.Bucket) []Bucket {
 		for j, l := range b.Limits {
 			ls[j] = FromLimit(l)
 		}
-		out[i] = Bucket{Prefix: Bytes(b.Prefix), Key: Bytes(b.Key), Limits: ls}
+		out[i] = Bucket{Prefix: Bytes(b.Prefix), Key: Bytes(b.Key), Limits: ls, Reserve: b.Reserve}
 	}
 	return out
 }
@@ -196,7 +199,7 @@ func ToBuckets(bs []Bucket) []fleetrate.Bucket {
 		for j, l := range b.Limits {
 			ls[j] = l.ToLimit()
 		}
-		out[i] = fleetrate.Bucket{Prefix: string(b.Prefix), Key: string(b.Key), Limits: ls}
+		out[i] = fleetrate.Bucket{Prefix: string(b.Prefix), Key: string(b.Key), Limits: ls, Reserve: b.Reserve}
 	}
 	return out
 }
