@@ -174,3 +174,39 @@ func ExampleReservation_Cancel() {
 	// next at 1s
 	// next at 2s
 }
+
+// A bulk job and the requests that matter share one credential: the bulk
+// class keeps 3 tokens for them and books at most 100 ms ahead, so a
+// confirmation arriving after the bulk job has emptied the bucket is
+// served at once.
+func ExampleWithPriority() {
+	store := memstore.New(memstore.Options{Clock: fixedClock})
+	lim, err := fleetrate.New(store, fleetrate.Config{
+		Buckets: []fleetrate.BucketConfig{{
+			Name:   "partner-api",
+			Limits: []fleetrate.Limit{fleetrate.PerSecond(10, 10)},
+			Priorities: []fleetrate.Priority{
+				{Name: "bulk", Reserve: 3, Horizon: 100 * time.Millisecond},
+			},
+		}},
+	})
+	if err != nil {
+		panic(err)
+	}
+	bulk := fleetrate.WithPriority(context.Background(), "bulk")
+	pushed := 0
+	for {
+		r, err := lim.Reserve(bulk, "partner-api")
+		if err != nil {
+			fmt.Println("bulk:", pushed, "pushed, then", err)
+			break
+		}
+		pushed++
+		_ = r // a real job waits r.Delay(), then pushes
+	}
+	res, err := lim.Allow(context.Background(), "partner-api")
+	fmt.Println("confirmation allowed:", res.Allowed, err)
+	// Output:
+	// bulk: 8 pushed, then fleetrate: wait of 200ms exceeds max wait 100ms
+	// confirmation allowed: true <nil>
+}

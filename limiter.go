@@ -32,6 +32,10 @@ type BucketConfig struct {
 	Name string
 	// Limits are enforced together.
 	Limits []Limit
+	// Priorities are the classes of takes below the top one on this
+	// bucket (see Priority and WithPriority). When empty, the bucket has
+	// Config.Priorities.
+	Priorities []Priority
 }
 
 // Config configures a Limiter. The zero value of each field means its
@@ -45,6 +49,10 @@ type Config struct {
 	Limits []Limit
 	// Buckets are named buckets with limits of their own.
 	Buckets []BucketConfig
+	// Priorities are the classes of takes below the top one (see Priority
+	// and WithPriority) on every bucket that configures none of its own.
+	// None by default: every take is of one class.
+	Priorities []Priority
 	// MaxWait is the longest Wait and Reserve may book ahead; a longer wait
 	// fails at once with a *BackpressureError. The default is
 	// DefaultMaxWait (5 s).
@@ -67,6 +75,9 @@ func (c Config) Validate() error {
 	if c.MaxWait < 0 || c.MaxWait > MaxWaitCap {
 		return fmt.Errorf("%w: config: max wait must be between 0 and %v, got %v", ErrInvalid, MaxWaitCap, c.MaxWait)
 	}
+	if err := validatePriorities("priorities", c.Priorities, c.Limits); err != nil {
+		return fmt.Errorf("%w: config: %w", ErrInvalid, err)
+	}
 	seen := make(map[string]bool, len(c.Buckets))
 	for i, b := range c.Buckets {
 		if err := validateName(b.Name); err != nil {
@@ -77,6 +88,13 @@ func (c Config) Validate() error {
 		}
 		seen[b.Name] = true
 		if err := validateLimits(fmt.Sprintf("buckets[%d] %q limits", i, b.Name), b.Limits); err != nil {
+			return fmt.Errorf("%w: config: %w", ErrInvalid, err)
+		}
+		field, ps := fmt.Sprintf("buckets[%d] %q priorities", i, b.Name), b.Priorities
+		if len(ps) == 0 {
+			field, ps = fmt.Sprintf("priorities (of buckets[%d] %q)", i, b.Name), c.Priorities
+		}
+		if err := validatePriorities(field, ps, b.Limits); err != nil {
 			return fmt.Errorf("%w: config: %w", ErrInvalid, err)
 		}
 	}
@@ -114,13 +132,20 @@ type Limiter struct {
 	scratch sync.Pool  // of *[]Bucket, reused across calls
 	bound   BoundTaker // the store's taker for the default limits, if any
 	clock   anchor     // times booked slots from the store's decisions
+	// classes are the priority classes of the buckets of the default
+	// limits; classNames names every class of any bucket; prioritized is
+	// set when there is one.
+	classes     []Priority
+	classNames  map[string]bool
+	prioritized bool
 }
 
 // namedBucket is a configured bucket and, when the store is a Binder, its
 // bound taker.
 type namedBucket struct {
 	Bucket
-	taker BoundTaker
+	taker   BoundTaker
+	classes []Priority
 }
 
 // New returns a Limiter over store, or an error naming the invalid field.
@@ -138,6 +163,7 @@ func New(store Store, cfg Config) (*Limiter, error) {
 		named:   make(map[string]namedBucket, len(cfg.Buckets)),
 		maxWait: cfg.MaxWait,
 		now:     cfg.Clock,
+		classes: slices.Clone(cfg.Priorities),
 	}
 	if l.prefix == "" {
 		l.prefix = DefaultPrefix
@@ -164,11 +190,23 @@ func New(store Store, cfg Config) (*Limiter, error) {
 		return t
 	}
 	l.bound = bind(l.limits)
+	l.classNames = map[string]bool{}
+	for _, p := range l.classes {
+		l.classNames[p.Name] = true
+	}
 	for _, b := range cfg.Buckets {
 		nb := namedBucket{Bucket: Bucket{Prefix: l.prefix, Key: b.Name, Limits: compileLimits(b.Limits)}}
 		nb.taker = bind(nb.Limits)
+		nb.classes = slices.Clone(b.Priorities)
+		if len(nb.classes) == 0 {
+			nb.classes = l.classes
+		}
+		for _, p := range nb.classes {
+			l.classNames[p.Name] = true
+		}
 		l.named[b.Name] = nb
 	}
+	l.prioritized = len(l.classNames) > 0
 	l.scratch.New = func() any { s := make([]Bucket, 0, 4); return &s }
 	return l, nil
 }
@@ -249,28 +287,39 @@ func (l *Limiter) release(bs *[]Bucket) {
 	l.scratch.Put(bs)
 }
 
-// take asks the store for n tokens; the store validates the request. The
-// caller releases the returned buckets.
-func (l *Limiter) take(ctx context.Context, n int64, maxWait time.Duration, names []string, bk *Booking) (Result, *[]Bucket, error) {
+// take asks the store for n tokens, of ctx's priority class (see
+// classify); the store validates the request. It returns the max wait the
+// take had, which the class may have cut. The caller releases the returned
+// buckets.
+func (l *Limiter) take(ctx context.Context, n int64, maxWait time.Duration, names []string, bk *Booking) (Result, *[]Bucket, time.Duration, error) {
 	bs, err := l.buckets(names)
 	if err != nil {
-		return Result{}, nil, err
+		return Result{}, nil, maxWait, err
+	}
+	if maxWait, err = l.classify(ctx, *bs, maxWait); err != nil {
+		return Result{}, bs, maxWait, err
 	}
 	res, err := l.store.Take(ctx, Request{Buckets: *bs, N: n, MaxWait: maxWait, Booking: bk})
 	res.Limit.strip()
-	return res, bs, err
+	return res, bs, maxWait, err
+}
+
+// topClass reports whether a take under ctx is of the top class on every
+// bucket, so that it may use a bound taker.
+func (l *Limiter) topClass(ctx context.Context) bool {
+	return !l.prioritized || PriorityFrom(ctx) == ""
 }
 
 // takeNow is take for the calls that keep nothing.
 func (l *Limiter) takeNow(ctx context.Context, n int64, names []string) (res Result, err error) {
-	if len(names) == 1 {
+	if len(names) == 1 && l.topClass(ctx) {
 		if t := l.taker(names[0]); t != nil {
 			res, err = t.TakeKey(ctx, names[0], n, 0)
 			res.Limit.strip() // in case the store passed back its bound limit
 			return res, err
 		}
 	}
-	res, bs, err := l.take(ctx, n, 0, names, nil)
+	res, bs, _, err := l.take(ctx, n, 0, names, nil)
 	if bs != nil {
 		l.release(bs)
 	}
@@ -280,7 +329,7 @@ func (l *Limiter) takeNow(ctx context.Context, n int64, names []string) (res Res
 // Allow takes one token from the named bucket if it has one now. A denial
 // is a Result with Allowed false; an error means the store failed.
 func (l *Limiter) Allow(ctx context.Context, name string) (res Result, err error) {
-	if t := l.taker(name); t != nil {
+	if t := l.taker(name); t != nil && l.topClass(ctx) {
 		// takeNow's bound path, inline on the hottest path.
 		res, err = t.TakeKey(ctx, name, 1, 0)
 		res.Limit.strip()
@@ -342,13 +391,14 @@ func (l *Limiter) Reserve(ctx context.Context, name string) (*Reservation, error
 }
 
 // ReserveN books n tokens from every named bucket, now or up to the max
-// wait in the future, in one round trip. When the wait would be longer,
+// wait in the future (or the horizon of ctx's priority class, when
+// shorter: see WithPriority), in one round trip. When the wait would be longer,
 // nothing is booked and the error is a *BackpressureError. n larger than a
 // burst fails at once with ErrBurstExceeded.
 func (l *Limiter) ReserveN(ctx context.Context, n int64, names ...string) (*Reservation, error) {
 	r := &Reservation{l: l, n: n}
 	start := time.Now()
-	res, bs, err := l.take(ctx, n, l.maxWait, names, &r.booked)
+	res, bs, maxWait, err := l.take(ctx, n, l.maxWait, names, &r.booked)
 	// The wait counts from the store's decision, which happened between
 	// start and the answer: the anchor places it (see anchor).
 	answered := time.Now()
@@ -359,7 +409,7 @@ func (l *Limiter) ReserveN(ctx context.Context, n int64, names ...string) (*Rese
 		return nil, err
 	}
 	if !res.Allowed {
-		return nil, &BackpressureError{RetryAfter: res.RetryAfter, MaxWait: l.maxWait, Result: res}
+		return nil, &BackpressureError{RetryAfter: res.RetryAfter, MaxWait: maxWait, Result: res}
 	}
 	r.Result, r.bs, r.due = res, slices.Clone(*bs), l.clock.due(start, answered, res)
 	return r, nil
@@ -372,7 +422,8 @@ func (l *Limiter) Wait(ctx context.Context, name string) (Result, error) {
 }
 
 // WaitN reserves n tokens from every named bucket with a max wait of the
-// smaller of the configured max wait and ctx's deadline, then sleeps
+// smallest of the configured max wait, ctx's deadline and the horizon of
+// ctx's priority class (see WithPriority), then sleeps
 // exactly the booked delay. Waiters are served in booking (FIFO) order and
 // never poll. A wait that would exceed the bound fails at once with a
 // *BackpressureError; so does a slot that, placed on this process's clock,
@@ -392,7 +443,7 @@ func (l *Limiter) WaitN(ctx context.Context, n int64, names ...string) (Result, 
 		maxWait = max(min(maxWait, dl.Sub(start)), 0)
 	}
 	var booked Booking
-	res, bs, err := l.take(ctx, n, maxWait, names, &booked)
+	res, bs, maxWait, err := l.take(ctx, n, maxWait, names, &booked)
 	answered := time.Now() // see ReserveN
 	if bs != nil {
 		defer l.release(bs)
