@@ -255,19 +255,24 @@ type BucketsRequest struct {
 }
 
 // TakeRequest is the body of POST /v1/take. N defaults to 1; 0 peeks.
+// Reserve makes the take one of a lower priority class: it is granted
+// only if every bucket keeps Reserve tokens after it (fleetrate.Priority).
 type TakeRequest struct {
 	Bucket  string   `json:"bucket,omitempty"`
 	Buckets []string `json:"buckets,omitempty"`
 	N       *int64   `json:"n,omitempty"`
+	Reserve int64    `json:"reserve,omitempty"`
 }
 
 // WaitRequest is the body of POST /v1/wait. MaxWaitMS defaults to, and
-// is capped at, the server's max wait.
+// is capped at, the server's max wait. Reserve is as in TakeRequest; with
+// it, MaxWaitMS is the class's horizon.
 type WaitRequest struct {
 	Bucket    string   `json:"bucket,omitempty"`
 	Buckets   []string `json:"buckets,omitempty"`
 	N         *int64   `json:"n,omitempty"`
 	MaxWaitMS *float64 `json:"max_wait_ms,omitempty"`
+	Reserve   int64    `json:"reserve,omitempty"`
 }
 
 // RefundRequest is the body of POST /v1/refund. N defaults to 1.
@@ -385,7 +390,7 @@ func (s *Server) handleTake(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	return s.take(w, r, apiTake, req.Bucket, req.Buckets, n, 0, false)
+	return s.take(w, r, apiTake, req.Bucket, req.Buckets, n, req.Reserve, 0, false)
 }
 
 func (s *Server) handleWait(w http.ResponseWriter, r *http.Request) error {
@@ -405,7 +410,7 @@ func (s *Server) handleWait(w http.ResponseWriter, r *http.Request) error {
 		}
 		maxWait = min(d, s.opts.MaxWait)
 	}
-	return s.take(w, r, apiWait, req.Bucket, req.Buckets, n, maxWait, true)
+	return s.take(w, r, apiWait, req.Bucket, req.Buckets, n, req.Reserve, maxWait, true)
 }
 
 func (s *Server) decodeBody(r *http.Request, v any) error {
@@ -416,10 +421,13 @@ func (s *Server) decodeBody(r *http.Request, v any) error {
 	return decodeJSON(data, v)
 }
 
-func (s *Server) take(w http.ResponseWriter, r *http.Request, api, one string, many []string, n int64, maxWait time.Duration, wait bool) error {
+func (s *Server) take(w http.ResponseWriter, r *http.Request, api, one string, many []string, n, reserve int64, maxWait time.Duration, wait bool) error {
 	names, bs, err := s.resolve(one, many)
 	if err != nil {
 		return err
+	}
+	for i := range bs {
+		bs[i].Reserve = reserve // resolve's own copies
 	}
 	// The metric names one bucket, the one that decided, so that lists of
 	// buckets cannot multiply the label values.

@@ -293,3 +293,29 @@ func TestConfigEndpointAndStoreAPI(t *testing.T) {
 		t.Errorf("disabled store API: %d %+v", code, e)
 	}
 }
+
+// TestTakeAndWaitWithReserve: a take of a lower priority class leaves the
+// reserve it names in every bucket, for the callers that send none.
+func TestTakeAndWaitWithReserve(t *testing.T) {
+	t.Parallel()
+	ts := start(t, bucketConfig)
+	var d Decision
+	for i := int64(59); i >= 58; i-- { // 60/min, burst 60: keep 58
+		if code := ts.post(t, "/v1/take", map[string]any{"bucket": "expedia/search", "reserve": 58}, &d); code != 200 || !d.Allowed || d.Remaining != i {
+			t.Fatalf("low take: %d %+v, want allowed with %d left", code, d, i)
+		}
+	}
+	if code := ts.post(t, "/v1/take", map[string]any{"bucket": "expedia/search", "reserve": 58}, &d); code != 200 || d.Allowed || d.RetryAfterMS != 1000 {
+		t.Fatalf("low take into the reserve: %d %+v, want denied, retry after 1000ms", code, d)
+	}
+	if code := ts.post(t, "/v1/wait", map[string]any{"bucket": "expedia/search", "reserve": 58, "max_wait_ms": 1500}, &d); code != 200 || !d.Allowed || d.WaitMS != 1000 {
+		t.Fatalf("low wait: %d %+v, want booked 1000ms ahead, within its horizon", code, d)
+	}
+	if code := ts.post(t, "/v1/take", map[string]any{"bucket": "expedia/search"}, &d); code != 200 || !d.Allowed {
+		t.Fatalf("top take: %d %+v, want allowed from the reserve", code, d)
+	}
+	var e wire.Error
+	if code := ts.post(t, "/v1/take", map[string]any{"bucket": "expedia/search", "reserve": 60}, &e); code != 400 || !strings.Contains(e.Error, "reserve") {
+		t.Fatalf("a reserve of the whole burst: %d %+v, want 400 naming the reserve", code, e)
+	}
+}
