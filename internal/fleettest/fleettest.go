@@ -85,6 +85,13 @@ type Options struct {
 	// middle of the run on: every worker switches at the same instant, as
 	// a fleet does on a reload.
 	ChangeTo fleetrate.Limit
+	// Bulk, when its Name is set, is the priority class of every
+	// goroutine's takes (configured on the bucket Key): a bulk job.
+	Bulk fleetrate.Priority
+	// TopRate, when above 0, adds one goroutine per process that makes
+	// top-class waits of one token, arriving at random (Poisson) at
+	// TopRate per second over the fleet, while the others run as usual.
+	TopRate float64
 	// Key is the bucket name; the default is unique per run.
 	Key string
 	// StartAt is when every worker starts taking, set by Run so that the
@@ -112,6 +119,10 @@ type Grant struct {
 	Endpoint int
 	// Phase is 1 for a take decided after ChangeTo took effect, else 0.
 	Phase int
+	// Top marks a top-class request of Options.TopRate; Asked is when its
+	// caller asked (the local clock, ns since the epoch).
+	Top   bool
+	Asked int64
 }
 
 // Report is what a run measured.
@@ -292,6 +303,9 @@ func limiters(o Options, store fleetrate.Store) ([2]*fleetrate.Limiter, error) {
 			Buckets: []fleetrate.BucketConfig{{Name: o.Key, Limits: []fleetrate.Limit{l}}},
 			MaxWait: 2 * time.Second,
 		}
+		if o.Bulk.Name != "" {
+			cfg.Buckets[0].Priorities = []fleetrate.Priority{o.Bulk}
+		}
 		for e := range o.Endpoints {
 			cfg.Buckets = append(cfg.Buckets, fleetrate.BucketConfig{Name: endpoint(o.Key, e), Limits: []fleetrate.Limit{o.EndpointLimit}})
 		}
@@ -347,11 +361,19 @@ func work(o Options) workerOut {
 	time.Sleep(time.Until(o.StartAt))
 	deadline := o.StartAt.Add(o.Duration)
 	changeAt := o.StartAt.Add(o.Duration / 2)
-	for g := range o.Goroutines {
+	goroutines := o.Goroutines
+	if o.TopRate > 0 {
+		goroutines++ // the last one makes the top-class requests
+	}
+	for g := range goroutines {
 		w := &goroutine{o: o, lims: lims, changeAt: changeAt, useAllow: o.AllowEvery > 0 && g%o.AllowEvery == 0,
-			rng: rand.New(rand.NewPCG(o.Seed, uint64(o.Index*1000+g)))}
+			rng: rand.New(rand.NewPCG(o.Seed, uint64(o.Index*1000+g))), top: g == o.Goroutines}
 		wg.Go(func() {
-			for time.Now().Before(deadline) && w.step() {
+			step := w.step
+			if w.top {
+				step = func() bool { return w.topStep(deadline) }
+			}
+			for time.Now().Before(deadline) && step() {
 			}
 			mu.Lock()
 			out.Grants = append(out.Grants, w.grants...)
@@ -370,6 +392,7 @@ type goroutine struct {
 	lims      [2]*fleetrate.Limiter
 	changeAt  time.Time
 	useAllow  bool
+	top       bool // makes the top-class requests of Options.TopRate
 	rng       *rand.Rand
 	grants    []Grant
 	cancelled int
@@ -394,6 +417,9 @@ func (w *goroutine) step() bool {
 		n = 1 + w.rng.Int64N(w.o.MaxCost)
 	}
 	ctx := context.Background()
+	if w.o.Bulk.Name != "" {
+		ctx = fleetrate.WithPriority(ctx, w.o.Bulk.Name)
+	}
 	if w.useAllow {
 		res, err := lim.AllowN(ctx, n, names...)
 		if err != nil {
@@ -452,6 +478,27 @@ func (w *goroutine) step() bool {
 		w.errs = append(w.errs, fmt.Sprintf("WaitN booked a slot %v after its context's deadline", time.Duration(slot-dl.UnixNano())))
 	}
 	w.grants = append(w.grants, Grant{Slot: slot, Act: act, Booked: res.At.UnixNano(), N: n, Wait: true, Endpoint: ep, Phase: phase})
+	return true
+}
+
+// topStep waits for the next top-class request of this process (Poisson
+// arrivals at TopRate/Processes a second), makes it with Wait, and records
+// when it was asked and when it acted.
+func (w *goroutine) topStep(deadline time.Time) bool {
+	gap := time.Duration(w.rng.ExpFloat64() / (w.o.TopRate / float64(w.o.Processes)) * float64(time.Second))
+	if time.Now().Add(gap).After(deadline) {
+		time.Sleep(time.Until(deadline))
+		return false
+	}
+	time.Sleep(gap)
+	asked := time.Now().UnixNano()
+	res, err := w.lims[0].WaitN(context.Background(), 1, w.o.Key)
+	act := time.Now().UnixNano()
+	if err != nil {
+		return w.tolerate(err)
+	}
+	slot := res.At.UnixNano() + int64(res.Wait)
+	w.grants = append(w.grants, Grant{Slot: slot, Act: act, Booked: res.At.UnixNano(), N: 1, Wait: true, Endpoint: -1, Top: true, Asked: asked})
 	return true
 }
 
