@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -14,7 +15,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetrate/fleetrate"
+	"github.com/fleetrate/fleetrate/failsafe"
 	"github.com/fleetrate/fleetrate/internal/redistest"
+	"github.com/fleetrate/fleetrate/internal/schednoise"
 	"github.com/fleetrate/fleetrate/redisstore"
 	"github.com/fleetrate/fleetrate/storetest"
 )
@@ -558,4 +561,99 @@ func TestMultipleClocks(t *testing.T) {
 			t.Errorf("%T: MultipleClocks() = %v, want %v", tc.c, got, tc.want)
 		}
 	}
+}
+
+// TestHungRedisBoundsEveryDecision freezes redis-server with SIGSTOP while
+// 32 goroutines take, in every mode, with either kind of client (one that
+// gives up at its context's deadline, one the store must abandon), and
+// through a failsafe store: no decision takes longer than the
+// store's timeout plus the scheduling noise measured in the same window.
+// Takes queued behind a call in flight give up at their own deadline, not
+// after that call's.
+func TestHungRedisBoundsEveryDecision(t *testing.T) {
+	const timeout = 100 * time.Millisecond
+	srv := redistest.Start(t)
+	clients := map[string]func() *redis.Client{
+		"ContextTimeoutEnabled": func() *redis.Client {
+			return redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
+		},
+		"default": func() *redis.Client { return redis.NewClient(&redis.Options{Addr: srv.Addr()}) },
+	}
+	wrappers := map[string]func(t *testing.T, s fleetrate.Store) fleetrate.Store{
+		"": func(_ *testing.T, s fleetrate.Store) fleetrate.Store { return s },
+		"+failsafe": func(t *testing.T, s fleetrate.Store) fleetrate.Store {
+			fs, err := failsafe.New(s, failsafe.Options{Name: "redis", Policy: failsafe.FailClosed, Logger: slog.New(slog.DiscardHandler)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return fs
+		},
+	}
+	for _, m := range allModes {
+		for cname, newClient := range clients {
+			for wname, wrap := range wrappers {
+				t.Run(m.name+wname+"/"+cname, func(t *testing.T) {
+					c := newClient()
+					t.Cleanup(func() { _ = c.Close() })
+					opts := m.opts
+					opts.Timeout = timeout
+					rs, err := redisstore.New(c, opts)
+					if err != nil {
+						t.Fatal(err)
+					}
+					worst, noise := hungTakes(t, srv, wrap(t, rs), 32, 5*timeout)
+					bound := timeout + schednoise.Allowance(noise, 50*time.Millisecond)
+					t.Logf("slowest decision %v with a %v timeout (scheduling noise %v, bound %v)", worst, timeout, noise, bound)
+					if worst > bound {
+						t.Errorf("slowest decision on a hung Redis took %v, more than the %v timeout plus %v of measured scheduling noise", worst, timeout, bound-timeout)
+					}
+				})
+			}
+		}
+	}
+}
+
+// hungTakes pauses srv and runs takes through s from g goroutines for d,
+// each on one of a few keys, and returns the slowest take and the worst
+// scheduling lateness seen meanwhile. Every take must fail as
+// ErrStoreUnavailable.
+func hungTakes(t *testing.T, srv *redistest.Server, s fleetrate.Store, g int, d time.Duration) (worst, noise time.Duration) {
+	t.Helper()
+	lim := []fleetrate.Limit{fleetrate.PerSecond(1000, 1000)}
+	req := func(i int) fleetrate.Request {
+		return fleetrate.Request{Buckets: []fleetrate.Bucket{{Key: fmt.Sprintf("hung%d", i%4), Limits: lim}}, N: 1}
+	}
+	ctx := context.Background()
+	for i := range 4 { // dialled, scripts loaded
+		if _, err := s.Take(ctx, req(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	srv.Pause()
+	defer srv.Resume()
+	watch := schednoise.Start()
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	end := time.Now().Add(d)
+	for i := range g {
+		wg.Go(func() {
+			for time.Now().Before(end) {
+				start := time.Now()
+				res, err := s.Take(ctx, req(i))
+				took := time.Since(start)
+				if !errors.Is(err, fleetrate.ErrStoreUnavailable) || res.Allowed {
+					t.Errorf("take on a hung Redis = %+v, %v; want ErrStoreUnavailable", res, err)
+					return
+				}
+				mu.Lock()
+				worst = max(worst, took)
+				mu.Unlock()
+				// Callers that fail fast (an open breaker) would otherwise
+				// spin and starve the others of the CPU.
+				time.Sleep(time.Millisecond)
+			}
+		})
+	}
+	wg.Wait()
+	return worst, watch.Stop()
 }
