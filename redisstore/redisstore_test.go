@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -656,4 +658,84 @@ func hungTakes(t *testing.T, srv *redistest.Server, s fleetrate.Store, g int, d 
 	}
 	wg.Wait()
 	return worst, watch.Stop()
+}
+
+// TestWarmDialsAndLoadsBeforeTheFirstDecision: after Warm, as many
+// concurrent first takes as connections it opened dial nothing and find
+// their script loaded; without it they dial and fall back to EVAL.
+func TestWarmDialsAndLoadsBeforeTheFirstDecision(t *testing.T) {
+	srv := redistest.Start(t)
+	n := 2 * runtime.GOMAXPROCS(0) // what Warm opens when MinIdleConns is unset
+	for _, warm := range []bool{true, false} {
+		t.Run(fmt.Sprintf("warm=%v", warm), func(t *testing.T) {
+			if err := srv.Client().ScriptFlush(t.Context()).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if err := srv.Client().FlushAll(t.Context()).Err(); err != nil {
+				t.Fatal(err)
+			}
+			c := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
+			t.Cleanup(func() { _ = c.Close() })
+			var dials, noscript atomic.Int64
+			c.AddHook(&startHook{dials: &dials, noscript: &noscript})
+			s, err := redisstore.New(c, redisstore.Options{Timeout: 5 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if warm {
+				ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+				defer cancel()
+				if err := s.Warm(ctx); err != nil {
+					t.Fatal(err)
+				}
+				if got := c.PoolStats().IdleConns; int(got) < n {
+					t.Fatalf("%d idle connections after Warm, want %d", got, n)
+				}
+			}
+			before := dials.Load()
+			var wg sync.WaitGroup
+			for i := range n {
+				wg.Go(func() {
+					req := fleetrate.Request{Buckets: []fleetrate.Bucket{{Key: fmt.Sprintf("warm%d", i), Limits: []fleetrate.Limit{fleetrate.PerSecond(1, 1)}}}, N: 1}
+					if res, err := s.Take(t.Context(), req); err != nil || !res.Allowed {
+						t.Errorf("first take = %+v, %v", res, err)
+					}
+				})
+			}
+			wg.Wait()
+			d, ns := dials.Load()-before, noscript.Load()
+			t.Logf("%d concurrent first takes: %d dials, %d NOSCRIPT fallbacks", n, d, ns)
+			if warm && (d != 0 || ns != 0) {
+				t.Errorf("after Warm, the first takes dialled %d times and met NOSCRIPT %d times, want neither", d, ns)
+			}
+			if !warm && (d == 0 || ns == 0) {
+				t.Errorf("without Warm, the first takes dialled %d times and met NOSCRIPT %d times; the test shows nothing", d, ns)
+			}
+		})
+	}
+}
+
+// startHook counts a client's dials and its script calls that met
+// NOSCRIPT.
+type startHook struct{ dials, noscript *atomic.Int64 }
+
+func (h *startHook) DialHook(next redis.DialHook) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		h.dials.Add(1)
+		return next(ctx, network, addr)
+	}
+}
+
+func (h *startHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+			h.noscript.Add(1)
+		}
+		return err
+	}
+}
+
+func (h *startHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }
