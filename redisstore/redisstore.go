@@ -16,9 +16,11 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -291,6 +293,55 @@ func (s *Store) LoadScripts(ctx context.Context) error {
 		return unavailable("script load", err)
 	}
 	return nil
+}
+
+// Warm readies the store for its first decisions: it loads every script
+// (see LoadScripts) and, on a *redis.Client, opens the client's
+// MinIdleConns connections (2 × GOMAXPROCS when unset, at most its
+// PoolSize) and leaves them idle in its pool. A cold process that decides
+// at once otherwise spends its first calls dialling and loading scripts,
+// which on a loaded machine can pass the timeout: fail-closed callers see
+// those as errors. Call it once after New, with a deadline of a second or
+// so; it is bounded by ctx alone, not by Options.Timeout.
+func (s *Store) Warm(ctx context.Context) error {
+	err := s.bounded(ctx, func(ctx context.Context) error {
+		for _, sc := range []*redis.Script{takeScript, batchScript, refundScript, drainScript} {
+			if err := sc.Load(ctx, s.c).Err(); err != nil {
+				return err
+			}
+		}
+		if c, ok := s.c.(*redis.Client); ok {
+			return openConns(ctx, c)
+		}
+		return nil
+	})
+	if err != nil {
+		return unavailable("warm-up", err)
+	}
+	return nil
+}
+
+// openConns opens c's MinIdleConns connections (see Warm) at once, each
+// checked with a PING, and puts them back in c's pool.
+func openConns(ctx context.Context, c *redis.Client) error {
+	o := c.Options()
+	n := o.MinIdleConns
+	if n <= 0 {
+		n = 2 * runtime.GOMAXPROCS(0)
+	}
+	n = min(n, o.PoolSize)
+	conns := make([]*redis.Conn, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range conns {
+		conns[i] = c.Conn()
+		wg.Go(func() { errs[i] = conns[i].Ping(ctx).Err() })
+	}
+	wg.Wait()
+	for _, cn := range conns {
+		_ = cn.Close() // back to the pool, idle
+	}
+	return errors.Join(errs...)
 }
 
 // Take implements fleetrate.Store.
