@@ -114,8 +114,11 @@ type Options struct {
 	// client makes one round trip for them, so many concurrent callers
 	// reach several times the throughput of one call per take. Each
 	// caller still gets its own exact decision. With a single caller at a
-	// time it only adds a goroutine hand-off, so it is off by default.
-	// It takes precedence over FoldHotKeys.
+	// time it only adds a goroutine hand-off, which cost that caller
+	// 0.59–0.99× the throughput of one call per take (p50 +9 to +47 µs on
+	// loopback, docs/BENCHMARKS.md), so it is off by default; `fleetrate
+	// bench` measures both on your Redis. It takes precedence over
+	// FoldHotKeys.
 	Batch bool
 }
 
