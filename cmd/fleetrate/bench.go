@@ -194,8 +194,11 @@ func runBench(ctx context.Context, cfg benchConfig, stdout, stderr io.Writer) (e
 		if err == nil && cerr != nil {
 			err = cerr
 		}
-		if err == nil {
+		switch {
+		case err == nil:
 			err = printBench(stdout, rep, cfg.json)
+		case errors.Is(err, context.Canceled) && cerr == nil:
+			err = fmt.Errorf("interrupted; deleted the %d bench keys: %w", n, err)
 		}
 	}()
 	r.steps = len(cfg.keys) * (1 + 3*len(cfg.concurrency))
