@@ -60,6 +60,22 @@ var (
 // it directly (such as the benchmark's redis-benchmark ceiling).
 func TakeScriptSHA() string { return takeScript.Hash() }
 
+// TakeScriptArgs returns the ARGV of the take script (see TakeScriptSHA)
+// for one take of n tokens now from one bucket with limits, in the layout
+// the store itself sends, so that a tool running the script directly
+// measures exactly the store's call.
+func TakeScriptArgs(n int64, limits []fleetrate.Limit) []any {
+	return takeArgs(n, 0, []fleetrate.Bucket{{Limits: limits}})
+}
+
+// takeArgs returns the ARGV of the take script for one take of n tokens
+// from buckets, booked up to maxWait ahead.
+func takeArgs(n int64, maxWait time.Duration, buckets []fleetrate.Bucket) []any {
+	args := make([]any, 3, 3+3*len(buckets))
+	args[0], args[1], args[2] = n, int64(maxWait), 1
+	return appendLimits(args, buckets)
+}
+
 // Client is the part of a go-redis v9 client the store uses. Every go-redis
 // client type satisfies it.
 type Client interface {
@@ -100,8 +116,11 @@ type Options struct {
 	// client makes one round trip for them, so many concurrent callers
 	// reach several times the throughput of one call per take. Each
 	// caller still gets its own exact decision. With a single caller at a
-	// time it only adds a goroutine hand-off, so it is off by default.
-	// It takes precedence over FoldHotKeys.
+	// time it only adds a goroutine hand-off, which cost that caller
+	// 0.59–0.99× the throughput of one call per take (p50 +9 to +47 µs on
+	// loopback, docs/BENCHMARKS.md), so it is off by default; `fleetrate
+	// bench` measures both on your Redis. It takes precedence over
+	// FoldHotKeys.
 	Batch bool
 }
 
@@ -408,9 +427,7 @@ func (t *bound) TakeKey(ctx context.Context, key string, n int64, maxWait time.D
 // takeOne runs one take of an already validated request in one call of
 // the take script.
 func (s *Store) takeOne(ctx context.Context, req fleetrate.Request) (fleetrate.Result, error) {
-	args := make([]any, 3, 3+3*len(req.Buckets))
-	args[0], args[1], args[2] = req.N, int64(req.MaxWait), 1
-	keys, args := storeKeys(req.Buckets), appendLimits(args, req.Buckets)
+	keys, args := storeKeys(req.Buckets), takeArgs(req.N, req.MaxWait, req.Buckets)
 	if err := s.sameSlot(keys); err != nil {
 		return fleetrate.Result{}, err
 	}
