@@ -2,18 +2,44 @@
 # The whole test suite: formatting, vet, staticcheck, every test with the
 # race detector (real redis-server processes included), brief fuzzing of
 # every parser, and one run of every benchmark.
-set -euo pipefail
+#
+# Every stage runs even when an earlier one fails, so that one failing test
+# never hides what the later stages would say; the summary at the end lists
+# each stage's outcome and the script fails if any stage did.
+set -uo pipefail
 cd "$(dirname "$0")"
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+fuzzlog=$(mktemp)
+trap 'rm -f "$log" "$fuzzlog"' EXIT
 
-unformatted=$(gofmt -l .)
-if [ -n "$unformatted" ]; then
-  echo "gofmt would change:"; echo "$unformatted"; exit 1
-fi
-go vet ./...
-go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
-go test -race -count=1 -timeout 15m ./... 2>&1 | tee -a "$log"
+results=()
+failures=0
+# stage NAME CMD...: runs CMD, records how it went and how long it took.
+stage() {
+  local name=$1 start=$SECONDS status
+  shift
+  echo "=== stage: $name"
+  "$@"
+  status=$?
+  if [ "$status" -eq 0 ]; then
+    results+=("ok    $name ($((SECONDS - start))s)")
+  else
+    results+=("FAIL  $name ($((SECONDS - start))s, exit $status)")
+    failures=$((failures + 1))
+  fi
+}
+
+gofmt_check() {
+  local unformatted
+  unformatted=$(gofmt -l .)
+  if [ -n "$unformatted" ]; then
+    echo "gofmt would change:"; echo "$unformatted"; return 1
+  fi
+}
+
+staticcheck() { go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...; }
+
+tests() { go test -race -count=1 -timeout 15m ./... 2>&1 | tee -a "$log"; }
 
 # Every parser and input boundary is fuzzed briefly on each run; run one
 # longer by hand, e.g. go test -fuzz=FuzzLoad -fuzztime=10m ./internal/config
@@ -27,34 +53,52 @@ targets=(
   ./httplimit:FuzzBucketName
   ./internal/config:FuzzLoad ./internal/server:FuzzJSONAPI
 )
-fuzzlog=$(mktemp)
-trap 'rm -f "$log" "$fuzzlog"' EXIT
-for target in "${targets[@]}"; do
-  pkg=${target%%:*} name=${target#*:}
-  for attempt in 1 2; do
-    if go test -run '^$' -fuzz "^${name}\$" -fuzztime "$fuzztime" "$pkg" >"$fuzzlog" 2>&1; then
-      break
-    fi
-    # A failing input is saved under testdata/fuzz and replayed here: that
-    # is a real failure. A run that fails without one (the fuzzing engine
-    # itself, e.g. a worker killed on a loaded machine) is retried once.
-    if ! go test -run "^${name}\$" "$pkg"; then
-      echo "fuzzing $name in $pkg found a failing input:"; cat "$fuzzlog"; exit 1
-    fi
-    if [ "$attempt" -eq 2 ]; then
-      echo "fuzzing $name in $pkg failed twice:"; cat "$fuzzlog"; exit 1
-    fi
-    echo "fuzzing $name in $pkg failed without a failing input; retrying:"; tail -5 "$fuzzlog"
+fuzz() {
+  local target pkg name attempt bad=0
+  for target in "${targets[@]}"; do
+    pkg=${target%%:*} name=${target#*:}
+    for attempt in 1 2; do
+      if go test -run '^$' -fuzz "^${name}\$" -fuzztime "$fuzztime" "$pkg" >"$fuzzlog" 2>&1; then
+        break
+      fi
+      # A failing input is saved under testdata/fuzz and replayed here: that
+      # is a real failure. A run that fails without one (the fuzzing engine
+      # itself, e.g. a worker killed on a loaded machine) is retried once.
+      if ! go test -run "^${name}\$" "$pkg"; then
+        echo "fuzzing $name in $pkg found a failing input:"; cat "$fuzzlog"; bad=1; break
+      fi
+      if [ "$attempt" -eq 2 ]; then
+        echo "fuzzing $name in $pkg failed twice:"; cat "$fuzzlog"; bad=1; break
+      fi
+      echo "fuzzing $name in $pkg failed without a failing input; retrying:"; tail -5 "$fuzzlog"
+    done
   done
-done
-echo "fuzzed ${#targets[@]} targets for $fuzztime each"
+  echo "fuzzed ${#targets[@]} targets for $fuzztime each"
+  return "$bad"
+}
 
 # The benchmarks module (peers live there, not in the library): compile and
 # run its tests and every benchmark once so they stay working.
-(cd benchmarks && go vet ./... && go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./... \
-  && go test -count=1 -bench . -benchtime=1x ./...) 2>&1 | tee -a "$log"
+benchmarks() {
+  (cd benchmarks && go vet ./... && go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./... \
+    && go test -count=1 -bench . -benchtime=1x ./...) 2>&1 | tee -a "$log"
+}
+
+stage gofmt gofmt_check
+stage "go vet" go vet ./...
+stage staticcheck staticcheck
+stage "tests (-race)" tests
+stage fuzzing fuzz
+stage benchmarks benchmarks
 
 passed=$(grep -c '^ok ' "$log" || true)
 failed=$(grep -c '^FAIL' "$log" || true)
+echo
 echo "packages: $passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+grep '^--- FAIL' "$log" | sort | uniq || true
+printf '%s\n' "${results[@]}"
+if [ "$failures" -gt 0 ]; then
+  echo "$failures of ${#results[@]} stages failed"
+  exit 1
+fi
+echo "all ${#results[@]} stages passed in ${SECONDS}s"

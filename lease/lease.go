@@ -97,6 +97,10 @@ type lease struct {
 	booked fleetrate.Booking
 }
 
+// leaseWait is how long a take waits for the caller that is renewing its
+// bucket's lease before it takes from the shared store on its own.
+const leaseWait = 5 * time.Millisecond
+
 // New wraps inner.
 func New(inner fleetrate.Store, opts Options) (*Store, error) {
 	switch {
@@ -135,8 +139,22 @@ func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Resu
 	}
 	select {
 	case l.sem <- struct{}{}:
-	case <-ctx.Done():
-		return fleetrate.Result{}, fmt.Errorf("lease: %w", ctx.Err())
+	default:
+		// Another caller holds the lease, asking the shared store for a
+		// new one. Wait for it only briefly: past leaseWait, take from the
+		// shared store alone, as without a lease, so that a slow or hung
+		// store bounds this decision by its own timeout, not by every
+		// holder queued ahead.
+		t := time.NewTimer(leaseWait)
+		select {
+		case l.sem <- struct{}{}:
+			t.Stop()
+		case <-ctx.Done():
+			t.Stop()
+			return fleetrate.Result{}, fmt.Errorf("lease: %w", ctx.Err())
+		case <-t.C:
+			return s.inner.Take(ctx, req)
+		}
 	}
 	release := func() { <-l.sem }
 

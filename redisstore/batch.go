@@ -175,8 +175,17 @@ func (b *batcher) takeKey(ctx context.Context, bk fleetrate.Bucket, key string, 
 	return b.wait(ctx, c)
 }
 
-// wait queues c and waits for its decision.
+// wait queues c and waits for its decision, for at most the store's
+// timeout from now (or until ctx ends, if sooner): a take queued behind a
+// call in flight on a hung Redis then gives up at its own deadline, not
+// after that call's timeout and then its own.
 func (b *batcher) wait(ctx context.Context, c *batchCall) (fleetrate.Result, error) {
+	var expired <-chan time.Time
+	if d := b.s.timeout; d >= 0 {
+		t := getTimer(d)
+		defer putTimer(t)
+		expired = t.C
+	}
 	var r route
 	if b.route != nil {
 		r = b.route(c)
@@ -200,13 +209,21 @@ func (b *batcher) wait(ctx context.Context, c *batchCall) (fleetrate.Result, err
 	if start {
 		go b.run(r, q)
 	}
+	var gaveUp error
 	select {
 	case <-c.done:
 	case <-ctx.Done():
-		// Not yet sent: it never will be. Sent: the sender refunds what it
+		gaveUp = ctx.Err()
+	case <-expired:
+		gaveUp = context.DeadlineExceeded
+	}
+	if gaveUp != nil {
+		// Not yet sent: it never will be. Sent: the sender cancels what it
 		// is granted. Either way c now belongs to the sender.
 		if c.state.CompareAndSwap(pending, abandoned) || c.state.CompareAndSwap(sent, abandonedSent) {
-			return fleetrate.Result{}, failed(ctx, "take", ctx.Err())
+			// The caller's own context: its error. The store's timeout:
+			// an unavailable store.
+			return fleetrate.Result{}, failed(ctx, "take", gaveUp)
 		}
 		<-c.done // delivered meanwhile: the decision stands
 	}
@@ -219,6 +236,24 @@ func (b *batcher) wait(ctx context.Context, c *batchCall) (fleetrate.Result, err
 	}
 	c.release()
 	return res, err
+}
+
+// timers recycles the timers that bound queued takes, so that a take
+// allocates none. Since Go 1.23 a stopped or reset timer delivers no stale
+// tick, so a recycled one is as good as new.
+var timers sync.Pool
+
+func getTimer(d time.Duration) *time.Timer {
+	if t, ok := timers.Get().(*time.Timer); ok {
+		t.Reset(d)
+		return t
+	}
+	return time.NewTimer(d)
+}
+
+func putTimer(t *time.Timer) {
+	t.Stop()
+	timers.Put(t)
 }
 
 // calls recycles the batchCalls whose decision their caller received.
@@ -405,7 +440,9 @@ func (b *batcher) send(batch []*batchCall) {
 	}
 	keys, args := encodeBatch(runs)
 	// The call belongs to no single caller, so it has the store's own
-	// bound rather than any caller's context.
+	// bound rather than any caller's context: a caller that gives up
+	// sooner is refunded what the call grants it (see below), which needs
+	// the reply.
 	ctx, cancel := b.s.ownCtx()
 	var reply []int64
 	err := b.s.bounded(ctx, func(ctx context.Context) (err error) {

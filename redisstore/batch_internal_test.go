@@ -87,6 +87,7 @@ func TestBatchMatchesSequentialModel(t *testing.T) {
 			}
 			batch = append(batch, c)
 		}
+		sent := time.Now()
 		s.batch.send(batch)
 
 		at := int64(-1)
@@ -127,7 +128,10 @@ func TestBatchMatchesSequentialModel(t *testing.T) {
 			want := model[k]
 			full := !slices.ContainsFunc(want.Debts, func(d int64) bool { return d > 0 })
 			if !ok {
-				if !full {
+				// A key lives until its bucket is full plus a second of
+				// slack, so at 1000/s it may expire a second after the
+				// batch, which a loaded machine can take to get here.
+				if !full && time.Since(sent) < time.Second {
 					t.Fatalf("round %d key %s absent, model holds %+v", round, k, *want)
 				}
 				continue

@@ -40,6 +40,26 @@ func ExampleNew() {
 	fmt.Println(res.Allowed)
 }
 
+// A process that decides as soon as it starts warms its store first: the
+// scripts loaded and connections open, its first decisions are one round
+// trip each, like every later one.
+func ExampleStore_Warm() {
+	rdb := redis.NewClient(&redis.Options{
+		Addr: "127.0.0.1:6379", ContextTimeoutEnabled: true,
+		MinIdleConns: 32, // about as many as the goroutines that decide at once
+	})
+	store, err := redisstore.New(rdb, redisstore.Options{Batch: true})
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if err := store.Warm(ctx); err != nil {
+		// Not fatal: the store dials and loads on demand once Redis is up.
+		log.Print(err)
+	}
+}
+
 func ExampleSlot() {
 	fmt.Println(redisstore.Slot("fleetrate:{booking_com}/availability") == redisstore.Slot("fleetrate:{booking_com}"))
 	// Output: true

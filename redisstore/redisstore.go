@@ -16,9 +16,11 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -57,6 +59,22 @@ var (
 // TakeScriptSHA returns the SHA1 of the take script, for tools that run
 // it directly (such as the benchmark's redis-benchmark ceiling).
 func TakeScriptSHA() string { return takeScript.Hash() }
+
+// TakeScriptArgs returns the ARGV of the take script (see TakeScriptSHA)
+// for one take of n tokens now from one bucket with limits, in the layout
+// the store itself sends, so that a tool running the script directly
+// measures exactly the store's call.
+func TakeScriptArgs(n int64, limits []fleetrate.Limit) []any {
+	return takeArgs(n, 0, []fleetrate.Bucket{{Limits: limits}})
+}
+
+// takeArgs returns the ARGV of the take script for one take of n tokens
+// from buckets (with their reserves), booked up to maxWait ahead.
+func takeArgs(n int64, maxWait time.Duration, buckets []fleetrate.Bucket) []any {
+	args := make([]any, 3, 3+3*len(buckets))
+	args[0], args[1], args[2] = n, int64(maxWait), 1
+	return appendTakeLimits(args, buckets)
+}
 
 // Client is the part of a go-redis v9 client the store uses. Every go-redis
 // client type satisfies it.
@@ -98,8 +116,11 @@ type Options struct {
 	// client makes one round trip for them, so many concurrent callers
 	// reach several times the throughput of one call per take. Each
 	// caller still gets its own exact decision. With a single caller at a
-	// time it only adds a goroutine hand-off, so it is off by default.
-	// It takes precedence over FoldHotKeys.
+	// time it only adds a goroutine hand-off, which cost that caller
+	// 0.59–0.99× the throughput of one call per take (p50 +9 to +47 µs on
+	// loopback, docs/BENCHMARKS.md), so it is off by default; `fleetrate
+	// bench` measures both on your Redis. It takes precedence over
+	// FoldHotKeys.
 	Batch bool
 }
 
@@ -303,6 +324,55 @@ func (s *Store) LoadScripts(ctx context.Context) error {
 	return nil
 }
 
+// Warm readies the store for its first decisions: it loads every script
+// (see LoadScripts) and, on a *redis.Client, opens the client's
+// MinIdleConns connections (2 × GOMAXPROCS when unset, at most its
+// PoolSize) and leaves them idle in its pool. A cold process that decides
+// at once otherwise spends its first calls dialling and loading scripts,
+// which on a loaded machine can pass the timeout: fail-closed callers see
+// those as errors. Call it once after New, with a deadline of a second or
+// so; it is bounded by ctx alone, not by Options.Timeout.
+func (s *Store) Warm(ctx context.Context) error {
+	err := s.bounded(ctx, func(ctx context.Context) error {
+		for _, sc := range []*redis.Script{takeScript, batchScript, refundScript, drainScript} {
+			if err := sc.Load(ctx, s.c).Err(); err != nil {
+				return err
+			}
+		}
+		if c, ok := s.c.(*redis.Client); ok {
+			return openConns(ctx, c)
+		}
+		return nil
+	})
+	if err != nil {
+		return unavailable("warm-up", err)
+	}
+	return nil
+}
+
+// openConns opens c's MinIdleConns connections (see Warm) at once, each
+// checked with a PING, and puts them back in c's pool.
+func openConns(ctx context.Context, c *redis.Client) error {
+	o := c.Options()
+	n := o.MinIdleConns
+	if n <= 0 {
+		n = 2 * runtime.GOMAXPROCS(0)
+	}
+	n = min(n, o.PoolSize)
+	conns := make([]*redis.Conn, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range conns {
+		conns[i] = c.Conn()
+		wg.Go(func() { errs[i] = conns[i].Ping(ctx).Err() })
+	}
+	wg.Wait()
+	for _, cn := range conns {
+		_ = cn.Close() // back to the pool, idle
+	}
+	return errors.Join(errs...)
+}
+
 // Take implements fleetrate.Store.
 func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Result, error) {
 	if err := req.Validate(); err != nil {
@@ -367,9 +437,7 @@ func (t *bound) TakeKey(ctx context.Context, key string, n int64, maxWait time.D
 // takeOne runs one take of an already validated request in one call of
 // the take script.
 func (s *Store) takeOne(ctx context.Context, req fleetrate.Request) (fleetrate.Result, error) {
-	args := make([]any, 3, 3+3*len(req.Buckets))
-	args[0], args[1], args[2] = req.N, int64(req.MaxWait), 1
-	keys, args := storeKeys(req.Buckets), appendTakeLimits(args, req.Buckets)
+	keys, args := storeKeys(req.Buckets), takeArgs(req.N, req.MaxWait, req.Buckets)
 	if err := s.sameSlot(keys); err != nil {
 		return fleetrate.Result{}, err
 	}

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"net"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -14,7 +17,10 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetrate/fleetrate"
+	"github.com/fleetrate/fleetrate/failsafe"
 	"github.com/fleetrate/fleetrate/internal/redistest"
+	"github.com/fleetrate/fleetrate/internal/schednoise"
+	"github.com/fleetrate/fleetrate/lease"
 	"github.com/fleetrate/fleetrate/redisstore"
 	"github.com/fleetrate/fleetrate/storetest"
 )
@@ -40,6 +46,7 @@ func TestTTLIsTimeToFullPlusSlack(t *testing.T) {
 	ctx := context.Background()
 	lim := fleetrate.PerSecond(1, 10) // 10 s to fill from empty
 	req := fleetrate.Request{Buckets: []fleetrate.Bucket{{Key: "ttl", Limits: []fleetrate.Limit{lim}}}, N: 4}
+	start := time.Now()
 	if _, err := s.Take(ctx, req); err != nil {
 		t.Fatal(err)
 	}
@@ -47,9 +54,12 @@ func TestTTLIsTimeToFullPlusSlack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// 4 tokens take 4 s to refill; the slack is 1 s.
-	if ttl <= 4*time.Second || ttl > 5*time.Second {
-		t.Fatalf("PTTL = %v, want in (4s, 5s]", ttl)
+	// 4 tokens take 4 s to refill; the slack is 1 s. The key has aged by
+	// at most the time since the take began (long on a loaded machine),
+	// and Redis rounds TTLs to the millisecond.
+	elapsed := time.Since(start)
+	if ttl < 5*time.Second-elapsed-time.Millisecond || ttl > 5*time.Second {
+		t.Fatalf("PTTL = %v %v after the take began, want in [5s - %[2]v, 5s]", ttl, elapsed)
 	}
 	// A denied take and a peek write nothing.
 	req.N = 10
@@ -558,4 +568,189 @@ func TestMultipleClocks(t *testing.T) {
 			t.Errorf("%T: MultipleClocks() = %v, want %v", tc.c, got, tc.want)
 		}
 	}
+}
+
+// TestHungRedisBoundsEveryDecision freezes redis-server with SIGSTOP while
+// 32 goroutines take, in every mode, with either kind of client (one that
+// gives up at its context's deadline, one the store must abandon), and
+// through a failsafe store: no decision takes longer than the
+// store's timeout plus the scheduling noise measured in the same window.
+// Takes queued behind a call in flight give up at their own deadline, not
+// after that call's.
+func TestHungRedisBoundsEveryDecision(t *testing.T) {
+	const timeout = 100 * time.Millisecond
+	srv := redistest.Start(t)
+	clients := map[string]func() *redis.Client{
+		"ContextTimeoutEnabled": func() *redis.Client {
+			return redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
+		},
+		"default": func() *redis.Client { return redis.NewClient(&redis.Options{Addr: srv.Addr()}) },
+	}
+	wrappers := map[string]func(t *testing.T, s fleetrate.Store) fleetrate.Store{
+		"": func(_ *testing.T, s fleetrate.Store) fleetrate.Store { return s },
+		"+failsafe": func(t *testing.T, s fleetrate.Store) fleetrate.Store {
+			fs, err := failsafe.New(s, failsafe.Options{Name: "redis", Policy: failsafe.FailClosed, Logger: slog.New(slog.DiscardHandler)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return fs
+		},
+		"+lease": func(t *testing.T, s fleetrate.Store) fleetrate.Store {
+			ls, err := lease.New(s, lease.Options{Tokens: 4})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return ls
+		},
+	}
+	for _, m := range allModes {
+		for cname, newClient := range clients {
+			for wname, wrap := range wrappers {
+				t.Run(m.name+wname+"/"+cname, func(t *testing.T) {
+					c := newClient()
+					t.Cleanup(func() { _ = c.Close() })
+					opts := m.opts
+					opts.Timeout = timeout
+					rs, err := redisstore.New(c, opts)
+					if err != nil {
+						t.Fatal(err)
+					}
+					// A lease grants from tokens it leased before Redis hung.
+					worst, noise := hungTakes(t, srv, wrap(t, rs), 32, 5*timeout, wname == "+lease")
+					bound := timeout + schednoise.Allowance(noise, 50*time.Millisecond)
+					t.Logf("slowest decision %v with a %v timeout (scheduling noise %v, bound %v)", worst, timeout, noise, bound)
+					if worst > bound {
+						t.Errorf("slowest decision on a hung Redis took %v, more than the %v timeout plus %v of measured scheduling noise", worst, timeout, bound-timeout)
+					}
+				})
+			}
+		}
+	}
+}
+
+// hungTakes pauses srv and runs takes through s from g goroutines for d,
+// each on one of a few keys, and returns the slowest take and the worst
+// scheduling lateness seen meanwhile. Every take must fail as
+// ErrStoreUnavailable, or, when leased, be granted from a lease.
+func hungTakes(t *testing.T, srv *redistest.Server, s fleetrate.Store, g int, d time.Duration, leased bool) (worst, noise time.Duration) {
+	t.Helper()
+	lim := []fleetrate.Limit{fleetrate.PerSecond(1000, 1000)}
+	req := func(i int) fleetrate.Request {
+		return fleetrate.Request{Buckets: []fleetrate.Bucket{{Key: fmt.Sprintf("hung%d", i%4), Limits: lim}}, N: 1}
+	}
+	ctx := context.Background()
+	for i := range 4 { // dialled, scripts loaded
+		if _, err := s.Take(ctx, req(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	srv.Pause()
+	defer srv.Resume()
+	watch := schednoise.Start()
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	end := time.Now().Add(d)
+	for i := range g {
+		wg.Go(func() {
+			for time.Now().Before(end) {
+				start := time.Now()
+				res, err := s.Take(ctx, req(i))
+				took := time.Since(start)
+				if leased && err == nil && res.Allowed {
+					// served from a lease
+				} else if !errors.Is(err, fleetrate.ErrStoreUnavailable) || res.Allowed {
+					t.Errorf("take on a hung Redis = %+v, %v; want ErrStoreUnavailable", res, err)
+					return
+				}
+				mu.Lock()
+				worst = max(worst, took)
+				mu.Unlock()
+				// Callers that fail fast (an open breaker) would otherwise
+				// spin and starve the others of the CPU.
+				time.Sleep(time.Millisecond)
+			}
+		})
+	}
+	wg.Wait()
+	return worst, watch.Stop()
+}
+
+// TestWarmDialsAndLoadsBeforeTheFirstDecision: after Warm, as many
+// concurrent first takes as connections it opened dial nothing and find
+// their script loaded; without it they dial and fall back to EVAL.
+func TestWarmDialsAndLoadsBeforeTheFirstDecision(t *testing.T) {
+	srv := redistest.Start(t)
+	n := 2 * runtime.GOMAXPROCS(0) // what Warm opens when MinIdleConns is unset
+	for _, warm := range []bool{true, false} {
+		t.Run(fmt.Sprintf("warm=%v", warm), func(t *testing.T) {
+			if err := srv.Client().ScriptFlush(t.Context()).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if err := srv.Client().FlushAll(t.Context()).Err(); err != nil {
+				t.Fatal(err)
+			}
+			c := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
+			t.Cleanup(func() { _ = c.Close() })
+			var dials, noscript atomic.Int64
+			c.AddHook(&startHook{dials: &dials, noscript: &noscript})
+			s, err := redisstore.New(c, redisstore.Options{Timeout: 5 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if warm {
+				ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+				defer cancel()
+				if err := s.Warm(ctx); err != nil {
+					t.Fatal(err)
+				}
+				if got := c.PoolStats().IdleConns; int(got) < n {
+					t.Fatalf("%d idle connections after Warm, want %d", got, n)
+				}
+			}
+			before := dials.Load()
+			var wg sync.WaitGroup
+			for i := range n {
+				wg.Go(func() {
+					req := fleetrate.Request{Buckets: []fleetrate.Bucket{{Key: fmt.Sprintf("warm%d", i), Limits: []fleetrate.Limit{fleetrate.PerSecond(1, 1)}}}, N: 1}
+					if res, err := s.Take(t.Context(), req); err != nil || !res.Allowed {
+						t.Errorf("first take = %+v, %v", res, err)
+					}
+				})
+			}
+			wg.Wait()
+			d, ns := dials.Load()-before, noscript.Load()
+			t.Logf("%d concurrent first takes: %d dials, %d NOSCRIPT fallbacks", n, d, ns)
+			if warm && (d != 0 || ns != 0) {
+				t.Errorf("after Warm, the first takes dialled %d times and met NOSCRIPT %d times, want neither", d, ns)
+			}
+			if !warm && (d == 0 || ns == 0) {
+				t.Errorf("without Warm, the first takes dialled %d times and met NOSCRIPT %d times; the test shows nothing", d, ns)
+			}
+		})
+	}
+}
+
+// startHook counts a client's dials and its script calls that met
+// NOSCRIPT.
+type startHook struct{ dials, noscript *atomic.Int64 }
+
+func (h *startHook) DialHook(next redis.DialHook) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		h.dials.Add(1)
+		return next(ctx, network, addr)
+	}
+}
+
+func (h *startHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+			h.noscript.Add(1)
+		}
+		return err
+	}
+}
+
+func (h *startHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }

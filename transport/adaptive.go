@@ -220,6 +220,11 @@ func (t *Transport) learn(used []fleetrate.Bucket, b fleetrate.Booking, at time.
 	for i, bk := range paced {
 		v := t.views.get(bk.Key)
 		if pause := time.Duration(b.Debts[off+i]) - markerFill; pause > 0 {
+			if until := at.Add(pause); until.After(v.pauseUntil.Add(time.Second)) {
+				// A pause this process did not know: a 429 elsewhere, which
+				// also lowered the rate. Read the rate before the next take.
+				v.read = time.Time{}
+			}
 			if until := at.Add(pause); until.After(v.pauseUntil) {
 				v.pauseUntil = until
 			}

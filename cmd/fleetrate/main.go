@@ -50,6 +50,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		newDemoCmd(),
 		newSimulateCmd(),
 		serveCommand(getenv),
+		newBenchCmd(),
 	// subcommands: one constructor per file (demo.go, simulate.go, serve.go, bench.go)
 	)
 	return root.ExecuteContext(ctx)

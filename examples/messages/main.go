@@ -71,6 +71,7 @@ type flags struct {
 	failClosed    bool
 	shadow        bool
 	legacyHeaders bool
+	timeout       time.Duration
 }
 
 func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (flags, error) {
@@ -84,6 +85,7 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (fl
 	fs.BoolVar(&f.failClosed, "fail-closed", false, "answer 503 when the store fails (default: serve unlimited)")
 	fs.BoolVar(&f.shadow, "shadow", false, "evaluate and report limits but never refuse")
 	fs.BoolVar(&f.legacyHeaders, "legacy-headers", false, "also send X-RateLimit-Limit/Remaining/Reset")
+	fs.DurationVar(&f.timeout, "timeout", 0, "bound on each rate-limit decision, such as 50ms (default: the store's and the middleware's own defaults)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return f, err
@@ -92,6 +94,9 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (fl
 	}
 	if fs.NArg() > 0 {
 		return f, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if f.timeout < 0 {
+		return f, fmt.Errorf("-timeout must not be negative, got %v", f.timeout)
 	}
 	return f, nil
 }
@@ -118,7 +123,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		redisstore.SetLogger(logger)
 		client := redis.NewClient(opts)
 		defer client.Close()
-		if store, err = redisstore.New(client, redisstore.Options{}); err != nil {
+		if store, err = redisstore.New(client, redisstore.Options{Timeout: f.timeout}); err != nil {
 			return err
 		}
 		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
@@ -138,6 +143,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		FailClosed:    f.failClosed,
 		Shadow:        f.shadow,
 		LegacyHeaders: f.legacyHeaders,
+		Timeout:       f.timeout,
 		Logger:        logger,
 		Registerer:    reg,
 	})

@@ -213,16 +213,20 @@ func TestPostIsRateLimitedPerKey(t *testing.T) {
 func TestTwoInstancesShareOneRedisBudget(t *testing.T) {
 	t.Parallel()
 	rs := redistest.Start(t)
-	const rate, burst = 10, 20
+	// A rate low enough that the workers outrun it however slowly a
+	// loaded machine runs them, and a timeout no loaded machine reaches:
+	// every answer is then a decision (201 or 429), never a timeout.
+	const rate, burst = 1, 20
+	const timeout = 10 * time.Second
 	var servers []*httptest.Server
 	for range 2 {
 		client := redis.NewClient(&redis.Options{Addr: rs.Addr(), ContextTimeoutEnabled: true})
 		t.Cleanup(func() { _ = client.Close() })
-		store, err := redisstore.New(client, redisstore.Options{Timeout: time.Second})
+		store, err := redisstore.New(client, redisstore.Options{Timeout: timeout})
 		if err != nil {
 			t.Fatal(err)
 		}
-		h, err := newServer(serverConfig{Store: store, Rate: rate, Burst: burst, FailClosed: true, Logger: slog.New(slog.DiscardHandler)})
+		h, err := newServer(serverConfig{Store: store, Rate: rate, Burst: burst, FailClosed: true, Timeout: timeout, Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -236,8 +240,8 @@ func TestTwoInstancesShareOneRedisBudget(t *testing.T) {
 	perKey := make([]counts, len(keys))
 	const (
 		workers     = 4
-		maxRequests = 600 // per worker
-		maxDuration = 1500 * time.Millisecond
+		maxRequests = 40 // per worker: 80 per key, far past burst + rate × T
+		maxDuration = 30 * time.Second
 	)
 	start := time.Now()
 	var wg sync.WaitGroup
@@ -307,7 +311,10 @@ func TestRun(t *testing.T) {
 	pr, pw := io.Pipe()
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, []string{"-addr", "127.0.0.1:0", "-redis", rs.URL(), "-burst", "1"}, func(string) string { return "" }, pw, io.Discard)
+		// A rate so low that the second request is denied however late it
+		// comes, and a timeout no loaded machine reaches.
+		args := []string{"-addr", "127.0.0.1:0", "-redis", rs.URL(), "-rate", "0.01", "-burst", "1", "-timeout", "10s"}
+		done <- run(ctx, args, func(string) string { return "" }, pw, io.Discard)
 		pw.Close()
 	}()
 	line, err := bufio.NewReader(pr).ReadString('\n')
@@ -342,6 +349,7 @@ func TestRunErrors(t *testing.T) {
 	for _, args := range [][]string{
 		{"-rate", "0"},
 		{"-burst", "-1"},
+		{"-timeout", "-1s"},
 		{"-redis", "mysql://nope"},
 		{"-bogus"},
 		{"extra"},

@@ -43,6 +43,8 @@ type serverConfig struct {
 	Burst int64
 	// FailClosed, Shadow and LegacyHeaders are passed to the middleware.
 	FailClosed, Shadow, LegacyHeaders bool
+	// Timeout bounds each store call; zero means httplimit.DefaultTimeout.
+	Timeout time.Duration
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// Registerer receives the middleware's metrics; nil means none.
@@ -87,6 +89,7 @@ func newServer(cfg serverConfig) (http.Handler, error) {
 		FailClosed:    cfg.FailClosed,
 		Shadow:        cfg.Shadow,
 		LegacyHeaders: cfg.LegacyHeaders,
+		Timeout:       cfg.Timeout,
 		Logger:        cfg.Logger,
 		Registerer:    cfg.Registerer,
 	})

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -44,6 +45,9 @@ buckets:
 		}
 		instances = append(instances, start(t, src, func(o *Options) {
 			o.Store, o.StoreName = store, rs.URL()
+			// 200 concurrent requests under -race on a loaded machine can
+			// queue past the 1 s default: every answer must be a decision.
+			o.StoreTimeout = 30 * time.Second
 		}))
 	}
 	for _, ts := range instances {

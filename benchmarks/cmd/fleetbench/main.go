@@ -34,6 +34,7 @@ import (
 
 	"github.com/fleetrate/fleetrate"
 	"github.com/fleetrate/fleetrate/benchmarks/workload"
+	"github.com/fleetrate/fleetrate/internal/loadgen"
 	"github.com/fleetrate/fleetrate/internal/redistest"
 	"github.com/fleetrate/fleetrate/memstore"
 	"github.com/fleetrate/fleetrate/redisstore"
@@ -211,49 +212,19 @@ func nproc() int {
 	return n
 }
 
+// measurement is what one run of loadgen.Measure saw.
 type measurement struct {
 	ops      float64 // decisions per second
 	p50, p99 time.Duration
 	errors   int64
 }
 
-// measure runs f from g goroutines for d and reports throughput and
-// latency percentiles.
+// measure runs f from g goroutines for d with loadgen.Measure, the loop
+// fleetrate bench uses too, and reports throughput and latency
+// percentiles.
 func measure(g int, d time.Duration, f func(ctx context.Context, i int) error) measurement {
-	var (
-		next   atomic.Int64
-		errs   atomic.Int64
-		mu     sync.Mutex
-		lat    []time.Duration
-		wg     sync.WaitGroup
-		ctx    = context.Background()
-		finish = time.Now().Add(d)
-	)
-	start := time.Now()
-	for range g {
-		wg.Go(func() {
-			local := make([]time.Duration, 0, 4096)
-			for time.Now().Before(finish) {
-				i := int(next.Add(1))
-				t0 := time.Now()
-				if err := f(ctx, i); err != nil {
-					errs.Add(1)
-				}
-				local = append(local, time.Since(t0))
-			}
-			mu.Lock()
-			lat = append(lat, local...)
-			mu.Unlock()
-		})
-	}
-	wg.Wait()
-	el := time.Since(start)
-	slices.Sort(lat)
-	m := measurement{ops: float64(len(lat)) / el.Seconds(), errors: errs.Load()}
-	if len(lat) > 0 {
-		m.p50, m.p99 = lat[len(lat)/2], lat[len(lat)*99/100]
-	}
-	return m
+	m := loadgen.Measure(context.Background(), g, d, f)
+	return measurement{ops: m.Ops, p50: m.P50, p99: m.P99, errors: m.Errors}
 }
 
 type redisRow struct {
@@ -295,6 +266,10 @@ func redisTable(srv *redistest.Server, cfg config, out io.Writer) ([]redisRow, e
 	}
 	self := func(x float64) float64 { return x }
 	ceilHot, ceilSpread := median(hots, self), median(spreads, self)
+	goHot, goSpread, err := goCeilings(srv, cfg)
+	if err != nil {
+		return nil, err
+	}
 	type impl struct {
 		name  string
 		build func(c *redis.Client) (func(ctx context.Context, key string) error, func(), error)
@@ -383,8 +358,8 @@ func redisTable(srv *redistest.Server, cfg config, out io.Writer) ([]redisRow, e
 		}
 	}
 	fmt.Fprintf(out, "## Redis: Allow decisions per second\n\n")
-	fmt.Fprintf(out, "The ceiling is `redis-benchmark` running fleetrate's own take script with EVALSHA, 50 clients, pipelining 32: %.0f/s on one hot key, %.0f/s over %d keys (medians of %d runs; each row below is the median of %d runs of %v).\n\n",
-		ceilHot, ceilSpread, workload.Keys, cfg.count, cfg.count, cfg.duration)
+	fmt.Fprintf(out, "The ceiling is `redis-benchmark` running fleetrate's own take script with EVALSHA, 50 clients, pipelining 32: %.0f/s on one hot key, %.0f/s over %d keys (medians of %d runs; each row below is the median of %d runs of %v). The same load sent from Go (loadgen.Ceiling, the ceiling `fleetrate bench` reports) ran %.0f/s and %.0f/s.\n\n",
+		ceilHot, ceilSpread, workload.Keys, cfg.count, cfg.count, cfg.duration, goHot, goSpread)
 	fmt.Fprintf(out, "| keys | goroutines | implementation | decisions/s | × ceiling | × redis_rate | p50 | p99 | errors |\n|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {
 		var peer float64
@@ -435,8 +410,10 @@ func ceiling(srv *redistest.Server, hot bool, cfg config) (float64, error) {
 		key = "fr:bench:__rand_int__"
 		args = append(args, "-r", strconv.Itoa(workload.Keys))
 	}
-	iv := workload.Limit.Interval()
-	args = append(args, "EVALSHA", sha, "1", key, "1", "0", "1", "1", strconv.FormatInt(iv, 10), strconv.FormatInt(workload.Limit.Burst, 10))
+	args = append(args, "EVALSHA", sha, "1", key)
+	for _, a := range redisstore.TakeScriptArgs(1, []fleetrate.Limit{workload.Limit}) {
+		args = append(args, fmt.Sprint(a))
+	}
 	outb, err := exec.Command("redis-benchmark", args...).CombinedOutput()
 	if err != nil {
 		return 0, fmt.Errorf("redis-benchmark: %v: %s", err, outb)
@@ -452,6 +429,20 @@ func ceiling(srv *redistest.Server, hot bool, cfg config) (float64, error) {
 		}
 	}
 	return 0, fmt.Errorf("redis-benchmark: no throughput in %q", outb)
+}
+
+// goCeilings measures the ceiling as fleetrate bench does, from Go with
+// loadgen.Ceiling, on the hot key and over the keyspace.
+func goCeilings(srv *redistest.Server, cfg config) (hot, spread float64, err error) {
+	c := newClient(srv, loadgen.CeilingClients)
+	defer c.Close()
+	lim := []fleetrate.Limit{workload.Limit}
+	ctx := context.Background()
+	if hot, err = loadgen.Ceiling(ctx, c, cfg.duration, loadgen.CeilingClients, loadgen.CeilingDepth, lim, func(int) string { return "fr:gohot" }); err != nil {
+		return 0, 0, err
+	}
+	spread, err = loadgen.Ceiling(ctx, c, cfg.duration, loadgen.CeilingClients, loadgen.CeilingDepth, lim, func(i int) string { return "fr:go" + workload.KeyNames[i%workload.Keys] })
+	return hot, spread, err
 }
 
 // waitTable measures Wait mode: Redis calls per grant, utilisation and
