@@ -148,7 +148,7 @@ func TestDashboardCoversWhatOperatorsNeed(t *testing.T) {
 	for _, m := range []string{
 		"fleetrate_decisions_total", "fleetrate_store_duration_seconds_bucket", "fleetrate_store_errors_total",
 		"fleetrate_breaker_open", "fleetrate_transport_rate_limited_total", "fleetrate_transport_wait_seconds_bucket",
-		"fleetrate_transport_gave_up_total",
+		"fleetrate_transport_gave_up_total", "fleetrate_transport_effective_rate", "fleetrate_transport_persistent_limit_total",
 	} {
 		if !strings.Contains(all, m) {
 			t.Errorf("the dashboard has no panel on %s", m)
@@ -207,4 +207,41 @@ func TestDashboardQueriesParse(t *testing.T) {
 		t.Fatal(err)
 	}
 	runPromtool(t, bin, "check", "rules", path)
+}
+
+// TestEveryAlertIsTested checks that the promtool unit tests evaluate
+// every alert at least twice: once firing and once not (promtool checks
+// what each evaluation expects; this checks that there are both).
+func TestEveryAlertIsTested(t *testing.T) {
+	t.Parallel()
+	rules, err := os.ReadFile(rulesFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests, err := os.ReadFile(rulesTestFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := regexp.MustCompile(`(?m)^\s*- alert: (\w+)$`).FindAllStringSubmatch(string(rules), -1)
+	if len(names) == 0 {
+		t.Fatalf("%s has no alert", rulesFile)
+	}
+	// An evaluation: its alert name, then whether it expects none.
+	evals := regexp.MustCompile(`alertname: (\w+)\s+exp_alerts:(\s*\[\])?`).FindAllStringSubmatch(string(tests), -1)
+	for _, n := range names {
+		var firing, quiet int
+		for _, e := range evals {
+			switch {
+			case e[1] != n[1]:
+			case e[2] != "":
+				quiet++
+			default:
+				firing++
+			}
+		}
+		if firing == 0 || quiet == 0 {
+			t.Errorf("alert %s: %d evaluations expect it firing and %d expect it quiet in %s; want at least one of each",
+				n[1], firing, quiet, rulesTestFile)
+		}
+	}
 }

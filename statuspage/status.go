@@ -36,7 +36,8 @@ type Status struct {
 	// UpstreamError says why the upstream provider failed, if it did.
 	UpstreamError string `json:"upstream_error,omitempty"`
 	// HasEffectiveRate is true when some upstream row has an effective
-	// rate; the page hides the column otherwise.
+	// rate (of its endpoint or its credential); the page hides the column
+	// otherwise, as when adaptive pacing is off.
 	HasEffectiveRate bool `json:"has_effective_rate"`
 }
 
@@ -120,11 +121,21 @@ type Upstream struct {
 	// RateLimited counts them since the process started; negative when
 	// unknown.
 	RateLimited int64 `json:"rate_limited"`
-	// DocumentedRate is the endpoint's configured rate, per second.
+	// DocumentedRate is the endpoint's configured rate, per second: the
+	// slowest of its limits.
 	DocumentedRate float64 `json:"documented_rate,omitempty"`
-	// EffectiveRate is the rate the fleet currently paces at (adaptive
-	// pacing), per second; 0 when no provider knows it.
+	// EffectiveRate is the rate the fleet currently paces the endpoint at
+	// (adaptive pacing: the documented rate, lowered by recent 429s and
+	// climbing back), per second; 0 when adaptation is off for it or
+	// unknown.
 	EffectiveRate float64 `json:"effective_rate,omitempty"`
+	// CredentialRate is the configured rate of the channel's credential
+	// bucket, which every endpoint of the channel also draws from, per
+	// second (its slowest limit); 0 when the channel has none.
+	CredentialRate float64 `json:"credential_rate,omitempty"`
+	// CredentialEffectiveRate is the credential bucket's effective rate,
+	// as EffectiveRate is the endpoint's; 0 when off, unknown or absent.
+	CredentialEffectiveRate float64 `json:"credential_effective_rate,omitempty"`
 }
 
 // fill derives the JSON fields from the durations.

@@ -2,7 +2,8 @@
 // shares fleetrate buckets: every bucket with its limits, fill level, time
 // to full, decisions and denials per second; the keys denied most over the
 // last minute (hashed, never shown raw); and, for outbound upstreams, which
-// endpoint is paused until when, and how often it answers 429.
+// endpoint is paused until when, how often it answers 429, and the rate
+// the fleet paces it at (adaptive pacing) against its documented rate.
 //
 // A Page is an http.Handler: mount it in any Go program that has a store,
 // e.g. with http.StripPrefix("/status", page) under "/status/". It serves
@@ -291,7 +292,7 @@ func (p *Page) refresh(ctx context.Context, now time.Time) Status {
 		for _, u := range ups {
 			u.fill(now)
 			st.Upstreams = append(st.Upstreams, u)
-			if u.EffectiveRate > 0 {
+			if u.EffectiveRate > 0 || u.CredentialEffectiveRate > 0 {
 				st.HasEffectiveRate = true
 			}
 		}

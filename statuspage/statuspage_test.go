@@ -3,7 +3,9 @@ package statuspage
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -392,7 +394,7 @@ func TestTransportUpstreams(t *testing.T) {
 	limited.WithLabelValues("booking_com", "rates", "429").Add(3)
 	limited.WithLabelValues("booking_com", "rates", "503").Add(1)
 
-	rows, err := TransportUpstreams(store, "", []transport.Upstream{up}, reg)(ctx)
+	rows, err := TransportUpstreams(store, "", []transport.Upstream{up}, reg, transport.Adaptive{})(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -406,7 +408,197 @@ func TestTransportUpstreams(t *testing.T) {
 	if rt.PausedFor <= 29*time.Second || rt.PausedFor > 30*time.Second || rt.Reason == "" {
 		t.Errorf("rates paused for %v (%q), want about 30 s and a reason", rt.PausedFor, rt.Reason)
 	}
-	if rt.RateLimited != 4 || rt.DocumentedRate != 4.5 || rt.EffectiveRate != 0 {
-		t.Errorf("rates = %+v, want 4 rate limits, documented 4.5/s, no effective rate", rt)
+	if rt.RateLimited != 4 || rt.DocumentedRate != 4.5 || rt.EffectiveRate != 4.5 {
+		t.Errorf("rates = %+v, want 4 rate limits, documented and effective 4.5/s (no 429 lowered it)", rt)
+	}
+	if rt.CredentialRate != 30 || rt.CredentialEffectiveRate != 30 {
+		t.Errorf("credential rates = %v, %v, want 30/s and 30/s", rt.CredentialRate, rt.CredentialEffectiveRate)
+	}
+}
+
+// rateMarker is the bucket transport keeps a bucket's adaptive penalty
+// in (see transport/adaptive.go): draining it to P lowers the effective
+// rate to 1 - P/Recovery of the documented rate, rounded up to 1/128.
+func rateMarker(key string) fleetrate.Bucket {
+	return fleetrate.Bucket{Prefix: fleetrate.DefaultPrefix, Key: key + "#rate",
+		Limits: []fleetrate.Limit{{Name: "marker", Rate: 1e9, Burst: 1 << 40}}}
+}
+
+func TestTransportUpstreamsEffectiveRate(t *testing.T) {
+	t.Parallel()
+	clock := &fakeClock{t: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)}
+	store := memstore.New(memstore.Options{Clock: clock.now}) // frozen: penalties do not decay
+	up := transport.Upstream{
+		Channel:    "booking_com",
+		Credential: []fleetrate.Limit{fleetrate.PerSecond(30, 30)},
+		Endpoints: []transport.Endpoint{
+			{Name: "availability", Pattern: "POST /a", Limits: []fleetrate.Limit{fleetrate.PerSecond(18, 1)}},
+			{Name: "rates", Pattern: "POST /r", Limits: []fleetrate.Limit{fleetrate.PerSecond(4.5, 1), fleetrate.PerPeriod(1000, time.Hour)}},
+		},
+	}
+	fixed := transport.Upstream{
+		Channel:   "expedia",
+		Fixed:     true,
+		Endpoints: []transport.Endpoint{{Name: "search", Pattern: "GET /s", Limits: []fleetrate.Limit{fleetrate.PerSecond(10, 10)}}},
+	}
+	ctx := context.Background()
+	drain := func(key string, p time.Duration) {
+		t.Helper()
+		if err := store.Drain(ctx, []fleetrate.Bucket{rateMarker(key)}, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// 90 s of the 5 min recovery: 1 - 0.3 = 0.7, rounded up to 90/128.
+	drain(transport.EndpointBucket("booking_com", "availability"), 90*time.Second)
+	// 299 s: 1/128 after rounding, below the floor, so the floor (5 %).
+	drain(transport.EndpointBucket("booking_com", "rates"), 299*time.Second)
+	// 30 s on the credential: 0.9, rounded up to 116/128.
+	drain(transport.CredentialBucket("booking_com"), 30*time.Second)
+	drain(transport.EndpointBucket("expedia", "search"), 90*time.Second)
+
+	rows, err := TransportUpstreams(store, "", []transport.Upstream{up, fixed}, nil, transport.Adaptive{})(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hourly := up.Endpoints[1].Limits[1].Rate // the slowest of rates' limits
+	if len(rows) != 3 {
+		t.Fatalf("rows = %+v, want 3", rows)
+	}
+	for _, tc := range []struct {
+		row                 Upstream
+		effective, credEff  float64
+		documented, credDoc float64
+	}{
+		{rows[0], 18 * 90.0 / 128, 30 * 116.0 / 128, 18, 30},
+		{rows[1], hourly * transport.DefaultFloor, 30 * 116.0 / 128, hourly, 30},
+		{rows[2], 0, 0, 10, 0}, // Fixed: never adapted, so no effective rate
+	} {
+		r := tc.row
+		if r.EffectiveRate != tc.effective || r.DocumentedRate != tc.documented ||
+			r.CredentialEffectiveRate != tc.credEff || r.CredentialRate != tc.credDoc {
+			t.Errorf("%s/%s: effective %v of documented %v, credential %v of %v; want %v of %v, credential %v of %v",
+				r.Channel, r.Endpoint, r.EffectiveRate, r.DocumentedRate, r.CredentialEffectiveRate, r.CredentialRate,
+				tc.effective, tc.documented, tc.credEff, tc.credDoc)
+		}
+	}
+
+	// The penalty decays with time: after 60 s, 30 s of it are left on
+	// availability, 0.9 of 18/s.
+	clock.add(60 * time.Second)
+	rows, err = TransportUpstreams(store, "", []transport.Upstream{up}, nil, transport.Adaptive{})(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := rows[0].EffectiveRate, 18*116.0/128; got != want {
+		t.Errorf("availability 60 s later: effective %v, want %v", got, want)
+	}
+	if got, want := rows[0].CredentialEffectiveRate, 30.0; got != want {
+		t.Errorf("credential 60 s later: effective %v, want %v (recovered)", got, want)
+	}
+
+	// The transports' own settings give the same reading: a 10 min
+	// recovery halves the penalty's weight.
+	rows, err = TransportUpstreams(store, "", []transport.Upstream{up}, nil, transport.Adaptive{Recovery: 10 * time.Minute})(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := rows[0].EffectiveRate, 18*122.0/128; got != want { // 1 - 30/600 = 0.95 → 122/128
+		t.Errorf("availability, 10 min recovery: effective %v, want %v", got, want)
+	}
+
+	// Adaptation off: no effective rate anywhere, so the page hides it.
+	rows, err = TransportUpstreams(store, "", []transport.Upstream{up}, nil, transport.Adaptive{Off: true})(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rows {
+		if r.EffectiveRate != 0 || r.CredentialEffectiveRate != 0 || r.DocumentedRate == 0 {
+			t.Errorf("adaptation off: %+v, want documented rates only", r)
+		}
+	}
+
+	// Invalid settings are an error, said once, not a silent 100 %.
+	rows, err = TransportUpstreams(store, "", []transport.Upstream{up}, nil, transport.Adaptive{Floor: 2})(ctx)
+	if err == nil || !errors.Is(err, fleetrate.ErrInvalid) || strings.Count(err.Error(), "floor") != 1 {
+		t.Errorf("invalid floor: err = %v, want one error naming the floor", err)
+	}
+	if len(rows) != 2 || rows[0].EffectiveRate != 0 || rows[0].DocumentedRate != 18 {
+		t.Errorf("invalid floor: rows = %+v, want both rows without effective rates", rows)
+	}
+}
+
+// TestPageShowsEffectiveRate checks the JSON document a viewer reads: the
+// effective rate of an endpoint a transport's 429 slowed, and the column
+// shown, or hidden when adaptation is off.
+func TestPageShowsEffectiveRate(t *testing.T) {
+	t.Parallel()
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Retry-After", "1")
+		w.WriteHeader(http.StatusTooManyRequests)
+	}))
+	t.Cleanup(upstream.Close)
+	clock := &fakeClock{t: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)}
+	store := memstore.New(memstore.Options{Clock: clock.now})
+	up := transport.Upstream{
+		Channel:   "booking_com",
+		Endpoints: []transport.Endpoint{{Name: "rates", Pattern: "GET /r", Limits: []fleetrate.Limit{fleetrate.PerSecond(4, 4)}}},
+	}
+	lim, err := fleetrate.New(store, fleetrate.Config{Buckets: up.Buckets()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	classify, err := up.Classifier()
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	tr, err := transport.New(lim, classify, transport.Options{MaxAttempts: 1, Registerer: reg, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := (&http.Client{Transport: tr}).Get(upstream.URL + "/r")
+	if err == nil {
+		resp.Body.Close()
+		t.Fatal("a 429 on the only attempt returned no error")
+	}
+
+	for _, tc := range []struct {
+		name      string
+		adaptive  transport.Adaptive
+		effective float64
+		shown     bool
+	}{
+		// One 429 lowers the rate to 0.8 of 4/s, rounded up to 103/128.
+		{"adaptive", transport.Adaptive{}, 4 * 103.0 / 128, true},
+		{"off", transport.Adaptive{Off: true}, 0, false},
+	} {
+		page, err := New(Options{
+			Store: store, Buckets: LimiterBuckets(lim), Clock: clock.now,
+			Upstreams: TransportUpstreams(store, "", []transport.Upstream{up}, reg, tc.adaptive),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec := httptest.NewRecorder()
+		page.ServeHTTP(rec, httptest.NewRequest("GET", "/status.json", nil))
+		var st struct {
+			HasEffectiveRate bool `json:"has_effective_rate"`
+			Upstreams        []map[string]any
+		}
+		if err := json.Unmarshal(rec.Body.Bytes(), &st); err != nil {
+			t.Fatal(err)
+		}
+		if len(st.Upstreams) != 1 {
+			t.Fatalf("%s: upstreams = %v, want 1", tc.name, st.Upstreams)
+		}
+		u := st.Upstreams[0]
+		eff, _ := u["effective_rate"].(float64)
+		if eff != tc.effective || st.HasEffectiveRate != tc.shown || u["documented_rate"] != 4.0 || u["rate_limited"] != 1.0 {
+			t.Errorf("%s: has_effective_rate %v, row %v; want effective_rate %v, documented 4, 1 rate limit, column shown %v",
+				tc.name, st.HasEffectiveRate, u, tc.effective, tc.shown)
+		}
+		if u["paused_for_ms"].(float64) <= 0 {
+			t.Errorf("%s: paused_for_ms = %v, want the 1 s pause the 429 asked for", tc.name, u["paused_for_ms"])
+		}
 	}
 }

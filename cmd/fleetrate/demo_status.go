@@ -66,7 +66,7 @@ func startDemoStatus(addr string, share float64) (*demoStatus, error) {
 // wrapped to count the fleet's decisions.
 func (d *demoStatus) attach(store fleetrate.Store, prefix string) fleetrate.Store {
 	d.run.Store(&demoRun{store: store, prefix: prefix,
-		upstreams: statuspage.TransportUpstreams(store, prefix, []transport.Upstream{d.up}, d.registry)})
+		upstreams: statuspage.TransportUpstreams(store, prefix, []transport.Upstream{d.up}, d.registry, transport.Adaptive{})})
 	d.page.Track()
 	return d.counter.Wrap(store)
 }

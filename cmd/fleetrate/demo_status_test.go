@@ -55,6 +55,14 @@ func TestDemoPrintsALiveStatusPage(t *testing.T) {
 	if st.Upstreams[0].Channel != "booking_com" || st.Upstreams[0].DocumentedRate <= 0 || st.Upstreams[0].RateLimited < 0 {
 		t.Errorf("upstream row = %+v, want booking_com with its documented rate and 429 count", st.Upstreams[0])
 	}
+	// The demo's transports adapt (the default): every row has an
+	// effective rate, at most the documented one, and the page shows it.
+	for _, u := range st.Upstreams {
+		if u.EffectiveRate <= 0 || u.EffectiveRate > u.DocumentedRate || !st.HasEffectiveRate {
+			t.Errorf("upstream %s: effective rate %v of documented %v (column shown %v), want in (0, documented], shown",
+				u.Endpoint, u.EffectiveRate, u.DocumentedRate, st.HasEffectiveRate)
+		}
+	}
 	if err := <-done; err != nil {
 		t.Fatalf("demo: %v\n%s", err, out.String())
 	}

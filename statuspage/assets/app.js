@@ -98,6 +98,15 @@
     });
   }
 
+  // effective shows an effective rate with its share of the documented
+  // one, e.g. "3.60/s (80 %)"; "" when unknown.
+  function effective(rate, documented) {
+    if (!rate) return "";
+    var s = rate.toFixed(2) + "/s";
+    if (documented) s += " (" + Math.round(100 * rate / documented) + " %)";
+    return s;
+  }
+
   function renderUpstreams(st) {
     var section = $("upstreams-section");
     section.hidden = st.upstreams.length === 0 && !st.upstream_error;
@@ -121,7 +130,12 @@
       cell(tr, why, null, "reason");
       cell(tr, u.rate_limited_per_min < 0 ? "" : u.rate_limited_per_min.toFixed(1), "n", "rate_limited_per_min");
       cell(tr, u.documented_rate ? u.documented_rate + "/s" : "", "n", "documented_rate");
-      cell(tr, u.effective_rate ? u.effective_rate.toFixed(2) + "/s" : "", "n eff", "effective_rate");
+      var eff = effective(u.effective_rate, u.documented_rate);
+      var cred = effective(u.credential_effective_rate, u.credential_rate);
+      if (cred) eff += (eff ? "; " : "") + "credential " + cred;
+      var lowered = (u.effective_rate && u.effective_rate < u.documented_rate) ||
+        (u.credential_effective_rate && u.credential_effective_rate < u.credential_rate);
+      cell(tr, eff, lowered ? "n eff lowered" : "n eff", "effective_rate");
       tbody.appendChild(tr);
     });
     $("upstream-error").textContent = st.upstream_error || "";
