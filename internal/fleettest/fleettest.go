@@ -16,18 +16,13 @@
 package fleettest
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
 	"math/big"
 	"math/rand/v2"
-	"os"
-	"os/exec"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -36,6 +31,7 @@ import (
 
 	"github.com/fleetrate/fleetrate"
 	"github.com/fleetrate/fleetrate/internal/redistest"
+	"github.com/fleetrate/fleetrate/internal/workerproc"
 	"github.com/fleetrate/fleetrate/lease"
 	"github.com/fleetrate/fleetrate/redisstore"
 )
@@ -158,22 +154,7 @@ type workerOut struct {
 
 // Main runs the worker when the binary was started as one, and returns
 // otherwise. Call it first in TestMain.
-func Main() {
-	spec := os.Getenv(workerEnv)
-	if spec == "" {
-		return
-	}
-	var o Options
-	if err := json.Unmarshal([]byte(spec), &o); err != nil {
-		fmt.Fprintln(os.Stderr, "fleettest worker:", err)
-		os.Exit(2)
-	}
-	out := work(o)
-	if err := json.NewEncoder(os.Stdout).Encode(out); err != nil {
-		os.Exit(2)
-	}
-	os.Exit(0)
-}
+func Main() { workerproc.Main(workerEnv, work) }
 
 // Run starts o.Processes worker processes and collects their grants.
 func Run(t testing.TB, o Options) Report {
@@ -195,47 +176,22 @@ func Run(t testing.TB, o Options) Report {
 	}
 	t.Logf("fleet seed %d", o.Seed)
 	o.StartAt = time.Now().Add(1500 * time.Millisecond)
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
 	callsBefore := scriptCalls(t, o)
-	var (
-		mu  sync.Mutex
-		rep Report
-		wg  sync.WaitGroup
-	)
-	for p := range o.Processes {
-		wo := o
-		wo.Index = p
-		spec, _ := json.Marshal(wo)
-		cmd := exec.Command(exe, "-test.run=^$")
-		cmd.Env = append(os.Environ(), workerEnv+"="+string(spec))
-		var stderr strings.Builder
-		cmd.Stderr = &stderr
-		stdout, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		wg.Go(func() {
-			var out workerOut
-			decErr := json.NewDecoder(bufio.NewReader(stdout)).Decode(&out)
-			waitErr := cmd.Wait()
-			mu.Lock()
-			defer mu.Unlock()
-			if decErr != nil || waitErr != nil {
-				rep.Errors = append(rep.Errors, fmt.Sprintf("worker %d: %v %v: %s", p, decErr, waitErr, stderr.String()))
-				return
-			}
-			rep.Grants = append(rep.Grants, out.Grants...)
-			rep.Cancelled += out.Cancelled
-			rep.Errors = append(rep.Errors, out.Errors...)
-		})
+	specs := make([]Options, o.Processes)
+	for p := range specs {
+		specs[p] = o
+		specs[p].Index = p
 	}
-	wg.Wait()
+	var rep Report
+	workerproc.Run(t, workerEnv, specs, func(_ int, out workerOut, err error) {
+		if err != nil {
+			rep.Errors = append(rep.Errors, err.Error())
+			return
+		}
+		rep.Grants = append(rep.Grants, out.Grants...)
+		rep.Cancelled += out.Cancelled
+		rep.Errors = append(rep.Errors, out.Errors...)
+	})
 	rep.ScriptCalls = scriptCalls(t, o) - callsBefore
 	slices.SortFunc(rep.Grants, func(a, b Grant) int {
 		if a.Slot != b.Slot {

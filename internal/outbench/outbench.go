@@ -11,15 +11,11 @@
 package outbench
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -30,6 +26,7 @@ import (
 	"github.com/fleetrate/fleetrate"
 	"github.com/fleetrate/fleetrate/internal/mockota"
 	"github.com/fleetrate/fleetrate/internal/redistest"
+	"github.com/fleetrate/fleetrate/internal/workerproc"
 	"github.com/fleetrate/fleetrate/redisstore"
 	"github.com/fleetrate/fleetrate/transport"
 )
@@ -93,20 +90,7 @@ type workerOut struct {
 
 // Main runs the worker when the binary was started as one, and returns
 // otherwise. Call it first in TestMain.
-func Main() {
-	raw := os.Getenv(workerEnv)
-	if raw == "" {
-		return
-	}
-	var s spec
-	if err := json.Unmarshal([]byte(raw), &s); err != nil {
-		fmt.Fprintln(os.Stderr, "outbench worker:", err)
-		os.Exit(2)
-	}
-	out := work(s)
-	_ = json.NewEncoder(os.Stdout).Encode(out)
-	os.Exit(0)
-}
+func Main() { workerproc.Main(workerEnv, work) }
 
 func upstreamOf(s Scenario) transport.Upstream {
 	up := transport.Upstream{
@@ -208,49 +192,24 @@ func Run(t testing.TB, addr string, s Scenario, o Options) Result {
 	}
 	srv := httptest.NewServer(adv)
 	defer srv.Close()
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
 	callsBefore := scriptCalls(t, addr)
 	start := time.Now().Add(1500 * time.Millisecond)
 	sp := spec{Scenario: s, Addr: addr, URL: srv.URL, Prefix: fmt.Sprintf("fleetrate:outbench:%d:", time.Now().UnixNano()),
 		Goroutines: o.Goroutines, StartAt: start, Until: start.Add(o.Duration)}
-	raw, err := json.Marshal(sp)
-	if err != nil {
-		t.Fatal(err)
+	specs := make([]spec, o.Processes)
+	for p := range specs {
+		specs[p] = sp
 	}
 	res := Result{Scenario: s.Name}
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	for p := range o.Processes {
-		cmd := exec.Command(exe, "-test.run=^$")
-		cmd.Env = append(os.Environ(), workerEnv+"="+string(raw))
-		var stderr strings.Builder
-		cmd.Stderr = &stderr
-		stdout, err := cmd.StdoutPipe()
+	workerproc.Run(t, workerEnv, specs, func(_ int, out workerOut, err error) {
 		if err != nil {
-			t.Fatal(err)
+			res.Errors = append(res.Errors, err.Error())
+			return
 		}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		wg.Go(func() {
-			var out workerOut
-			decErr := json.NewDecoder(bufio.NewReader(stdout)).Decode(&out)
-			waitErr := cmd.Wait()
-			mu.Lock()
-			defer mu.Unlock()
-			if decErr != nil || waitErr != nil {
-				res.Errors = append(res.Errors, fmt.Sprintf("worker %d: %v %v: %s", p, decErr, waitErr, stderr.String()))
-				return
-			}
-			res.GaveUp += out.GaveUp
-			res.Backpressure += out.Backpressure
-			res.Errors = append(res.Errors, out.Errors...)
-		})
-	}
-	wg.Wait()
+		res.GaveUp += out.GaveUp
+		res.Backpressure += out.Backpressure
+		res.Errors = append(res.Errors, out.Errors...)
+	})
 	calls := scriptCalls(t, addr) - callsBefore
 	res.AdversaryReport = adv.Report(start, start.Add(o.Duration))
 	res.Series = series(s.Name, s.Target, adv.Arrivals(), start, start.Add(o.Duration))
