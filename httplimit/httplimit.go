@@ -715,7 +715,7 @@ func (p *policy) refuse(w http.ResponseWriter, r *http.Request, res fleetrate.Re
 	m.log.LogAttrs(r.Context(), slog.LevelDebug, "fleetrate: request rate limited", attrs...)
 	retry := max(headers.DelaySeconds(res.RetryAfter), 1)
 	w.Header().Set(HeaderRetryAfter, strconv.FormatInt(retry, 10))
-	i := p.limitIndex(res.Limit)
+	i := p.limitIndex(res)
 	detail := fmt.Sprintf("the quota of policy %q (%d %s per %ds) is exhausted for this client; retry in %d s",
 		item, p.quotas[i], p.unit, p.windows[i], retry)
 	if res.N != 1 {
@@ -743,13 +743,12 @@ func defaultUnavailable(w http.ResponseWriter, _ *http.Request, _ error) {
 	})
 }
 
-// limitIndex finds the limit a result names; Result.Limit is a copy of one
-// of the policy's limits.
-func (p *policy) limitIndex(l fleetrate.Limit) int {
-	for i, pl := range p.limits {
-		if pl == l {
-			return i
-		}
+// limitIndex returns the index in the policy's limits of the limit that
+// decided res: the store says which (Result.LimitIndex). A store that
+// names a limit the policy does not have is answered as if by the first.
+func (p *policy) limitIndex(res fleetrate.Result) int {
+	if i := res.LimitIndex; i > 0 && i < len(p.limits) {
+		return i
 	}
 	return 0
 }
@@ -764,10 +763,10 @@ func (p *policy) limitIndex(l fleetrate.Limit) int {
 // bucket admits. For a denial "t" never ends after Retry-After. The legacy
 // reset is when the reported limit is full again.
 func (p *policy) setHeaders(h http.Header, res fleetrate.Result) string {
-	i := p.limitIndex(res.Limit)
+	i := p.limitIndex(res)
 	l := p.limits[i]
 	remaining := min(max(res.Remaining, 0), l.Burst)
-	t := effectiveWindow(len(p.limits), l, remaining, res)
+	t := effectiveWindow(len(p.limits), remaining, res)
 	if !res.Allowed {
 		t = min(t, res.RetryAfter)
 	}
