@@ -94,6 +94,8 @@ type serveSettings struct {
 	dynamicMetadata bool
 	storeAPI        bool
 	redisBatch      bool
+	memMaxKeys      int64
+	memMaxBytes     int64
 	tokens          []string
 }
 
@@ -150,6 +152,8 @@ func serveCommand(getenv func(string) string) *cobra.Command {
 	f.Bool("response-dynamic-metadata", false, "add dynamic metadata (domain, descriptors, the rules' metadata) to RLS responses")
 	f.Bool("store-api", true, "serve the raw store API (/v1/store/...) used by remotestore")
 	f.Bool("redis-batch", true, "send concurrent decisions to Redis as one script call (redisstore.Options.Batch)")
+	f.Int64("memory-max-keys", memstore.DefaultMaxKeys, "in-memory store: most buckets held; beyond, the one closest to refilling among a sample is dropped")
+	f.Int64("memory-max-bytes", memstore.DefaultMaxBytes, "in-memory store: most bytes the buckets hold (key bytes plus 224 a bucket), enforced as --memory-max-keys is")
 	return cmd
 }
 
@@ -296,6 +300,8 @@ func resolveSettings(fs *pflag.FlagSet, getenv func(string) string) (serveSettin
 	st.dynamicMetadata = r.boolean("response-dynamic-metadata", nil)
 	st.storeAPI = r.boolean("store-api", s.StoreAPI)
 	st.redisBatch = r.boolean("redis-batch", s.RedisBatch)
+	st.memMaxKeys = r.int64("memory-max-keys", nil)
+	st.memMaxBytes = r.int64("memory-max-bytes", nil)
 	st.metricsAddr = r.str("metrics-addr", nil)
 	st.metricsPath = r.str("metrics-path", nil)
 	if err := errors.Join(r.errs...); err != nil {
@@ -417,7 +423,7 @@ func serve(ctx context.Context, st serveSettings, logOut io.Writer) error {
 		return err
 	}
 	var (
-		store     fleetrate.Store = memstore.New(memstore.Options{})
+		store     fleetrate.Store = memstore.New(memstore.Options{MaxKeys: int(st.memMaxKeys), MaxBytes: st.memMaxBytes})
 		storeName                 = "memory"
 		closeFn                   = func() error { return nil }
 	)
