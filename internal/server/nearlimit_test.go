@@ -27,7 +27,7 @@ func TestNearLimitHits(t *testing.T) {
 		{"grant across the threshold", true, 0, 4, 2}, // used 6 -> 10: 9 and 10 are near
 		{"grant all above it", true, 0, 2, 2},
 		{"denial from below the threshold", false, 5, 6, 2}, // envoy: limit - max(near, before) = 10 - 8
-		{"denial from above it", false, 1, 2, 1},             // 10 - 9
+		{"denial from above it", false, 1, 2, 1},            // 10 - 9
 		{"denial of an empty bucket", false, 0, 1, 0},
 		{"peek", true, 0, 0, 0},
 	} {
