@@ -58,15 +58,15 @@ const DefaultMaxKeys = 1_000_000
 
 // DefaultMaxBytes is the default bound on the bytes the buckets hold (see
 // Options.MaxBytes): 256 MiB, above what a million buckets of keys up to
-// about 40 bytes need, so that MaxKeys binds first for ordinary keys and
+// about 50 bytes need, so that MaxKeys binds first for ordinary keys and
 // MaxBytes for long ones.
 const DefaultMaxBytes = 256 << 20
 
 // BucketOverhead is what Options.MaxBytes counts for one bucket besides
-// its key: its entry (a 160-byte allocation on amd64), its slot in the
+// its key: its entry (a 144-byte allocation on amd64), its slot in the
 // shard's map and in the shard's snapshot, and the snapshot's slack.
 // TestBucketOverheadIsHeapPerBucket measures it.
-const BucketOverhead = 224
+const BucketOverhead = 208
 
 // sweepEvery is how many new buckets a shard takes in between incremental
 // sweeps of expired buckets; sweepBatch is how many entries a sweep looks
@@ -93,9 +93,11 @@ type entry struct {
 	// is atomic so that a bound taker may glance at it unlocked). The
 	// fast path of a take holds only mu; every other path holds its
 	// shard's lock first.
-	mu    sync.Mutex
-	dead  atomic.Bool // removed from its shard's table (set by table.del)
-	size  int64       // bytes counted against Options.MaxBytes
+	mu   sync.Mutex
+	dead atomic.Bool // removed from its shard's table (set by table.del)
+	// size is the bytes counted against Options.MaxBytes (capped at 2 GiB,
+	// to fit beside dead: the entry stays a 144-byte allocation).
+	size  int32
 	key   string
 	hash  uint64
 	state gcra.State
@@ -128,7 +130,7 @@ func (e *entry) is(prefix, name string) bool {
 }
 
 func newEntry(key []byte, st gcra.State, exp int64) *entry {
-	e := &entry{key: string(key), size: bucketBytes(len(key), len(st.Debts))}
+	e := &entry{key: string(key), size: int32(min(bucketBytes(len(key), len(st.Debts)), math.MaxInt32))}
 	e.expires.Store(exp)
 	e.state = e.own(st)
 	return e
@@ -334,7 +336,7 @@ func (s *Store) save(sh *shard, h uint64, key []byte, e *entry, st gcra.State) *
 		return e
 	}
 	e = newEntry(key, st, exp)
-	s.makeRoom(sh, h, st.Stamp, e.size)
+	s.makeRoom(sh, h, st.Stamp, int64(e.size))
 	sh.t.put(h, e)
 	// Only new buckets grow a shard, so only they pay for sweeps: a shard
 	// of busy buckets is never scanned.
@@ -407,26 +409,30 @@ func drop(sh *shard, e *entry, now int64, live bool) bool {
 // a loop of independent loads whose cache misses overlap, and only the
 // victim is locked.
 func (s *Store) evict(sh *shard, h uint64, now int64) bool {
-	var (
-		cands [evictScan]*entry
-		exps  [evictScan]int64
-	)
-	n := 0
+	var cands [evictScan]*entry
 	if ro := sh.ro.Load(); ro != nil {
-		n = ro.pick(h, cands[:])
+		if n := ro.pick(h, cands[:]); n == evictScan && dropSoonest(sh, cands[:n], now) {
+			return true
+		}
 	}
-	if n < evictScan {
-		n = 0
-		sh.t.sample(evictScan, func(e *entry) bool { cands[n] = e; n++; return true })
-	}
-	for i, e := range cands[:n] {
+	// No snapshot, a small one, or one whose sample had left the table.
+	n := 0
+	sh.t.sample(evictScan, func(e *entry) bool { cands[n] = e; n++; return true })
+	return dropSoonest(sh, cands[:n], now)
+}
+
+// dropSoonest drops, of cands, the entry still in sh's table that expires
+// first, and reports whether it did. The caller holds sh's lock.
+func dropSoonest(sh *shard, cands []*entry, now int64) bool {
+	var exps [evictScan]int64
+	for i, e := range cands {
 		exps[i] = e.expires.Load()
 		if e.dead.Load() { // gone from the table since the snapshot
 			exps[i] = math.MaxInt64
 		}
 	}
 	victim := -1
-	for i, exp := range exps[:n] {
+	for i, exp := range exps[:len(cands)] {
 		if exp < math.MaxInt64 && (victim < 0 || exp < exps[victim]) {
 			victim = i
 		}

@@ -29,7 +29,7 @@ func (t *table) put(h uint64, e *entry) {
 	e.hash, e.next = h, t.m[h]
 	t.m[h] = e
 	t.n++
-	t.bytes += e.size
+	t.bytes += int64(e.size)
 }
 
 // del removes e, which the table holds, for good: it marks e dead, so that
@@ -53,7 +53,7 @@ func (t *table) del(e *entry) {
 	}
 	e.next = nil
 	t.n--
-	t.bytes -= e.size
+	t.bytes -= int64(e.size)
 }
 
 // sample calls f with up to limit entries, starting at a random place
