@@ -205,11 +205,20 @@ func runDemo(ctx context.Context, o demoOptions, stdout, stderr io.Writer) error
 		o.status.printAddr(stdout)
 	}
 	fmt.Fprintln(stdout)
+	// The priority runs go at the same time as the fleets: the demo
+	// lasts --duration.
+	var prio []priorityResult
+	var prioErr error
+	var wg sync.WaitGroup
+	wg.Go(func() { prio, prioErr = runPriorities(ctx, o) })
 	results, err := runFleets(ctx, o, stderr)
-	if err != nil {
+	wg.Wait()
+	if err = errors.Join(err, prioErr); err != nil {
 		return err
 	}
 	printComparison(stdout, o, results)
+	fmt.Fprintln(stdout)
+	printPriorities(stdout, o, prio)
 	return sharedVerdict(results)
 }
 

@@ -159,6 +159,7 @@ func checkDemoOutput(t *testing.T, out string) {
 	if !strings.Contains(out, "counts agree:") || strings.Contains(out, "counts disagree") {
 		t.Errorf("the counts check does not say they agree:\n%s", out)
 	}
+	checkPriorityOutput(t, out)
 }
 
 func runDemoForTest(t *testing.T, args ...string) (string, string, error) {
