@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"sync"
@@ -129,22 +130,54 @@ func demoUpstream(cfg mockota.Config, share float64, fixed bool) transport.Upstr
 // and a run lasts seconds, not hours.
 var demoAdaptive = transport.Adaptive{Refresh: 250 * time.Millisecond}
 
-// newDemoRequest returns worker's turn-th request, for a random hotel:
-// availability, reservations and rate plans in the ratio 4:2:1 of their
-// documented limits, in a rotation each worker starts at its own place.
+// demoMix is the workload: each worker's requests go to the endpoints in
+// turn, in these proportions (4:2:1, the ratio of their documented
+// limits), out of demoMixTotal.
+var demoMix = []struct {
+	endpoint string
+	parts    int
+}{{"availability", 4}, {"reservations", 2}, {"rates", 1}}
+
+const demoMixTotal = 7
+
+// newDemoRequest returns worker's turn-th request, for a random hotel, on
+// the endpoint demoMix gives it, in a rotation each worker starts at its
+// own place.
 func newDemoRequest(ctx context.Context, base string, worker, turn int, rng *rand.Rand) (*http.Request, error) {
 	hotel := fmt.Sprintf("hotel-%d", 1+rng.IntN(demoHotels))
 	ctx = transport.WithEntity(ctx, hotel)
-	switch k := (worker*3 + turn) % 7; {
-	case k < 4:
+	k := (worker*3 + turn) % demoMixTotal
+	endpoint := demoMix[len(demoMix)-1].endpoint
+	for _, m := range demoMix {
+		if k < m.parts {
+			endpoint = m.endpoint
+			break
+		}
+		k -= m.parts
+	}
+	path := base + "/v1/hotels/" + hotel + "/" + endpoint
+	switch endpoint {
+	case "availability":
 		body := fmt.Sprintf(`{"hotel":%q,"rooms":%d}`, hotel, 1+rng.IntN(9))
-		return http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/hotels/"+hotel+"/availability", bytes.NewReader([]byte(body)))
-	case k < 6:
-		return http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/hotels/"+hotel+"/reservations", nil)
+		return http.NewRequestWithContext(ctx, http.MethodPost, path, bytes.NewReader([]byte(body)))
+	case "reservations":
+		return http.NewRequestWithContext(ctx, http.MethodGet, path, nil)
 	default:
 		body := fmt.Sprintf(`{"hotel":%q,"plan":"BAR","price":%d}`, hotel, 80+rng.IntN(120))
-		return http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/hotels/"+hotel+"/rates", bytes.NewReader([]byte(body)))
+		return http.NewRequestWithContext(ctx, http.MethodPost, path, bytes.NewReader([]byte(body)))
 	}
+}
+
+// hiddenCap is the most ok/s a fleet whose requests all end ok can reach
+// under the demo's mix: the hidden limit over its endpoint's share of the
+// requests.
+func hiddenCap() float64 {
+	for _, m := range demoMix {
+		if m.endpoint == demoHidden.Endpoint {
+			return float64(demoHidden.Limit) * demoMixTotal / float64(m.parts)
+		}
+	}
+	return math.Inf(1)
 }
 
 type sentAtKey struct{}

@@ -29,6 +29,12 @@ func printHeader(w io.Writer, o demoOptions) {
 	fmt.Fprintf(w, "documented limits: %s (sliding 1 s window)\n", ota.Describe())
 	fmt.Fprintf(w, "hidden limit: %s %d/s (not documented; its 429s say Retry-After: %d)\n",
 		cfg.Hidden.Endpoint, cfg.Hidden.Limit, int(cfg.Hidden.RetryAfter.Seconds()))
+	var mix []string
+	for _, m := range demoMix {
+		mix = append(mix, fmt.Sprintf("%d %s", m.parts, m.endpoint))
+	}
+	fmt.Fprintf(w, "each worker sends one request after another, of every %d: %s (a fleet whose requests all end ok gets at most %.0f ok/s past the hidden limit)\n",
+		demoMixTotal, strings.Join(mix, ", "), hiddenCap())
 	fmt.Fprintf(w, "  %-9s each worker has its own local %g/s bucket and honours Retry-After alone\n", modeNaive, o.rate)
 	fmt.Fprintf(w, "  %-9s all workers share buckets at %g%% of each documented limit, in %s; a 429 pauses the endpoint fleet-wide\n", modeShared, o.share*100, store)
 	fmt.Fprintf(w, "  %-9s as shared, and each 429 also lowers the endpoint's shared rate (x%g), which climbs back without 429s\n", modeAdaptive, transport.DefaultDecrease)
