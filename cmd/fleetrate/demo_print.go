@@ -21,10 +21,7 @@ func printHeader(w io.Writer, o demoOptions) {
 	if o.processes > 1 {
 		where = fmt.Sprintf("%d processes", o.processes)
 	}
-	store := "the in-memory store"
-	if o.redis != "" {
-		store = "Redis at " + o.redis
-	}
+	store := o.storeName()
 	fmt.Fprintf(w, "fleetrate demo: three fleets of %d workers (%s) side by side for %v, each against its own mock OTA\n", o.workers, where, o.duration)
 	fmt.Fprintf(w, "documented limits: %s (sliding 1 s window)\n", ota.Describe())
 	fmt.Fprintf(w, "hidden limit: %s %d/s (not documented; its 429s say Retry-After: %d)\n",
@@ -38,6 +35,14 @@ func printHeader(w io.Writer, o demoOptions) {
 	fmt.Fprintf(w, "  %-9s each worker has its own local %g/s bucket and honours Retry-After alone\n", modeNaive, o.rate)
 	fmt.Fprintf(w, "  %-9s all workers share buckets at %g%% of each documented limit, in %s; a 429 pauses the endpoint fleet-wide\n", modeShared, o.share*100, store)
 	fmt.Fprintf(w, "  %-9s as shared, and each 429 also lowers the endpoint's shared rate (x%g), which climbs back without 429s\n", modeAdaptive, transport.DefaultDecrease)
+}
+
+// storeName names the store the shared fleets and the priority runs use.
+func (o demoOptions) storeName() string {
+	if o.redis != "" {
+		return "Redis at " + o.redis
+	}
+	return "the in-memory store"
 }
 
 // printComparison prints the three fleets side by side: what the OTAs

@@ -174,8 +174,8 @@ var priorityColumns = [][2]string{
 // printPriorities prints the two priority runs side by side.
 func printPriorities(w io.Writer, o demoOptions, rs []priorityResult) {
 	limit, bulk := demoPriority(o.share)
-	fmt.Fprintf(w, "priorities: a bulk push (%d goroutines) and booking confirmations (%d workers, %g/s in all) share one credential bucket of %g/s, burst %d\n",
-		demoBulkWorkers, demoConfirmWorkers, demoConfirmShare*limit.Rate, limit.Rate, limit.Burst)
+	fmt.Fprintf(w, "priorities: a bulk push (%d goroutines) and booking confirmations (%d workers, %g/s in all) share one credential bucket of %g/s, burst %d, in %s\n",
+		demoBulkWorkers, demoConfirmWorkers, demoConfirmShare*limit.Rate, limit.Rate, limit.Burst, o.storeName())
 	fmt.Fprintf(w, "  no classes: every take is equal (FIFO); bulk class: the push keeps %d tokens for confirmations and books at most %v ahead\n",
 		bulk.Reserve, bulk.Horizon)
 	fmt.Fprintf(w, "  with the bulk class, a confirmation's booked wait is at most %v (the class's bound, and the other confirmation worker ahead of it)\n\n",
