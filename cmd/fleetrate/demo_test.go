@@ -389,3 +389,59 @@ func TestClassifyOutcome(t *testing.T) {
 		}
 	}
 }
+
+// slowAnswers delays an answer after the mock OTA has decided and counted
+// it, as a loaded machine does.
+type slowAnswers struct {
+	http.ResponseWriter
+	wrote bool
+}
+
+func (s *slowAnswers) WriteHeader(code int) {
+	if !s.wrote {
+		s.wrote = true
+		time.Sleep(30 * time.Millisecond)
+		s.ResponseWriter.WriteHeader(code)
+	}
+}
+
+func (s *slowAnswers) Write(p []byte) (int, error) {
+	s.WriteHeader(http.StatusOK)
+	return s.ResponseWriter.Write(p)
+}
+
+// TestFleetCountsMatchASlowOTA runs each fleet against a mock OTA whose
+// answers are late, so that some are still on the way when the run ends:
+// the workers must still count every send and every ok the OTA counted.
+// (Before the send clock let sent requests finish, such answers were
+// counted as "cut" and the workers saw fewer ok than the OTA answered.)
+func TestFleetCountsMatchASlowOTA(t *testing.T) {
+	t.Parallel()
+	for _, mode := range demoModes {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			ota, err := mockota.New(demoOTA())
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				ota.ServeHTTP(&slowAnswers{ResponseWriter: w}, r)
+			}))
+			defer srv.Close()
+			start := time.Now().Add(20 * time.Millisecond)
+			report, err := runFleet(t.Context(), fleetSpec{Mode: mode, OTA: srv.URL, Workers: 6, Start: start,
+				Until: start.Add(time.Second), Share: 0.9, Rate: 10, Prefix: "t:" + mode + ":"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var sent, ok int
+			for _, s := range ota.Stats() {
+				sent += s.Requests
+				ok += s.Accepted
+			}
+			if report.Sends != sent || report.Outcomes[outcomeOK] != ok {
+				t.Errorf("workers: sent %d, ok %d; OTA: sent %d, ok %d (outcomes %v)", report.Sends, report.Outcomes[outcomeOK], sent, ok, report.Outcomes)
+			}
+		})
+	}
+}
