@@ -70,12 +70,12 @@ func newDemoCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "demo",
 		Short: "Run three fleets side by side against mock OTAs: naive, shared and adaptive",
-		Long: `Demo starts three mock OTAs on loopback ports. Each documents a limit
+		Long: fmt.Sprintf(`Demo starts three mock OTAs on loopback ports. Each documents a limit
 per endpoint (availability 20/s, rates 5/s, reservations 10/s) and one
 for the whole credential (30/s), enforces them exactly over a sliding
 1-second window, and also enforces a hidden limit it does not document:
-availability admits only 12/s. It answers 429 with Retry-After.
-
+%s admits only %d/s. It answers 429 with Retry-After.
+`, demoHidden.Endpoint, demoHidden.Limit) + `
 Three fleets of the same workers then run at the same time, each against
 its own OTA:
   naive     each worker paces itself with its own local bucket (--rate,
@@ -86,16 +86,18 @@ its own OTA:
   adaptive  as shared, and each 429 also lowers the endpoint's shared
             rate, which climbs back while no 429 comes (the default).
 
-It prints one table comparing the three (requests, sends, answers, the
-OTA's 429s by limit, the rate achieved and the wait before sending), the
-rate each achieved per endpoint, and what every column means; then a
-bulk push and a few booking confirmations sharing one credential, with
-and without priority classes. The command fails if a shared fleet broke
+It prints the three side by side: what the OTAs counted (sends, answers,
+429s by limit, the rate achieved), what the workers counted (requests by
+outcome, sends, the wait before sending) and the rate per endpoint, with
+what every column means. At the same time a bulk push and a few booking
+confirmations share one credential bucket, with and without a priority
+class for the bulk push; it prints the confirmations' waits and the bulk
+push's rate for both. The command fails if a shared fleet broke
 a documented limit. By default the store is in memory and the workers are
 goroutines; --redis shares a Redis store, and --processes spreads each
 fleet's workers over that many OS processes.`,
 		Example: `  fleetrate demo
-  fleetrate demo --duration 10s
+  fleetrate demo --duration 1m
   fleetrate demo --redis redis://127.0.0.1:6379/0 --processes 3`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -104,9 +106,9 @@ fleet's workers over that many OS processes.`,
 	}
 	f := cmd.Flags()
 	f.DurationVar(&o.duration, "duration", o.duration, "how long the fleets run")
-	f.IntVar(&o.workers, "workers", o.workers, "workers in the fleet")
-	f.IntVar(&o.processes, "processes", o.processes, "OS processes to spread the workers over (needs --redis when above 1)")
-	f.Float64Var(&o.rate, "rate", o.rate, "naive run: requests per second each worker allows itself")
+	f.IntVar(&o.workers, "workers", o.workers, "workers in each fleet")
+	f.IntVar(&o.processes, "processes", o.processes, "OS processes to spread each fleet's workers over (needs --redis when above 1)")
+	f.Float64Var(&o.rate, "rate", o.rate, "naive fleet: requests per second each worker allows itself")
 	f.Float64Var(&o.share, "share", o.share, "shared and adaptive fleets: fraction of each documented limit to pace at")
 	f.StringVar(&o.redis, "redis", "", "Redis URL for the shared store, e.g. redis://127.0.0.1:6379/0 (default: in memory)")
 	f.BoolVar(&o.progress, "progress", o.progress, "show a live progress line on stderr")
