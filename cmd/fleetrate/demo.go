@@ -190,6 +190,9 @@ func startFleetOTA(mode string) (*demoFleet, error) {
 	return &demoFleet{mode: mode, ota: ota, url: "http://" + ln.Addr().String(), stop: func() { srv.Close() }}, nil
 }
 
+// runDemo runs the demo: the three fleets and the priority runs at the
+// same time, then their tables, and fails if a shared fleet broke a
+// documented limit.
 func runDemo(ctx context.Context, o demoOptions, stdout, stderr io.Writer) error {
 	if err := o.validate(); err != nil {
 		return err
