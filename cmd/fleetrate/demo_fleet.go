@@ -37,9 +37,10 @@ var demoModes = []string{modeNaive, modeShared, modeAdaptive}
 const demoHotels = 4
 
 // demoHidden is the mock OTA's hidden limit in the demo: the whole
-// availability endpoint admits 12 requests per second, not the documented
-// 20. Pacing at 90 % of the documented limit runs into it.
-var demoHidden = mockota.Hidden{Endpoint: "reservations", Limit: 6, RetryAfter: time.Second}
+// reservations endpoint admits 8 requests per second, not the documented
+// 10. Pacing at 90 % of the documented limit (9/s) runs into it, and one
+// adaptive decrease (x0.8, 7.2/s) goes below it.
+var demoHidden = mockota.Hidden{Endpoint: "reservations", Limit: 8, RetryAfter: time.Second}
 
 // demoOTA returns the mock OTA's configuration in the demo: mockota.Demo's
 // documented limits, with demoHidden as its hidden limit.
@@ -131,12 +132,12 @@ func demoUpstream(cfg mockota.Config, share float64, fixed bool) transport.Upstr
 var demoAdaptive = transport.Adaptive{Refresh: 250 * time.Millisecond}
 
 // demoMix is the workload: each worker's requests go to the endpoints in
-// turn, in these proportions (4:2:1, the ratio of their documented
-// limits), out of demoMixTotal.
+// turn, in these proportions, out of demoMixTotal. Reservations get 3 of
+// 7, so that the shared fleets would send them faster than 9/s.
 var demoMix = []struct {
 	endpoint string
 	parts    int
-}{{"availability", 4}, {"reservations", 2}, {"rates", 1}}
+}{{"availability", 3}, {"reservations", 3}, {"rates", 1}}
 
 const demoMixTotal = 7
 
