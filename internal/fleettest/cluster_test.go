@@ -22,8 +22,8 @@ func TestFleetOnCluster(t *testing.T) {
 		util := utilisation(rep.Grants, lim)
 		t.Logf("cluster fleet: %d grants in %v, utilisation %.4f of burst + rate × T, %.4f script calls per granted Wait",
 			len(rep.Grants), rep.Span, util, float64(rep.ScriptCalls)/float64(rep.WaitGrants))
-		if util < 0.98 {
-			t.Errorf("utilisation %.4f, want >= 0.98", util)
+		if want := minUtilisation(0.98, rep, rep.Span); util < want {
+			t.Errorf("utilisation %.4f, want >= %.4f (0.98 less the scheduling noise)", util, want)
 		}
 	})
 
