@@ -510,31 +510,29 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 // once), from its takes, from announcements (see Announcer), and otherwise
 // by reading the markers once more before it sends (see PauseCheckAge).
 func (t *Transport) wait(ctx context.Context, tg Target, attrs []slog.Attr) error {
-	names, n := tg.buckets(), tg.cost()
-	paced := make([]fleetrate.Bucket, len(names))
+	names := tg.buckets()
+	w := &waiter{t: t, tg: tg, attrs: attrs, n: tg.cost(), paced: make([]fleetrate.Bucket, len(names))}
 	for i, name := range names {
 		b, err := t.lim.Bucket(name)
 		if err != nil {
 			return fmt.Errorf("transport: %s/%s: %w", tg.Channel, tg.Endpoint, err)
 		}
-		paced[i] = b
+		w.paced[i] = b
 	}
 	class := fleetrate.PriorityFrom(ctx)
 	if class == "" && tg.Priority != "" {
 		class = tg.Priority
 		ctx = fleetrate.WithPriority(ctx, class)
 	}
-	start := time.Now()
-	maxWait := t.maxWait
+	w.ctx, w.start, w.maxWait = ctx, time.Now(), t.maxWait
 	if dl, ok := ctx.Deadline(); ok {
-		maxWait = max(min(maxWait, time.Until(dl)), 0)
+		w.maxWait = max(min(w.maxWait, time.Until(dl)), 0)
 	}
-	w := waiter{t: t, ctx: ctx, tg: tg, attrs: attrs, start: start, maxWait: maxWait}
-	if len(paced) > 1 {
-		release, err := t.queue(ctx, strings.Join(append(names, class), "\x00"), start, maxWait)
+	if len(w.paced) > 1 {
+		release, err := t.queue(ctx, strings.Join(append(names, class), "\x00"), w.start, w.maxWait)
 		if err != nil {
 			if errors.Is(err, errQueueBudget) {
-				return w.backpressure(maxWait, fleetrate.Result{})
+				return w.backpressure(w.maxWait, fleetrate.Result{})
 			}
 			return w.failed("waiting for the bucket", err)
 		}
@@ -542,119 +540,174 @@ func (t *Transport) wait(ctx context.Context, tg Target, attrs []slog.Attr) erro
 		// has come (or its wait has failed).
 		defer release()
 	}
-	lateVoided := false // a request is booked again for lateness once at most
 	for {
 		if err := ctx.Err(); err != nil {
 			return w.failed("waiting for the bucket", err)
 		}
-		if until, _ := t.pausedUntil(paced, time.Time{}); until.After(time.Now()) {
-			// A pause this process knows of (its own 429 sets it before
-			// the drain returns): sit it out, then book behind it.
-			d := time.Until(until)
-			if d > w.remaining() {
-				return w.backpressure(d, fleetrate.Result{})
-			}
-			if err := sleep(ctx, d); err != nil {
-				return w.failed("waiting out a pause", err)
-			}
-			continue
-		}
-		if d := time.Until(t.nextFree(paced)); d > w.remaining() {
-			// This process's last booking already queued the buckets past
-			// the budget: no need to ask the store to say so.
-			return w.backpressure(d, fleetrate.Result{})
-		}
-		tk := t.layout(ctx, tg, paced)
-		horizon := w.remaining()
-		if len(paced) > 1 {
-			horizon = min(horizon, t.lookahead)
-		}
-		r, err := t.lim.Book(ctx, fleetrate.Request{Buckets: tk.buckets, N: n, MaxWait: horizon})
-		if err != nil {
-			var bp *fleetrate.BackpressureError
-			if !errors.As(err, &bp) {
-				return t.waitFailed(ctx, tg, attrs, err)
-			}
-			if len(paced) == 1 {
-				t.learnNext(paced[0].Key, time.Now().Add(bp.RetryAfter))
-			}
-			if bp.RetryAfter > w.remaining() || bp.MaxWait < horizon {
-				// Beyond the budget (or the horizon of the request's
-				// priority class): say so at once.
-				return w.backpressure(bp.RetryAfter, bp.Result)
-			}
-			// A multi-bucket turn beyond the look-ahead: sleep until it
-			// is within it, then book.
-			if err := sleep(ctx, bp.RetryAfter-horizon); err != nil {
-				return w.failed("waiting for the bucket", err)
-			}
-			continue
-		}
-		booked := time.Now()
-		if t.learn(tk, r.Booking(), booked) && !t.adaptive.Off && !tg.Fixed {
-			// Booked behind a pause this process did not know of, at a
-			// rate the 429 behind it may have lowered: give the booking
-			// back, read the rate, book again.
-			w.cancel(r)
-			continue
-		}
-		if err := r.Sleep(ctx); err != nil {
-			// Sleep gave the booking back: only what no later booking
-			// relies on returns, and nothing while a 429's drain has moved
-			// the bucket on, so a cancel never shortens a pause or grants
-			// a slot twice.
-			var bp *fleetrate.BackpressureError
-			if errors.As(err, &bp) {
-				return w.backpressure(bp.RetryAfter, bp.Result)
-			}
-			return w.failed("waiting for the bucket", err)
-		}
-		// A request woken well after its slot (a stalled process: CPU
-		// starvation, a GC pause) would go out together with the other
-		// overdue requests of its process: a burst the upstream sees.
-		switch d, void := t.spread(tk, r.Due(), lateVoided); {
-		case void:
-			lateVoided = true
-			w.cancel(r)
-			continue
-		case d > 0:
-			if err := sleep(ctx, d); err != nil {
-				w.cancel(r)
-				return w.failed("spacing a late request", err)
-			}
-		}
-		slept := r.Result.Wait > 0
-		if _, fresh := t.pausedUntil(paced, time.Now().Add(-t.pauseCheckAge)); slept && !fresh && !t.listening(booked) {
-			drained, err := t.readPauses(ctx, tk, r.Booking())
+		again, err := w.outsidePause()
+		if err != nil || again {
 			if err != nil {
-				w.cancel(r)
-				return t.waitFailed(ctx, tg, attrs, err)
+				return err
 			}
-			if drained {
-				w.cancel(r)
-				continue
-			}
-		}
-		if until, _ := t.pausedUntil(paced, time.Time{}); until.After(time.Now()) || t.pausedSince(paced, booked) {
-			// Paused, or a pause began after this booking: the 429 that
-			// drew it voided every booking made before it (see drain), so
-			// book again behind it, at the rate it may have lowered.
-			w.cancel(r)
 			continue
 		}
-		t.waited(ctx, tg, attrs, time.Since(start))
-		return nil
+		r, tk, err := w.book()
+		switch {
+		case errors.Is(err, errFailedOpen):
+			return nil // the store failed: send unpaced (Options.FailOpen)
+		case err != nil:
+			return err
+		case r == nil:
+			continue
+		}
+		if again, err = w.sleep(r, tk); err != nil {
+			return err
+		}
+		if !again {
+			t.waited(ctx, tg, attrs, time.Since(w.start))
+			return nil
+		}
 	}
 }
 
-// waiter is one request's wait: its budget and how its failures read.
+// errFailedOpen is book's report of a failed store when failing open.
+var errFailedOpen = errors.New("transport: store unavailable, failing open")
+
+// waiter is one request's wait: its buckets, its budget and how its
+// failures read.
 type waiter struct {
 	t       *Transport
 	ctx     context.Context
 	tg      Target
 	attrs   []slog.Attr
+	n       int64
+	paced   []fleetrate.Bucket
 	start   time.Time
 	maxWait time.Duration
+	// lateVoided is set once a booking was voided for lateness: a request
+	// is booked again for lateness once at most (see Transport.spread).
+	lateVoided bool
+}
+
+// outsidePause sits out a pause this process knows of (its own 429 sets
+// it before the drain returns), or fails at once when the pause, or the
+// queue this process's last booking left, outlasts the budget. It reports
+// whether it slept (the caller then looks again).
+func (w *waiter) outsidePause() (slept bool, err error) {
+	if until, _ := w.t.pausedUntil(w.paced, time.Time{}); until.After(time.Now()) {
+		d := time.Until(until)
+		if d > w.remaining() {
+			return false, w.backpressure(d, fleetrate.Result{})
+		}
+		if err := sleep(w.ctx, d); err != nil {
+			return false, w.failed("waiting out a pause", err)
+		}
+		return true, nil
+	}
+	if d := time.Until(w.t.nextFree(w.paced)); d > w.remaining() {
+		// This process's last booking already queued the buckets past the
+		// budget: no need to ask the store to say so.
+		return false, w.backpressure(d, fleetrate.Result{})
+	}
+	return false, nil
+}
+
+// book books the request's turn (see Transport.wait). It returns
+// errFailedOpen when the store failed and the transport fails open, and no
+// reservation and no error when the caller should look again: a
+// multi-bucket turn was beyond the look-ahead and has come nearer, or the
+// booking was behind a pause this process did not know of.
+func (w *waiter) book() (*fleetrate.Reservation, take, error) {
+	t := w.t
+	tk := t.layout(w.ctx, w.tg, w.paced)
+	horizon := w.remaining()
+	if len(w.paced) > 1 {
+		horizon = min(horizon, t.lookahead)
+	}
+	r, err := t.lim.Book(w.ctx, fleetrate.Request{Buckets: tk.buckets, N: w.n, MaxWait: horizon})
+	if err != nil {
+		var bp *fleetrate.BackpressureError
+		if !errors.As(err, &bp) {
+			if err := t.waitFailed(w.ctx, w.tg, w.attrs, err); err != nil {
+				return nil, tk, err
+			}
+			return nil, tk, errFailedOpen
+		}
+		if len(w.paced) == 1 {
+			t.learnNext(w.paced[0].Key, time.Now().Add(bp.RetryAfter))
+		}
+		if bp.RetryAfter > w.remaining() || bp.MaxWait < horizon {
+			// Beyond the budget (or the horizon of the request's priority
+			// class): say so at once.
+			return nil, tk, w.backpressure(bp.RetryAfter, bp.Result)
+		}
+		// A multi-bucket turn beyond the look-ahead: sleep until it is
+		// within it, then book.
+		if err := sleep(w.ctx, bp.RetryAfter-horizon); err != nil {
+			return nil, tk, w.failed("waiting for the bucket", err)
+		}
+		return nil, tk, nil
+	}
+	if t.learn(tk, r.Booking(), time.Now()) && !t.adaptive.Off && !w.tg.Fixed {
+		// Booked behind a pause this process did not know of, at a rate
+		// the 429 behind it may have lowered: give the booking back, read
+		// the rate, book again.
+		w.cancel(r)
+		return nil, tk, nil
+	}
+	return r, tk, nil
+}
+
+// sleep sleeps until the booked slot, then checks that it still holds. It
+// reports whether the booking was void (given back: the caller books
+// again).
+func (w *waiter) sleep(r *fleetrate.Reservation, tk take) (void bool, err error) {
+	t := w.t
+	booked := time.Now()
+	if err := r.Sleep(w.ctx); err != nil {
+		// Sleep gave the booking back: only what no later booking relies
+		// on returns, and nothing while a 429's drain has moved the bucket
+		// on, so a cancel never shortens a pause or grants a slot twice.
+		var bp *fleetrate.BackpressureError
+		if errors.As(err, &bp) {
+			return false, w.backpressure(bp.RetryAfter, bp.Result)
+		}
+		return false, w.failed("waiting for the bucket", err)
+	}
+	// A request woken well after its slot (a stalled process: CPU
+	// starvation, a GC pause) would go out together with the other overdue
+	// requests of its process: a burst the upstream sees.
+	switch d, late := t.spread(tk, r.Due(), w.lateVoided); {
+	case late:
+		w.lateVoided = true
+		w.cancel(r)
+		return true, nil
+	case d > 0:
+		if err := sleep(w.ctx, d); err != nil {
+			w.cancel(r)
+			return false, w.failed("spacing a late request", err)
+		}
+	}
+	slept := r.Result.Wait > 0
+	if _, fresh := t.pausedUntil(w.paced, time.Now().Add(-t.pauseCheckAge)); slept && !fresh && !t.listening(booked) {
+		drained, err := t.readPauses(w.ctx, tk, r.Booking())
+		if err != nil {
+			w.cancel(r)
+			return false, t.waitFailed(w.ctx, w.tg, w.attrs, err)
+		}
+		if drained {
+			w.cancel(r)
+			return true, nil
+		}
+	}
+	if until, _ := t.pausedUntil(w.paced, time.Time{}); until.After(time.Now()) || t.pausedSince(w.paced, booked) {
+		// Paused, or a pause began after this booking: the 429 that drew
+		// it voided every booking made before it (see drain), so book
+		// again behind it, at the rate it may have lowered.
+		w.cancel(r)
+		return true, nil
+	}
+	return false, nil
 }
 
 // remaining returns what is left of the wait budget.
