@@ -356,8 +356,8 @@ func TestFailureModes(t *testing.T) {
 			r := outage(t, srv, outageSetup{client: withClientOptions, opts: m.opts, wrap: m.wrap, goroutines: 32, fault: f, away: time.Second})
 			lat := "no decision began while away"
 			if len(r.latencies) > 0 {
-				lat = fmt.Sprintf("p99 %v max %v over %d decisions", quantile(r.latencies, 0.99).Round(time.Millisecond),
-					slices.Max(r.latencies).Round(time.Millisecond), len(r.latencies))
+				lat = fmt.Sprintf("p99 %v max %v over %d decisions", quantile(r.latencies, 0.99).Round(100*time.Microsecond),
+					slices.Max(r.latencies).Round(100*time.Microsecond), len(r.latencies))
 			}
 			t.Logf("| %s | %s | %s | %d | p50 %v p99 %v max %v | %d | noise %v |", f.name, m.name, lat, r.bad,
 				quantile(r.perCaller, 0.5).Round(time.Millisecond), quantile(r.perCaller, 0.99).Round(time.Millisecond),
