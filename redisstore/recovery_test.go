@@ -237,7 +237,8 @@ func quantile(ds []time.Duration, q float64) time.Duration {
 // TestRecoveryAfterOutage takes Redis away (kill -9 and restart on the
 // same port; SIGSTOP and SIGCONT) under 32 and 256 goroutines deciding
 // through failsafe(redisstore) with a client set up by
-// redisstore.ClientOptions and failsafe's default cool-off, and checks
+// redisstore.ClientOptions, failsafe's default cool-off and a store
+// timeout suited to -race on a loaded machine (500 ms), and checks
 // that every goroutine is back on Redis well within a second: the 300 ms
 // the store is built for (see TestRecoveryFigures for the measured
 // figures), plus what the machine's measured scheduling noise allows.
@@ -251,7 +252,11 @@ func TestRecoveryAfterOutage(t *testing.T) {
 		for _, f := range []fault{killRestart, sigstop} {
 			t.Run(fmt.Sprintf("%d goroutines/%s", g, f.name), func(t *testing.T) {
 				srv := redistest.Start(t)
-				r := outage(t, srv, outageSetup{client: withClientOptions, goroutines: g, fault: f, away: time.Second})
+				// A timeout suited to -race on a loaded machine: with the
+				// 50 ms default, calls starved of CPU time out and reopen
+				// the breaker (TestRecoveryFigures measures the default).
+				opts := redisstore.Options{Timeout: 500 * time.Millisecond}
+				r := outage(t, srv, outageSetup{client: withClientOptions, opts: opts, goroutines: g, fault: f, away: time.Second})
 				if r.bad > 0 {
 					t.Errorf("%d decisions broke the fail-open policy", r.bad)
 				}
