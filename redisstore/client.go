@@ -44,6 +44,10 @@ const (
 // deadline (Options.Timeout) rather than at once, and a failsafe.Store's
 // breaker then answers without calling. A dial in progress when the client
 // closes keeps trying until its window ends.
+//
+// There is no variant for a failover (Sentinel) client: it asks the
+// Sentinels for the master before each dial, and retrying one address
+// would keep dialling a master that is gone.
 func ClientOptions(o *redis.Options) *redis.Options {
 	o.ContextTimeoutEnabled = true
 	try := o.DialTimeout
