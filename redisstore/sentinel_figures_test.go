@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -38,6 +39,7 @@ func TestSentinelOvershootFigures(t *testing.T) {
 	for _, st := range settings {
 		var overs []float64
 		var errCounts []int
+		var firstErrs []string
 		for range *sentinelRuns {
 			sn := redistest.StartSentinel(t)
 			for _, srv := range sn.Servers() {
@@ -47,18 +49,22 @@ func TestSentinelOvershootFigures(t *testing.T) {
 					}
 				}
 			}
-			over, nerr := sentinelOvershoot(t, sn)
+			over, nerr, first, window := sentinelOvershoot(t, sn)
 			overs = append(overs, over)
 			errCounts = append(errCounts, nerr)
+			if nerr > 0 {
+				firstErrs = append(firstErrs, fmt.Sprintf("%v over %v", first, window.Round(time.Millisecond)))
+			}
 		}
 		slices.Sort(overs)
-		t.Logf("%s: tokens over burst + rate × T per failover %v (burst 40); errors %v", st.name, overs, errCounts)
+		t.Logf("%s: tokens over burst + rate × T per failover %v (burst 40); errors %v %q", st.name, overs, errCounts, firstErrs)
 	}
 }
 
 // sentinelOvershoot runs the fleet through one failover and returns the
-// grants over burst + rate × T and the count of errors.
-func sentinelOvershoot(t *testing.T, sn *redistest.Sentinel) (float64, int) {
+// grants over burst + rate × T, the count of errors, the first one and
+// the time from the first to the last.
+func sentinelOvershoot(t *testing.T, sn *redistest.Sentinel) (float64, int, error, time.Duration) {
 	const (
 		clients, goroutines = 4, 16
 		runFor, failAt      = 6 * time.Second, 2 * time.Second
@@ -69,6 +75,8 @@ func sentinelOvershoot(t *testing.T, sn *redistest.Sentinel) (float64, int) {
 		mu     sync.Mutex
 		grants []time.Time
 		nerr   int
+		first  error
+		t0, t1 time.Time
 		wg     sync.WaitGroup
 	)
 	deadline := time.Now().Add(runFor)
@@ -90,6 +98,10 @@ func sentinelOvershoot(t *testing.T, sn *redistest.Sentinel) (float64, int) {
 					case errors.Is(err, fleetrate.ErrBackpressure):
 					case err != nil:
 						nerr++
+						if first == nil {
+							first, t0 = err, time.Now()
+						}
+						t1 = time.Now()
 					default:
 						grants = append(grants, res.At.Add(res.Wait))
 					}
@@ -109,5 +121,5 @@ func sentinelOvershoot(t *testing.T, sn *redistest.Sentinel) (float64, int) {
 	}
 	slices.SortFunc(grants, func(a, b time.Time) int { return a.Compare(b) })
 	span := grants[len(grants)-1].Sub(grants[0])
-	return float64(len(grants)) - (burst + rate*span.Seconds()), nerr
+	return float64(len(grants)) - (burst + rate*span.Seconds()), nerr, first, t1.Sub(t0)
 }
