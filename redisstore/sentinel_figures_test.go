@@ -49,7 +49,7 @@ func TestSentinelOvershootFigures(t *testing.T) {
 					}
 				}
 			}
-			over, nerr, first, window := sentinelOvershoot(t, sn)
+			over, nerr, window, first := sentinelOvershoot(t, sn)
 			overs = append(overs, over)
 			errCounts = append(errCounts, nerr)
 			if nerr > 0 {
@@ -62,9 +62,9 @@ func TestSentinelOvershootFigures(t *testing.T) {
 }
 
 // sentinelOvershoot runs the fleet through one failover and returns the
-// grants over burst + rate × T, the count of errors, the first one and
-// the time from the first to the last.
-func sentinelOvershoot(t *testing.T, sn *redistest.Sentinel) (float64, int, error, time.Duration) {
+// grants over burst + rate × T, the count of errors, the time from the
+// first to the last, and the first.
+func sentinelOvershoot(t *testing.T, sn *redistest.Sentinel) (over float64, nerr int, window time.Duration, first error) {
 	const (
 		clients, goroutines = 4, 16
 		runFor, failAt      = 6 * time.Second, 2 * time.Second
@@ -74,8 +74,6 @@ func sentinelOvershoot(t *testing.T, sn *redistest.Sentinel) (float64, int, erro
 	var (
 		mu     sync.Mutex
 		grants []time.Time
-		nerr   int
-		first  error
 		t0, t1 time.Time
 		wg     sync.WaitGroup
 	)
@@ -121,5 +119,5 @@ func sentinelOvershoot(t *testing.T, sn *redistest.Sentinel) (float64, int, erro
 	}
 	slices.SortFunc(grants, func(a, b time.Time) int { return a.Compare(b) })
 	span := grants[len(grants)-1].Sub(grants[0])
-	return float64(len(grants)) - (burst + rate*span.Seconds()), nerr, first, t1.Sub(t0)
+	return float64(len(grants)) - (burst + rate*span.Seconds()), nerr, t1.Sub(t0), first
 }
