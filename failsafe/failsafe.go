@@ -80,7 +80,7 @@ var ErrCircuitOpen = errors.New("failsafe: circuit open")
 // Defaults applied when an Options field is zero.
 const (
 	DefaultFailureThreshold = 5
-	DefaultCoolOff          = 500 * time.Millisecond
+	DefaultCoolOff          = 100 * time.Millisecond
 )
 
 // Options configure a Store. The zero value of each field means its
@@ -101,7 +101,10 @@ type Options struct {
 	// Default DefaultFailureThreshold (5).
 	FailureThreshold int
 	// CoolOff is how long the open breaker keeps calls from the store
-	// before one probe. Default DefaultCoolOff (500 ms).
+	// before one probe. Default DefaultCoolOff (100 ms). It bounds how
+	// long after the store is back its decisions resume: with 500 ms,
+	// callers came back up to 500 ms after Redis; a probe costs one call,
+	// bounded by the store's timeout, per cool-off.
 	CoolOff time.Duration
 	// Logger receives the switch-over and switch-back. Default
 	// slog.Default().

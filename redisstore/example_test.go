@@ -60,6 +60,20 @@ func ExampleStore_Warm() {
 	}
 }
 
+// A client for a store: ClientOptions keeps go-redis dialling while Redis
+// restarts, so decisions come back within milliseconds of Redis, and
+// bounds each command by the call's deadline.
+func ExampleClientOptions() {
+	opts, err := redis.ParseURL("redis://127.0.0.1:6379/0")
+	if err != nil {
+		log.Fatal(err)
+	}
+	rdb := redis.NewClient(redisstore.ClientOptions(opts))
+	defer rdb.Close()
+	fmt.Println(rdb.Options().ContextTimeoutEnabled, rdb.Options().DialTimeout)
+	// Output: true 1m0s
+}
+
 func ExampleSlot() {
 	fmt.Println(redisstore.Slot("fleetrate:{booking_com}/availability") == redisstore.Slot("fleetrate:{booking_com}"))
 	// Output: true

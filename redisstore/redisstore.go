@@ -21,6 +21,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -139,6 +140,10 @@ type Store struct {
 	fold *batcher
 	// batch is set with Options.Batch.
 	batch *batcher
+	// migratingUntil is when (unix ns) takes of several buckets stop going
+	// bucket by bucket after one met a migrating Cluster slot (see
+	// takeMigrating).
+	migratingUntil atomic.Int64
 }
 
 var (
@@ -443,16 +448,34 @@ func (s *Store) takeOne(ctx context.Context, req fleetrate.Request) (fleetrate.R
 	}
 	sctx, cancel := s.ctx(ctx)
 	defer cancel()
+	if s.splittable(req) {
+		return s.takeMigrating(ctx, sctx, req, keys, args)
+	}
+	reply, err := s.runTake(sctx, keys, args)
+	if err != nil {
+		return fleetrate.Result{}, failed(ctx, "take", err)
+	}
+	return decodeTake(req, reply)
+}
+
+// runTake runs the take script once within ctx. The reply is read only
+// on success: an abandoned call (see bounded) may still write it.
+func (s *Store) runTake(ctx context.Context, keys []string, args []any) ([]int64, error) {
 	var reply []int64
-	err := s.bounded(sctx, func(ctx context.Context) (err error) {
+	err := s.bounded(ctx, func(ctx context.Context) (err error) {
 		reply, err = takeScript.Run(ctx, s.c, keys, args...).Int64Slice()
 		return err
 	})
 	if err != nil {
-		return fleetrate.Result{}, failed(ctx, "take", err)
+		return nil, err
 	}
+	return reply, nil
+}
+
+// decodeTake checks and replays the take script's reply for req.
+func decodeTake(req fleetrate.Request, reply []int64) (fleetrate.Result, error) {
 	var rs []fleetrate.Result
-	err = decodeReply(reply, 1, func(int) (fleetrate.Request, int, *[]fleetrate.Result, func(int) *fleetrate.Booking) {
+	err := decodeReply(reply, 1, func(int) (fleetrate.Request, int, *[]fleetrate.Result, func(int) *fleetrate.Booking) {
 		return req, 1, &rs, func(int) *fleetrate.Booking { return req.Booking }
 	})
 	if err != nil {

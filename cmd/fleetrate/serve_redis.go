@@ -50,8 +50,7 @@ func newServeRedisClient(raw string) (redis.UniversalClient, string, error) {
 		if err != nil {
 			return nil, name, fmt.Errorf("redis URL %s: %w", name, err)
 		}
-		o.ContextTimeoutEnabled = true
-		return redis.NewClient(o), name, nil
+		return redis.NewClient(redisstore.ClientOptions(o)), name, nil
 	case "sentinel":
 		o, err := redis.ParseFailoverURL(plain.String())
 		if err != nil {
@@ -67,8 +66,7 @@ func newServeRedisClient(raw string) (redis.UniversalClient, string, error) {
 		if err != nil {
 			return nil, name, fmt.Errorf("redis URL %s: %w", name, err)
 		}
-		o.ContextTimeoutEnabled = true
-		return redis.NewClusterClient(o), name, nil
+		return redis.NewClusterClient(redisstore.ClusterClientOptions(o)), name, nil
 	}
 	return nil, name, fmt.Errorf("redis URL %s: unknown mode %q (want sentinel or cluster)", name, mode)
 }

@@ -1,0 +1,79 @@
+package redisstore_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strconv"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetrate/fleetrate/internal/redistest"
+	"github.com/fleetrate/fleetrate/redisstore"
+)
+
+// TestClientOptionsDialWaitsForRedis: a client set up by ClientOptions
+// keeps dialling a Redis that is not listening yet, and its command
+// succeeds once Redis starts, within the command's deadline; go-redis's
+// default dialler gives up with "connection refused".
+func TestClientOptionsDialWaitsForRedis(t *testing.T) {
+	port := redistest.FreePort(t)
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	plain := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+	defer plain.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if err := plain.Ping(ctx).Err(); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("ping with go-redis's defaults before Redis listens: %v, want connection refused", err)
+	}
+
+	c := redis.NewClient(redisstore.ClientOptions(&redis.Options{Addr: addr}))
+	defer c.Close()
+	ctx, cancel = context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pinged := make(chan error, 1)
+	go func() { pinged <- c.Ping(ctx).Err() }()
+	select {
+	case err := <-pinged:
+		t.Fatalf("ping returned %v before Redis started", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	redistest.StartOnPort(t, port)
+	if err := <-pinged; err != nil {
+		t.Fatalf("ping once Redis listens: %v", err)
+	}
+}
+
+// TestClientOptionsKeepsSettings: ClientOptions keeps a DialTimeout longer
+// than its window and a Dialer of the caller's own, which it calls.
+func TestClientOptionsKeepsSettings(t *testing.T) {
+	srv := redistest.Start(t)
+	var calls atomic.Int32
+	o := redisstore.ClientOptions(&redis.Options{
+		Addr: srv.Addr(), DialTimeout: 2 * time.Minute,
+		Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			calls.Add(1)
+			return (&net.Dialer{}).DialContext(ctx, network, addr)
+		},
+	})
+	if o.DialTimeout != 2*time.Minute || !o.ContextTimeoutEnabled {
+		t.Errorf("DialTimeout %v, ContextTimeoutEnabled %v; want 2m0s, true", o.DialTimeout, o.ContextTimeoutEnabled)
+	}
+	c := redis.NewClient(o)
+	defer c.Close()
+	if err := c.Ping(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if calls.Load() != 1 {
+		t.Errorf("own dialer called %d times, want 1", calls.Load())
+	}
+	cc := redisstore.ClusterClientOptions(&redis.ClusterOptions{Addrs: []string{srv.Addr()}})
+	if cc.DialTimeout != redisstore.RedialWindow || !cc.ContextTimeoutEnabled || cc.Dialer == nil {
+		t.Errorf("cluster options: DialTimeout %v, ContextTimeoutEnabled %v, Dialer set %v; want %v, true, true",
+			cc.DialTimeout, cc.ContextTimeoutEnabled, cc.Dialer != nil, redisstore.RedialWindow)
+	}
+}
