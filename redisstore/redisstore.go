@@ -14,8 +14,10 @@ package redisstore
 import (
 	"context"
 	_ "embed"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"runtime"
 	"slices"
 	"strconv"
@@ -32,6 +34,8 @@ import (
 var (
 	//go:embed scripts/common.lua
 	commonLua string
+	//go:embed scripts/take_one.lua
+	takeOneLua string
 	//go:embed scripts/take.lua
 	takeLua string
 	//go:embed scripts/take_batch.lua
@@ -44,12 +48,13 @@ var (
 	drainLua string
 )
 
-// The scripts, each with the shared helpers prepended. redis.Script runs
-// EVALSHA and falls back to EVAL on NOSCRIPT, so an empty script cache
-// after a restart, SCRIPT FLUSH or failover costs one extra round trip and
-// no error.
+// The scripts, each with the shared helpers prepended; the take script
+// starts with the path of a one-limit bucket, which needs none of them.
+// redis.Script runs EVALSHA and falls back to EVAL on NOSCRIPT, so an empty
+// script cache after a restart, SCRIPT FLUSH or failover costs one extra
+// round trip and no error.
 var (
-	takeScript   = redis.NewScript(commonLua + takeLua)
+	takeScript   = redis.NewScript(takeOneLua + commonLua + takeLua)
 	batchScript  = redis.NewScript(commonLua + batchLua)
 	refundScript = redis.NewScript(commonLua + refundLua)
 	drainScript  = redis.NewScript(commonLua + drainLua)
@@ -641,9 +646,14 @@ func (s *Store) State(ctx context.Context, key string) (st gcra.State, ok bool, 
 	return st, true, nil
 }
 
-// parseState reads a bucket's value, "<stamp> <debt> -<fill> ..." (or
-// "<stamp> <debt> ..." as older versions wrote it), as the scripts do.
+// parseState reads a bucket's value as the scripts do: a one-limit value
+// "g #" and three little-endian doubles (stamp, debt, fill), or the text
+// "<stamp> <debt> -<fill> ..." (or "<stamp> <debt> ..." as older versions
+// wrote it).
 func parseState(raw string) (gcra.State, bool) {
+	if st, ok, bin := parseOneLimit(raw); bin {
+		return st, ok
+	}
 	f := strings.Fields(raw)
 	if len(f) < 2 {
 		return gcra.State{}, false
@@ -673,4 +683,30 @@ func parseState(raw string) (gcra.State, bool) {
 	}
 	st.Debts = vals
 	return st, true
+}
+
+// oneLimitTag starts the binary value of a one-limit bucket (see
+// scripts/take_one.lua).
+const oneLimitTag = "g #"
+
+// parseOneLimit reads the binary value of a one-limit bucket. bin reports
+// whether raw is one (by its tag and length); ok, whether it holds a
+// valid state: three integers below 2^53, the stamp and debt not negative
+// and the fill time positive.
+func parseOneLimit(raw string) (st gcra.State, ok, bin bool) {
+	if len(raw) != len(oneLimitTag)+24 || !strings.HasPrefix(raw, oneLimitTag) {
+		return st, false, false
+	}
+	var v [3]int64
+	for i := range v {
+		f := math.Float64frombits(binary.LittleEndian.Uint64([]byte(raw[len(oneLimitTag)+8*i:])))
+		if f != math.Trunc(f) || f < 0 || f >= 1<<53 {
+			return st, false, true
+		}
+		v[i] = int64(f)
+	}
+	if v[2] == 0 {
+		return st, false, true
+	}
+	return gcra.State{Stamp: v[0], Debts: []int64{v[1]}, Fills: []int64{v[2]}}, true, true
 }
