@@ -6,9 +6,9 @@
 // Any go-redis v9 client works: *redis.Client, *redis.ClusterClient,
 // *redis.Ring, a failover (Sentinel) client or a redis.UniversalClient.
 //
-// Many goroutines deciding at once should set Options.Batch: their takes
-// then share script calls (one call for up to 256 takes), each still with
-// its own exact decision.
+// Takes that many goroutines make at once share script calls (one call
+// for up to 256 takes), each still with its own exact decision; a take
+// that finds no call in flight is sent at once (see Options.Unbatched).
 package redisstore
 
 import (
@@ -104,29 +104,33 @@ const DefaultTimeout = 50 * time.Millisecond
 type Options struct {
 	// Timeout bounds each call; a call whose context has an earlier
 	// deadline keeps it. The default is DefaultTimeout (50 ms); a negative
-	// value means no bound beyond the context's, except for folded and
-	// batched calls, which belong to no single caller's context and so are
-	// bounded by DefaultTimeout.
+	// value means no bound beyond the context's, except for calls shared
+	// by several callers (batched or folded), which belong to no single
+	// caller's context and so are bounded by DefaultTimeout.
 	Timeout time.Duration
+	// Unbatched makes every take its own script call. By default (and
+	// with Batch) the takes that this process makes while earlier ones
+	// are in flight, on any buckets, share one script call (per hash slot
+	// on a Cluster), run one after the other at one instant: Redis then
+	// parses one command and runs one script for many decisions, and the
+	// client makes one round trip for them, so many concurrent callers
+	// reach several times the throughput of one call per take. Each
+	// caller still gets its own exact decision. A take that finds no call
+	// in flight is sent at once, as an unbatched one, by its own caller, so
+	// a single caller pays nothing for batching (docs/BENCHMARKS.md);
+	// `fleetrate bench` measures both on your Redis.
+	Unbatched bool
+	// Batch asks for batching, which is the default (see Unbatched); it
+	// takes precedence over FoldHotKeys and Unbatched.
+	Batch bool
 	// FoldHotKeys folds concurrent identical takes on one bucket in this
 	// process into a single script call while one is in flight, so that a
 	// hot bucket shared by many goroutines is not limited by how many
 	// scripts one Redis core runs a second. Every caller still gets its own
-	// exact decision and wait. Off by default.
+	// exact decision and wait. Batching (the default) folds identical takes
+	// within its calls too; FoldHotKeys instead of it keeps one call in
+	// flight per bucket and shares calls only between identical takes.
 	FoldHotKeys bool
-	// Batch gathers the takes that this process makes while earlier ones
-	// are in flight, on any buckets, into one script call (per hash slot
-	// on a Cluster), run one after the other at one instant. Redis then
-	// parses one command and runs one script for many decisions, and the
-	// client makes one round trip for them, so many concurrent callers
-	// reach several times the throughput of one call per take. Each
-	// caller still gets its own exact decision. With a single caller at a
-	// time it only adds a goroutine hand-off, which cost that caller
-	// 0.59–0.99× the throughput of one call per take (p50 +9 to +47 µs on
-	// loopback, docs/BENCHMARKS.md), so it is off by default; `fleetrate
-	// bench` measures both on your Redis. It takes precedence over
-	// FoldHotKeys.
-	Batch bool
 }
 
 // Store is a fleetrate.Store in Redis. It is safe for concurrent use.
@@ -141,9 +145,9 @@ type Store struct {
 	// share a hash slot.
 	cluster bool
 	// fold is set with Options.FoldHotKeys.
-	fold *batcher
+	fold sharer
 	// batch is set with Options.Batch.
-	batch *batcher
+	batch sharer
 }
 
 var (
@@ -177,6 +181,8 @@ func New(c Client, opts Options) (*Store, error) {
 		s.batch = newBatcher(s)
 	case opts.FoldHotKeys:
 		s.fold = newFolder(s)
+	case !opts.Unbatched:
+		s.batch = newBatcher(s)
 	}
 	return s, nil
 }
@@ -396,7 +402,7 @@ func (s *Store) take(ctx context.Context, req fleetrate.Request) (fleetrate.Resu
 
 // queue returns the batcher a take of n tokens shares calls through, or
 // nil when it makes its own call.
-func (s *Store) queue(n int64) *batcher {
+func (s *Store) queue(n int64) sharer {
 	if s.batch != nil {
 		return s.batch
 	}

@@ -280,24 +280,24 @@ func redisTable(srv *redistest.Server, cfg config, out io.Writer) ([]redisRow, e
 		build func(c *redis.Client) (func(ctx context.Context, key string) error, func(), error)
 	}
 	impls := []impl{
-		{"fleetrate", func(c *redis.Client) (func(context.Context, string) error, func(), error) {
+		{"fleetrate (default: batched)", func(c *redis.Client) (func(context.Context, string) error, func(), error) {
 			l, err := fleetLimiter(c, redisstore.Options{})
 			return limiterAllow(l), func() {}, err
 		}},
-		{"fleetrate + autopipeline", func(c *redis.Client) (func(context.Context, string) error, func(), error) {
+		{"fleetrate unbatched", func(c *redis.Client) (func(context.Context, string) error, func(), error) {
+			l, err := fleetLimiter(c, redisstore.Options{Unbatched: true})
+			return limiterAllow(l), func() {}, err
+		}},
+		{"fleetrate unbatched + autopipeline", func(c *redis.Client) (func(context.Context, string) error, func(), error) {
 			ap, err := c.AutoPipeline()
 			if err != nil {
 				return nil, nil, err
 			}
-			l, err := fleetLimiter(ap, redisstore.Options{})
+			l, err := fleetLimiter(ap, redisstore.Options{Unbatched: true})
 			return limiterAllow(l), func() { _ = ap.Close() }, err
 		}},
 		{"fleetrate + fold hot keys", func(c *redis.Client) (func(context.Context, string) error, func(), error) {
 			l, err := fleetLimiter(c, redisstore.Options{FoldHotKeys: true})
-			return limiterAllow(l), func() {}, err
-		}},
-		{"fleetrate + batch", func(c *redis.Client) (func(context.Context, string) error, func(), error) {
-			l, err := fleetLimiter(c, redisstore.Options{Batch: true})
 			return limiterAllow(l), func() {}, err
 		}},
 		{"redis_rate v10", func(c *redis.Client) (func(context.Context, string) error, func(), error) {
