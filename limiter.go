@@ -287,21 +287,20 @@ func (l *Limiter) release(bs *[]Bucket) {
 	l.scratch.Put(bs)
 }
 
-// take asks the store for n tokens, of ctx's priority class (see
-// classify); the store validates the request. It returns the max wait the
-// take had, which the class may have cut. The caller releases the returned
-// buckets.
-func (l *Limiter) take(ctx context.Context, n int64, maxWait time.Duration, names []string, bk *Booking) (Result, *[]Bucket, time.Duration, error) {
+// take asks the store for n tokens now, of ctx's priority class (see
+// classify); the store validates the request. The caller releases the
+// returned buckets.
+func (l *Limiter) take(ctx context.Context, n int64, names []string) (Result, *[]Bucket, error) {
 	bs, err := l.buckets(names)
 	if err != nil {
-		return Result{}, nil, maxWait, err
+		return Result{}, nil, err
 	}
-	if maxWait, err = l.classify(ctx, *bs, maxWait); err != nil {
-		return Result{}, bs, maxWait, err
+	if _, err = l.classify(ctx, *bs, 0); err != nil {
+		return Result{}, bs, err
 	}
-	res, err := l.store.Take(ctx, Request{Buckets: *bs, N: n, MaxWait: maxWait, Booking: bk})
+	res, err := l.store.Take(ctx, Request{Buckets: *bs, N: n})
 	res.Limit.strip()
-	return res, bs, maxWait, err
+	return res, bs, err
 }
 
 // topClass reports whether a take under ctx is of the top class on every
@@ -319,7 +318,7 @@ func (l *Limiter) takeNow(ctx context.Context, n int64, names []string) (res Res
 			return res, err
 		}
 	}
-	res, bs, _, err := l.take(ctx, n, 0, names, nil)
+	res, bs, err := l.take(ctx, n, names)
 	if bs != nil {
 		l.release(bs)
 	}
@@ -359,12 +358,23 @@ type Reservation struct {
 	n      int64
 	due    time.Time
 	booked Booking
+	// maxWait is the wait the booking was allowed, for Sleep's error.
+	maxWait time.Duration
 }
 
 // Delay returns how long from now the holder must wait before acting.
 func (r *Reservation) Delay() time.Duration {
 	return max(time.Until(r.due), 0)
 }
+
+// Due returns when, on this process's clock, the booked slot begins: the
+// store's decision plus the booked wait, placed by the limiter's clock
+// anchor (never before the slot).
+func (r *Reservation) Due() time.Time { return r.due }
+
+// Booking returns where the take left each limit of each bucket: the
+// store's clock and every debt, in bucket order (see Request.Booking).
+func (r *Reservation) Booking() Booking { return r.booked }
 
 // Cancel gives the booked tokens back, as x/time/rate's Cancel does: each
 // limit of each bucket gets them back only when nothing was booked on it
@@ -385,6 +395,40 @@ func (r *Reservation) Cancel(ctx context.Context) error {
 	return err
 }
 
+// giveBack cancels the reservation, best effort, even once ctx has ended.
+func (r *Reservation) giveBack(ctx context.Context) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), refundTimeout)
+	defer cancel()
+	_ = r.Cancel(rctx)
+}
+
+// Sleep blocks until the booked slot begins. A slot that begins after
+// ctx's deadline is given back at once and fails with a
+// *BackpressureError; if ctx ends during the sleep the booking is given
+// back (see Cancel) and ctx's error is returned.
+func (r *Reservation) Sleep(ctx context.Context) error {
+	if dl, ok := ctx.Deadline(); ok && r.due.After(dl) {
+		// The max wait counted from the request, the slot from the
+		// store's decision, which came later: on this process's clock the
+		// slot begins after the deadline, so the wait cannot be honoured.
+		r.giveBack(ctx)
+		return &BackpressureError{RetryAfter: r.Result.Wait, MaxWait: max(time.Until(dl), 0), Result: r.Result}
+	}
+	d := time.Until(r.due)
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		r.giveBack(ctx)
+		return ctx.Err()
+	}
+}
+
 // Reserve books one token from the named bucket. See ReserveN.
 func (l *Limiter) Reserve(ctx context.Context, name string) (*Reservation, error) {
 	return l.ReserveN(ctx, 1, name)
@@ -396,22 +440,62 @@ func (l *Limiter) Reserve(ctx context.Context, name string) (*Reservation, error
 // nothing is booked and the error is a *BackpressureError. n larger than a
 // burst fails at once with ErrBurstExceeded.
 func (l *Limiter) ReserveN(ctx context.Context, n int64, names ...string) (*Reservation, error) {
-	r := &Reservation{l: l, n: n}
+	return l.reserve(ctx, n, l.maxWait, names)
+}
+
+// reserve is ReserveN with a max wait.
+func (l *Limiter) reserve(ctx context.Context, n int64, maxWait time.Duration, names []string) (*Reservation, error) {
+	bs, err := l.buckets(names)
+	if err != nil {
+		return nil, err
+	}
+	defer l.release(bs)
+	return l.book(ctx, Request{Buckets: *bs, N: n, MaxWait: maxWait}, true)
+}
+
+// Book books req, a store request built by the caller, as ReserveN books
+// named buckets: with the limiter's clock anchor (Reservation.Due), ctx's
+// priority class applied to every bucket (its reserve set, the max wait
+// cut to its horizon) and cancels that give back only what no later
+// booking relies on. It is for callers that take buckets with limits of
+// their own beside the limiter's, such as transport's adapted rates and
+// pause markers: take buckets from Limiter.Bucket and change their limits,
+// or add buckets under a key no configured bucket uses. req.MaxWait is
+// the longest wait to book (0: only now), at most the limiter's max wait;
+// req.Booking is ignored (see Reservation.Booking).
+func (l *Limiter) Book(ctx context.Context, req Request) (*Reservation, error) {
+	if req.MaxWait > l.maxWait {
+		return nil, fmt.Errorf("%w: max wait %v exceeds the limiter's max wait %v", ErrInvalid, req.MaxWait, l.maxWait)
+	}
+	req.Buckets = slices.Clone(req.Buckets)
+	return l.book(ctx, req, false)
+}
+
+// book takes req's buckets (owned by the caller unless keep is set, then
+// cloned for the reservation) under ctx's priority class.
+func (l *Limiter) book(ctx context.Context, req Request, keep bool) (*Reservation, error) {
+	var err error
+	if req.MaxWait, err = l.classify(ctx, req.Buckets, req.MaxWait); err != nil {
+		return nil, err
+	}
+	r := &Reservation{l: l, n: req.N, maxWait: req.MaxWait}
+	req.Booking = &r.booked
 	start := time.Now()
-	res, bs, maxWait, err := l.take(ctx, n, l.maxWait, names, &r.booked)
+	res, err := l.store.Take(ctx, req)
 	// The wait counts from the store's decision, which happened between
 	// start and the answer: the anchor places it (see anchor).
 	answered := time.Now()
-	if bs != nil {
-		defer l.release(bs)
-	}
+	res.Limit.strip()
 	if err != nil {
 		return nil, err
 	}
 	if !res.Allowed {
-		return nil, &BackpressureError{RetryAfter: res.RetryAfter, MaxWait: maxWait, Result: res}
+		return nil, &BackpressureError{RetryAfter: res.RetryAfter, MaxWait: req.MaxWait, Result: res}
 	}
-	r.Result, r.bs, r.due = res, slices.Clone(*bs), l.clock.due(start, answered, res)
+	r.Result, r.bs, r.due = res, req.Buckets, l.clock.due(start, answered, res)
+	if keep {
+		r.bs = slices.Clone(req.Buckets)
+	}
 	return r, nil
 }
 
@@ -436,50 +520,18 @@ func (l *Limiter) WaitN(ctx context.Context, n int64, names ...string) (Result, 
 	if err := ctx.Err(); err != nil {
 		return Result{}, err
 	}
-	start := time.Now()
 	maxWait := l.maxWait
-	dl, hasDeadline := ctx.Deadline()
-	if hasDeadline {
-		maxWait = max(min(maxWait, dl.Sub(start)), 0)
+	if dl, ok := ctx.Deadline(); ok {
+		maxWait = max(min(maxWait, time.Until(dl)), 0)
 	}
-	var booked Booking
-	res, bs, maxWait, err := l.take(ctx, n, maxWait, names, &booked)
-	answered := time.Now() // see ReserveN
-	if bs != nil {
-		defer l.release(bs)
-	}
+	r, err := l.reserve(ctx, n, maxWait, names)
 	if err != nil {
 		return Result{}, err
 	}
-	if !res.Allowed {
-		return Result{}, &BackpressureError{RetryAfter: res.RetryAfter, MaxWait: maxWait, Result: res}
+	if err := r.Sleep(ctx); err != nil {
+		return Result{}, err
 	}
-	due := l.clock.due(start, answered, res)
-	giveBack := func() {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), refundTimeout)
-		defer cancel()
-		_ = l.store.Cancel(rctx, *bs, n, booked)
-	}
-	if hasDeadline && due.After(dl) {
-		// The max wait counted from start, the slot from the store's
-		// decision, which came later: on this process's clock the slot
-		// begins after the deadline, so the wait cannot be honoured.
-		giveBack()
-		return Result{}, &BackpressureError{RetryAfter: res.Wait, MaxWait: max(dl.Sub(answered), 0), Result: res}
-	}
-	d := time.Until(due)
-	if d <= 0 {
-		return res, nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return res, nil
-	case <-ctx.Done():
-		giveBack()
-		return Result{}, ctx.Err()
-	}
+	return r.Result, nil
 }
 
 // Refund returns n tokens to every named bucket now, capped at each burst:
