@@ -261,7 +261,7 @@ func (b *batcher[R]) claimIdle(r R) *batchQueue {
 	} else if q.inflight > 0 || len(q.pending) > 0 {
 		return nil
 	}
-	q.inflight, q.last = 1, 1
+	q.inflight, q.last = 1, max(q.last, 1)
 	return q
 }
 
@@ -283,11 +283,13 @@ func (b *batcher[R]) finish(r R, q *batchQueue) {
 	}
 }
 
-// retire removes the idle queue q of r and keeps it for the next; b.mu is
-// held.
+// retire removes the idle queue q of r and keeps it for the next, with
+// the size of its last call: under load a queue empties for a moment after
+// each call, and the next call that joins one a caller sends alone should
+// still wait for half as many takes (see wait), or calls shrink to a take
+// or two. b.mu is held.
 func (b *batcher[R]) retire(r R, q *batchQueue) {
 	delete(b.queues, r)
-	q.last = 0
 	b.spare = q
 }
 

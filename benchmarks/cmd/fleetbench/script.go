@@ -98,24 +98,71 @@ func scriptTable(srv *redistest.Server, cfg config, out io.Writer) error {
 	}
 	fmt.Fprintf(out, "## Redis: the take script on redis-benchmark\n\n")
 	fmt.Fprintf(out, "`redis-benchmark -c 50 -P 32 -r %d -n %d EVALSHA <sha> 1 <prefix>__rand_int__ <args>`: one take of one token from a bucket of one limit; redis_rate's call is the one it sends itself (recorded by a go-redis hook). The two take turns in each round.\n\n", workload.Keys, n)
-	fmt.Fprintf(out, "| round | %s/s | %s/s | ratio |\n|---|---|---|---|\n", calls[0].name, calls[1].name)
-	var ratios []float64
+	pid, err := serverPID(srv)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "Redis CPU per call is the redis-server process's user + system time (/proc) over the calls: unlike throughput, it barely moves when other processes take the cores.\n\n")
+	fmt.Fprintf(out, "| round | %s/s | %s/s | ratio | Redis CPU µs per call, fleetrate / redis_rate |\n|---|---|---|---|---|\n", calls[0].name, calls[1].name)
+	var ratios, cpuRatios []float64
 	for rep := range cfg.count {
-		var got [2]float64
+		var got, cpu [2]float64
 		for i, sc := range calls {
+			before, err := procCPU(pid)
+			if err != nil {
+				return err
+			}
 			v, err := redisBenchmark(srv, n, sc.args)
 			if err != nil {
 				return fmt.Errorf("%s: %w", sc.name, err)
 			}
-			got[i] = v
-			fmt.Fprintf(os.Stderr, "script %-24s %9.0f/s\n", sc.name, v)
+			after, err := procCPU(pid)
+			if err != nil {
+				return err
+			}
+			got[i], cpu[i] = v, (after-before).Seconds()*1e6/float64(n)
+			fmt.Fprintf(os.Stderr, "script %-24s %9.0f/s %.2f µs of Redis CPU per call\n", sc.name, v, cpu[i])
 		}
-		ratios = append(ratios, got[0]/got[1])
-		fmt.Fprintf(out, "| %d | %.0f | %.0f | %.2f |\n", rep+1, got[0], got[1], got[0]/got[1])
+		ratios, cpuRatios = append(ratios, got[0]/got[1]), append(cpuRatios, cpu[0]/cpu[1])
+		fmt.Fprintf(out, "| %d | %.0f | %.0f | %.2f | %.2f / %.2f |\n", rep+1, got[0], got[1], got[0]/got[1], cpu[0], cpu[1])
 	}
 	self := func(x float64) float64 { return x }
-	fmt.Fprintf(out, "\nMedian ratio %.2f (fleetrate ÷ redis_rate).\n\n", median(ratios, self))
+	fmt.Fprintf(out, "\nMedian throughput ratio %.2f (fleetrate ÷ redis_rate); median Redis CPU per call ratio %.2f.\n\n", median(ratios, self), median(cpuRatios, self))
 	return nil
+}
+
+// serverPID asks the redis-server for its process id.
+func serverPID(srv *redistest.Server) (int, error) {
+	v, err := srv.Do("info", "server")
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(fmt.Sprint(v), "\n") {
+		if id, ok := strings.CutPrefix(strings.TrimSpace(line), "process_id:"); ok {
+			return strconv.Atoi(id)
+		}
+	}
+	return 0, fmt.Errorf("INFO server: no process_id")
+}
+
+// procCPU reads the user and system CPU time of process pid from
+// /proc/<pid>/stat (in clock ticks of 10 ms).
+func procCPU(pid int) (time.Duration, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, err
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	if len(f) < 13 {
+		return 0, fmt.Errorf("/proc/%d/stat: too short", pid)
+	}
+	u, err1 := strconv.ParseInt(f[11], 10, 64)
+	st, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("/proc/%d/stat: %q", pid, s)
+	}
+	return time.Duration(u+st) * 10 * time.Millisecond, nil
 }
 
 // redisBenchmark runs one redis-benchmark of n requests of cmd over the
