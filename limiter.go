@@ -229,6 +229,9 @@ func (l *Limiter) taker(name string) BoundTaker {
 // Store returns the limiter's store.
 func (l *Limiter) Store() Store { return l.store }
 
+// Prefix returns the prefix of every store key of the limiter's buckets.
+func (l *Limiter) Prefix() string { return l.prefix }
+
 // MaxWait returns the configured max wait.
 func (l *Limiter) MaxWait() time.Duration { return l.maxWait }
 

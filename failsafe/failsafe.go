@@ -228,6 +228,10 @@ func New(primary fleetrate.Store, opts Options) (*Store, error) {
 // Open reports whether the breaker currently keeps calls from the store.
 func (s *Store) Open() bool { return s.state.Load() != closed }
 
+// Unwrap returns the primary store, so that callers can find what it
+// offers beyond fleetrate.Store (such as transport's Announcer).
+func (s *Store) Unwrap() fleetrate.Store { return s.primary }
+
 // allow reports whether this call may reach the primary store, claiming
 // the single probe when the cool-off is over.
 func (s *Store) allow() bool {

@@ -416,14 +416,6 @@ func TestTransportUpstreams(t *testing.T) {
 	}
 }
 
-// rateMarker is the bucket transport keeps a bucket's adaptive penalty
-// in (see transport/adaptive.go): draining it to P lowers the effective
-// rate to 1 - P/Recovery of the documented rate, rounded up to 1/128.
-func rateMarker(key string) fleetrate.Bucket {
-	return fleetrate.Bucket{Prefix: fleetrate.DefaultPrefix, Key: key + "#rate",
-		Limits: []fleetrate.Limit{{Name: "marker", Rate: 1e9, Burst: 1 << 40}}}
-}
-
 func TestTransportUpstreamsEffectiveRate(t *testing.T) {
 	t.Parallel()
 	clock := &fakeClock{t: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)}
@@ -442,19 +434,27 @@ func TestTransportUpstreamsEffectiveRate(t *testing.T) {
 		Endpoints: []transport.Endpoint{{Name: "search", Pattern: "GET /s", Limits: []fleetrate.Limit{fleetrate.PerSecond(10, 10)}}},
 	}
 	ctx := context.Background()
-	drain := func(key string, p time.Duration) {
+	set := func(key string, f float64) {
 		t.Helper()
-		if err := store.Drain(ctx, []fleetrate.Bucket{rateMarker(key)}, p); err != nil {
+		lim, err := fleetrate.New(store, fleetrate.Config{Buckets: append(up.Buckets(), fixed.Buckets()...)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := lim.Bucket(key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := transport.SetEffectiveFactor(ctx, store, b, transport.Adaptive{}, f); err != nil {
 			t.Fatal(err)
 		}
 	}
-	// 90 s of the 5 min recovery: 1 - 0.3 = 0.7, rounded up to 90/128.
-	drain(transport.EndpointBucket("booking_com", "availability"), 90*time.Second)
-	// 299 s: 1/128 after rounding, below the floor, so the floor (5 %).
-	drain(transport.EndpointBucket("booking_com", "rates"), 299*time.Second)
-	// 30 s on the credential: 0.9, rounded up to 116/128.
-	drain(transport.CredentialBucket("booking_com"), 30*time.Second)
-	drain(transport.EndpointBucket("expedia", "search"), 90*time.Second)
+	// 0.7, rounded up to 90/128.
+	set(transport.EndpointBucket("booking_com", "availability"), 0.7)
+	// The floor (5 %), rounded up to 7/128.
+	set(transport.EndpointBucket("booking_com", "rates"), transport.DefaultFloor)
+	// 0.9 on the credential, rounded up to 116/128.
+	set(transport.CredentialBucket("booking_com"), 0.9)
+	set(transport.EndpointBucket("expedia", "search"), 0.7)
 
 	rows, err := TransportUpstreams(store, "", []transport.Upstream{up, fixed}, nil, transport.Adaptive{})(ctx)
 	if err != nil {
@@ -470,7 +470,7 @@ func TestTransportUpstreamsEffectiveRate(t *testing.T) {
 		documented, credDoc float64
 	}{
 		{rows[0], 18 * 90.0 / 128, 30 * 116.0 / 128, 18, 30},
-		{rows[1], hourly * transport.DefaultFloor, 30 * 116.0 / 128, hourly, 30},
+		{rows[1], hourly * 7 / 128, 30 * 116.0 / 128, hourly, 30},
 		{rows[2], 0, 0, 10, 0}, // Fixed: never adapted, so no effective rate
 	} {
 		r := tc.row
@@ -482,28 +482,36 @@ func TestTransportUpstreamsEffectiveRate(t *testing.T) {
 		}
 	}
 
-	// The penalty decays with time: after 60 s, 30 s of it are left on
-	// availability, 0.9 of 18/s.
-	clock.add(60 * time.Second)
+	// The rate climbs back with time (CUBIC, Recovery 30 s): 15 s later
+	// availability is at 0.7/0.8 × (1 − 0.2 × 0.5³) = 0.853, 110/128.
+	clock.add(15 * time.Second)
 	rows, err = TransportUpstreams(store, "", []transport.Upstream{up}, nil, transport.Adaptive{})(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := rows[0].EffectiveRate, 18*116.0/128; got != want {
+	if got, want := rows[0].EffectiveRate, 18*110.0/128; got != want {
+		t.Errorf("availability 15 s later: effective %v, want %v", got, want)
+	}
+	// The transports' own settings give the same reading: with a 60 s
+	// recovery, 0.875 × (1 − 0.2 × 0.75³) = 0.801, 103/128.
+	rows, err = TransportUpstreams(store, "", []transport.Upstream{up}, nil, transport.Adaptive{Recovery: time.Minute})(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := rows[0].EffectiveRate, 18*103.0/128; got != want {
+		t.Errorf("availability, 60 s recovery: effective %v, want %v", got, want)
+	}
+	// 60 s after: past the old peak and back at the documented rates.
+	clock.add(45 * time.Second)
+	rows, err = TransportUpstreams(store, "", []transport.Upstream{up}, nil, transport.Adaptive{})(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := rows[0].EffectiveRate, 18.0; got != want {
 		t.Errorf("availability 60 s later: effective %v, want %v", got, want)
 	}
 	if got, want := rows[0].CredentialEffectiveRate, 30.0; got != want {
 		t.Errorf("credential 60 s later: effective %v, want %v (recovered)", got, want)
-	}
-
-	// The transports' own settings give the same reading: a 10 min
-	// recovery halves the penalty's weight.
-	rows, err = TransportUpstreams(store, "", []transport.Upstream{up}, nil, transport.Adaptive{Recovery: 10 * time.Minute})(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got, want := rows[0].EffectiveRate, 18*122.0/128; got != want { // 1 - 30/600 = 0.95 → 122/128
-		t.Errorf("availability, 10 min recovery: effective %v, want %v", got, want)
 	}
 
 	// Adaptation off: no effective rate anywhere, so the page hides it.

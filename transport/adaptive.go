@@ -17,9 +17,8 @@ const (
 	// DefaultDecrease multiplies a bucket's effective rate on each 429.
 	DefaultDecrease = 0.8
 	// DefaultRecovery is how long the effective rate takes to climb back
-	// from zero to the documented rate without a 429: it rises by the
-	// documented rate × elapsed / DefaultRecovery, an additive increase.
-	DefaultRecovery = 5 * time.Minute
+	// to the rate that drew the last 429 (see Adaptive).
+	DefaultRecovery = 30 * time.Second
 	// DefaultFloor is the lowest effective rate, as a fraction of the
 	// documented rate.
 	DefaultFloor = 0.05
@@ -32,12 +31,21 @@ const (
 // rate_limit_persistent and MetricPersistent count every such answer.
 var ErrPersistentLimit = errors.New("transport: still rate limited at the floor rate")
 
-// Adaptive tunes the fleet-wide adaptive pacing: every 429 (or 503 with
+// Adaptive tunes the fleet-wide adaptive pacing. Every 429 (or 503 with
 // Retry-After) lowers a bucket's effective rate multiplicatively, and time
-// without one raises it additively back toward the documented rate, never
-// above it (AIMD, as TCP finds a path's capacity). The effective rate is
-// kept in the shared store beside the bucket, so every process of the fleet
-// paces at the same rate and learns from any one's 429.
+// without one raises it back toward the documented rate, never above it.
+// The climb is CUBIC's (RFC 9438, as TCP finds a path's capacity): from
+// Decrease × w, where w is the rate that drew the 429, the rate rises fast
+// at first, flattens as it nears w over Recovery, where the limit was
+// found, and then rises ever faster past it, probing for more, up to the
+// documented rate. A fleet held back by a hidden limit so spends most of
+// its time just under it, and probes it about once per Recovery. A 429
+// that comes before the rate is back at w means the limit itself fell:
+// the next w is set halfway between the new rate and the old one
+// (CUBIC's fast convergence). The climb starts when the 429's pause ends.
+//
+// The rate is kept in the shared store beside the bucket, so every process
+// of the fleet paces at the same rate and learns from any one's 429.
 type Adaptive struct {
 	// Off turns adaptation off for every upstream of the transport; an
 	// upstream turns it off for itself with Upstream.Fixed.
@@ -45,14 +53,17 @@ type Adaptive struct {
 	// Decrease multiplies the effective rate on a 429, in (0, 1). The
 	// default is DefaultDecrease (0.8).
 	Decrease float64
-	// Recovery is the time the effective rate takes to climb from zero
-	// back to the documented rate. The default is DefaultRecovery (5 min).
+	// Recovery is how long, after a 429's pause, the effective rate takes
+	// to climb back to the rate that drew it; between 1 s and 3 minutes.
+	// The default is DefaultRecovery (30 s).
 	Recovery time.Duration
 	// Floor is the lowest effective rate as a fraction of the documented
 	// one, in (0, 1). The default is DefaultFloor (0.05).
 	Floor float64
 	// Refresh is how often a process reads the shared effective rate of a
-	// bucket it paces (one peek). The default is DefaultRateRefresh (2 s).
+	// bucket it paces (two peeks). It also reads it at once when told of a
+	// change: by an announcement (see Announcer), or by a pause it did not
+	// know of. The default is DefaultRateRefresh (10 s).
 	Refresh time.Duration
 }
 
@@ -83,34 +94,84 @@ func (a Adaptive) withDefaults() (Adaptive, error) {
 	return a, nil
 }
 
+// climb is one bucket's adaptive state: the rate that drew the last 429
+// (w, a fraction of the documented rate) and when the climb after it
+// began. The zero climb is the documented rate.
+type climb struct {
+	w     float64
+	start time.Time // local clock; zero: no 429 remembered
+}
+
+// factor returns the effective rate at now as a fraction of the
+// documented rate: CUBIC's window w + c·(t − k)³ with k = Recovery and c
+// chosen so that it starts at Decrease × w, between the floor and 1,
+// rounded up to a step of 1/128 (so that the limits a take sends, and the
+// bucket's conversions, change in steps rather than on every take).
+func (a Adaptive) factor(c climb, now time.Time) float64 {
+	if c.start.IsZero() {
+		return 1
+	}
+	t := max(now.Sub(c.start).Seconds(), 0)
+	k := a.Recovery.Seconds()
+	d := (t - k) / k
+	f := c.w + c.w*(1-a.Decrease)*d*d*d
+	f = math.Ceil(f*128) / 128
+	return min(max(f, a.Floor), 1)
+}
+
+// lowered returns the climb after a 429 answered at now while the climb
+// was c, with the fleet paused until resume: w is the rate that drew it,
+// or halfway between it and the old w when it came before the rate was
+// back at the old w (the limit fell).
+func (a Adaptive) lowered(c climb, now, resume time.Time) climb {
+	f := a.factor(c, now)
+	w := f
+	if !c.start.IsZero() && now.Sub(c.start) < a.Recovery && f < c.w {
+		w = f * (1 + a.Decrease) / 2
+	}
+	return climb{w: max(w, a.Floor), start: resume}
+}
+
 // The markers kept beside a paced bucket in the shared store. A marker is
 // a bucket of its own whose debt carries the state: a token per
 // nanosecond and a burst of 2^40, so it fills in markerFill (about 18
 // minutes), and a drain for d leaves a debt of d + markerFill that decays
-// with time like any debt. What lies beyond markerFill is the state:
+// with time like any debt. What lies beyond markerFill is the state; a
+// take adds a nanosecond, and its booked wait, far below markerFill.
 //
 //   - bucket#pause, the pause: drained for the pause on a 429. Every take
 //     of the bucket also takes from it, in the same atomic call: a take
 //     while it is drained waits out the pause (the fleet queues behind it,
-//     booked in order, no polling), and otherwise it never delays one (a
-//     take adds a nanosecond, and its booked wait, far below markerFill).
+//     booked in order, no polling), and otherwise it never delays one.
 //     The take's Booking reports its debt: every process learns a pause
 //     from its next take, at no extra call.
-//   - bucket#rate, the penalty P: drained to P on a 429 (a drain only ever
-//     raises it, so processes that lower the rate together agree) and
-//     decaying by the elapsed time, so that the effective rate
-//     1 − P/Recovery (of the documented rate) climbs back linearly. It is
-//     read with a peek at most every RateRefresh per process and bucket.
+//   - bucket#rate and bucket#peak, the climb: on a 429, #rate is drained
+//     to climbSpan + the pause, so that climbSpan − its state is the time
+//     since the climb began; #peak to climbSpan + the pause + (1 − w) ×
+//     peakScale, so that the difference of the two states, which time
+//     does not change, gives w. A drain only raises a debt, and both new
+//     states exceed the old ones (the new climb began later, and its w is
+//     at most the old one plus the climb's time over peakScale, which the
+//     curve never outruns), so the latest 429 wins. A peek reads both, at
+//     most every Refresh per process and bucket (two peeks).
 var (
 	markerLimit = fleetrate.Limit{Name: "marker", Rate: 1e9, Burst: 1 << 40}
 	markerFill  = markerLimit.FillTime()
 )
 
-// DefaultRateRefresh is the default of Adaptive.Refresh.
-const DefaultRateRefresh = 2 * time.Second
+const (
+	// climbSpan outlasts any climb: from the floor back to the documented
+	// rate takes at most Recovery × (1 + ∛(1/(floor × (1 − Decrease)))).
+	climbSpan = 4 * time.Hour
+	// peakScale turns w into a marker state.
+	peakScale = 100 * time.Second
+)
 
-// maxRecovery keeps every penalty far below a marker's fill time.
-const maxRecovery = time.Hour
+// DefaultRateRefresh is the default of Adaptive.Refresh.
+const DefaultRateRefresh = 10 * time.Second
+
+// maxRecovery keeps every climb within climbSpan.
+const maxRecovery = 3 * time.Minute
 
 // maxMarkedWait is the longest wait a take may book with its pause
 // markers: a booked wait pushes a marker's debt to it, which must stay
@@ -125,14 +186,39 @@ func rateMarker(b fleetrate.Bucket) fleetrate.Bucket {
 	return fleetrate.Bucket{Prefix: b.Prefix, Key: b.Key + "#rate", Limits: []fleetrate.Limit{markerLimit}}
 }
 
+func peakMarker(b fleetrate.Bucket) fleetrate.Bucket {
+	return fleetrate.Bucket{Prefix: b.Prefix, Key: b.Key + "#peak", Limits: []fleetrate.Limit{markerLimit}}
+}
+
+// state returns a marker's state from its debt.
+func state(debt int64) time.Duration {
+	return max(time.Duration(debt)-markerFill, 0)
+}
+
+// decodeClimb reads a climb from the states of a bucket's #rate and #peak
+// markers, read at now.
+func decodeClimb(rate, peak time.Duration, now time.Time) climb {
+	if rate <= 0 || peak < rate {
+		return climb{}
+	}
+	w := 1 - float64(peak-rate)/float64(peakScale)
+	return climb{w: min(max(w, 0), 1), start: now.Add(rate - climbSpan)}
+}
+
+// encodeClimb returns the drains of the #rate and #peak markers that
+// record c, at now.
+func encodeClimb(c climb, now time.Time) (rate, peak time.Duration) {
+	rate = climbSpan + c.start.Sub(now)
+	return rate, rate + time.Duration((1-c.w)*float64(peakScale))
+}
+
 // view is what this process knows of one bucket's markers, read from the
-// bookings of its takes (or set by its own 429s).
+// bookings of its takes, from announcements or set by its own 429s.
 type view struct {
 	pauseUntil time.Time // local clock
-	penalty    time.Duration
-	penaltyAt  time.Time     // when penalty was read or set (local clock)
-	read       time.Time     // when the penalty marker was last read
-	seen       time.Time     // when the markers were last read
+	climb      climb
+	read       time.Time     // when the climb was last read from the store
+	seen       time.Time     // when the pause marker was last read
 	decreased  time.Time     // when this process last lowered the rate
 	floored    time.Time     // when it lowered it to the floor, if it did
 	lastPause  time.Duration // the last pause chosen without a Retry-After
@@ -160,22 +246,6 @@ func (vs *views) get(key string) *view {
 	return v
 }
 
-// penaltyNow returns v's penalty decayed to now.
-func (v *view) penaltyNow(now time.Time) time.Duration {
-	return max(v.penalty-now.Sub(v.penaltyAt), 0)
-}
-
-// factor returns the effective rate of the bucket as a fraction of its
-// documented rate, rounded up to a step of 1/128 (so that the limits a take
-// sends, and the bucket's conversions, change in steps rather than on
-// every take, and the nanosecond each take adds to the penalty marker
-// changes nothing).
-func (a Adaptive) factor(penalty time.Duration) float64 {
-	f := 1 - float64(penalty)/float64(a.Recovery)
-	f = math.Ceil(f*128) / 128
-	return min(max(f, a.Floor), 1)
-}
-
 // scaled returns the limits with their rates multiplied by f, or the
 // limits themselves when f is 1 or a scaled limit would not be valid.
 func scaled(limits []fleetrate.Limit, f float64) []fleetrate.Limit {
@@ -192,54 +262,145 @@ func scaled(limits []fleetrate.Limit, f float64) []fleetrate.Limit {
 	return out
 }
 
-// learn reads a take's booking: the booking holds every limit's debt
-// after the take, bucket by bucket (the paced buckets, at the limits the
-// take used, then their pause markers, one for each). From the debts it
-// learns when each bucket's next token is free and how long its pause
-// lasts.
-func (t *Transport) learn(used []fleetrate.Bucket, b fleetrate.Booking, at time.Time) {
-	paced := used[:len(used)/2]
+// take is the layout of one take's buckets: the paced buckets at their
+// effective limits, then a pause marker for each.
+type take struct {
+	buckets []fleetrate.Bucket
+	paced   int
+}
+
+// layout returns the take of the paced buckets at their effective rates.
+// When this process's copy of a bucket's climb is older than
+// Adaptive.Refresh (or an announcement or an unknown pause said it
+// changed), it reads the climbs first (see readClimbs).
+func (t *Transport) layout(ctx context.Context, tg Target, paced []fleetrate.Bucket) take {
+	adaptive := !t.adaptive.Off && !tg.Fixed
+	if adaptive {
+		t.readClimbs(ctx, paced)
+	}
+	now := time.Now()
+	tk := take{paced: len(paced), buckets: make([]fleetrate.Bucket, 0, 2*len(paced))}
+	t.views.mu.Lock()
+	for _, b := range paced {
+		if adaptive {
+			b.Limits = scaled(b.Limits, t.adaptive.factor(t.views.get(b.Key).climb, now))
+			t.m.effectiveRate(tg, b.Key, b.Limits)
+		}
+		tk.buckets = append(tk.buckets, b)
+	}
+	t.views.mu.Unlock()
+	for _, b := range paced {
+		tk.buckets = append(tk.buckets, pauseMarker(b))
+	}
+	return tk
+}
+
+// readClimbs reads the climbs of the paced buckets whose copy is stale, in
+// two peeks for each; a failed read keeps the copies.
+func (t *Transport) readClimbs(ctx context.Context, paced []fleetrate.Bucket) {
+	now := time.Now()
+	var stale []fleetrate.Bucket
+	t.views.mu.Lock()
+	for _, b := range paced {
+		if now.Sub(t.views.get(b.Key).read) >= t.adaptive.Refresh {
+			stale = append(stale, b)
+		}
+	}
+	t.views.mu.Unlock()
+	if len(stale) == 0 {
+		return
+	}
+	type read struct {
+		b          fleetrate.Bucket
+		rate, peak time.Duration
+	}
+	reads := make([]read, 0, len(stale))
+	for _, b := range stale {
+		rate, err := t.markerState(ctx, rateMarker(b))
+		if err != nil {
+			return
+		}
+		peak, err := t.markerState(ctx, peakMarker(b))
+		if err != nil {
+			return
+		}
+		reads = append(reads, read{b, rate, peak})
+	}
+	t.views.mu.Lock()
+	defer t.views.mu.Unlock()
+	for _, r := range reads {
+		v := t.views.get(r.b.Key)
+		v.read = now
+		c := decodeClimb(r.rate, r.peak, now)
+		if now.Sub(v.decreased) > t.adaptive.Refresh || c.start.After(v.climb.start) {
+			// The store's climb, unless this process lowered the rate
+			// itself since it was read.
+			v.climb = c
+		}
+	}
+}
+
+// markerState reads a marker's state: one peek.
+func (t *Transport) markerState(ctx context.Context, m fleetrate.Bucket) (time.Duration, error) {
+	return readMarker(ctx, t.lim.Store(), m)
+}
+
+func readMarker(ctx context.Context, store fleetrate.Store, m fleetrate.Bucket) (time.Duration, error) {
+	res, err := store.Take(ctx, fleetrate.Request{Buckets: []fleetrate.Bucket{m}})
+	if err != nil {
+		return 0, err
+	}
+	return max(res.ResetAfter-markerFill, 0), nil
+}
+
+// learn reads a take's booking, which holds every limit's debt after the
+// take, bucket by bucket, in the take's layout: when each bucket's next
+// token is free, and how long its pause lasts.
+func (t *Transport) learn(tk take, b fleetrate.Booking, at time.Time) {
 	off := 0
-	for _, bk := range paced {
+	for _, bk := range tk.buckets[:tk.paced] {
 		off += len(bk.Limits)
 	}
-	if len(b.Debts) != off+len(paced) {
+	if len(b.Debts) != off+tk.paced {
 		return
 	}
 	t.views.mu.Lock()
 	defer t.views.mu.Unlock()
 	pos := 0
-	for _, bk := range paced {
+	for _, bk := range tk.buckets[:tk.paced] {
 		var next time.Duration
 		for _, l := range bk.Limits {
 			next = max(next, time.Duration(b.Debts[pos]-(l.Burst-1)*l.Interval()))
 			pos++
 		}
-		t.views.get(bk.Key).next = at.Add(next)
-	}
-	for i, bk := range paced {
 		v := t.views.get(bk.Key)
-		if pause := time.Duration(b.Debts[off+i]) - markerFill; pause > 0 {
+		v.next = at.Add(next)
+		if pause := state(b.Debts[off]); pause > 0 {
 			if until := at.Add(pause); until.After(v.pauseUntil.Add(time.Second)) {
 				// A pause this process did not know: a 429 elsewhere, which
-				// also lowered the rate. Read the rate before the next take.
+				// may also have lowered the rate. Read it with the next take.
 				v.read = time.Time{}
 			}
-			if until := at.Add(pause); until.After(v.pauseUntil) {
-				v.pauseUntil = until
-			}
+			v.pauseUntil = later(v.pauseUntil, at.Add(pause))
 		}
 		v.seen = at
+		off++
 	}
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 // learnNext records when the bucket's next token is free, from a denial.
 func (t *Transport) learnNext(key string, next time.Time) {
 	t.views.mu.Lock()
 	defer t.views.mu.Unlock()
-	if v := t.views.get(key); next.After(v.next) {
-		v.next = next
-	}
+	v := t.views.get(key)
+	v.next = later(v.next, next)
 }
 
 // nextFree returns when the first of the buckets' next tokens is free, as
@@ -249,24 +410,20 @@ func (t *Transport) nextFree(paced []fleetrate.Bucket) time.Time {
 	defer t.views.mu.Unlock()
 	var next time.Time
 	for _, b := range paced {
-		if n := t.views.get(b.Key).next; n.After(next) {
-			next = n
-		}
+		next = later(next, t.views.get(b.Key).next)
 	}
 	return next
 }
 
 // pausedUntil returns the latest pause this process knows of the buckets,
-// and whether it has read their markers since since.
+// and whether it has read their pause markers since since.
 func (t *Transport) pausedUntil(paced []fleetrate.Bucket, since time.Time) (until time.Time, fresh bool) {
 	t.views.mu.Lock()
 	defer t.views.mu.Unlock()
 	fresh = true
 	for _, bk := range paced {
 		v := t.views.get(bk.Key)
-		if v.pauseUntil.After(until) {
-			until = v.pauseUntil
-		}
+		until = later(until, v.pauseUntil)
 		if v.seen.Before(since) {
 			fresh = false
 		}
@@ -280,79 +437,42 @@ func (t *Transport) pauseLocally(keys []string, until time.Time) {
 	t.views.mu.Lock()
 	defer t.views.mu.Unlock()
 	for _, k := range keys {
-		if v := t.views.get(k); until.After(v.pauseUntil) {
-			v.pauseUntil = until
-		}
+		v := t.views.get(k)
+		v.pauseUntil = later(v.pauseUntil, until)
 	}
-}
-
-// effective returns the paced buckets with their adapted limits, reading
-// the shared penalties first when this process's copy is older than
-// Adaptive.Refresh (one peek per bucket; a failed read keeps the copy).
-func (t *Transport) effective(ctx context.Context, tg Target, paced []fleetrate.Bucket) []fleetrate.Bucket {
-	if t.adaptive.Off || tg.Fixed {
-		return paced
-	}
-	now := time.Now()
-	for _, b := range paced {
-		t.views.mu.Lock()
-		stale := now.Sub(t.views.get(b.Key).read) >= t.adaptive.Refresh
-		t.views.mu.Unlock()
-		if !stale {
-			continue
-		}
-		res, err := t.lim.Store().Take(ctx, fleetrate.Request{Buckets: []fleetrate.Bucket{rateMarker(b)}})
-		if err != nil {
-			continue
-		}
-		t.views.mu.Lock()
-		v := t.views.get(b.Key)
-		v.read = now
-		if p := max(res.ResetAfter-markerFill, 0); p > v.penaltyNow(now) || now.Sub(v.decreased) > t.adaptive.Refresh {
-			v.penalty, v.penaltyAt = p, now
-		}
-		t.views.mu.Unlock()
-	}
-	t.views.mu.Lock()
-	defer t.views.mu.Unlock()
-	out := make([]fleetrate.Bucket, len(paced))
-	for i, b := range paced {
-		f := t.adaptive.factor(t.views.get(b.Key).penaltyNow(now))
-		b.Limits = scaled(b.Limits, f)
-		out[i] = b
-		t.m.effectiveRate(tg, b.Key, b.Limits)
-	}
-	return out
 }
 
 // decrease lowers the effective rate of the buckets a 429 on a request
-// sent at sent concerns, fleet-wide, by raising their penalty markers. A
-// request sent before this process last lowered the rate reports what the
-// lowered rate has already answered, so it lowers nothing more. It reports
-// whether a bucket was already at its floor.
-func (t *Transport) decrease(ctx context.Context, tg Target, buckets []fleetrate.Bucket, sent time.Time, attrs []slog.Attr) (atFloor bool) {
+// sent at sent concerns, fleet-wide, by recording a new climb in their
+// markers, to begin when the pause ends at resume. A request sent before
+// this process last lowered the rate reports what the lowered rate has
+// already answered, so it lowers nothing more. It reports whether a bucket
+// was already at its floor.
+func (t *Transport) decrease(ctx context.Context, tg Target, buckets []fleetrate.Bucket, sent, resume time.Time, attrs []slog.Attr) (atFloor bool) {
 	if t.adaptive.Off || tg.Fixed {
 		return false
 	}
 	now := time.Now()
-	type raise struct {
+	type change struct {
 		b        fleetrate.Bucket
-		to       time.Duration // the new penalty
-		from, at float64       // the effective rates, as fractions
+		c        climb
+		from, at float64 // the effective rates, as fractions
 	}
-	var raises []raise
+	var changes []change
 	t.views.mu.Lock()
 	for _, b := range buckets {
 		v := t.views.get(b.Key)
-		p := v.penaltyNow(now)
-		from := t.adaptive.factor(p)
-		to := max(from*t.adaptive.Decrease, t.adaptive.Floor)
+		from := t.adaptive.factor(v.climb, now)
+		c := t.adaptive.lowered(v.climb, now, resume)
+		to := t.adaptive.factor(c, resume)
 		if to == t.adaptive.Floor && !v.floored.IsZero() && sent.After(v.floored) {
 			// Sent after a 429 had brought the rate to its floor, and
 			// limited all the same: lowering it further would not help.
 			atFloor = true
 		}
-		if sent.Before(v.decreased) {
+		if sent.Before(v.decreased) || sent.Before(v.climb.start) {
+			// Sent before the fleet's last 429 lowered the rate (or during
+			// its pause): the lowered rate has answered it already.
 			continue
 		}
 		switch {
@@ -361,24 +481,25 @@ func (t *Transport) decrease(ctx context.Context, tg Target, buckets []fleetrate
 		case v.floored.IsZero():
 			v.floored = now
 		}
-		target := time.Duration((1 - to) * float64(t.adaptive.Recovery))
-		if target <= p {
-			continue
-		}
-		v.penalty, v.penaltyAt, v.decreased = target, now, now
-		raises = append(raises, raise{b: b, to: target, from: from, at: to})
+		v.climb, v.decreased = c, now
+		changes = append(changes, change{b: b, c: c, from: from, at: to})
 	}
 	t.views.mu.Unlock()
-	for _, r := range raises {
-		// A drain only raises a marker's debt: processes that lower the
-		// rate at once agree on the lowest.
+	for _, ch := range changes {
+		rate, peak := encodeClimb(ch.c, now)
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeTimeout)
-		err := t.lim.Store().Drain(dctx, []fleetrate.Bucket{rateMarker(r.b)}, r.to)
+		store := t.lim.Store()
+		err := store.Drain(dctx, []fleetrate.Bucket{rateMarker(ch.b)}, rate)
+		if err == nil {
+			err = store.Drain(dctx, []fleetrate.Bucket{peakMarker(ch.b)}, peak)
+		}
 		cancel()
+		t.announceRate(ctx, ch.b)
 		t.log.LogAttrs(ctx, slog.LevelWarn, "rate_adapted", append(attrs,
-			slog.String("bucket", r.b.Key),
-			slog.Float64("from", r.from), slog.Float64("to", r.at),
-			slog.Float64("rate", r.at*r.b.Limits[0].Rate),
+			slog.String("bucket", ch.b.Key),
+			slog.Float64("from", ch.from), slog.Float64("to", ch.at),
+			slog.Float64("peak", ch.c.w),
+			slog.Float64("rate", ch.at*ch.b.Limits[0].Rate),
 			slog.Any("error", err))...)
 	}
 	if atFloor {
@@ -399,9 +520,51 @@ func EffectiveFactor(ctx context.Context, store fleetrate.Store, b fleetrate.Buc
 	if err != nil {
 		return 0, err
 	}
-	res, err := store.Take(ctx, fleetrate.Request{Buckets: []fleetrate.Bucket{rateMarker(b)}})
+	rate, err := readMarker(ctx, store, rateMarker(b))
 	if err != nil {
 		return 0, err
 	}
-	return a.factor(max(res.ResetAfter-markerFill, 0)), nil
+	peak, err := readMarker(ctx, store, peakMarker(b))
+	if err != nil {
+		return 0, err
+	}
+	now := time.Now()
+	return a.factor(decodeClimb(rate, peak, now), now), nil
+}
+
+// SetEffectiveFactor makes f (a fraction of the documented rate, in
+// [Floor, 1]) the effective rate of bucket b in store now, for every
+// transport pacing b under the adaptive settings a (its zero value means
+// the defaults): the climb back then starts from f, as after a 429 that
+// found the limit at f / Decrease. It replaces what 429s recorded. It is
+// for operators and tests; transports call nothing like it. Each process
+// sees the new rate when it next reads the climb (within a.Refresh).
+func SetEffectiveFactor(ctx context.Context, store fleetrate.Store, b fleetrate.Bucket, a Adaptive, f float64) error {
+	a, err := a.withDefaults()
+	if err != nil {
+		return err
+	}
+	if !(f >= a.Floor && f <= 1) {
+		return fmt.Errorf("%w: transport: effective factor must be between the floor %v and 1, got %v", fleetrate.ErrInvalid, a.Floor, f)
+	}
+	rm, pm := rateMarker(b), peakMarker(b)
+	if err := store.Reset(ctx, rm.StoreKey(), pm.StoreKey()); err != nil {
+		return err
+	}
+	if f == 1 {
+		return nil
+	}
+	now := time.Now()
+	c := climb{w: f / a.Decrease, start: now}
+	if c.w > 1 {
+		// Above Decrease: part of the way up the climb back to 1, where
+		// w + w(1 − Decrease)((t − k)/k)³ = f.
+		d := -math.Cbrt((1 - f) / (1 - a.Decrease))
+		c = climb{w: 1, start: now.Add(-time.Duration((1 + d) * float64(a.Recovery)))}
+	}
+	rate, peak := encodeClimb(c, now)
+	if err := store.Drain(ctx, []fleetrate.Bucket{rm}, rate); err != nil {
+		return err
+	}
+	return store.Drain(ctx, []fleetrate.Bucket{pm}, peak)
 }

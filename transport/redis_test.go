@@ -65,6 +65,9 @@ type drainWatch struct {
 	drained []time.Time
 }
 
+// Unwrap lets the transport find the Redis store's Announcer.
+func (d *drainWatch) Unwrap() fleetrate.Store { return d.Store }
+
 func (d *drainWatch) Drain(ctx context.Context, bs []fleetrate.Bucket, dur time.Duration) error {
 	err := d.Store.Drain(ctx, bs, dur)
 	if slices.ContainsFunc(bs, func(b fleetrate.Bucket) bool { return strings.HasSuffix(b.Key, "#pause") }) {
@@ -95,6 +98,7 @@ func redisFleet(t *testing.T, store fleetrate.Store, prefix, ota, name string, w
 		if err != nil {
 			t.Fatal(err)
 		}
+		defer tr.Close()
 		worker := fmt.Sprintf("%s-%d", name, i)
 		wg.Go(func() {
 			ctx, cancel := context.WithDeadline(context.Background(), until)

@@ -28,6 +28,8 @@ const (
 	DefaultBackoffMax = 30 * time.Second
 	// DefaultMaxRetryAfter caps the Retry-After the transport honours.
 	DefaultMaxRetryAfter = time.Minute
+	// DefaultLookahead is the default Options.Lookahead.
+	DefaultLookahead = 250 * time.Millisecond
 )
 
 // storeTimeout bounds the store calls the transport makes on its own
@@ -200,6 +202,22 @@ type Options struct {
 	// markers (by another take) that recently, at the price of sending
 	// during a pause announced in the last PauseCheckAge.
 	PauseCheckAge time.Duration
+	// Lookahead is how far ahead a request drawing from several buckets
+	// (an endpoint and its credential) may book. A booking is a point in
+	// time on every bucket, so one booked ahead because its endpoint is
+	// busy holds the credential idle for the other endpoints until then:
+	// at most Lookahead of it. A request whose turn is further away sleeps
+	// until it is within Lookahead, then books: two store calls instead of
+	// one. The default is DefaultLookahead (250 ms).
+	Lookahead time.Duration
+	// Announcer tells the fleet of pauses and lowered rates at once (see
+	// Announcer). The default is the limiter's store when it is one (a
+	// redisstore.Store is), also inside a wrapper that unwraps to it (a
+	// failsafe.Store). Every process of a fleet must announce: one that
+	// listens trusts that a pause it was not told of did not happen. A
+	// transport that listens holds a connection until closed (see
+	// Transport.Close).
+	Announcer Announcer
 }
 
 // Transport is an http.RoundTripper that paces requests through shared
@@ -236,7 +254,9 @@ type Transport struct {
 	failOpen      bool
 	adaptive      Adaptive
 	pauseCheckAge time.Duration
+	lookahead     time.Duration
 	views         views
+	ann           *listener // nil without an Announcer
 	qmu           sync.Mutex
 	queues        map[string]chan struct{} // see queue
 }
@@ -272,6 +292,13 @@ func New(limiter *fleetrate.Limiter, classify Classify, opts Options) (*Transpor
 		return nil, err
 	}
 	t.adaptive = adaptive
+	t.lookahead = opts.Lookahead
+	if t.lookahead == 0 {
+		t.lookahead = DefaultLookahead
+	}
+	if opts.Lookahead < 0 {
+		return nil, fmt.Errorf("%w: transport: lookahead must not be negative, got %v", fleetrate.ErrInvalid, opts.Lookahead)
+	}
 	if opts.PauseCheckAge < 0 {
 		return nil, fmt.Errorf("%w: transport: pause check age must not be negative, got %v", fleetrate.ErrInvalid, opts.PauseCheckAge)
 	}
@@ -326,6 +353,13 @@ func New(limiter *fleetrate.Limiter, classify Classify, opts Options) (*Transpor
 		return nil, err
 	}
 	t.m = m
+	ann := opts.Announcer
+	if ann == nil {
+		ann = announcerOf(limiter.Store())
+	}
+	if ann != nil {
+		t.listen(ann, limiter.Prefix())
+	}
 	return t, nil
 }
 
@@ -399,7 +433,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 				discard(resp)
 				return nil, derr
 			}
-			atFloor = t.decrease(ctx, tg, drained, sent, attrs)
+			atFloor = t.decrease(ctx, tg, drained, sent, time.Now().Add(pause), attrs)
 		}
 
 		retry, cerr := t.checkRetry(ctx, resp, err)
@@ -451,142 +485,133 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 }
 
 // wait takes the request's turn on its buckets, within the max wait from
-// its start (lowered by ctx's deadline). A wait known to exceed that fails
-// at once with backpressure.
+// its start (lowered by ctx's deadline), and returns when it may be sent.
+// A wait known to exceed that fails at once with backpressure.
 //
-// Each round is one atomic take of the request's buckets, at their
-// effective (adapted) rates, and of their markers (see adaptive.go): a
-// pause drained into a marker books the take after the pause, so requests
-// queue behind it in booking order without polling, and the take's
-// booking tells this process the pauses and rates of the buckets.
+// A request is: book, sleep, send. The booking is one atomic take, through
+// the Limiter (fleetrate.Limiter.Book), of the request's buckets at their
+// effective (adapted) rates and of their markers (see adaptive.go): a pause
+// drained into a marker books the take after the pause, so requests queue
+// behind it in booking order without polling, and the take's booking tells
+// this process the pauses and, every Adaptive.Refresh, the rates of the
+// buckets. The request then sleeps until its slot.
 //
-// A request drawing from a single bucket books its whole wait. A request
-// drawing from several buckets books only when its turn is within the
-// look-ahead: a booking is a point in time on every bucket, and a token
-// bucket cannot leave a hole before it, so booking far ahead because one
-// bucket is slow would idle the others until then. The look-ahead is the
-// shortest emission interval among its limits, so a booking idles at most
-// about one token of a bucket that did not set the wait. Until its turn is
-// that near, such a request sleeps the store's retry-after, booking
-// nothing, and takes again.
+// A request drawing from several buckets (an endpoint and its credential)
+// books them all in that one take too, but waits first for the requests of
+// this process that draw from the same buckets and booked before it (see
+// queue): a booking is a point in time on every bucket, and a token bucket
+// cannot leave a hole before it, so a fleet that booked a slow endpoint far
+// ahead would idle the credential for every other endpoint until then.
+// With one booking per process ahead, a credential waits for no more than
+// the fleet's processes' next slots on an endpoint.
 //
-// A request that wakes inside a pause announced after it booked (one this
-// process learned of from its own 429 or another take, or, when what it
-// knows is older than the pause check age, from reading the markers) gives
-// its booking back and queues again behind the pause: nothing is sent
-// during a pause this process knows of.
+// A request that wakes inside a pause announced after it booked gives its
+// booking back and queues again behind the pause: nothing is sent during a
+// pause this process knows of. It knows of a pause from its own 429s (at
+// once), from its takes, from announcements (see Announcer), and otherwise
+// by reading the markers once more before it sends (see PauseCheckAge).
 func (t *Transport) wait(ctx context.Context, tg Target, attrs []slog.Attr) error {
 	names, n := tg.buckets(), tg.cost()
 	paced := make([]fleetrate.Bucket, len(names))
-	pauses := make([]fleetrate.Bucket, 0, len(names))
 	for i, name := range names {
 		b, err := t.lim.Bucket(name)
 		if err != nil {
 			return fmt.Errorf("transport: %s/%s: %w", tg.Channel, tg.Endpoint, err)
 		}
 		paced[i] = b
-		pauses = append(pauses, pauseMarker(b))
 	}
-	store := t.lim.Store()
+	class := fleetrate.PriorityFrom(ctx)
+	if class == "" && tg.Priority != "" {
+		class = tg.Priority
+		ctx = fleetrate.WithPriority(ctx, class)
+	}
 	start := time.Now()
 	maxWait := t.maxWait
 	if dl, ok := ctx.Deadline(); ok {
 		maxWait = max(min(maxWait, time.Until(dl)), 0)
 	}
-	horizon := maxWait
-	release := func() {}
+	w := waiter{t: t, ctx: ctx, tg: tg, attrs: attrs, start: start, maxWait: maxWait}
 	if len(paced) > 1 {
-		horizon = min(horizon, lookahead(paced))
-		// Requests of this process for the same buckets queue here, in
-		// order, and only the first of them asks the store (see queue):
-		// a queued multi-bucket fleet so makes a few calls per request,
-		// not one per request per look-ahead.
-		r, err := t.queue(ctx, names, start, maxWait)
+		release, err := t.queue(ctx, strings.Join(append(names, class), "\x00"), start, maxWait)
 		if err != nil {
 			if errors.Is(err, errQueueBudget) {
-				return t.waitFailed(ctx, tg, attrs, &fleetrate.BackpressureError{RetryAfter: maxWait, MaxWait: 0})
+				return w.backpressure(maxWait, fleetrate.Result{})
 			}
-			return fmt.Errorf("transport: %s/%s: waiting for the bucket: %w", tg.Channel, tg.Endpoint, err)
+			return w.failed("waiting for the bucket", err)
 		}
-		release = r
+		// The next request of this process may book once this one's slot
+		// has come (or its wait has failed).
 		defer release()
 	}
-	// The error reports the wait budget that was left, not the whole
-	// max wait: that is what the wait exceeded.
-	backpressure := func(retryAfter time.Duration, res fleetrate.Result) error {
-		left := max(maxWait-time.Since(start), 0)
-		return t.waitFailed(ctx, tg, attrs, &fleetrate.BackpressureError{RetryAfter: retryAfter, MaxWait: left, Result: res})
-	}
-	failed := func(what string, err error) error {
-		return fmt.Errorf("transport: %s/%s: %s: %w", tg.Channel, tg.Endpoint, what, err)
-	}
-	var booking fleetrate.Booking
 	for {
 		if err := ctx.Err(); err != nil {
-			return failed("waiting for the bucket", err)
+			return w.failed("waiting for the bucket", err)
 		}
-		remaining := max(maxWait-time.Since(start), 0)
 		if until, _ := t.pausedUntil(paced, time.Time{}); until.After(time.Now()) {
 			// A pause this process knows of (its own 429 sets it before
 			// the drain returns): sit it out, then book behind it.
 			d := time.Until(until)
-			if d > remaining {
-				return backpressure(d, fleetrate.Result{})
+			if d > w.remaining() {
+				return w.backpressure(d, fleetrate.Result{})
 			}
 			if err := sleep(ctx, d); err != nil {
-				return failed("waiting out a pause", err)
+				return w.failed("waiting out a pause", err)
 			}
 			continue
 		}
-		if d := time.Until(t.nextFree(paced)); d > remaining && len(paced) == 1 {
-			// This process's last booking already queued the bucket past
+		if d := time.Until(t.nextFree(paced)); d > w.remaining() {
+			// This process's last booking already queued the buckets past
 			// the budget: no need to ask the store to say so.
-			return backpressure(d, fleetrate.Result{})
+			return w.backpressure(d, fleetrate.Result{})
 		}
-		bs := append(t.effective(ctx, tg, paced), pauses...)
-		req := fleetrate.Request{Buckets: bs, N: n, MaxWait: min(remaining, horizon), Booking: &booking}
-		if err := req.Validate(); err != nil {
-			return fmt.Errorf("transport: %s/%s: %w", tg.Channel, tg.Endpoint, err)
+		tk := t.layout(ctx, tg, paced)
+		horizon := w.remaining()
+		if len(paced) > 1 {
+			horizon = min(horizon, t.lookahead)
 		}
-		res, err := store.Take(ctx, req)
-		// The wait counts from the store's decision; counting from its
-		// answer never sends before the booked slot.
-		booked := time.Now()
+		r, err := t.lim.Book(ctx, fleetrate.Request{Buckets: tk.buckets, N: n, MaxWait: horizon})
 		if err != nil {
-			return t.waitFailed(ctx, tg, attrs, err)
-		}
-		if !res.Allowed {
+			var bp *fleetrate.BackpressureError
+			if !errors.As(err, &bp) {
+				return t.waitFailed(ctx, tg, attrs, err)
+			}
 			if len(paced) == 1 {
-				t.learnNext(paced[0].Key, booked.Add(res.RetryAfter))
+				t.learnNext(paced[0].Key, time.Now().Add(bp.RetryAfter))
 			}
-			if res.RetryAfter > remaining {
-				return backpressure(res.RetryAfter, res)
+			if bp.RetryAfter > w.remaining() || bp.MaxWait < horizon {
+				// Beyond the budget (or the horizon of the request's
+				// priority class): say so at once.
+				return w.backpressure(bp.RetryAfter, bp.Result)
 			}
-			// Only a multi-bucket request gets here: its turn is beyond
-			// the look-ahead. Sleep until it is within it.
-			if err := sleep(ctx, res.RetryAfter-horizon); err != nil {
-				return failed("waiting for the bucket", err)
+			// A multi-bucket turn beyond the look-ahead: sleep until it
+			// is within it, then book.
+			if err := sleep(ctx, bp.RetryAfter-horizon); err != nil {
+				return w.failed("waiting for the bucket", err)
 			}
 			continue
 		}
-		t.learn(bs, booking, booked)
-		release() // booked: the next request of this process may ask
-		slept := time.Until(booked.Add(res.Wait)) > 0
-		if err := sleep(ctx, time.Until(booked.Add(res.Wait))); err != nil {
-			// Give the booking back: only what no later booking relies on
-			// returns, and nothing while a 429's drain has moved the
-			// bucket on (the drain has absorbed the booking), so a cancel
-			// never shortens a pause or grants a slot twice.
-			t.cancel(ctx, bs, n, booking)
-			return failed("waiting for the bucket", err)
+		booked := time.Now()
+		t.learn(tk, r.Booking(), booked)
+		if err := r.Sleep(ctx); err != nil {
+			// Sleep gave the booking back: only what no later booking
+			// relies on returns, and nothing while a 429's drain has moved
+			// the bucket on, so a cancel never shortens a pause or grants
+			// a slot twice.
+			var bp *fleetrate.BackpressureError
+			if errors.As(err, &bp) {
+				return w.backpressure(bp.RetryAfter, bp.Result)
+			}
+			return w.failed("waiting for the bucket", err)
 		}
-		if _, fresh := t.pausedUntil(paced, time.Now().Add(-t.pauseCheckAge)); slept && !fresh {
-			if err := t.readPauses(ctx, paced, pauses); err != nil {
+		slept := r.Result.Wait > 0
+		if _, fresh := t.pausedUntil(paced, time.Now().Add(-t.pauseCheckAge)); slept && !fresh && !t.listening(booked) {
+			if err := t.readPauses(ctx, paced); err != nil {
+				w.cancel(r)
 				return t.waitFailed(ctx, tg, attrs, err)
 			}
 		}
 		if until, _ := t.pausedUntil(paced, time.Time{}); until.After(time.Now()) {
-			t.cancel(ctx, bs, n, booking)
+			w.cancel(r)
 			continue
 		}
 		t.waited(ctx, tg, attrs, time.Since(start))
@@ -594,17 +619,49 @@ func (t *Transport) wait(ctx context.Context, tg Target, attrs []slog.Attr) erro
 	}
 }
 
+// waiter is one request's wait: its budget and how its failures read.
+type waiter struct {
+	t       *Transport
+	ctx     context.Context
+	tg      Target
+	attrs   []slog.Attr
+	start   time.Time
+	maxWait time.Duration
+}
+
+// remaining returns what is left of the wait budget.
+func (w *waiter) remaining() time.Duration {
+	return max(w.maxWait-time.Since(w.start), 0)
+}
+
+// backpressure fails the wait: it would last retryAfter. The error
+// reports the wait budget that was left, not the whole max wait: that is
+// what the wait exceeded.
+func (w *waiter) backpressure(retryAfter time.Duration, res fleetrate.Result) error {
+	return w.t.waitFailed(w.ctx, w.tg, w.attrs, &fleetrate.BackpressureError{RetryAfter: retryAfter, MaxWait: w.remaining(), Result: res})
+}
+
+func (w *waiter) failed(what string, err error) error {
+	return fmt.Errorf("transport: %s/%s: %s: %w", w.tg.Channel, w.tg.Endpoint, what, err)
+}
+
+// cancel gives a booking back, best effort, even once the request's
+// context has ended.
+func (w *waiter) cancel(r *fleetrate.Reservation) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(w.ctx), storeTimeout)
+	defer cancel()
+	_ = r.Cancel(rctx)
+}
+
 // errQueueBudget is queue's error for a request whose wait budget ran out
 // while it queued in its process.
 var errQueueBudget = errors.New("transport: wait budget spent in the process's queue")
 
-// queue waits for the request's turn among this process's requests for the
-// same buckets (in arrival order: a channel's waiting senders are served
+// queue waits for the request's turn among this process's requests with
+// the same key (in arrival order: a channel's waiting senders are served
 // first in, first out), within the wait budget, and returns the function
-// that lets the next one go: the caller calls it once its own booking is
-// made or its wait has failed.
-func (t *Transport) queue(ctx context.Context, names []string, start time.Time, maxWait time.Duration) (release func(), err error) {
-	key := strings.Join(names, "\x00")
+// that lets the next one go.
+func (t *Transport) queue(ctx context.Context, key string, start time.Time, maxWait time.Duration) (release func(), err error) {
 	t.qmu.Lock()
 	if t.queues == nil {
 		t.queues = map[string]chan struct{}{}
@@ -628,16 +685,13 @@ func (t *Transport) queue(ctx context.Context, names []string, start time.Time, 
 	}
 }
 
-// cancel gives a booking back, best effort, even once ctx has ended.
-func (t *Transport) cancel(ctx context.Context, bs []fleetrate.Bucket, n int64, b fleetrate.Booking) {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeTimeout)
-	defer cancel()
-	_ = t.lim.Store().Cancel(rctx, bs, n, b)
-}
-
 // readPauses reads the pause markers of the paced buckets (one peek) into
 // this process's views.
-func (t *Transport) readPauses(ctx context.Context, paced, pauses []fleetrate.Bucket) error {
+func (t *Transport) readPauses(ctx context.Context, paced []fleetrate.Bucket) error {
+	pauses := make([]fleetrate.Bucket, len(paced))
+	for i, b := range paced {
+		pauses[i] = pauseMarker(b)
+	}
 	res, err := t.lim.Store().Take(ctx, fleetrate.Request{Buckets: pauses})
 	if err != nil {
 		return err
@@ -655,18 +709,6 @@ func (t *Transport) readPauses(ctx context.Context, paced, pauses []fleetrate.Bu
 		}
 	}
 	return nil
-}
-
-// lookahead returns how far ahead a multi-bucket take may book: the
-// shortest emission interval among the buckets' limits.
-func lookahead(bs []fleetrate.Bucket) time.Duration {
-	d := time.Duration(1<<63 - 1)
-	for _, b := range bs {
-		for _, l := range b.Limits {
-			d = min(d, time.Duration(l.Interval()))
-		}
-	}
-	return d
 }
 
 // waited records a granted wait.
@@ -713,13 +755,17 @@ func (t *Transport) drain(ctx context.Context, tg Target, d time.Duration, attrs
 		paced[i], keys[i] = b, b.Key
 	}
 	t.pauseLocally(keys, time.Now().Add(d))
-	bs := t.effective(ctx, tg, paced)
-	for _, b := range paced {
-		bs = append(bs, pauseMarker(b))
-	}
+	// The buckets at their effective limits, and their pause markers.
+	bs := t.layout(ctx, tg, paced).buckets
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeTimeout)
 	defer cancel()
-	if err := t.lim.Store().Drain(dctx, bs, d); err != nil {
+	err := t.lim.Store().Drain(dctx, bs, d)
+	if err == nil {
+		for _, b := range paced {
+			t.announcePause(ctx, b, d)
+		}
+	}
+	if err != nil {
 		if errors.Is(err, fleetrate.ErrStoreUnavailable) && t.failOpen {
 			t.log.LogAttrs(ctx, slog.LevelError, "rate_store_error", append(attrs,
 				slog.String("error", err.Error()), slog.Bool("fail_open", true))...)

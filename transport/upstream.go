@@ -43,6 +43,10 @@ type Target struct {
 	// Fixed paces the request at the documented limits always: its 429s
 	// pause the fleet but do not lower the effective rate (see Adaptive).
 	Fixed bool
+	// Priority is the request's priority class on its buckets (see
+	// fleetrate.Priority), unless its context names one with
+	// fleetrate.WithPriority. Empty means the top class.
+	Priority string
 }
 
 // validate checks the target, naming the failing field and value.
@@ -152,6 +156,10 @@ type Endpoint struct {
 	Limits []fleetrate.Limit
 	// Cost is the tokens one request takes. 0 means 1.
 	Cost int64
+	// Priority is the priority class of the endpoint's requests, one of
+	// the upstream's Priorities (a request's context may name another with
+	// fleetrate.WithPriority). Empty means the top class.
+	Priority string
 }
 
 // Upstream describes an upstream API's documented limits: one bucket per
@@ -172,6 +180,12 @@ type Upstream struct {
 	// Fixed turns adaptive pacing off for this upstream: its requests are
 	// paced at the documented limits whatever it answers (see Adaptive).
 	Fixed bool
+	// Priorities are the priority classes below the top one on every
+	// bucket of the upstream, endpoints' and credential's (see
+	// fleetrate.Priority): a bulk class keeps a reserve of each bucket for
+	// the classes above it and books at most its horizon ahead, so that a
+	// booking confirmation is not queued behind an inventory push.
+	Priorities []fleetrate.Priority
 }
 
 // Validate checks the upstream, naming the failing field and value.
@@ -209,6 +223,9 @@ func (u Upstream) Validate() error {
 		if len(e.Limits) == 0 {
 			return fmt.Errorf("%w: %s.limits: at least one limit is required", fleetrate.ErrInvalid, field)
 		}
+		if e.Priority != "" && !slices.ContainsFunc(u.Priorities, func(p fleetrate.Priority) bool { return p.Name == e.Priority }) {
+			return fmt.Errorf("%w: %s.priority: %q is not one of the upstream's priorities", fleetrate.ErrInvalid, field, e.Priority)
+		}
 		for j, l := range e.Limits {
 			if err := l.Validate(); err != nil {
 				return fmt.Errorf("%w: %s.limits[%d]: %w", fleetrate.ErrInvalid, field, j, err)
@@ -233,7 +250,7 @@ func (u Upstream) Buckets() []fleetrate.BucketConfig {
 	var bs []fleetrate.BucketConfig
 	add := func(name string, limits []fleetrate.Limit) {
 		bs = append(bs,
-			fleetrate.BucketConfig{Name: name, Limits: slices.Clone(limits)},
+			fleetrate.BucketConfig{Name: name, Limits: slices.Clone(limits), Priorities: slices.Clone(u.Priorities)},
 			fleetrate.BucketConfig{Name: PauseBucket(name), Limits: []fleetrate.Limit{PauseLimit}})
 	}
 	if len(u.Credential) > 0 {
@@ -292,6 +309,7 @@ func (u Upstream) Classifier() (Classify, error) {
 			Credential:      credential,
 			Fixed:           u.Fixed,
 			DrainCredential: u.DrainCredential,
+			Priority:        e.Priority,
 		}, nil
 	}, nil
 }

@@ -29,11 +29,17 @@ func TestUpstreamEffectiveRateInABrowser(t *testing.T) {
 			{Name: "rates", Pattern: "POST /r", Limits: []fleetrate.Limit{fleetrate.PerSecond(4.5, 1)}},
 		},
 	}
-	// The penalty transport keeps beside the bucket (transport/adaptive.go):
-	// 90 s of the 5 min recovery leaves 0.7 of the rate, 90/128 rounded up.
-	marker := fleetrate.Bucket{Prefix: fleetrate.DefaultPrefix, Key: transport.EndpointBucket("booking_com", "availability") + "#rate",
-		Limits: []fleetrate.Limit{{Name: "marker", Rate: 1e9, Burst: 1 << 40}}}
-	if err := store.Drain(context.Background(), []fleetrate.Bucket{marker}, 90*time.Second); err != nil {
+	// The fleet's effective rate, as a 429 leaves it: 0.7 of the
+	// documented rate, 90/128 rounded up.
+	lim, err := fleetrate.New(store, fleetrate.Config{Buckets: up.Buckets()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := lim.Bucket(transport.EndpointBucket("booking_com", "availability"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := transport.SetEffectiveFactor(context.Background(), store, b, transport.Adaptive{}, 0.7); err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {
