@@ -88,6 +88,9 @@ type batchCall struct {
 	// largs are the script arguments of req's limits (see appendTakeLimits),
 	// encoded once by a bound taker; nil for other takes.
 	largs []any
+	// deadline is the caller's context's deadline (zero: none), which a
+	// store without a timeout of its own bounds the shared call by.
+	deadline time.Time
 	// res is the caller's decision, valid once err is nil and done has
 	// been signalled.
 	res fleetrate.Result
@@ -210,6 +213,7 @@ func (b *batcher[R]) take(ctx context.Context, req fleetrate.Request) (fleetrate
 	c := newBatchCall()
 	c.req = cloneRequest(req)
 	c.want, c.req.Booking = req.Booking, nil
+	c.deadline, _ = ctx.Deadline()
 	if err := b.s.sameSlot(c.storeKeys()); err != nil {
 		c.release()
 		return fleetrate.Result{}, err
@@ -241,6 +245,7 @@ func (b *batcher[R]) takeKey(ctx context.Context, bk fleetrate.Bucket, key strin
 	c.bucket[0] = bk
 	c.req = fleetrate.Request{Buckets: c.bucket[:], N: n, MaxWait: maxWait}
 	c.largs = largs
+	c.deadline, _ = ctx.Deadline()
 	return b.wait(ctx, r, c)
 }
 
@@ -541,6 +546,23 @@ func sameShape(s, c *batchCall) bool {
 	return sameLimits(s.req, c.req)
 }
 
+// sharedCtx bounds a call shared by calls: by the store's timeout, or for
+// a store without one (a negative Timeout) by DefaultTimeout or, if later,
+// the latest deadline of the calls' callers, so that the call lives as
+// long as its most patient caller may wait, and no longer.
+func (s *Store) sharedCtx(calls []*batchCall) (context.Context, context.CancelFunc) {
+	if s.timeout >= 0 {
+		return context.WithTimeout(context.Background(), s.timeout)
+	}
+	d := time.Now().Add(DefaultTimeout)
+	for _, c := range calls {
+		if c.deadline.After(d) {
+			d = c.deadline
+		}
+	}
+	return context.WithDeadline(context.Background(), d)
+}
+
 // send runs one batch call and hands each caller its decision.
 func (s *Store) send(batch []*batchCall) {
 	// Calls whose callers gave up while queued are dropped; the rest are
@@ -566,7 +588,7 @@ func (s *Store) send(batch []*batchCall) {
 	// bound rather than any caller's context: a caller that gives up
 	// sooner is refunded what the call grants it (see below), which needs
 	// the reply.
-	ctx, cancel := s.ownCtx()
+	ctx, cancel := s.sharedCtx(kept)
 	var reply []int64
 	err := s.bounded(ctx, func(ctx context.Context) (err error) {
 		reply, err = batchScript.Run(ctx, s.c, keys, args...).Int64Slice()

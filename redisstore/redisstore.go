@@ -106,7 +106,8 @@ type Options struct {
 	// deadline keeps it. The default is DefaultTimeout (50 ms); a negative
 	// value means no bound beyond the context's, except for calls shared
 	// by several callers (batched or folded), which belong to no single
-	// caller's context and so are bounded by DefaultTimeout.
+	// caller's context and so are bounded by DefaultTimeout or, if later,
+	// the latest deadline of their callers' contexts.
 	Timeout time.Duration
 	// Unbatched makes every take its own script call. By default (and
 	// with Batch) the takes that this process makes while earlier ones
@@ -231,17 +232,6 @@ func (s *Store) cancelAbandoned(calls []*batchCall) {
 		c := calls[i]
 		_ = s.Cancel(ctx, c.req.Buckets, c.req.N, c.booking)
 	}
-}
-
-// ownCtx bounds a call that belongs to no single caller (a folded or
-// batched one): by the store's timeout, or DefaultTimeout when the store
-// has none of its own.
-func (s *Store) ownCtx() (context.Context, context.CancelFunc) {
-	d := s.timeout
-	if d < 0 {
-		d = DefaultTimeout
-	}
-	return context.WithTimeout(context.Background(), d)
 }
 
 func (s *Store) ctx(ctx context.Context) (context.Context, context.CancelFunc) {

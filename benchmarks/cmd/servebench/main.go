@@ -1,18 +1,21 @@
 // Command servebench measures `fleetrate serve` against envoyproxy/ratelimit
-// over gRPC (Envoy RLS v3, ShouldRateLimit): decisions per CPU-second of
-// the service process, at several numbers of concurrent callers, in
+// over gRPC (Envoy RLS v3, ShouldRateLimit) and, with -gubernator, against
+// gubernator (its own V1.GetRateLimits): decisions per CPU-second of the
+// service process, at several numbers of concurrent callers, in
 // interleaved rounds (each round runs every service at every concurrency,
 // one after the other), so that a slow spell of the shared machine hits
 // them all.
 //
-//	cd benchmarks && go run ./cmd/servebench -ratelimit /path/to/ratelimit
+//	cd benchmarks && ./peers.sh && go run ./cmd/servebench -ratelimit bin/ratelimit -gubernator bin/gubernator
 //
-// envoyproxy/ratelimit is built from its source (see
-// benchmarks/peers.sh). Both services load the same envoyproxy/ratelimit
-// configuration file (one descriptor, a limit never reached) and share one
-// redis-server this command starts on a free loopback port; fleetrate also
-// runs with its in-memory store. The service's CPU time is read from
-// /proc/<pid>/stat before and after each measurement.
+// envoyproxy/ratelimit is built from its source and gubernator v2.13.0 from
+// the module proxy by peers.sh. Both RLS services load the same
+// envoyproxy/ratelimit configuration file (one descriptor, a limit never
+// reached) and share one redis-server this command starts on a free
+// loopback port; fleetrate also runs with its in-memory store, and
+// gubernator (one node) keeps its buckets in memory, with the same limit.
+// The service's CPU time is read from /proc/<pid>/stat before and after
+// each measurement.
 package main
 
 import (
@@ -37,6 +40,8 @@ import (
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protowire"
 
 	"github.com/fleetrate/fleetrate/benchmarks/workload"
 	"github.com/fleetrate/fleetrate/internal/redistest"
@@ -60,10 +65,12 @@ descriptors:
       requests_per_unit: 1000000000
 `
 
-// service is one way to run a rate-limit service on a gRPC port.
+// service is one way to run a rate-limit service on a gRPC port, and the
+// call that asks it for one decision on key i.
 type service struct {
 	name  string
 	start func(port int) (*exec.Cmd, error)
+	call  func(conn *grpc.ClientConn) func(ctx context.Context, i int) error
 }
 
 type result struct {
@@ -75,6 +82,7 @@ type result struct {
 func run(args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("servebench", flag.ContinueOnError)
 	ratelimit := fs.String("ratelimit", "", "envoyproxy/ratelimit binary built from source (required)")
+	gubernator := fs.String("gubernator", "", "gubernator v2.13.0 binary (see peers.sh); empty: not measured")
 	duration := fs.Duration("duration", 3*time.Second, "how long each measurement runs")
 	rounds := fs.Int("rounds", 3, "interleaved rounds; the table reports each round and the medians")
 	callersFlag := fs.String("callers", "1,16,64", "concurrent callers")
@@ -130,7 +138,7 @@ func run(args []string, out io.Writer) error {
 		}
 	}
 	services := []service{
-		{"fleetrate serve, Redis", fleet("--redis", srv.URL())},
+		{"fleetrate serve, Redis", fleet("--redis", srv.URL()), rlsCall},
 		{"envoyproxy/ratelimit, Redis", func(port int) (*exec.Cmd, error) {
 			cmd := exec.Command(*ratelimit)
 			cmd.Env = append(os.Environ(),
@@ -140,8 +148,21 @@ func run(args []string, out io.Writer) error {
 				"HOST=127.0.0.1", "PORT="+strconv.Itoa(freePort()), "DEBUG_HOST=127.0.0.1", "DEBUG_PORT="+strconv.Itoa(freePort()),
 				"GRPC_HOST=127.0.0.1", "GRPC_PORT="+strconv.Itoa(port))
 			return startCmd(cmd)
-		}},
-		{"fleetrate serve, in memory", fleet()},
+		}, rlsCall},
+		{"fleetrate serve, in memory", fleet(), rlsCall},
+	}
+	if *gubernator != "" {
+		services = append(services, service{"gubernator v2.13.0, in memory", func(port int) (*exec.Cmd, error) {
+			ml := "127.0.0.1:" + strconv.Itoa(freePort())
+			cmd := exec.Command(*gubernator)
+			cmd.Env = append(os.Environ(),
+				"GUBER_GRPC_ADDRESS=127.0.0.1:"+strconv.Itoa(port), "GUBER_ADVERTISE_ADDRESS=127.0.0.1:"+strconv.Itoa(port),
+				"GUBER_HTTP_ADDRESS=127.0.0.1:"+strconv.Itoa(freePort()),
+				"GUBER_MEMBERLIST_ADDRESS="+ml, "GUBER_MEMBERLIST_BIND_ADDRESS="+ml, "GUBER_MEMBERLIST_KNOWN_NODES="+ml,
+				"GUBER_LOG_LEVEL=error", "OTEL_TRACES_EXPORTER=none")
+			cmd.Stdout, cmd.Stderr = io.Discard, io.Discard // it logs every memberlist event
+			return cmd, cmd.Start()
+		}, gubernatorCall})
 	}
 	services = slices.DeleteFunc(services, func(s service) bool { return !strings.Contains(s.name, *only) })
 	// results[service][callers] holds one result per round.
@@ -171,7 +192,7 @@ func printTable(out io.Writer, services []service, callers []int, results map[st
 	for _, s := range services {
 		fmt.Fprintf(out, " %s |", s.name)
 	}
-	fmt.Fprintf(out, " fleetrate ÷ ratelimit, Redis | fleetrate in memory ÷ ratelimit |\n|---|---|%s---|---|\n", strings.Repeat("---|", len(services)))
+	fmt.Fprintf(out, " fleetrate ÷ ratelimit, Redis | fleetrate in memory ÷ ratelimit | fleetrate in memory ÷ gubernator |\n|---|---|%s---|---|---|\n", strings.Repeat("---|", len(services)))
 	for _, c := range callers {
 		for i := range rounds {
 			fmt.Fprintf(out, "| %d | %d |", c, i+1)
@@ -182,7 +203,8 @@ func printTable(out io.Writer, services []service, callers []int, results map[st
 				fmt.Fprintf(out, " %.0f (%.0f/s) |", r.perCPU, r.decisions)
 			}
 			rl := per["envoyproxy/ratelimit, Redis"]
-			fmt.Fprintf(out, " %s | %s |\n", ratio(per["fleetrate serve, Redis"], rl), ratio(per["fleetrate serve, in memory"], rl))
+			fmt.Fprintf(out, " %s | %s | %s |\n", ratio(per["fleetrate serve, Redis"], rl), ratio(per["fleetrate serve, in memory"], rl),
+				ratio(per["fleetrate serve, in memory"], per["gubernator v2.13.0, in memory"]))
 		}
 	}
 	fmt.Fprintln(out)
@@ -220,20 +242,7 @@ func measureService(s service, callers int, d time.Duration) (result, error) {
 		return result{}, err
 	}
 	defer conn.Close()
-	client := rlspb.NewRateLimitServiceClient(conn)
-	call := func(ctx context.Context, i int) error {
-		req := &rlspb.RateLimitRequest{Domain: "bench", HitsAddend: 1, Descriptors: []*rlcommon.RateLimitDescriptor{{
-			Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "k", Value: workload.KeyNames[i%workload.Keys]}},
-		}}}
-		resp, err := client.ShouldRateLimit(ctx, req)
-		if err != nil {
-			return err
-		}
-		if resp.OverallCode != rlspb.RateLimitResponse_OK {
-			return fmt.Errorf("overall code %v", resp.OverallCode)
-		}
-		return nil
-	}
+	call := s.call(conn)
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -327,3 +336,104 @@ func freePort() int {
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
 }
+
+// rlsCall asks an Envoy RLS v3 service for one hit on descriptor k=key i.
+func rlsCall(conn *grpc.ClientConn) func(ctx context.Context, i int) error {
+	client := rlspb.NewRateLimitServiceClient(conn)
+	return func(ctx context.Context, i int) error {
+		req := &rlspb.RateLimitRequest{Domain: "bench", HitsAddend: 1, Descriptors: []*rlcommon.RateLimitDescriptor{{
+			Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "k", Value: workload.KeyNames[i%workload.Keys]}},
+		}}}
+		resp, err := client.ShouldRateLimit(ctx, req)
+		if err != nil {
+			return err
+		}
+		if resp.OverallCode != rlspb.RateLimitResponse_OK {
+			return fmt.Errorf("overall code %v", resp.OverallCode)
+		}
+		return nil
+	}
+}
+
+// gubernatorCall asks gubernator's V1.GetRateLimits for one hit on key i,
+// a token bucket of the same limit as the RLS config. The messages are
+// encoded by hand from gubernator.proto (v2.13.0), so that its module,
+// with its dependencies, stays out of this one.
+func gubernatorCall(conn *grpc.ClientConn) func(ctx context.Context, i int) error {
+	return func(ctx context.Context, i int) error {
+		var r []byte
+		r = protowire.AppendTag(r, 1, protowire.BytesType) // name
+		r = protowire.AppendString(r, "bench")
+		r = protowire.AppendTag(r, 2, protowire.BytesType) // unique_key
+		r = protowire.AppendString(r, workload.KeyNames[i%workload.Keys])
+		r = protowire.AppendTag(r, 3, protowire.VarintType) // hits
+		r = protowire.AppendVarint(r, 1)
+		r = protowire.AppendTag(r, 4, protowire.VarintType) // limit
+		r = protowire.AppendVarint(r, 1_000_000_000)
+		r = protowire.AppendTag(r, 5, protowire.VarintType) // duration, ms
+		r = protowire.AppendVarint(r, 1000)
+		var req []byte
+		req = protowire.AppendTag(req, 1, protowire.BytesType) // requests
+		req = protowire.AppendBytes(req, r)
+		var resp []byte
+		if err := conn.Invoke(ctx, "/pb.gubernator.V1/GetRateLimits", &req, &resp, grpc.ForceCodecV2(rawCodec{})); err != nil {
+			return err
+		}
+		return gubernatorUnder(resp)
+	}
+}
+
+// gubernatorUnder checks a GetRateLimitsResp of one response: status
+// UNDER_LIMIT (0) and no error.
+func gubernatorUnder(b []byte) error {
+	num, typ, n := protowire.ConsumeTag(b)
+	if n < 0 || num != 1 || typ != protowire.BytesType {
+		return fmt.Errorf("gubernator: unexpected response %x", b)
+	}
+	rr, m := protowire.ConsumeBytes(b[n:])
+	if m < 0 {
+		return fmt.Errorf("gubernator: truncated response")
+	}
+	for len(rr) > 0 {
+		num, typ, n := protowire.ConsumeTag(rr)
+		if n < 0 {
+			return fmt.Errorf("gubernator: bad response")
+		}
+		rr = rr[n:]
+		switch {
+		case num == 1 && typ == protowire.VarintType:
+			v, k := protowire.ConsumeVarint(rr)
+			if k < 0 || v != 0 {
+				return fmt.Errorf("gubernator: status %d", v)
+			}
+			rr = rr[k:]
+		case num == 5 && typ == protowire.BytesType:
+			e, k := protowire.ConsumeBytes(rr)
+			if k < 0 || len(e) > 0 {
+				return fmt.Errorf("gubernator: error %q", e)
+			}
+			rr = rr[k:]
+		default:
+			k := protowire.ConsumeFieldValue(num, typ, rr)
+			if k < 0 {
+				return fmt.Errorf("gubernator: bad response")
+			}
+			rr = rr[k:]
+		}
+	}
+	return nil
+}
+
+// rawCodec sends and receives messages already encoded (*[]byte).
+type rawCodec struct{}
+
+func (rawCodec) Marshal(v any) (mem.BufferSlice, error) {
+	return mem.BufferSlice{mem.SliceBuffer(*v.(*[]byte))}, nil
+}
+
+func (rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	*v.(*[]byte) = data.Materialize()
+	return nil
+}
+
+func (rawCodec) Name() string { return "proto" }
