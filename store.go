@@ -202,6 +202,13 @@ type Result struct {
 	Limit Limit
 	// Bucket is the index in Request.Buckets of the bucket holding Limit.
 	Bucket int
+	// LimitIndex is the index of Limit in that bucket's Limits.
+	LimitIndex int
+	// NextToken is how long until Limit holds one token more than it
+	// holds after this decision (for a full limit, one interval: the
+	// time its next token takes to come back once used). It is 0 when the
+	// store does not know it, as for a degraded or leased grant.
+	NextToken time.Duration
 	// At is the store's clock when it decided. For Redis this is the
 	// server's TIME, the one clock the whole fleet shares.
 	At time.Time

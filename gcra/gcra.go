@@ -239,7 +239,19 @@ func decideOne(now int64, lim *fleetrate.Limit, n, reserve int64, maxWait time.D
 		res.Remaining = left / iv
 	}
 	res.ResetAfter = time.Duration(max(debt, 0))
+	res.NextToken = time.Duration(max(debt-(lim.Burst-res.Remaining-1)*iv, 0)) // see nextToken
 	return booked
+}
+
+// nextToken is Result.NextToken for limit l at debt: the time until it
+// holds one token more than its whole tokens now.
+func nextToken(l *fleetrate.Limit, debt int64) time.Duration {
+	iv := l.Interval()
+	var rem int64
+	if left := l.Burst*iv - debt; left > 0 {
+		rem = left / iv
+	}
+	return time.Duration(max(debt-(l.Burst-rem-1)*iv, 0))
 }
 
 // decide is Decide for any number of buckets and limits.
@@ -255,7 +267,7 @@ func decide(now int64, req fleetrate.Request, states []State) (fleetrate.Result,
 	res := fleetrate.Result{At: time.UnixMicro(now), N: req.N}
 	if wait > int64(req.MaxWait) {
 		res.RetryAfter = time.Duration(wait)
-		res.Bucket, res.Limit = wb, plain(&req.Buckets[wb].Limits[wl])
+		res.Bucket, res.LimitIndex, res.Limit = wb, wl, plain(&req.Buckets[wb].Limits[wl])
 		fillStatus(&res, req, states, false)
 		return res, false
 	}
@@ -277,7 +289,8 @@ func decide(now int64, req fleetrate.Request, states []State) (fleetrate.Result,
 }
 
 // fillStatus sets Remaining and ResetAfter from every bucket, and, for an
-// allowed take, names the tightest limit as the one that decided.
+// allowed take, names the tightest limit as the one that decided; then
+// NextToken for the limit that decided.
 func fillStatus(res *fleetrate.Result, req fleetrate.Request, states []State, pickTightest bool) {
 	res.Remaining = math.MaxInt64
 	var reset int64
@@ -286,12 +299,13 @@ func fillStatus(res *fleetrate.Result, req fleetrate.Request, states []State, pi
 		if rem < res.Remaining {
 			res.Remaining = rem
 			if pickTightest {
-				res.Bucket, res.Limit = b, plain(&bk.Limits[tight])
+				res.Bucket, res.LimitIndex, res.Limit = b, tight, plain(&bk.Limits[tight])
 			}
 		}
 		reset = max(reset, rs)
 	}
 	res.ResetAfter = time.Duration(reset)
+	res.NextToken = nextToken(&req.Buckets[res.Bucket].Limits[res.LimitIndex], states[res.Bucket].Debts[res.LimitIndex])
 }
 
 // Refund returns n tokens to every limit of the state (at now, µs), capped

@@ -292,3 +292,47 @@ func compiled(l fleetrate.Limit) fleetrate.Limit {
 	_, _ = lim.AllowN(context.Background(), 1, "k")
 	return c.req.Buckets[0].Limits[0]
 }
+
+// TestDecidingLimit checks that a result names the limit that decided by
+// its index and says when that limit gains its next token.
+func TestDecidingLimit(t *testing.T) {
+	t.Parallel()
+	t0 := int64(1_700_000_000) * sec
+	fast := fleetrate.PerSecond(10, 10)     // 100 ms per token
+	slow := fleetrate.Every(time.Minute, 2) // 1 min per token
+	one := fleetrate.Bucket{Key: "one", Limits: []fleetrate.Limit{fleetrate.Every(time.Second, 3)}}
+	two := fleetrate.Bucket{Key: "two", Limits: []fleetrate.Limit{fast, slow}}
+	for _, tc := range []struct {
+		name      string
+		b         fleetrate.Bucket
+		takes     []int64 // at t0
+		peekAt    int64   // µs after t0
+		wantIndex int
+		wantNext  time.Duration
+	}{
+		{"full bucket", one, nil, 0, 0, time.Second},
+		{"one token used", one, []int64{1}, 0, 0, time.Second},
+		{"part of a token back", one, []int64{2}, 400_000, 0, 600 * time.Millisecond},
+		{"in debt", one, []int64{3}, 0, 0, time.Second},
+		{"tightest of two", two, []int64{1}, 0, 1, time.Minute},
+		{"tightest of two later", two, []int64{1}, 15 * sec, 1, 45 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := []State{{}}
+			for _, n := range tc.takes {
+				Decide(t0, take(tc.b, n, 0), st)
+			}
+			res, _ := Decide(t0+tc.peekAt, take(tc.b, 0, 0), st)
+			if res.LimitIndex != tc.wantIndex || res.NextToken != tc.wantNext {
+				t.Errorf("limit %d, next token in %v; want %d, %v", res.LimitIndex, res.NextToken, tc.wantIndex, tc.wantNext)
+			}
+		})
+	}
+	// A refusal names the limit that refused, not the tightest one.
+	st := []State{{}}
+	Decide(t0, take(two, 2, 0), st)
+	res, _ := Decide(t0, take(two, 1, 0), st)
+	if res.Allowed || res.LimitIndex != 1 || res.NextToken != time.Minute {
+		t.Errorf("refusal: allowed %v, limit %d, next token in %v; want false, 1, 1m0s", res.Allowed, res.LimitIndex, res.NextToken)
+	}
+}

@@ -394,18 +394,7 @@ func New(cfg Config) (*Middleware, error) {
 	if m.unavail == nil {
 		m.unavail = defaultUnavailable
 	}
-	for _, k := range cfg.Exempt.Keys {
-		if m.exemptKeys == nil {
-			m.exemptKeys = make(map[string]bool, len(cfg.Exempt.Keys))
-		}
-		m.exemptKeys[k] = true
-	}
-	for _, p := range cfg.Exempt.Peers {
-		if p.Addr().Is4In6() {
-			p = netip.PrefixFrom(p.Addr().Unmap(), max(p.Bits()-96, 0))
-		}
-		m.exemptNets = append(m.exemptNets, p.Masked())
-	}
+	m.exemptKeys, m.exemptNets = exemptions(cfg.Exempt)
 	if m.timeout == 0 {
 		m.timeout = DefaultTimeout
 	}
@@ -413,6 +402,26 @@ func New(cfg Config) (*Middleware, error) {
 		m.log = slog.Default()
 	}
 	return m, nil
+}
+
+// exemptions returns the exempt keys as a set and the exempt peers as
+// masked prefixes, IPv4-mapped ones as IPv4.
+func exemptions(e Exemptions) (map[string]bool, []netip.Prefix) {
+	var keys map[string]bool
+	for _, k := range e.Keys {
+		if keys == nil {
+			keys = make(map[string]bool, len(e.Keys))
+		}
+		keys[k] = true
+	}
+	var nets []netip.Prefix
+	for _, p := range e.Peers {
+		if p.Addr().Is4In6() {
+			p = netip.PrefixFrom(p.Addr().Unmap(), max(p.Bits()-96, 0))
+		}
+		nets = append(nets, p.Masked())
+	}
+	return keys, nets
 }
 
 // policy is a validated Policy ready to serve.
@@ -543,15 +552,24 @@ func (m *Middleware) compile(p Policy) (*policy, error) {
 	if pol.key == nil {
 		pol.key = m.key
 	}
-	hp := make([]headers.Policy, len(limits))
-	for i, l := range limits {
-		item := p.Name
+	if err := pol.advertise(p.Unit); err != nil {
+		return nil, err
+	}
+	return pol, nil
+}
+
+// advertise computes what the RateLimit fields say of each limit (its
+// item name, quota and window) and the RateLimit-Policy field, in unit.
+func (pol *policy) advertise(unit string) error {
+	hp := make([]headers.Policy, len(pol.limits))
+	for i, l := range pol.limits {
+		item := pol.name
 		if l.Name != "" {
 			item += "." + l.Name
 		}
 		if l.Burst > headers.MaxInteger/pol.upt {
-			return nil, fmt.Errorf("%w: httplimit: policy %q: limits[%d]: burst %d times %d units per token exceeds the headers' largest integer %d",
-				fleetrate.ErrInvalid, p.Name, i, l.Burst, pol.upt, int64(headers.MaxInteger))
+			return fmt.Errorf("%w: httplimit: policy %q: limits[%d]: burst %d times %d units per token exceeds the headers' largest integer %d",
+				fleetrate.ErrInvalid, pol.name, i, l.Burst, pol.upt, int64(headers.MaxInteger))
 		}
 		q, w := quotaWindow(l.Interval(), l.Burst)
 		pol.items = append(pol.items, item)
@@ -560,12 +578,13 @@ func (m *Middleware) compile(p Policy) (*policy, error) {
 		if i == 0 || l.Burst < pol.minBurst {
 			pol.minBurst, pol.minItem = l.Burst, item
 		}
-		hp[i] = headers.Policy{Name: item, Quota: q * pol.upt, Unit: p.Unit, Window: time.Duration(w) * time.Second}
+		hp[i] = headers.Policy{Name: item, Quota: q * pol.upt, Unit: unit, Window: time.Duration(w) * time.Second}
 	}
+	var err error
 	if pol.header, err = headers.FormatPolicy(hp...); err != nil {
-		return nil, fmt.Errorf("httplimit: policy %q: %w", p.Name, err)
+		return fmt.Errorf("httplimit: policy %q: %w", pol.name, err)
 	}
-	return pol, nil
+	return nil
 }
 
 func (p *policy) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
@@ -715,7 +734,7 @@ func (p *policy) refuse(w http.ResponseWriter, r *http.Request, res fleetrate.Re
 	m.log.LogAttrs(r.Context(), slog.LevelDebug, "fleetrate: request rate limited", attrs...)
 	retry := max(headers.DelaySeconds(res.RetryAfter), 1)
 	w.Header().Set(HeaderRetryAfter, strconv.FormatInt(retry, 10))
-	i := p.limitIndex(res.Limit)
+	i := p.limitIndex(res)
 	detail := fmt.Sprintf("the quota of policy %q (%d %s per %ds) is exhausted for this client; retry in %d s",
 		item, p.quotas[i], p.unit, p.windows[i], retry)
 	if res.N != 1 {
@@ -743,13 +762,12 @@ func defaultUnavailable(w http.ResponseWriter, _ *http.Request, _ error) {
 	})
 }
 
-// limitIndex finds the limit a result names; Result.Limit is a copy of one
-// of the policy's limits.
-func (p *policy) limitIndex(l fleetrate.Limit) int {
-	for i, pl := range p.limits {
-		if pl == l {
-			return i
-		}
+// limitIndex returns the index in the policy's limits of the limit that
+// decided res: the store says which (Result.LimitIndex). A store that
+// names a limit the policy does not have is answered as if by the first.
+func (p *policy) limitIndex(res fleetrate.Result) int {
+	if i := res.LimitIndex; i > 0 && i < len(p.limits) {
+		return i
 	}
 	return 0
 }
@@ -764,10 +782,10 @@ func (p *policy) limitIndex(l fleetrate.Limit) int {
 // bucket admits. For a denial "t" never ends after Retry-After. The legacy
 // reset is when the reported limit is full again.
 func (p *policy) setHeaders(h http.Header, res fleetrate.Result) string {
-	i := p.limitIndex(res.Limit)
+	i := p.limitIndex(res)
 	l := p.limits[i]
 	remaining := min(max(res.Remaining, 0), l.Burst)
-	t := effectiveWindow(len(p.limits), l, remaining, res)
+	t := effectiveWindow(len(p.limits), remaining, res)
 	if !res.Allowed {
 		t = min(t, res.RetryAfter)
 	}

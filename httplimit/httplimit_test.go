@@ -229,6 +229,11 @@ func TestMultiLimitPolicyHeaders(t *testing.T) {
 	if rl.Name != "api.hourly" || rl.Remaining != 5 {
 		t.Errorf("RateLimit = %+v, want api.hourly with 5 left", rl)
 	}
+	// t is the time until the hourly limit's next token: 25 takes of 120 s
+	// each over 24 s leave a debt of 2976 s, 5 tokens and 96 s of the sixth.
+	if !rl.HasReset || rl.Reset != 96*time.Second {
+		t.Errorf("RateLimit = %+v, want t=96", rl)
+	}
 	for range 5 {
 		do(h, "k")
 	}

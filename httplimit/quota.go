@@ -66,24 +66,24 @@ func pacedInterval(iv, burst int64) int64 {
 }
 
 // effectiveWindow returns the "t" of a RateLimit item for a decision of a
-// policy of the given limits, reporting l with remaining tokens: the
-// longest whole number of seconds within which the client can use no more
-// than remaining tokens, that is, before which l gains no token.
+// policy of nlimits limits, reporting remaining tokens ("r"): the longest
+// whole number of seconds within which the client can use no more than
+// remaining tokens.
 //
-// For a policy of one limit the store's ResetAfter is that limit's debt, so
-// the time until its next token, debt − (burst − remaining − 1)·iv, is
-// exact and t is it rounded down (under a second short of the truth). With
-// several limits ResetAfter is the largest debt of all, which does not say
-// when the tightest limit gains its next token; t is then 0 (nothing is
+// "r" is the fewest tokens of any limit. For a grant, and for any decision
+// of a policy of one limit, the limit that decided is the one holding "r",
+// and until its next token, which the store computed (Result.NextToken),
+// no request can use more than "r": t is that time rounded down (under a
+// second short of the truth). A refusal by one of several limits names the
+// limit that refused, which need not hold "r"; t is then 0 (nothing is
 // promised beyond "r" now), except for a refusal of one token, when no
 // request can be admitted before RetryAfter.
-func effectiveWindow(nlimits int, l fleetrate.Limit, remaining int64, res fleetrate.Result) time.Duration {
+func effectiveWindow(nlimits int, remaining int64, res fleetrate.Result) time.Duration {
 	var next time.Duration
 	switch {
-	case nlimits == 1:
-		iv := time.Duration(l.Interval())
-		next = res.ResetAfter - time.Duration(l.Burst-remaining-1)*iv
-	case !res.Allowed && res.N == 1 && remaining == 0:
+	case nlimits == 1 || res.Allowed:
+		next = res.NextToken
+	case res.N == 1 && remaining == 0:
 		next = res.RetryAfter
 	}
 	return max(next, 0).Truncate(time.Second)

@@ -163,7 +163,7 @@ func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Resu
 		l.left -= req.N
 		res := fleetrate.Result{
 			Allowed: true, N: req.N, Remaining: l.left,
-			Limit: l.granted.Limit, Bucket: l.granted.Bucket, At: now, Degraded: l.granted.Degraded,
+			Limit: l.granted.Limit, Bucket: l.granted.Bucket, LimitIndex: l.granted.LimitIndex, At: now, Degraded: l.granted.Degraded,
 		}
 		release()
 		return res, nil

@@ -9,6 +9,7 @@ import (
 	"context"
 	"fmt"
 	"hash/maphash"
+	"math"
 	"math/bits"
 	"runtime"
 	"slices"
@@ -40,33 +41,66 @@ type Options struct {
 	// refills it early: size MaxKeys above your live key count. The default
 	// is 1,000,000; a negative value means no bound.
 	MaxKeys int
+	// MaxBytes bounds the memory the buckets hold, counted as each
+	// bucket's key length plus BucketOverhead bytes (its entry, its place
+	// in the shard's map and snapshot, and its debts), plus 16 bytes per
+	// limit beyond two. It is enforced per shard as MaxKeys is, by the same
+	// eviction, so that long keys cannot exhaust memory where MaxKeys
+	// alone would let them: a million 4 KB keys are 4 GB. A shard keeps
+	// at least the bucket it has just written, so the bound is MaxBytes
+	// plus at most one bucket per shard. The default is DefaultMaxBytes
+	// (256 MiB); a negative value means no bound.
+	MaxBytes int64
 }
 
 // DefaultMaxKeys is the default bound on the number of buckets.
 const DefaultMaxKeys = 1_000_000
 
+// DefaultMaxBytes is the default bound on the bytes the buckets hold (see
+// Options.MaxBytes): 256 MiB, above what a million buckets of keys up to
+// about 50 bytes need, so that MaxKeys binds first for ordinary keys and
+// MaxBytes for long ones.
+const DefaultMaxBytes = 256 << 20
+
+// BucketOverhead is what Options.MaxBytes counts for one bucket besides
+// its key: its entry (a 144-byte allocation on amd64), its slot in the
+// shard's map and in the shard's snapshot, and the snapshot's slack.
+// TestBucketOverheadIsHeapPerBucket measures it.
+const BucketOverhead = 208
+
 // sweepEvery is how many new buckets a shard takes in between incremental
 // sweeps of expired buckets; sweepBatch is how many entries a sweep looks
-// at.
+// at. evictScan is how many buckets an eviction samples (see evict), as
+// Redis's maxmemory-samples;
+// evictTries bounds the evictions one new bucket makes to get its shard
+// within its bounds.
 const (
 	sweepEvery  = 256
 	sweepBatch  = 128
 	sweepRounds = 8
-	evictScan   = 8
+	evictScan   = 5
+	evictTries  = 8
 )
 
 type entry struct {
+	// The fields a sample for eviction or a sweep reads come first, within
+	// 32 bytes, so that looking at an entry costs one cache line, and
+	// eviction reads expires without locking: only the entry it drops is
+	// locked.
+	next    *entry       // the next entry whose key has the same hash
+	expires atomic.Int64 // µs; the bucket is full from then on. Written under mu
 	// mu guards state and expires, and dead is set only under it (dead
 	// is atomic so that a bound taker may glance at it unlocked). The
 	// fast path of a take holds only mu; every other path holds its
 	// shard's lock first.
-	mu      sync.Mutex
-	dead    atomic.Bool // removed from its shard's table (set by table.del)
-	key     string
-	hash    uint64
-	next    *entry // the next entry whose key has the same hash
-	state   gcra.State
-	expires int64 // µs; the bucket is full from then on
+	mu   sync.Mutex
+	dead atomic.Bool // removed from its shard's table (set by table.del)
+	// size is the bytes counted against Options.MaxBytes (capped at 2 GiB,
+	// to fit beside dead: the entry stays a 144-byte allocation).
+	size  int32
+	key   string
+	hash  uint64
+	state gcra.State
 	// inline holds the debts (and then the fills) of buckets with up to two
 	// limits, so that a decision touches one allocation, not three.
 	inline [4]int64
@@ -96,9 +130,20 @@ func (e *entry) is(prefix, name string) bool {
 }
 
 func newEntry(key []byte, st gcra.State, exp int64) *entry {
-	e := &entry{key: string(key), expires: exp}
+	e := &entry{key: string(key), size: int32(min(bucketBytes(len(key), len(st.Debts)), math.MaxInt32))}
+	e.expires.Store(exp)
 	e.state = e.own(st)
 	return e
+}
+
+// bucketBytes is what Options.MaxBytes counts for a bucket with a key of
+// keyLen bytes and m limits.
+func bucketBytes(keyLen, m int) int64 {
+	n := int64(BucketOverhead + keyLen)
+	if m > 2 { // debts and fills out of the entry's inline array
+		n += 16 * int64(m)
+	}
+	return n
 }
 
 type shard struct {
@@ -113,7 +158,7 @@ type shard struct {
 	misses int
 	// Pad shards to 128 bytes: CPUs fetch cache lines in pairs, and a
 	// shard written by one core must not slow down its neighbours.
-	_ [128 - 48]byte
+	_ [128 - 56]byte
 }
 
 // refresh retakes sh's snapshot once the takes that missed it number a
@@ -132,21 +177,30 @@ func (sh *shard) refresh() {
 func (e *entry) apply(st gcra.State) {
 	// When the limits changed, Elapse made new debts: move them in.
 	e.state = e.own(st)
-	if ttl := st.TTL(); ttl > 0 {
-		e.expires = st.Stamp + int64(ttl/time.Microsecond) + 1
-	} else {
-		e.expires = st.Stamp // full: as good as absent
-	}
+	e.expires.Store(expiry(st))
 }
 
-// live returns e's state refilled up to now, or a full state when it has
-// expired (reusing its memory). The caller holds e.mu.
-func (e *entry) live(now int64) gcra.State {
-	if e.expires <= now {
-		clear(e.state.Debts)
-		return gcra.State{Stamp: now, Debts: e.state.Debts, Fills: e.state.Fills} // a full bucket converts to full
+// expiry is when a bucket in state st is full again, in µs: from then on
+// it is as good as absent.
+func expiry(st gcra.State) int64 {
+	if ttl := st.TTL(); ttl > 0 {
+		return st.Stamp + int64(ttl/time.Microsecond) + 1
 	}
-	return e.state
+	return st.Stamp
+}
+
+// live returns e's state, or a full state when it has expired (reusing
+// its memory), and the time to decide at: now, or the state's stamp when
+// that is later (a take that read the clock after this one applied
+// first), so that the stamp never moves back, which would count the time
+// between the two readings twice. Every path of a decision goes through
+// it. The caller holds e.mu.
+func (e *entry) live(now int64) (gcra.State, int64) {
+	if e.expires.Load() <= now {
+		clear(e.state.Debts)
+		return gcra.State{Stamp: now, Debts: e.state.Debts, Fills: e.state.Fills}, now // a full bucket converts to full
+	}
+	return e.state, max(now, e.state.Stamp)
 }
 
 // Store is an in-memory fleetrate.Store. It is safe for concurrent use.
@@ -157,7 +211,8 @@ type Store struct {
 	seed     maphash.Seed
 	shards   []shard
 	mask     uint64
-	shardCap int
+	shardCap int   // buckets per shard; 0 means no bound
+	maxBytes int64 // bytes per shard; 0 means no bound
 }
 
 var (
@@ -187,6 +242,12 @@ func New(opts Options) *Store {
 		s.shardCap = max(DefaultMaxKeys/n, 1)
 	case opts.MaxKeys > 0:
 		s.shardCap = max(opts.MaxKeys/n, 1)
+	}
+	switch {
+	case opts.MaxBytes == 0:
+		s.maxBytes = max(DefaultMaxBytes/int64(n), 1)
+	case opts.MaxBytes > 0:
+		s.maxBytes = max(opts.MaxBytes/int64(n), 1)
 	}
 	for i := range s.shards {
 		s.shards[i].t = newTable()
@@ -241,17 +302,19 @@ func (s *Store) unlock(idx []int) {
 	}
 }
 
-// load returns key's entry (nil when absent), locked, and its live state,
-// or a full state when it is absent or expired (reusing an expired entry's
-// memory). The state shares its debts with the entry, so the caller must
-// save it back, which unlocks the entry. The caller holds the shard's lock.
-func (s *Store) load(sh *shard, h uint64, key []byte, now int64) (*entry, gcra.State) {
+// load returns key's entry (nil when absent), locked, its live state (a
+// full one when it is absent or expired, reusing an expired entry's
+// memory) and the time to decide at (see entry.live). The state shares its
+// debts with the entry, so the caller must save it back, which unlocks the
+// entry. The caller holds the shard's lock.
+func (s *Store) load(sh *shard, h uint64, key []byte, now int64) (*entry, gcra.State, int64) {
 	e := sh.t.get(h, key)
 	if e == nil {
-		return nil, gcra.State{}
+		return nil, gcra.State{}, now
 	}
 	e.mu.Lock()
-	return e, e.live(now)
+	st, at := e.live(now)
+	return e, st, at
 }
 
 // save writes st into e, the entry load returned (locked) for key (hash
@@ -259,49 +322,55 @@ func (s *Store) load(sh *shard, h uint64, key []byte, now int64) (*entry, gcra.S
 // the bucket is full again. It returns the bucket's entry, or nil when it
 // has none. The caller holds the shard's lock.
 func (s *Store) save(sh *shard, h uint64, key []byte, e *entry, st gcra.State) *entry {
-	ttl := st.TTL()
-	if ttl <= 0 {
+	exp := expiry(st)
+	if exp <= st.Stamp {
 		if e != nil {
 			sh.t.del(e)
 			e.mu.Unlock()
 		}
 		return nil
 	}
-	exp := st.Stamp + int64(ttl/time.Microsecond) + 1
 	if e != nil {
 		e.apply(st)
 		e.mu.Unlock()
-	} else {
-		if s.shardCap > 0 && sh.t.n >= s.shardCap {
-			s.evict(sh, st.Stamp)
-		}
-		e = newEntry(key, st, exp)
-		sh.t.put(h, e)
-		// Only new buckets grow a shard, so only they pay for sweeps: a
-		// shard of busy buckets is never scanned.
-		if sh.inserts++; sh.inserts%sweepEvery == 0 {
-			s.sweep(sh, st.Stamp)
-		}
+		return e
+	}
+	e = newEntry(key, st, exp)
+	s.makeRoom(sh, h, st.Stamp, int64(e.size))
+	sh.t.put(h, e)
+	// Only new buckets grow a shard, so only they pay for sweeps: a shard
+	// of busy buckets is never scanned.
+	if sh.inserts++; sh.inserts%sweepEvery == 0 {
+		s.sweep(sh, st.Stamp)
 	}
 	return e
+}
+
+// makeRoom evicts buckets from sh until it can take a new one, whose key
+// hashes to h, of size bytes within MaxKeys and MaxBytes, or until
+// evictTries evictions freed nothing more. The caller holds sh's lock.
+func (s *Store) makeRoom(sh *shard, h uint64, now, size int64) {
+	for range evictTries {
+		overKeys := s.shardCap > 0 && sh.t.n >= s.shardCap
+		overBytes := s.maxBytes > 0 && sh.t.bytes+size > s.maxBytes
+		if !overKeys && !overBytes || sh.t.n == 0 || !s.evict(sh, h, now) {
+			return
+		}
+	}
 }
 
 // sweep drops expired buckets from a shard, as Redis expires keys: it
 // samples sweepBatch entries (Go's map iteration starts at a random place)
 // and samples again while more than a quarter of a sample had expired, up
-// to sweepRounds samples.
+// to sweepRounds samples. It reads expiries without locking and locks
+// only the entries it drops.
 func (s *Store) sweep(sh *shard, now int64) {
 	for range sweepRounds {
 		seen, dropped := 0, 0
 		sh.t.sample(sweepBatch, func(e *entry) bool {
-			if !e.mu.TryLock() {
-				return true // in use (by a take of several buckets): not expired
-			}
-			if e.expires <= now {
-				sh.t.del(e)
+			if e.expires.Load() <= now && drop(sh, e, now, false) {
 				dropped++
 			}
-			e.mu.Unlock()
 			seen++
 			return true
 		})
@@ -311,28 +380,64 @@ func (s *Store) sweep(sh *shard, now int64) {
 	}
 }
 
-// evict makes room in a full shard: it drops every expired bucket in a
-// small sample, or else the sampled bucket that refills soonest.
-func (s *Store) evict(sh *shard, now int64) {
-	var victim *entry
-	soonest, freed := int64(1<<63-1), false
-	sh.t.sample(evictScan, func(e *entry) bool {
-		if !e.mu.TryLock() {
-			return true // in use: not a victim
-		}
-		if e.expires <= now {
-			sh.t.del(e)
-			freed = true
-		} else if e.expires < soonest {
-			soonest, victim = e.expires, e
-		}
-		e.mu.Unlock()
-		return true
-	})
-	if !freed && victim != nil && victim.mu.TryLock() {
-		sh.t.del(victim)
-		victim.mu.Unlock()
+// drop removes e from sh when it has expired by now, or in any case when
+// live is set, and reports whether it did. An entry in use (locked by a
+// take of several buckets) is left alone. The caller holds sh's lock.
+func drop(sh *shard, e *entry, now int64, live bool) bool {
+	if !e.mu.TryLock() {
+		return false
 	}
+	ok := live || e.expires.Load() <= now // a take may have extended it
+	if ok {
+		sh.t.del(e)
+	}
+	e.mu.Unlock()
+	return ok
+}
+
+// evict makes room in a full shard: it drops the sampled bucket that
+// refills soonest (an expired one, if any), among evictScan. It reports
+// whether it dropped one.
+//
+// Eviction is what a flood of new keys pays on every take, so it touches
+// as little memory as it can. The sample is the entries of evictScan
+// slots of the shard's snapshot from where the new bucket's key, hashed
+// to h, was just looked up in it: memory in cache, at a random place (the
+// hash is seeded). Buckets made since the snapshot was taken are not
+// candidates; they are the youngest. Without a snapshot big enough, it
+// samples the map. The candidates' expiries are read without locking, in
+// a loop of independent loads whose cache misses overlap, and only the
+// victim is locked.
+func (s *Store) evict(sh *shard, h uint64, now int64) bool {
+	var cands [evictScan]*entry
+	if ro := sh.ro.Load(); ro != nil {
+		if n := ro.pick(h, cands[:]); n == evictScan && dropSoonest(sh, cands[:n], now) {
+			return true
+		}
+	}
+	// No snapshot, a small one, or one whose sample had left the table.
+	n := 0
+	sh.t.sample(evictScan, func(e *entry) bool { cands[n] = e; n++; return true })
+	return dropSoonest(sh, cands[:n], now)
+}
+
+// dropSoonest drops, of cands, the entry still in sh's table that expires
+// first, and reports whether it did. The caller holds sh's lock.
+func dropSoonest(sh *shard, cands []*entry, now int64) bool {
+	var exps [evictScan]int64
+	for i, e := range cands {
+		exps[i] = e.expires.Load()
+		if e.dead.Load() { // gone from the table since the snapshot
+			exps[i] = math.MaxInt64
+		}
+	}
+	victim := -1
+	for i, exp := range exps[:len(cands)] {
+		if exp < math.MaxInt64 && (victim < 0 || exp < exps[victim]) {
+			victim = i
+		}
+	}
+	return victim >= 0 && drop(sh, cands[victim], now, true)
 }
 
 // Take implements fleetrate.Store.
@@ -349,32 +454,41 @@ func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Resu
 		s.takeOne(b.Prefix, b.Key, b.Limits, req.N, req.MaxWait, &res)
 		return res, nil
 	}
+	var res fleetrate.Result
+	s.atomically(req.Buckets, func(now int64, states []gcra.State) {
+		res, _ = gcra.Decide(now, req, states)
+	})
+	return res, nil
+}
+
+// atomically loads the state of every bucket, with the shards of their
+// keys locked in index order (so that operations across several buckets
+// are atomic and deadlock-free), calls f with the time to decide at (the
+// latest of the clock and the states' stamps: see entry.live) and the
+// states, and saves them back. f may change the states in place: gcra's
+// functions refill them in place, so they are saved even when f decides
+// nothing. The entries stay locked (and so are never evicted) until they
+// are saved.
+func (s *Store) atomically(buckets []fleetrate.Bucket, f func(now int64, states []gcra.State)) {
 	var (
 		stateBuf [4]gcra.State
+		entryBuf [4]*entry
 		idxBuf   [4]int
 	)
-	keys, hs := s.fullKeys(req.Buckets)
+	keys, hs := s.fullKeys(buckets)
 	idx := s.lock(hs, idxBuf[:0])
 	defer s.unlock(idx)
 	now := s.now()
-	state := stateBuf[:0]
-	var entryBuf [4]*entry
-	entries := entryBuf[:0]
+	states, entries := stateBuf[:0], entryBuf[:0]
+	at := now
 	for i, k := range keys {
-		e, st := s.load(s.shardOf(hs[i]), hs[i], k, now)
-		if now < st.Stamp {
-			now = st.Stamp // a take of one of them read the clock later
-		}
-		state, entries = append(state, st), append(entries, e)
+		e, st, t := s.load(s.shardOf(hs[i]), hs[i], k, now)
+		states, entries, at = append(states, st), append(entries, e), max(at, t)
 	}
-	// Decide refills the loaded debts in place, so the state is saved back
-	// even when the decision changed nothing. The entries stay locked (and
-	// so are never evicted) until they are saved.
-	res, _ := gcra.Decide(now, req, state)
+	f(at, states)
 	for i, k := range keys {
-		s.save(s.shardOf(hs[i]), hs[i], k, entries[i], state[i])
+		s.save(s.shardOf(hs[i]), hs[i], k, entries[i], states[i])
 	}
-	return res, nil
 }
 
 // Bind implements fleetrate.Binder.
@@ -441,11 +555,8 @@ func (s *Store) takeOne(prefix, name string, limits []fleetrate.Limit, n int64, 
 	}
 	now := s.now()
 	sh.mu.Lock()
-	e, st := s.load(sh, h, key, now)
-	if now < st.Stamp {
-		now = st.Stamp
-	}
-	gcra.DecideOne(now, limits, n, maxWait, &st, res)
+	e, st, at := s.load(sh, h, key, now)
+	gcra.DecideOne(at, limits, n, maxWait, &st, res)
 	e = s.save(sh, h, key, e, st)
 	sh.refresh()
 	sh.mu.Unlock()
@@ -455,22 +566,16 @@ func (s *Store) takeOne(prefix, name string, limits []fleetrate.Limit, n int64, 
 // takeEntry is takeOne for a bucket whose entry e is known, locking only
 // e. It reports false, deciding nothing, when e has left its table.
 func (s *Store) takeEntry(e *entry, limits []fleetrate.Limit, n int64, maxWait time.Duration, res *fleetrate.Result) bool {
-	// Read the clock before locking, to keep the lock short. Two takes of
-	// one bucket may then apply in the other order than their readings:
-	// the later-applied one, with the earlier reading, is decided at the
-	// bucket's stamp instead, so that the stamp never moves back (which
-	// would count the time between the readings twice).
+	// Read the clock before locking, to keep the lock short; live decides
+	// at the bucket's stamp when a take with a later reading came first.
 	now := s.now()
 	e.mu.Lock()
 	if e.dead.Load() {
 		e.mu.Unlock()
 		return false
 	}
-	st := e.live(now)
-	if now < st.Stamp {
-		now = st.Stamp
-	}
-	gcra.DecideOne(now, limits, n, maxWait, &st, res)
+	st, at := e.live(now)
+	gcra.DecideOne(at, limits, n, maxWait, &st, res)
 	e.apply(st) // a full bucket stays, as good as absent, until swept
 	e.mu.Unlock()
 	return true
@@ -516,22 +621,11 @@ func (s *Store) update(ctx context.Context, buckets []fleetrate.Bucket, apply fu
 	if err := fleetrate.ValidateBuckets(buckets); err != nil {
 		return err
 	}
-	var idxBuf [4]int
-	keys, hs := s.fullKeys(buckets)
-	idx := s.lock(hs, idxBuf[:0])
-	defer s.unlock(idx)
-	now := s.now()
-	for i, b := range buckets {
-		h := hs[i]
-		sh := s.shardOf(h)
-		e, st := s.load(sh, h, keys[i], now)
-		at := now
-		if at < st.Stamp {
-			at = st.Stamp // a take read the clock later
+	s.atomically(buckets, func(now int64, states []gcra.State) {
+		for i, b := range buckets {
+			apply(now, b, &states[i])
 		}
-		apply(at, b, &st)
-		s.save(sh, h, keys[i], e, st)
-	}
+	})
 	return nil
 }
 
@@ -552,6 +646,19 @@ func (s *Store) Reset(ctx context.Context, keys ...string) error {
 		sh.mu.Unlock()
 	}
 	return nil
+}
+
+// Bytes returns the bytes counted against Options.MaxBytes for the
+// buckets held, expired ones included until they are swept.
+func (s *Store) Bytes() int64 {
+	var n int64
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		n += sh.t.bytes
+		sh.mu.Unlock()
+	}
+	return n
 }
 
 // Len returns the number of buckets held, expired ones included until they
@@ -580,7 +687,7 @@ func (s *Store) State(_ context.Context, key string) (st gcra.State, ok bool, er
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.expires <= s.now() {
+	if e.expires.Load() <= s.now() {
 		return st, false, nil
 	}
 	return gcra.State{Stamp: e.state.Stamp, Debts: slices.Clone(e.state.Debts)}, true, nil

@@ -7,8 +7,9 @@ import "math/bits"
 // twice. Entries whose keys share a hash (with a random seed, about never)
 // are chained; every lookup compares the full key.
 type table struct {
-	m map[uint64]*entry
-	n int // entries, chained ones included
+	m     map[uint64]*entry
+	n     int   // entries, chained ones included
+	bytes int64 // the entries' sizes (entry.size)
 }
 
 func newTable() table { return table{m: map[uint64]*entry{}} }
@@ -28,6 +29,7 @@ func (t *table) put(h uint64, e *entry) {
 	e.hash, e.next = h, t.m[h]
 	t.m[h] = e
 	t.n++
+	t.bytes += int64(e.size)
 }
 
 // del removes e, which the table holds, for good: it marks e dead, so that
@@ -51,6 +53,7 @@ func (t *table) del(e *entry) {
 	}
 	e.next = nil
 	t.n--
+	t.bytes -= int64(e.size)
 }
 
 // sample calls f with up to limit entries, starting at a random place
@@ -119,4 +122,23 @@ func (s *snapshot) get(h uint64, key []byte) *entry {
 			return sl.e
 		}
 	}
+}
+
+// pick fills dst with entries of the snapshot, from the slot where a
+// lookup of hash h starts on, looking at no more than 4×len(dst) slots,
+// and returns how many it found. It reads the slots alone, contiguous
+// memory, not the entries: some may have left their table since.
+func (s *snapshot) pick(h uint64, dst []*entry) int {
+	mask := uint64(len(s.slots) - 1)
+	i, n := h>>s.shift, 0
+	for range min(4*len(dst), len(s.slots)) {
+		if e := s.slots[i].e; e != nil {
+			dst[n] = e
+			if n++; n == len(dst) {
+				break
+			}
+		}
+		i = (i + 1) & mask
+	}
+	return n
 }

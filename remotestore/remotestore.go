@@ -111,6 +111,9 @@ func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Resu
 	if res.Bucket < 0 || res.Bucket >= len(req.Buckets) {
 		return fleetrate.Result{}, fmt.Errorf("%w: remote: answer names bucket %d of %d", fleetrate.ErrStoreUnavailable, res.Bucket, len(req.Buckets))
 	}
+	if n := len(req.Buckets[res.Bucket].Limits); res.LimitIndex < 0 || res.LimitIndex >= n || res.NextTokenNS < 0 {
+		return fleetrate.Result{}, fmt.Errorf("%w: remote: answer names limit %d of %d, next token in %dns", fleetrate.ErrStoreUnavailable, res.LimitIndex, n, res.NextTokenNS)
+	}
 	return res.ToResult(), nil
 }
 

@@ -18,7 +18,7 @@ const (
 	DefaultDecrease = 0.8
 	// DefaultRecovery is how long the effective rate takes to climb back
 	// to the rate that drew the last 429 (see Adaptive).
-	DefaultRecovery = 30 * time.Second
+	DefaultRecovery = 2 * time.Minute
 	// DefaultFloor is the lowest effective rate, as a fraction of the
 	// documented rate.
 	DefaultFloor = 0.05
@@ -54,8 +54,8 @@ type Adaptive struct {
 	// default is DefaultDecrease (0.8).
 	Decrease float64
 	// Recovery is how long, after a 429's pause, the effective rate takes
-	// to climb back to the rate that drew it; between 1 s and 3 minutes.
-	// The default is DefaultRecovery (30 s).
+	// to climb back to the rate that drew it; between 1 s and 10 minutes.
+	// The default is DefaultRecovery (2 minutes).
 	Recovery time.Duration
 	// Floor is the lowest effective rate as a fraction of the documented
 	// one, in (0, 1). The default is DefaultFloor (0.05).
@@ -121,15 +121,20 @@ func (a Adaptive) factor(c climb, now time.Time) float64 {
 
 // lowered returns the climb after a 429 answered at now while the climb
 // was c, with the fleet paused until resume: w is the rate that drew it,
-// or halfway between it and the old w when it came before the rate was
-// back at the old w (the limit fell).
+// and the climb starts from Decrease × w, or from halfway between that and
+// w when the 429 came within 10 % of the last one's rate (the limit is
+// known: probing it costs less).
 func (a Adaptive) lowered(c climb, now, resume time.Time) climb {
 	f := a.factor(c, now)
-	w := f
-	if !c.start.IsZero() && now.Sub(c.start) < a.Recovery && f < c.w {
-		w = f * (1 + a.Decrease) / 2
+	drop := a.Decrease
+	if !c.start.IsZero() && f >= 0.9*c.w && f <= 1.1*c.w {
+		// Near the rate of the last 429: the limit is where it was found,
+		// so back off half as far.
+		drop = 1 - (1-a.Decrease)/2
 	}
-	return climb{w: max(w, a.Floor), start: resume}
+	// A shallower drop is the same curve begun part of the way up.
+	ahead := 1 - math.Cbrt((1-drop)/(1-a.Decrease))
+	return climb{w: max(f, a.Floor), start: resume.Add(-time.Duration(ahead * float64(a.Recovery)))}
 }
 
 // The markers kept beside a paced bucket in the shared store. A marker is
@@ -146,14 +151,13 @@ func (a Adaptive) lowered(c climb, now, resume time.Time) climb {
 //     The take's Booking reports its debt: every process learns a pause
 //     from its next take, at no extra call.
 //   - bucket#rate and bucket#peak, the climb: on a 429, #rate is drained
-//     to climbSpan + the pause, so that climbSpan − its state is the time
-//     since the climb began; #peak to climbSpan + the pause + (1 − w) ×
+//     to climbSpan + (the climb's start − now), so that climbSpan − its
+//     state is the time since the climb began; #peak to that + (1 − w) ×
 //     peakScale, so that the difference of the two states, which time
-//     does not change, gives w. A drain only raises a debt, and both new
-//     states exceed the old ones (the new climb began later, and its w is
-//     at most the old one plus the climb's time over peakScale, which the
-//     curve never outruns), so the latest 429 wins. A peek reads both, at
-//     most every Refresh per process and bucket (two peeks).
+//     does not change, gives w. A drain only raises a debt: when processes
+//     record climbs at once, the markers keep the later start and, most
+//     often, the lower w. A peek reads each, at most every Refresh per
+//     process and bucket.
 var (
 	markerLimit = fleetrate.Limit{Name: "marker", Rate: 1e9, Burst: 1 << 40}
 	markerFill  = markerLimit.FillTime()
@@ -171,7 +175,7 @@ const (
 const DefaultRateRefresh = 10 * time.Second
 
 // maxRecovery keeps every climb within climbSpan.
-const maxRecovery = 3 * time.Minute
+const maxRecovery = 10 * time.Minute
 
 // maxMarkedWait is the longest wait a take may book with its pause
 // markers: a booked wait pushes a marker's debt to it, which must stay
@@ -216,12 +220,15 @@ func encodeClimb(c climb, now time.Time) (rate, peak time.Duration) {
 // bookings of its takes, from announcements or set by its own 429s.
 type view struct {
 	pauseUntil time.Time // local clock
-	climb      climb
-	read       time.Time     // when the climb was last read from the store
-	seen       time.Time     // when the pause marker was last read
-	decreased  time.Time     // when this process last lowered the rate
-	floored    time.Time     // when it lowered it to the floor, if it did
-	lastPause  time.Duration // the last pause chosen without a Retry-After
+	// pauseAt is when this process learned of the latest pause: bookings
+	// made before it are void (see Transport.drain).
+	pauseAt   time.Time
+	climb     climb
+	read      time.Time     // when the climb was last read from the store
+	seen      time.Time     // when the pause marker was last read
+	decreased time.Time     // when this process last lowered the rate
+	floored   time.Time     // when it lowered it to the floor, if it did
+	lastPause time.Duration // the last pause chosen without a Retry-After
 	// next is when the bucket's next token was free, as the last booking
 	// this process made left it (local clock): a request whose wait budget
 	// ends sooner fails with backpressure without asking the store.
@@ -353,17 +360,33 @@ func readMarker(ctx context.Context, store fleetrate.Store, m fleetrate.Bucket) 
 	return max(res.ResetAfter-markerFill, 0), nil
 }
 
+// paused records a pause of the bucket until until, and reports whether
+// this process did not know of it: a 429 elsewhere, which may also have
+// lowered the rate, so the climb is read again before the next take.
+// t.views.mu is held.
+func (v *view) paused(until time.Time) (unknown bool) {
+	if until.After(v.pauseUntil.Add(time.Second)) {
+		v.read = time.Time{}
+		v.pauseAt = time.Now()
+		unknown = true
+	}
+	v.pauseUntil = later(v.pauseUntil, until)
+	return unknown
+}
+
 // learn reads a take's booking, which holds every limit's debt after the
 // take, bucket by bucket, in the take's layout: when each bucket's next
-// token is free, and how long its pause lasts.
-func (t *Transport) learn(tk take, b fleetrate.Booking, at time.Time) {
+// token is free, and how long its pause lasts. It reports whether the take
+// found a pause this process did not know of.
+func (t *Transport) learn(tk take, b fleetrate.Booking, at time.Time) (unknownPause bool) {
 	off := 0
 	for _, bk := range tk.buckets[:tk.paced] {
 		off += len(bk.Limits)
 	}
 	if len(b.Debts) != off+tk.paced {
-		return
+		return false
 	}
+	unknown := false
 	t.views.mu.Lock()
 	defer t.views.mu.Unlock()
 	pos := 0
@@ -375,17 +398,13 @@ func (t *Transport) learn(tk take, b fleetrate.Booking, at time.Time) {
 		}
 		v := t.views.get(bk.Key)
 		v.next = at.Add(next)
-		if pause := state(b.Debts[off]); pause > 0 {
-			if until := at.Add(pause); until.After(v.pauseUntil.Add(time.Second)) {
-				// A pause this process did not know: a 429 elsewhere, which
-				// may also have lowered the rate. Read it with the next take.
-				v.read = time.Time{}
-			}
-			v.pauseUntil = later(v.pauseUntil, at.Add(pause))
+		if pause := state(b.Debts[off]); pause > 0 && v.paused(at.Add(pause)) {
+			unknown = true
 		}
 		v.seen = at
 		off++
 	}
+	return unknown
 }
 
 func later(a, b time.Time) time.Time {
@@ -436,10 +455,25 @@ func (t *Transport) pausedUntil(paced []fleetrate.Bucket, since time.Time) (unti
 func (t *Transport) pauseLocally(keys []string, until time.Time) {
 	t.views.mu.Lock()
 	defer t.views.mu.Unlock()
+	now := time.Now()
 	for _, k := range keys {
 		v := t.views.get(k)
 		v.pauseUntil = later(v.pauseUntil, until)
+		v.pauseAt = now
 	}
+}
+
+// pausedSince reports whether this process learned of a pause of one of
+// the buckets after at.
+func (t *Transport) pausedSince(paced []fleetrate.Bucket, at time.Time) bool {
+	t.views.mu.Lock()
+	defer t.views.mu.Unlock()
+	for _, b := range paced {
+		if t.views.get(b.Key).pauseAt.After(at) {
+			return true
+		}
+	}
+	return false
 }
 
 // decrease lowers the effective rate of the buckets a 429 on a request

@@ -150,7 +150,9 @@ func (t *Transport) heard(msg string) {
 		if !ok || err != nil || d <= 0 || d > int64(fleetrate.MaxWaitCap) {
 			return
 		}
-		t.pauseLocally([]string{key}, now.Add(time.Duration(d)))
+		t.views.mu.Lock()
+		t.views.get(key).paused(now.Add(time.Duration(d)))
+		t.views.mu.Unlock()
 	case "r":
 		key, ok := strings.CutPrefix(rest, t.ann.prefix)
 		if !ok {

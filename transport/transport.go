@@ -428,12 +428,11 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 				slog.Bool("retry_after_valid", ok),
 				slog.Int64("pause_ms", pause.Milliseconds()),
 				slog.Int("attempt", attempt))...)
-			drained, derr := t.drain(ctx, tg, pause, attrs)
-			if derr != nil {
+			var derr error
+			if atFloor, derr = t.drain(ctx, tg, pause, sent, attrs); derr != nil {
 				discard(resp)
 				return nil, derr
 			}
-			atFloor = t.decrease(ctx, tg, drained, sent, time.Now().Add(pause), attrs)
 		}
 
 		retry, cerr := t.checkRetry(ctx, resp, err)
@@ -591,7 +590,13 @@ func (t *Transport) wait(ctx context.Context, tg Target, attrs []slog.Attr) erro
 			continue
 		}
 		booked := time.Now()
-		t.learn(tk, r.Booking(), booked)
+		if t.learn(tk, r.Booking(), booked) && !t.adaptive.Off && !tg.Fixed {
+			// Booked behind a pause this process did not know of, at a
+			// rate the 429 behind it may have lowered: give the booking
+			// back, read the rate, book again.
+			w.cancel(r)
+			continue
+		}
 		if err := r.Sleep(ctx); err != nil {
 			// Sleep gave the booking back: only what no later booking
 			// relies on returns, and nothing while a 429's drain has moved
@@ -605,12 +610,20 @@ func (t *Transport) wait(ctx context.Context, tg Target, attrs []slog.Attr) erro
 		}
 		slept := r.Result.Wait > 0
 		if _, fresh := t.pausedUntil(paced, time.Now().Add(-t.pauseCheckAge)); slept && !fresh && !t.listening(booked) {
-			if err := t.readPauses(ctx, paced); err != nil {
+			drained, err := t.readPauses(ctx, tk, r.Booking())
+			if err != nil {
 				w.cancel(r)
 				return t.waitFailed(ctx, tg, attrs, err)
 			}
+			if drained {
+				w.cancel(r)
+				continue
+			}
 		}
-		if until, _ := t.pausedUntil(paced, time.Time{}); until.After(time.Now()) {
+		if until, _ := t.pausedUntil(paced, time.Time{}); until.After(time.Now()) || t.pausedSince(paced, booked) {
+			// Paused, or a pause began after this booking: the 429 that
+			// drew it voided every booking made before it (see drain), so
+			// book again behind it, at the rate it may have lowered.
 			w.cancel(r)
 			continue
 		}
@@ -685,30 +698,42 @@ func (t *Transport) queue(ctx context.Context, key string, start time.Time, maxW
 	}
 }
 
-// readPauses reads the pause markers of the paced buckets (one peek) into
-// this process's views.
-func (t *Transport) readPauses(ctx context.Context, paced []fleetrate.Bucket) error {
-	pauses := make([]fleetrate.Bucket, len(paced))
-	for i, b := range paced {
-		pauses[i] = pauseMarker(b)
-	}
-	res, err := t.lim.Store().Take(ctx, fleetrate.Request{Buckets: pauses})
+// readPauses reads the pause markers of the take's paced buckets (one
+// peek) into this process's views, and reports whether a 429 drained them
+// since the take booked bk, voiding the booking (see drain). A drain
+// leaves a marker's debt at least markerFill past the drain, while takes
+// only move it past their slots (at most the max wait ahead) by a
+// nanosecond each: so, on the store's clock, a marker whose debt now ends
+// past both the booking's time + markerFill and what the booking left it
+// was drained since.
+func (t *Transport) readPauses(ctx context.Context, tk take, bk fleetrate.Booking) (drained bool, err error) {
+	paced := tk.buckets[:tk.paced]
+	res, err := t.lim.Store().Take(ctx, fleetrate.Request{Buckets: tk.buckets[tk.paced:]})
 	if err != nil {
-		return err
+		return false, err
 	}
 	now := time.Now()
+	if !res.At.IsZero() && bk.Stamp > 0 && len(bk.Debts) >= tk.paced {
+		booked := time.UnixMicro(bk.Stamp)
+		left := booked.Add(markerFill)
+		for _, d := range bk.Debts[len(bk.Debts)-tk.paced:] {
+			left = later(left, booked.Add(time.Duration(d)+time.Millisecond))
+		}
+		drained = !res.At.Add(res.ResetAfter).Before(left)
+	}
 	t.views.mu.Lock()
 	defer t.views.mu.Unlock()
 	for _, b := range paced {
 		v := t.views.get(b.Key)
 		v.seen = now
 		if !res.Allowed {
-			if until := now.Add(res.RetryAfter); until.After(v.pauseUntil) {
-				v.pauseUntil = until
-			}
+			v.paused(now.Add(res.RetryAfter))
+		}
+		if drained {
+			v.read = time.Time{} // the 429 may have lowered the rate
 		}
 	}
-	return nil
+	return drained, nil
 }
 
 // waited records a granted wait.
@@ -740,40 +765,58 @@ func (t *Transport) waitFailed(ctx context.Context, tg Target, attrs []slog.Attr
 }
 
 // drain pauses the target's buckets and their pause markers for d across
-// the fleet (see Target.drained), in one call, after pausing this
-// process's own requests at once. It runs even if the caller's context has
-// ended, since the whole fleet needs it. It returns the buckets drained.
-func (t *Transport) drain(ctx context.Context, tg Target, d time.Duration, attrs []slog.Attr) ([]fleetrate.Bucket, error) {
+// the fleet (see Target.drained), after pausing this process's own
+// requests at once, and lowers their effective rates (see decrease) for a
+// 429 on a request sent at sent, before the pause is visible to the fleet,
+// so that a process that learns of the pause reads the lowered rate. It
+// runs even if the caller's context has ended, since the whole fleet needs
+// it. It reports whether a bucket was at its floor rate already.
+func (t *Transport) drain(ctx context.Context, tg Target, d time.Duration, sent time.Time, attrs []slog.Attr) (atFloor bool, err error) {
 	names := tg.drained()
 	paced := make([]fleetrate.Bucket, len(names))
 	keys := make([]string, len(names))
 	for i, name := range names {
 		b, err := t.lim.Bucket(name)
 		if err != nil {
-			return nil, fmt.Errorf("transport: %s/%s: %w", tg.Channel, tg.Endpoint, err)
+			return false, fmt.Errorf("transport: %s/%s: %w", tg.Channel, tg.Endpoint, err)
 		}
 		paced[i], keys[i] = b, b.Key
 	}
-	t.pauseLocally(keys, time.Now().Add(d))
+	resume := time.Now().Add(d)
+	t.pauseLocally(keys, resume)
+	atFloor = t.decrease(ctx, tg, paced, sent, resume, attrs)
 	// The buckets at their effective limits, and their pause markers.
+	// The markers first: from then on every take waits out the pause.
+	// Then the buckets start again from the pause, empty: the slots booked
+	// before the 429, at the rate that drew it, are void (each waiter
+	// books again behind the pause when it learns of it).
 	bs := t.layout(ctx, tg, paced).buckets
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeTimeout)
 	defer cancel()
-	err := t.lim.Store().Drain(dctx, bs, d)
+	store := t.lim.Store()
+	err = store.Drain(dctx, bs[len(paced):], d)
+	if err == nil {
+		skeys := make([]string, len(paced))
+		for i, b := range paced {
+			skeys[i] = b.StoreKey()
+		}
+		err = store.Reset(dctx, skeys...)
+	}
+	if err == nil {
+		err = store.Drain(dctx, bs[:len(paced)], d)
+	}
 	if err == nil {
 		for _, b := range paced {
 			t.announcePause(ctx, b, d)
 		}
+		return atFloor, nil
 	}
-	if err != nil {
-		if errors.Is(err, fleetrate.ErrStoreUnavailable) && t.failOpen {
-			t.log.LogAttrs(ctx, slog.LevelError, "rate_store_error", append(attrs,
-				slog.String("error", err.Error()), slog.Bool("fail_open", true))...)
-			return paced, nil
-		}
-		return paced, fmt.Errorf("transport: %s/%s: draining after a rate limit: %w", tg.Channel, tg.Endpoint, err)
+	if errors.Is(err, fleetrate.ErrStoreUnavailable) && t.failOpen {
+		t.log.LogAttrs(ctx, slog.LevelError, "rate_store_error", append(attrs,
+			slog.String("error", err.Error()), slog.Bool("fail_open", true))...)
+		return atFloor, nil
 	}
-	return paced, nil
+	return atFloor, fmt.Errorf("transport: %s/%s: draining after a rate limit: %w", tg.Channel, tg.Endpoint, err)
 }
 
 // pauseFor returns how long a rate limit pauses the fleet: the

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -94,6 +95,10 @@ type serveSettings struct {
 	dynamicMetadata bool
 	storeAPI        bool
 	redisBatch      bool
+	memMaxKeys      int64
+	memMaxBytes     int64
+	localCacheBytes int64
+	nearLimitRatio  float64
 	tokens          []string
 }
 
@@ -150,6 +155,10 @@ func serveCommand(getenv func(string) string) *cobra.Command {
 	f.Bool("response-dynamic-metadata", false, "add dynamic metadata (domain, descriptors, the rules' metadata) to RLS responses")
 	f.Bool("store-api", true, "serve the raw store API (/v1/store/...) used by remotestore")
 	f.Bool("redis-batch", true, "send concurrent decisions to Redis as one script call (redisstore.Options.Batch)")
+	f.Int64("memory-max-keys", memstore.DefaultMaxKeys, "in-memory store: most buckets held; beyond, the one closest to refilling among a sample is dropped")
+	f.Int64("memory-max-bytes", memstore.DefaultMaxBytes, "in-memory store: most bytes the buckets hold (key bytes plus 208 a bucket), enforced as --memory-max-keys is")
+	f.Int64("local-cache-bytes", 0, "size of the over-limit cache (package overlimit): a bucket the store denied n tokens until t is denied at once, without a store call, until t; 0 disables")
+	f.Float64("near-limit-ratio", server.DefaultNearLimitRatio, "fraction of a limit's burst in use above which RLS hits count in fleetrate_near_limit_total")
 	return cmd
 }
 
@@ -253,6 +262,32 @@ func (r *resolver) int64(name string, file *int64) int64 {
 	return n
 }
 
+// size is int64 for a size that may be 0 (off).
+func (r *resolver) size(name string) int64 {
+	if v, ok := r.source(name); ok {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 {
+			r.fail(name, v, errors.New("want a whole number of bytes, 0 or more"))
+		}
+		return n
+	}
+	n, _ := r.fs.GetInt64(name)
+	return n
+}
+
+// ratio reads a fraction in (0, 1].
+func (r *resolver) ratio(name string) float64 {
+	if v, ok := r.source(name); ok {
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil || !(f > 0 && f <= 1) {
+			r.fail(name, v, errors.New("want a number above 0 and at most 1"))
+		}
+		return f
+	}
+	f, _ := r.fs.GetFloat64(name)
+	return f
+}
+
 // resolveSettings loads the config file and resolves every setting, with
 // flags over environment over file over defaults.
 func resolveSettings(fs *pflag.FlagSet, getenv func(string) string) (serveSettings, error) {
@@ -296,6 +331,10 @@ func resolveSettings(fs *pflag.FlagSet, getenv func(string) string) (serveSettin
 	st.dynamicMetadata = r.boolean("response-dynamic-metadata", nil)
 	st.storeAPI = r.boolean("store-api", s.StoreAPI)
 	st.redisBatch = r.boolean("redis-batch", s.RedisBatch)
+	st.memMaxKeys = r.int64("memory-max-keys", nil)
+	st.memMaxBytes = r.int64("memory-max-bytes", nil)
+	st.localCacheBytes = r.size("local-cache-bytes")
+	st.nearLimitRatio = r.ratio("near-limit-ratio")
 	st.metricsAddr = r.str("metrics-addr", nil)
 	st.metricsPath = r.str("metrics-path", nil)
 	if err := errors.Join(r.errs...); err != nil {
@@ -417,7 +456,7 @@ func serve(ctx context.Context, st serveSettings, logOut io.Writer) error {
 		return err
 	}
 	var (
-		store     fleetrate.Store = memstore.New(memstore.Options{})
+		store     fleetrate.Store = memstore.New(memstore.Options{MaxKeys: int(st.memMaxKeys), MaxBytes: st.memMaxBytes})
 		storeName                 = "memory"
 		closeFn                   = func() error { return nil }
 	)
@@ -430,6 +469,8 @@ func serve(ctx context.Context, st serveSettings, logOut io.Writer) error {
 	}
 	defer closeFn()
 	srv, err := newServerWithStatus(server.Options{
+		LocalCacheBytes:         st.localCacheBytes,
+		NearLimitRatio:          st.nearLimitRatio,
 		Store:                   store,
 		StoreName:               storeName,
 		Config:                  st.cfg,

@@ -133,6 +133,12 @@ func envoyEnv(getenv func(string) string) (vals map[string]string, notes []strin
 			vals["redis"] = u
 		}
 	}
+	if v := getenv("LOCAL_CACHE_SIZE_IN_BYTES"); v != "" {
+		vals["local-cache-bytes"] = v
+	}
+	if v := getenv("NEAR_LIMIT_RATIO"); v != "" {
+		vals["near-limit-ratio"] = v
+	}
 	if v := getenv("REDIS_TIMEOUT"); v != "" {
 		vals["store-timeout"] = v
 	}
@@ -144,8 +150,6 @@ func envoyEnv(getenv func(string) string) (vals map[string]string, notes []strin
 		{"REDIS_PIPELINE_LIMIT", "fleetrate batches concurrent Redis calls itself (--redis-batch, on by default)"},
 		{"REDIS_TLS_CLIENT_CERT", "Redis client certificates are not supported; REDIS_TLS uses the system's CAs"},
 		{"REDIS_TLS_CACERT", "Redis client certificates are not supported; REDIS_TLS uses the system's CAs"},
-		{"LOCAL_CACHE_SIZE_IN_BYTES", "fleetrate keeps no local cache of over-limit keys"},
-		{"NEAR_LIMIT_RATIO", "fleetrate has no near_limit statistic"},
 		{"EXPIRATION_JITTER_MAX_SECONDS", "token buckets expire when full, not at window ends, so keys do not expire together"},
 		{"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "fleetrate always behaves so: a denied request spends nothing"},
 		{"USE_STATSD", "fleetrate exports Prometheus metrics on /metrics, not statsd"},

@@ -46,6 +46,8 @@ func TestEnvoyEnv(t *testing.T) {
 		{"redis cluster", map[string]string{"REDIS_SOCKET_TYPE": "tcp", "REDIS_TYPE": "cluster", "REDIS_URL": "n1:6379,n2:6379"},
 			map[string]string{"redis": "redis+cluster://n1:6379?addr=n2%3A6379"}},
 		{"cache prefix", map[string]string{"CACHE_KEY_PREFIX": "rl:"}, map[string]string{"prefix": "rl:"}},
+		{"local cache and near limit", map[string]string{"LOCAL_CACHE_SIZE_IN_BYTES": "1048576", "NEAR_LIMIT_RATIO": "0.9"},
+			map[string]string{"local-cache-bytes": "1048576", "near-limit-ratio": "0.9"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -163,25 +163,7 @@ func (d *Domain) Match(entries []Entry) Match {
 			value = pattern
 		}
 		key.WriteString(escape(value))
-
-		metric.WriteByte('.')
-		metric.WriteString(e.Key)
-		switch {
-		case kind == byValue:
-			metric.WriteString("_" + e.Value)
-		case next.valueToMetric && e.Value != "" && !(kind == byWildcard && next.shareThreshold):
-			metric.WriteString("_" + e.Value)
-		case kind == byWildcard:
-			metric.WriteString("_" + pattern)
-		}
-		detailed.WriteByte('.')
-		detailed.WriteString(e.Key)
-		if kind == byWildcard && next.shareThreshold {
-			detailed.WriteString("_" + pattern)
-		} else if e.Value != "" {
-			detailed.WriteString("_" + e.Value)
-		}
-
+		writeMetricNames(&metric, &detailed, e, next, kind, pattern)
 		if i == len(entries)-1 {
 			if next.rule == nil {
 				return Match{}
@@ -198,6 +180,28 @@ func (d *Domain) Match(entries []Entry) Match {
 		cur = next
 	}
 	return Match{}
+}
+
+// writeMetricNames appends entry e, matched to next by kind (pattern
+// for a wildcard), to the rule's metric name and to its detailed one.
+func writeMetricNames(metric, detailed *strings.Builder, e Entry, next *node, kind matchKind, pattern string) {
+	metric.WriteByte('.')
+	metric.WriteString(e.Key)
+	switch {
+	case kind == byValue:
+		metric.WriteString("_" + e.Value)
+	case next.valueToMetric && e.Value != "" && !(kind == byWildcard && next.shareThreshold):
+		metric.WriteString("_" + e.Value)
+	case kind == byWildcard:
+		metric.WriteString("_" + pattern)
+	}
+	detailed.WriteByte('.')
+	detailed.WriteString(e.Key)
+	if kind == byWildcard && next.shareThreshold {
+		detailed.WriteString("_" + pattern)
+	} else if e.Value != "" {
+		detailed.WriteString("_" + e.Value)
+	}
 }
 
 // escape percent-encodes the characters that delimit a bucket key, and

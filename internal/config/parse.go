@@ -306,6 +306,8 @@ func join(field, name string) string {
 	return field + "." + name
 }
 
+// document parses one YAML document: a domain with its descriptors,
+// buckets, a server section, or any of them together.
 func (p *parser) document(root *yaml.Node, cfg *Config) {
 	if root.Kind == yaml.DocumentNode {
 		if len(root.Content) == 0 {
@@ -318,9 +320,8 @@ func (p *parser) document(root *yaml.Node, cfg *Config) {
 		return
 	}
 	var (
-		domain     string
-		domainNode *yaml.Node
-		descs      *yaml.Node
+		domain            string
+		domainNode, descs *yaml.Node
 	)
 	for _, kv := range pairs {
 		switch kv.key {
@@ -332,50 +333,72 @@ func (p *parser) document(root *yaml.Node, cfg *Config) {
 		case "buckets":
 			p.buckets(kv.val, cfg)
 		case "server":
-			if sh := p.shared; sh.serverLine != 0 {
-				p.errorf(kv.knode, "server", "given twice (first on %s)", p.where(sh.serverFile, sh.serverLine))
-				continue
-			}
-			p.shared.serverFile, p.shared.serverLine = p.file, kv.knode.Line
-			p.settings(kv.val, &cfg.Settings)
+			p.server(kv, cfg)
 		}
 	}
-	if domainNode == nil && descs == nil {
+	if domainNode != nil || descs != nil {
+		p.domain(root, domain, domainNode, descs, cfg)
+	}
+}
+
+// server parses the server section, which one file of a load may give.
+func (p *parser) server(kv pair, cfg *Config) {
+	if sh := p.shared; sh.serverLine != 0 {
+		p.errorf(kv.knode, "server", "given twice (first on %s)", p.where(sh.serverFile, sh.serverLine))
 		return
 	}
-	if domain == "" {
-		n := domainNode
+	p.shared.serverFile, p.shared.serverLine = p.file, kv.knode.Line
+	p.settings(kv.val, &cfg.Settings)
+}
+
+// domain adds a document's domain and its descriptors to cfg, or, when
+// domains are merged, adds the descriptors to the domain another file gave.
+func (p *parser) domain(root *yaml.Node, name string, nameNode, descs *yaml.Node, cfg *Config) {
+	if name == "" {
+		n := nameNode
 		if n == nil {
 			n = root
 		}
 		p.errorf(n, "domain", "must not be empty")
 		return
 	}
-	if old, ok := cfg.Domains[domain]; ok {
-		first := p.shared.domainFile[domain]
+	if old, ok := cfg.Domains[name]; ok {
+		first := p.shared.domainFile[name]
 		if !p.shared.merge || first == p.file {
 			hint := ""
 			if first != p.file {
 				hint = " (set MERGE_DOMAIN_CONFIG=true or --merge-domains to merge them)"
 			}
-			p.errorf(domainNode, "domain", "duplicate domain %q (first on %s)%s", domain, p.where(first, old.root.line), hint)
+			p.errorf(nameNode, "domain", "duplicate domain %q (first on %s)%s", name, p.where(first, old.root.line), hint)
 			return
 		}
 		// Merged: this file's descriptors join the domain's tree, and a
 		// descriptor both files give is a duplicate, as in
 		// envoyproxy/ratelimit.
-		p.descriptors(descs, "descriptors", domain, old, old.root, 1)
+		p.descriptors(descs, "descriptors", name, old, old.root, 1)
 		return
 	}
-	d := &Domain{Name: domain, root: newNode(domainNode.Line)}
-	p.descriptors(descs, "descriptors", domain, d, d.root, 1)
-	cfg.Domains[domain] = d
+	d := &Domain{Name: name, root: newNode(nameNode.Line)}
+	p.descriptors(descs, "descriptors", name, d, d.root, 1)
+	cfg.Domains[name] = d
 	if p.shared.domainFile == nil {
 		p.shared.domainFile = map[string]string{}
 	}
-	p.shared.domainFile[domain] = p.file
+	p.shared.domainFile[name] = p.file
 }
 
+// descriptor is one entry of a descriptors list, as the file gives it.
+type descriptor struct {
+	key, value string
+	// at is the key's node (or the entry's, when the key is missing): the
+	// line errors about the entry name.
+	at                                       *yaml.Node
+	rl, rls, children, meta                  *yaml.Node
+	shadow, quota, detailed, toMetric, share bool
+}
+
+// descriptors parses a descriptors list into the children of parent, and
+// their own descriptors below them.
 func (p *parser) descriptors(n *yaml.Node, field, parentID string, d *Domain, parent *node, depth int) {
 	if n == nil {
 		return
@@ -386,199 +409,148 @@ func (p *parser) descriptors(n *yaml.Node, field, parentID string, d *Domain, pa
 	}
 	for i, item := range p.sequence(n, field) {
 		f := fmt.Sprintf("%s[%d]", field, i)
-		pairs, ok := p.envoyMapping(item, f, "key", "value", "rate_limit", "rate_limits", "descriptors",
-			"shadow_mode", "quota_mode", "detailed_metric", "value_to_metric", "share_threshold", "metadata")
+		desc, ok := p.descriptorFields(item, f)
 		if !ok {
 			continue
 		}
-		var (
-			key, value                        string
-			keyNode                           *yaml.Node
-			rl, rls, children, meta           *yaml.Node
-			shadow, detailed, toMetric, share bool
-			quota                             bool
-		)
-		for _, kv := range pairs {
-			switch kv.key {
-			case "key":
-				key, _ = p.str(kv.val, join(f, "key"))
-				keyNode = kv.val
-			case "value":
-				value, _ = p.str(kv.val, join(f, "value"))
-			case "rate_limit":
-				rl = kv.val
-			case "rate_limits":
-				rls = kv.val
-			case "descriptors":
-				children = kv.val
-			case "shadow_mode":
-				shadow, _ = p.boolean(kv.val, join(f, "shadow_mode"))
-			case "quota_mode":
-				quota, _ = p.boolean(kv.val, join(f, "quota_mode"))
-			case "metadata":
-				meta = kv.val
-			case "detailed_metric":
-				detailed, _ = p.boolean(kv.val, join(f, "detailed_metric"))
-			case "value_to_metric":
-				toMetric, _ = p.boolean(kv.val, join(f, "value_to_metric"))
-			case "share_threshold":
-				share, _ = p.boolean(kv.val, join(f, "share_threshold"))
-			}
-		}
-		at := item
-		if keyNode != nil {
-			at = keyNode
-		}
-		if key == "" {
-			p.errorf(at, join(f, "key"), "must not be empty")
+		id, child, ok := p.descriptorNode(desc, f, parentID, parent)
+		if !ok {
 			continue
 		}
-		wildcard := strings.Contains(value, "*")
-		if share && !wildcard {
-			p.errorf(at, join(f, "share_threshold"), "needs a wildcard value (containing '*'), got value %q", value)
+		if r := p.descriptorRule(desc, f, id); r != nil {
+			child.rule = r
+			d.Rules++
 		}
-		composite := key
-		if value != "" {
-			composite += "_" + value
-		}
-		id := parentID + "." + composite
-		child := newNode(at.Line)
-		child.valueToMetric = toMetric
-		child.shareThreshold = share && wildcard
-		if prev := parent.add(key, value, child); prev != nil {
-			p.errorf(at, f, "duplicate descriptor %q (first on line %d)", id, prev.line)
-			continue
-		}
-		if rl != nil && rls != nil {
-			p.errorf(at, f, "give rate_limit or rate_limits, not both")
-		}
-		if rl != nil || rls != nil {
-			r := &Rule{ID: id, ShadowMode: shadow, QuotaMode: quota, DetailedMetric: detailed, File: p.file, Line: at.Line}
-			if meta != nil {
-				r.Metadata = p.metadata(meta, join(f, "metadata"))
-			}
-			ok := true
-			if rl != nil {
-				ok = p.rateLimit(rl, join(f, "rate_limit"), r, true)
-			} else {
-				for j, item := range p.sequence(rls, join(f, "rate_limits")) {
-					if !p.rateLimit(item, fmt.Sprintf("%s.rate_limits[%d]", f, j), r, false) {
-						ok = false
-					}
-				}
-				if len(r.Limits) == 0 && ok {
-					p.errorf(rls, join(f, "rate_limits"), "must list at least one limit")
-					ok = false
-				}
-			}
-			if ok {
-				child.rule = r
-				d.Rules++
-			}
-		} else {
-			if shadow {
-				p.errorf(at, join(f, "shadow_mode"), "has no effect without rate_limit")
-			}
-			if quota {
-				p.noticef(at, join(f, "quota_mode"), "ignored: it has no effect without rate_limit")
-			}
-			if meta != nil {
-				p.noticef(meta, join(f, "metadata"), "ignored: it has no effect without rate_limit")
-			}
-		}
-		p.descriptors(children, join(f, "descriptors"), id, d, child, depth+1)
+		p.descriptors(desc.children, join(f, "descriptors"), id, d, child, depth+1)
 	}
+}
+
+// descriptorFields reads the fields of one descriptor entry.
+func (p *parser) descriptorFields(item *yaml.Node, f string) (descriptor, bool) {
+	pairs, ok := p.envoyMapping(item, f, "key", "value", "rate_limit", "rate_limits", "descriptors",
+		"shadow_mode", "quota_mode", "detailed_metric", "value_to_metric", "share_threshold", "metadata")
+	if !ok {
+		return descriptor{}, false
+	}
+	desc := descriptor{at: item}
+	for _, kv := range pairs {
+		vf := join(f, kv.key)
+		switch kv.key {
+		case "key":
+			desc.key, _ = p.str(kv.val, vf)
+			desc.at = kv.val
+		case "value":
+			desc.value, _ = p.str(kv.val, vf)
+		case "rate_limit":
+			desc.rl = kv.val
+		case "rate_limits":
+			desc.rls = kv.val
+		case "descriptors":
+			desc.children = kv.val
+		case "metadata":
+			desc.meta = kv.val
+		case "shadow_mode":
+			desc.shadow, _ = p.boolean(kv.val, vf)
+		case "quota_mode":
+			desc.quota, _ = p.boolean(kv.val, vf)
+		case "detailed_metric":
+			desc.detailed, _ = p.boolean(kv.val, vf)
+		case "value_to_metric":
+			desc.toMetric, _ = p.boolean(kv.val, vf)
+		case "share_threshold":
+			desc.share, _ = p.boolean(kv.val, vf)
+		}
+	}
+	if desc.key == "" {
+		p.errorf(desc.at, join(f, "key"), "must not be empty")
+		return desc, false
+	}
+	return desc, true
+}
+
+// descriptorNode adds the entry's node below parent and returns it with
+// the entry's ID, as envoyproxy/ratelimit names it: parentID.key_value.
+func (p *parser) descriptorNode(desc descriptor, f, parentID string, parent *node) (string, *node, bool) {
+	wildcard := strings.Contains(desc.value, "*")
+	if desc.share && !wildcard {
+		p.errorf(desc.at, join(f, "share_threshold"), "needs a wildcard value (containing '*'), got value %q", desc.value)
+	}
+	composite := desc.key
+	if desc.value != "" {
+		composite += "_" + desc.value
+	}
+	id := parentID + "." + composite
+	child := newNode(desc.at.Line)
+	child.valueToMetric = desc.toMetric
+	child.shareThreshold = desc.share && wildcard
+	if prev := parent.add(desc.key, desc.value, child); prev != nil {
+		p.errorf(desc.at, f, "duplicate descriptor %q (first on line %d)", id, prev.line)
+		return "", nil, false
+	}
+	return id, child, true
+}
+
+// descriptorRule returns the entry's rule, or nil when it gives no limit
+// or its limits have errors.
+func (p *parser) descriptorRule(desc descriptor, f, id string) *Rule {
+	if desc.rl == nil && desc.rls == nil {
+		if desc.shadow {
+			p.errorf(desc.at, join(f, "shadow_mode"), "has no effect without rate_limit")
+		}
+		if desc.quota {
+			p.noticef(desc.at, join(f, "quota_mode"), "ignored: it has no effect without rate_limit")
+		}
+		if desc.meta != nil {
+			p.noticef(desc.meta, join(f, "metadata"), "ignored: it has no effect without rate_limit")
+		}
+		return nil
+	}
+	r := &Rule{ID: id, ShadowMode: desc.shadow, QuotaMode: desc.quota, DetailedMetric: desc.detailed, File: p.file, Line: desc.at.Line}
+	if desc.meta != nil {
+		r.Metadata = p.metadata(desc.meta, join(f, "metadata"))
+	}
+	if !p.limits(desc.at, f, desc.rl, desc.rls, r, true) {
+		return nil
+	}
+	return r
+}
+
+// limits parses the rate_limit block or the rate_limits list of the
+// entry at f into r. envoy says whether its rate_limit is
+// envoyproxy/ratelimit's, which may be unlimited, named and replace others.
+func (p *parser) limits(at *yaml.Node, f string, rl, rls *yaml.Node, r *Rule, envoy bool) bool {
+	switch {
+	case rl != nil && rls != nil:
+		p.errorf(at, f, "give rate_limit or rate_limits, not both")
+		return false
+	case rl != nil:
+		return p.rateLimit(rl, join(f, "rate_limit"), r, envoy)
+	case rls == nil:
+		return true
+	}
+	good := true
+	for j, item := range p.sequence(rls, join(f, "rate_limits")) {
+		good = p.rateLimit(item, fmt.Sprintf("%s.rate_limits[%d]", f, j), r, false) && good
+	}
+	if good && len(r.Limits) == 0 {
+		p.errorf(rls, join(f, "rate_limits"), "must list at least one limit")
+		return false
+	}
+	return good
+}
+
+// limitBlock is one rate_limit block, as the file gives it.
+type limitBlock struct {
+	spec                LimitSpec
+	unitNode, burstNode *yaml.Node
+	unlimited, burstSet bool
 }
 
 // rateLimit parses one rate_limit block into r. single is false inside a
 // rate_limits list, where unlimited, name and replaces are not allowed.
 func (p *parser) rateLimit(n *yaml.Node, field string, r *Rule, single bool) bool {
-	allowed := []string{"unit", "requests_per_unit", "burst", "unit_multiplier", "name"}
-	if single {
-		allowed = append(allowed, "unlimited", "replaces")
-	}
-	var (
-		pairs []pair
-		ok    bool
-	)
-	if single {
-		pairs, ok = p.envoyMapping(n, field, allowed...)
-	} else {
-		pairs, ok = p.mapping(n, field, allowed...)
-	}
-	if !ok {
-		return false
-	}
-	spec := LimitSpec{UnitMultiplier: 1}
-	var (
-		unitNode, burstNode *yaml.Node
-		unlimited, good     = false, true
-		burstSet            bool
-	)
+	lb, good := p.limitFields(n, field, r, single)
 	at := p.deref(n)
-	for _, kv := range pairs {
-		f := join(field, kv.key)
-		switch kv.key {
-		case "unit":
-			s, ok := p.str(kv.val, f)
-			if !ok {
-				good = false
-				continue
-			}
-			unitNode = kv.val
-			u, known := ParseUnit(s)
-			if !known {
-				p.errorf(kv.val, f, "unknown unit %q (want second, minute, hour, day, week, month or year)", s)
-				good = false
-				continue
-			}
-			spec.Unit = u
-		case "requests_per_unit":
-			v, ok := p.integer(kv.val, f, 0, math.MaxUint32)
-			good = good && ok
-			spec.RequestsPerUnit = uint32(v)
-		case "unit_multiplier":
-			v, ok := p.integer(kv.val, f, 1, math.MaxUint32)
-			good = good && ok
-			spec.UnitMultiplier = uint32(v)
-		case "burst":
-			v, ok := p.integer(kv.val, f, 1, fleetrate.MaxBurst)
-			good = good && ok
-			spec.Burst, burstSet, burstNode = v, true, kv.val
-		case "unlimited":
-			v, ok := p.boolean(kv.val, f)
-			good = good && ok
-			unlimited = v
-		case "name":
-			s, ok := p.str(kv.val, f)
-			good = good && ok
-			spec.Name = s
-			if single {
-				r.Name = s
-			}
-		case "replaces":
-			for i, item := range p.sequence(kv.val, f) {
-				rf := fmt.Sprintf("%s[%d]", f, i)
-				rp, ok := p.envoyMapping(item, rf, "name")
-				if !ok {
-					good = false
-					continue
-				}
-				name := ""
-				for _, kv := range rp {
-					if kv.key == "name" {
-						name, _ = p.str(kv.val, join(rf, "name"))
-					}
-				}
-				if name == "" {
-					p.errorf(item, join(rf, "name"), "must not be empty")
-					good = false
-					continue
-				}
-				r.Replaces = append(r.Replaces, name)
-			}
-		}
-	}
 	if single && r.Name != "" && slices.Contains(r.Replaces, r.Name) {
 		p.errorf(at, join(field, "replaces"), "a rule cannot replace itself (%q)", r.Name)
 		good = false
@@ -586,26 +558,18 @@ func (p *parser) rateLimit(n *yaml.Node, field string, r *Rule, single bool) boo
 	if !good {
 		return false
 	}
-	if unlimited {
-		if unitNode != nil {
-			p.errorf(unitNode, join(field, "unit"), "must not be given when unlimited is true")
-			return false
-		}
-		if burstSet {
-			p.errorf(burstNode, join(field, "burst"), "must not be given when unlimited is true")
-			return false
-		}
-		r.Unlimited = true
-		return true
+	if lb.unlimited {
+		return p.unlimited(lb, field, r)
 	}
+	spec := lb.spec
 	if spec.Unit == UnitUnknown {
 		p.errorf(at, join(field, "unit"), "is required (second, minute, hour, day, week, month or year)")
 		return false
 	}
-	if !burstSet {
+	if !lb.burstSet {
 		spec.Burst = int64(spec.RequestsPerUnit)
 	} else if spec.RequestsPerUnit == 0 {
-		p.errorf(burstNode, join(field, "burst"), "has no effect when requests_per_unit is 0 (which denies every request)")
+		p.errorf(lb.burstNode, join(field, "burst"), "has no effect when requests_per_unit is 0 (which denies every request)")
 		return false
 	}
 	if err := spec.Validate(); err != nil {
@@ -616,93 +580,200 @@ func (p *parser) rateLimit(n *yaml.Node, field string, r *Rule, single bool) boo
 	return true
 }
 
+// unlimited makes r unlimited, unless the block also gives a unit or a
+// burst.
+func (p *parser) unlimited(lb limitBlock, field string, r *Rule) bool {
+	if lb.unitNode != nil {
+		p.errorf(lb.unitNode, join(field, "unit"), "must not be given when unlimited is true")
+		return false
+	}
+	if lb.burstSet {
+		p.errorf(lb.burstNode, join(field, "burst"), "must not be given when unlimited is true")
+		return false
+	}
+	r.Unlimited = true
+	return true
+}
+
+// limitFields reads the fields of one rate_limit block; its name and
+// replaces go to r directly.
+func (p *parser) limitFields(n *yaml.Node, field string, r *Rule, single bool) (limitBlock, bool) {
+	allowed := []string{"unit", "requests_per_unit", "burst", "unit_multiplier", "name"}
+	if single {
+		allowed = append(allowed, "unlimited", "replaces")
+	}
+	// A single rate_limit is envoyproxy/ratelimit's, which is lenient.
+	pairs, good := p.mappingOf(n, field, single, allowed)
+	lb := limitBlock{spec: LimitSpec{UnitMultiplier: 1}}
+	for _, kv := range pairs {
+		f := join(field, kv.key)
+		var (
+			ok bool
+			v  int64
+		)
+		switch kv.key {
+		case "unit":
+			lb.spec.Unit, ok = p.unit(kv.val, f)
+			lb.unitNode = kv.val
+		case "requests_per_unit":
+			v, ok = p.integer(kv.val, f, 0, math.MaxUint32)
+			lb.spec.RequestsPerUnit = uint32(v)
+		case "unit_multiplier":
+			v, ok = p.integer(kv.val, f, 1, math.MaxUint32)
+			lb.spec.UnitMultiplier = uint32(v)
+		case "burst":
+			lb.spec.Burst, ok = p.integer(kv.val, f, 1, fleetrate.MaxBurst)
+			lb.burstSet, lb.burstNode = true, kv.val
+		case "unlimited":
+			lb.unlimited, ok = p.boolean(kv.val, f)
+		case "name":
+			lb.spec.Name, ok = p.str(kv.val, f)
+			if single {
+				r.Name = lb.spec.Name
+			}
+		case "replaces":
+			var names []string
+			names, ok = p.replaces(kv.val, f)
+			r.Replaces = append(r.Replaces, names...)
+		}
+		good = good && ok
+	}
+	return lb, good
+}
+
+// unit parses a unit name.
+func (p *parser) unit(n *yaml.Node, f string) (Unit, bool) {
+	s, ok := p.str(n, f)
+	if !ok {
+		return UnitUnknown, false
+	}
+	u, known := ParseUnit(s)
+	if !known {
+		p.errorf(n, f, "unknown unit %q (want second, minute, hour, day, week, month or year)", s)
+		return UnitUnknown, false
+	}
+	return u, true
+}
+
+// replaces parses a rate_limit's replaces list: the names of the rules it
+// replaces, each as {name: ...}.
+func (p *parser) replaces(n *yaml.Node, f string) ([]string, bool) {
+	var names []string
+	good := true
+	for i, item := range p.sequence(n, f) {
+		rf := fmt.Sprintf("%s[%d]", f, i)
+		rp, ok := p.envoyMapping(item, rf, "name")
+		if !ok {
+			good = false
+			continue
+		}
+		name := ""
+		for _, kv := range rp {
+			name, _ = p.str(kv.val, join(rf, "name"))
+		}
+		if name == "" {
+			p.errorf(item, join(rf, "name"), "must not be empty")
+			good = false
+			continue
+		}
+		names = append(names, name)
+	}
+	return names, good
+}
+
+// bucketEntry is one entry of the buckets list, as the file gives it.
+type bucketEntry struct {
+	name, channel, endpoint string
+	hasName, hasChannel     bool
+	rl, rls                 *yaml.Node
+}
+
+// buckets parses the buckets list into cfg.
 func (p *parser) buckets(n *yaml.Node, cfg *Config) {
 	for i, item := range p.sequence(n, "buckets") {
 		f := fmt.Sprintf("buckets[%d]", i)
-		pairs, ok := p.mapping(item, f, "name", "channel", "endpoint", "rate_limit", "rate_limits")
-		if !ok {
-			continue
+		if b, ok := p.bucket(item, f, cfg); ok {
+			cfg.byName[b.Name] = len(cfg.Buckets)
+			cfg.byName[b.Key] = len(cfg.Buckets)
+			cfg.Buckets = append(cfg.Buckets, b)
 		}
-		var (
-			name, channel, endpoint string
-			rl, rls                 *yaml.Node
-			hasName, hasChannel     bool
-		)
-		for _, kv := range pairs {
-			switch kv.key {
-			case "name":
-				name, _ = p.str(kv.val, join(f, "name"))
-				hasName = true
-			case "channel":
-				channel, _ = p.str(kv.val, join(f, "channel"))
-				hasChannel = true
-			case "endpoint":
-				endpoint, _ = p.str(kv.val, join(f, "endpoint"))
-			case "rate_limit":
-				rl = kv.val
-			case "rate_limits":
-				rls = kv.val
-			}
-		}
-		at := p.deref(item)
-		switch {
-		case hasName && (hasChannel || endpoint != ""):
-			p.errorf(at, f, "give name, or channel and endpoint, not both")
-			continue
-		case hasName:
-			channel, endpoint, _ = strings.Cut(name, "/")
-		}
-		if err := checkBucketPart(channel, false); err != nil {
-			p.errorf(at, join(f, "channel"), "%v", err)
-			continue
-		}
-		if err := checkBucketPart(endpoint, true); err != nil {
-			p.errorf(at, join(f, "endpoint"), "%v", err)
-			continue
-		}
-		b := Bucket{Channel: channel, Endpoint: endpoint, Name: channel, Key: BucketKey(channel, endpoint), File: p.file, Line: at.Line}
-		if endpoint != "" {
-			b.Name += "/" + endpoint
-		}
-		if len(b.Key) > fleetrate.MaxNameLen {
-			p.errorf(at, f, "bucket name must be at most %d bytes, got %d", fleetrate.MaxNameLen, len(b.Key))
-			continue
-		}
-		if j, dup := cfg.byName[b.Name]; dup {
-			p.errorf(at, f, "duplicate bucket %q (first on line %d)", b.Name, cfg.Buckets[j].Line)
-			continue
-		}
-		r := &Rule{}
-		good := true
-		switch {
-		case rl != nil && rls != nil:
-			p.errorf(at, f, "give rate_limit or rate_limits, not both")
-			good = false
-		case rl != nil:
-			good = p.rateLimit(rl, join(f, "rate_limit"), r, false)
-		case rls != nil:
-			for j, item := range p.sequence(rls, join(f, "rate_limits")) {
-				if !p.rateLimit(item, fmt.Sprintf("%s.rate_limits[%d]", f, j), r, false) {
-					good = false
-				}
-			}
-		}
-		if !good {
-			continue
-		}
-		if len(r.Limits) == 0 {
-			p.errorf(at, f, "needs rate_limit or rate_limits with at least one limit")
-			continue
-		}
-		if r.Denies() {
-			p.errorf(at, f, "requests_per_unit 0 is not allowed on a bucket")
-			continue
-		}
-		b.Limits = r.Limits
-		cfg.byName[b.Name] = len(cfg.Buckets)
-		cfg.byName[b.Key] = len(cfg.Buckets)
-		cfg.Buckets = append(cfg.Buckets, b)
 	}
+}
+
+// bucket parses one entry of the buckets list.
+func (p *parser) bucket(item *yaml.Node, f string, cfg *Config) (Bucket, bool) {
+	pairs, ok := p.mapping(item, f, "name", "channel", "endpoint", "rate_limit", "rate_limits")
+	if !ok {
+		return Bucket{}, false
+	}
+	var e bucketEntry
+	for _, kv := range pairs {
+		switch kv.key {
+		case "name":
+			e.name, _ = p.str(kv.val, join(f, "name"))
+			e.hasName = true
+		case "channel":
+			e.channel, _ = p.str(kv.val, join(f, "channel"))
+			e.hasChannel = true
+		case "endpoint":
+			e.endpoint, _ = p.str(kv.val, join(f, "endpoint"))
+		case "rate_limit":
+			e.rl = kv.val
+		case "rate_limits":
+			e.rls = kv.val
+		}
+	}
+	at := p.deref(item)
+	b, ok := p.bucketName(e, at, f, cfg)
+	if !ok {
+		return Bucket{}, false
+	}
+	r := &Rule{}
+	switch {
+	case !p.limits(at, f, e.rl, e.rls, r, false):
+		return Bucket{}, false
+	case len(r.Limits) == 0:
+		p.errorf(at, f, "needs rate_limit or rate_limits with at least one limit")
+		return Bucket{}, false
+	case r.Denies():
+		p.errorf(at, f, "requests_per_unit 0 is not allowed on a bucket")
+		return Bucket{}, false
+	}
+	b.Limits = r.Limits
+	return b, true
+}
+
+// bucketName checks the entry's name (or channel and endpoint) and
+// returns the bucket it names, without limits.
+func (p *parser) bucketName(e bucketEntry, at *yaml.Node, f string, cfg *Config) (Bucket, bool) {
+	switch {
+	case e.hasName && (e.hasChannel || e.endpoint != ""):
+		p.errorf(at, f, "give name, or channel and endpoint, not both")
+		return Bucket{}, false
+	case e.hasName:
+		e.channel, e.endpoint, _ = strings.Cut(e.name, "/")
+	}
+	if err := checkBucketPart(e.channel, false); err != nil {
+		p.errorf(at, join(f, "channel"), "%v", err)
+		return Bucket{}, false
+	}
+	if err := checkBucketPart(e.endpoint, true); err != nil {
+		p.errorf(at, join(f, "endpoint"), "%v", err)
+		return Bucket{}, false
+	}
+	b := Bucket{Channel: e.channel, Endpoint: e.endpoint, Name: e.channel, Key: BucketKey(e.channel, e.endpoint), File: p.file, Line: at.Line}
+	if e.endpoint != "" {
+		b.Name += "/" + e.endpoint
+	}
+	if len(b.Key) > fleetrate.MaxNameLen {
+		p.errorf(at, f, "bucket name must be at most %d bytes, got %d", fleetrate.MaxNameLen, len(b.Key))
+		return Bucket{}, false
+	}
+	if j, dup := cfg.byName[b.Name]; dup {
+		p.errorf(at, f, "duplicate bucket %q (first on line %d)", b.Name, cfg.Buckets[j].Line)
+		return Bucket{}, false
+	}
+	return b, true
 }
 
 // checkBucketPart validates a channel or endpoint name.

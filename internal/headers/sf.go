@@ -339,6 +339,7 @@ func (p *parser) bareItem() (BareItem, error) {
 	return BareItem{}, p.fail("unexpected %q at the start of a bare item", c)
 }
 
+// number parses an sf-integer or an sf-decimal (RFC 9651 section 4.2.4).
 func (p *parser) number() (BareItem, error) {
 	neg := false
 	if p.peek() == '-' {
@@ -380,6 +381,12 @@ func (p *parser) number() (BareItem, error) {
 		}
 		return Integer(n), nil
 	}
+	return p.decimal(start, dot, neg)
+}
+
+// decimal converts the decimal number scanned from start to the current
+// position, its '.' at dot, to thousandths.
+func (p *parser) decimal(start, dot int, neg bool) (BareItem, error) {
 	frac := p.s[dot+1 : p.pos]
 	if len(frac) == 0 {
 		return BareItem{}, p.fail("a decimal must not end with '.'")
@@ -602,55 +609,18 @@ func ValidString(s string) error {
 	return nil
 }
 
+// writeBare serializes one bare item (RFC 9651 section 4.1.3), or says
+// why v cannot be one.
 func writeBare(b *strings.Builder, v BareItem) error {
 	switch v.Kind {
 	case KindInteger, KindDate:
-		if v.Int < -MaxInteger || v.Int > MaxInteger {
-			return serr("%s %d is out of range ±%d", v.Kind, v.Int, int64(MaxInteger))
-		}
-		if v.Kind == KindDate {
-			b.WriteByte('@')
-		}
-		b.WriteString(strconv.FormatInt(v.Int, 10))
+		return writeInteger(b, v)
 	case KindDecimal:
-		if v.Int < -MaxDecimalMilli || v.Int > MaxDecimalMilli {
-			return serr("decimal %d/1000 is out of range", v.Int)
-		}
-		m := v.Int
-		if m < 0 {
-			b.WriteByte('-')
-			m = -m
-		}
-		b.WriteString(strconv.FormatInt(m/1000, 10))
-		b.WriteByte('.')
-		frac := fmt.Sprintf("%03d", m%1000)
-		if frac = strings.TrimRight(frac, "0"); frac == "" {
-			frac = "0"
-		}
-		b.WriteString(frac)
+		return writeDecimal(b, v.Int)
 	case KindString:
-		if err := ValidString(v.Str); err != nil {
-			return err
-		}
-		b.WriteByte('"')
-		for i := 0; i < len(v.Str); i++ {
-			if c := v.Str[i]; c == '"' || c == '\\' {
-				b.WriteByte('\\')
-			}
-			b.WriteByte(v.Str[i])
-		}
-		b.WriteByte('"')
+		return writeString(b, v.Str)
 	case KindToken:
-		t := v.Str
-		if t == "" || (!isAlpha(t[0]) && t[0] != '*') {
-			return serr("token %q must start with a letter or '*'", t)
-		}
-		for i := 1; i < len(t); i++ {
-			if !isTChar(t[i]) && t[i] != ':' && t[i] != '/' {
-				return serr("token %q has the invalid byte %#02x", t, t[i])
-			}
-		}
-		b.WriteString(t)
+		return writeToken(b, v.Str)
 	case KindByteSeq:
 		b.WriteByte(':')
 		b.WriteString(base64.StdEncoding.EncodeToString(v.Bytes))
@@ -662,21 +632,91 @@ func writeBare(b *strings.Builder, v BareItem) error {
 			b.WriteString("?0")
 		}
 	case KindDisplayString:
-		if !utf8.ValidString(v.Str) {
-			return serr("display string is not valid UTF-8")
-		}
-		b.WriteString(`%"`)
-		for i := 0; i < len(v.Str); i++ {
-			c := v.Str[i]
-			if c == '%' || c == '"' || c < 0x20 || c > 0x7e {
-				fmt.Fprintf(b, "%%%02x", c)
-				continue
-			}
-			b.WriteByte(c)
-		}
-		b.WriteByte('"')
+		return writeDisplayString(b, v.Str)
 	default:
 		return serr("unknown bare item kind %d", v.Kind)
 	}
+	return nil
+}
+
+// writeInteger serializes an integer, or a date (an integer after '@').
+func writeInteger(b *strings.Builder, v BareItem) error {
+	if v.Int < -MaxInteger || v.Int > MaxInteger {
+		return serr("%s %d is out of range ±%d", v.Kind, v.Int, int64(MaxInteger))
+	}
+	if v.Kind == KindDate {
+		b.WriteByte('@')
+	}
+	b.WriteString(strconv.FormatInt(v.Int, 10))
+	return nil
+}
+
+// writeDecimal serializes a decimal given in thousandths, with at most
+// three fractional digits and no trailing zeros (but at least one digit).
+func writeDecimal(b *strings.Builder, m int64) error {
+	if m < -MaxDecimalMilli || m > MaxDecimalMilli {
+		return serr("decimal %d/1000 is out of range", m)
+	}
+	if m < 0 {
+		b.WriteByte('-')
+		m = -m
+	}
+	b.WriteString(strconv.FormatInt(m/1000, 10))
+	b.WriteByte('.')
+	frac := fmt.Sprintf("%03d", m%1000)
+	if frac = strings.TrimRight(frac, "0"); frac == "" {
+		frac = "0"
+	}
+	b.WriteString(frac)
+	return nil
+}
+
+// writeString serializes an sf-string: printable ASCII in quotes, with
+// '"' and '\\' escaped.
+func writeString(b *strings.Builder, s string) error {
+	if err := ValidString(s); err != nil {
+		return err
+	}
+	b.WriteByte('"')
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c == '"' || c == '\\' {
+			b.WriteByte('\\')
+		}
+		b.WriteByte(s[i])
+	}
+	b.WriteByte('"')
+	return nil
+}
+
+// writeToken serializes a token, which starts with a letter or '*'.
+func writeToken(b *strings.Builder, t string) error {
+	if t == "" || (!isAlpha(t[0]) && t[0] != '*') {
+		return serr("token %q must start with a letter or '*'", t)
+	}
+	for i := 1; i < len(t); i++ {
+		if !isTChar(t[i]) && t[i] != ':' && t[i] != '/' {
+			return serr("token %q has the invalid byte %#02x", t, t[i])
+		}
+	}
+	b.WriteString(t)
+	return nil
+}
+
+// writeDisplayString serializes a display string: %"..." with '%', '"'
+// and every byte outside printable ASCII percent-encoded.
+func writeDisplayString(b *strings.Builder, s string) error {
+	if !utf8.ValidString(s) {
+		return serr("display string is not valid UTF-8")
+	}
+	b.WriteString(`%"`)
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c == '%' || c == '"' || c < 0x20 || c > 0x7e {
+			fmt.Fprintf(b, "%%%02x", c)
+			continue
+		}
+		b.WriteByte(c)
+	}
+	b.WriteByte('"')
 	return nil
 }

@@ -2,6 +2,7 @@ package server
 
 import (
 	"bytes"
+	"context"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -45,17 +46,18 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("/healthcheck", s.open(http.MethodGet, s.healthcheck))
 	mux.Handle("/metrics", s.open(http.MethodGet, promhttp.HandlerFor(s.opts.Registry, promhttp.HandlerOpts{}).ServeHTTP))
 	mux.HandleFunc("/json", s.api(http.MethodPost, s.handleJSON))
-	mux.HandleFunc("/v1/take", s.api(http.MethodPost, s.handleTake))
-	mux.HandleFunc("/v1/wait", s.api(http.MethodPost, s.handleWait))
-	mux.HandleFunc("/v1/refund", s.api(http.MethodPost, s.handleRefund))
-	mux.HandleFunc("/v1/drain", s.api(http.MethodPost, s.handleDrain))
-	mux.HandleFunc("/v1/reset", s.api(http.MethodPost, s.handleReset))
+	v := service{s}
+	mux.HandleFunc("/v1/take", s.api(http.MethodPost, endpoint(s, v.take)))
+	mux.HandleFunc("/v1/wait", s.api(http.MethodPost, endpoint(s, v.wait)))
+	mux.HandleFunc("/v1/refund", s.api(http.MethodPost, endpoint(s, v.refund)))
+	mux.HandleFunc("/v1/drain", s.api(http.MethodPost, endpoint(s, v.drain)))
+	mux.HandleFunc("/v1/reset", s.api(http.MethodPost, endpoint(s, v.reset)))
 	mux.HandleFunc("/v1/config", s.api(http.MethodGet, s.handleConfig))
-	mux.HandleFunc(wire.TakePath, s.api(http.MethodPost, s.storeAPI(s.handleStoreTake)))
-	mux.HandleFunc(wire.RefundPath, s.api(http.MethodPost, s.storeAPI(s.handleStoreRefund)))
-	mux.HandleFunc(wire.CancelPath, s.api(http.MethodPost, s.storeAPI(s.handleStoreCancel)))
-	mux.HandleFunc(wire.DrainPath, s.api(http.MethodPost, s.storeAPI(s.handleStoreDrain)))
-	mux.HandleFunc(wire.ResetPath, s.api(http.MethodPost, s.storeAPI(s.handleStoreReset)))
+	mux.HandleFunc(wire.TakePath, s.api(http.MethodPost, s.storeAPI(endpoint(s, v.storeTake))))
+	mux.HandleFunc(wire.RefundPath, s.api(http.MethodPost, s.storeAPI(endpoint(s, v.storeRefund))))
+	mux.HandleFunc(wire.CancelPath, s.api(http.MethodPost, s.storeAPI(endpoint(s, v.storeCancel))))
+	mux.HandleFunc(wire.DrainPath, s.api(http.MethodPost, s.storeAPI(endpoint(s, v.storeDrain))))
+	mux.HandleFunc(wire.ResetPath, s.api(http.MethodPost, s.storeAPI(endpoint(s, v.storeReset))))
 	s.mountPages(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &httpError{status: http.StatusNotFound, code: wire.CodeNotFound, msg: fmt.Sprintf("no such endpoint %s %s", r.Method, r.URL.Path)})
@@ -188,6 +190,40 @@ func decodeJSON(data []byte, v any) error {
 	return nil
 }
 
+// endpoint is the one adapter between HTTP and an operation of the API
+// (see service): it decodes the body strictly into a Req, runs op within
+// the store timeout, and writes what op returns as JSON with status 200,
+// with the answer's own headers when it has some. An error goes back to
+// api, which writes it.
+func endpoint[Req, Resp any](s *Server, op func(context.Context, *Req) (Resp, error)) func(http.ResponseWriter, *http.Request) error {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		var req Req
+		if err := decodeBody(r, &req); err != nil {
+			return err
+		}
+		ctx, cancel := s.storeCtx(r.Context())
+		defer cancel()
+		resp, err := op(ctx, &req)
+		if err != nil {
+			return err
+		}
+		out := any(resp)
+		if h, ok := out.(interface{ setHeaders(http.Header) }); ok {
+			h.setHeaders(w.Header())
+		}
+		writeJSON(w, http.StatusOK, out)
+		return nil
+	}
+}
+
+func decodeBody(r *http.Request, v any) error {
+	data, err := readBody(r)
+	if err != nil {
+		return err
+	}
+	return decodeJSON(data, v)
+}
+
 func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
@@ -304,6 +340,15 @@ type Decision struct {
 	MaxWaitMS    *float64   `json:"max_wait_ms,omitempty"`
 	Bucket       string     `json:"bucket"`
 	Limit        wire.Limit `json:"limit"`
+	// retryAfter is RetryAfter unrounded, for the Retry-After header.
+	retryAfter time.Duration
+}
+
+// setHeaders sets Retry-After on a refusal.
+func (d Decision) setHeaders(h http.Header) {
+	if !d.Allowed {
+		h.Set(headers.RetryAfter, headers.FormatRetryAfter(d.retryAfter))
+	}
 }
 
 // Done is the response of /v1/refund, /v1/drain and /v1/reset.
@@ -323,236 +368,6 @@ func fromMillis(field string, ms float64, limit time.Duration) (time.Duration, e
 		return 0, badRequest(wire.CodeInvalid, "%s: must be between 0 and %d, got %v", field, limit/time.Millisecond, ms)
 	}
 	return time.Duration(ms * float64(time.Millisecond)), nil
-}
-
-// resolve maps bucket names to configured buckets.
-func (s *Server) resolve(one string, many []string) ([]string, []fleetrate.Bucket, error) {
-	names := many
-	switch {
-	case one != "" && len(many) > 0:
-		return nil, nil, badRequest(wire.CodeInvalid, "give bucket or buckets, not both")
-	case one != "":
-		names = []string{one}
-	case len(many) == 0:
-		return nil, nil, badRequest(wire.CodeInvalid, "bucket: required (or buckets, a list)")
-	case len(many) > MaxBuckets:
-		return nil, nil, badRequest(wire.CodeInvalid, "buckets: at most %d, got %d", MaxBuckets, len(many))
-	}
-	st := s.state.Load()
-	canon := make([]string, len(names))
-	bs := make([]fleetrate.Bucket, len(names))
-	for i, n := range names {
-		b, ok := st.buckets[n]
-		if !ok {
-			return nil, nil, &httpError{status: http.StatusBadRequest, code: wire.CodeUnknownBucket,
-				msg: fmt.Sprintf("bucket %q is not configured%s", n, s.knownBuckets(st))}
-		}
-		cb, _ := st.cfg.Bucket(n)
-		canon[i], bs[i] = cb.Name, b
-		if slices.Contains(canon[:i], cb.Name) {
-			return nil, nil, badRequest(wire.CodeInvalid, "bucket %q is named twice", cb.Name)
-		}
-	}
-	return canon, bs, nil
-}
-
-func (s *Server) knownBuckets(st *state) string {
-	if len(st.cfg.Buckets) == 0 {
-		return " (the configuration has no buckets)"
-	}
-	names := make([]string, 0, 10)
-	for _, b := range st.cfg.Buckets {
-		if len(names) == cap(names) {
-			names = append(names, "...")
-			break
-		}
-		names = append(names, b.Name)
-	}
-	return "; configured: " + strings.Join(names, ", ")
-}
-
-func cost(n *int64, def int64) (int64, error) {
-	if n == nil {
-		return def, nil
-	}
-	if *n < 0 {
-		return 0, badRequest(wire.CodeInvalid, "n: must be >= 0, got %d", *n)
-	}
-	return *n, nil
-}
-
-func (s *Server) handleTake(w http.ResponseWriter, r *http.Request) error {
-	var req TakeRequest
-	if err := s.decodeBody(r, &req); err != nil {
-		return err
-	}
-	n, err := cost(req.N, 1)
-	if err != nil {
-		return err
-	}
-	return s.take(w, r, apiTake, req.Bucket, req.Buckets, n, req.Reserve, 0, false)
-}
-
-func (s *Server) handleWait(w http.ResponseWriter, r *http.Request) error {
-	var req WaitRequest
-	if err := s.decodeBody(r, &req); err != nil {
-		return err
-	}
-	n, err := cost(req.N, 1)
-	if err != nil {
-		return err
-	}
-	maxWait := s.opts.MaxWait
-	if req.MaxWaitMS != nil {
-		d, err := fromMillis("max_wait_ms", *req.MaxWaitMS, fleetrate.MaxWaitCap)
-		if err != nil {
-			return err
-		}
-		maxWait = min(d, s.opts.MaxWait)
-	}
-	return s.take(w, r, apiWait, req.Bucket, req.Buckets, n, req.Reserve, maxWait, true)
-}
-
-func (s *Server) decodeBody(r *http.Request, v any) error {
-	data, err := readBody(r)
-	if err != nil {
-		return err
-	}
-	return decodeJSON(data, v)
-}
-
-func (s *Server) take(w http.ResponseWriter, r *http.Request, api, one string, many []string, n, reserve int64, maxWait time.Duration, wait bool) error {
-	names, bs, err := s.resolve(one, many)
-	if err != nil {
-		return err
-	}
-	for i := range bs {
-		bs[i].Reserve = reserve // resolve's own copies
-	}
-	// The metric names one bucket, the one that decided, so that lists of
-	// buckets cannot multiply the label values.
-	label := names[0]
-	req := fleetrate.Request{Buckets: bs, N: n, MaxWait: maxWait}
-	if err := req.Validate(); err != nil {
-		return err
-	}
-	ctx, cancel := s.storeCtx(r.Context())
-	defer cancel()
-	res, err := s.store.Take(ctx, req)
-	if err != nil {
-		s.metrics.decisions.WithLabelValues(api, "", label, resultError).Inc()
-		return err
-	}
-	result := resultAllowed
-	if !res.Allowed {
-		result = resultOverLimit
-	}
-	if res.Bucket >= 0 && res.Bucket < len(names) {
-		label = names[res.Bucket]
-	}
-	s.metrics.decisions.WithLabelValues(api, "", label, result).Inc()
-	d := Decision{
-		Allowed:      res.Allowed,
-		N:            res.N,
-		Remaining:    res.Remaining,
-		WaitMS:       millis(res.Wait),
-		RetryAfterMS: millis(res.RetryAfter),
-		ResetAfterMS: millis(res.ResetAfter),
-		Limit:        wire.FromLimit(res.Limit),
-	}
-	if res.Bucket >= 0 && res.Bucket < len(names) {
-		d.Bucket = names[res.Bucket]
-	}
-	if wait {
-		mw := millis(maxWait)
-		d.MaxWaitMS = &mw
-	}
-	if !res.Allowed {
-		w.Header().Set(headers.RetryAfter, headers.FormatRetryAfter(res.RetryAfter))
-	}
-	writeJSON(w, http.StatusOK, d)
-	return nil
-}
-
-func (s *Server) handleRefund(w http.ResponseWriter, r *http.Request) error {
-	var req RefundRequest
-	if err := s.decodeBody(r, &req); err != nil {
-		return err
-	}
-	n, err := cost(req.N, 1)
-	if err != nil {
-		return err
-	}
-	if n > fleetrate.MaxBurst {
-		return badRequest(wire.CodeInvalid, "n: must be at most %d, got %d", int64(fleetrate.MaxBurst), n)
-	}
-	_, bs, err := s.resolve(req.Bucket, req.Buckets)
-	if err != nil {
-		return err
-	}
-	ctx, cancel := s.storeCtx(r.Context())
-	defer cancel()
-	if err := s.store.Refund(ctx, bs, n); err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, Done{OK: true})
-	return nil
-}
-
-func (s *Server) handleDrain(w http.ResponseWriter, r *http.Request) error {
-	var req DrainRequest
-	if err := s.decodeBody(r, &req); err != nil {
-		return err
-	}
-	var d time.Duration
-	switch {
-	case req.PauseMS != nil && req.Until != nil:
-		return badRequest(wire.CodeInvalid, "give pause_ms or until, not both")
-	case req.PauseMS != nil:
-		var err error
-		if d, err = fromMillis("pause_ms", *req.PauseMS, fleetrate.MaxWaitCap); err != nil {
-			return err
-		}
-	case req.Until != nil:
-		d = max(req.Until.Sub(s.opts.Clock()), 0)
-		if d > fleetrate.MaxWaitCap {
-			return badRequest(wire.CodeInvalid, "until: must be at most %v from now, got %v", fleetrate.MaxWaitCap, d)
-		}
-	}
-	_, bs, err := s.resolve(req.Bucket, req.Buckets)
-	if err != nil {
-		return err
-	}
-	ctx, cancel := s.storeCtx(r.Context())
-	defer cancel()
-	if err := s.store.Drain(ctx, bs, d); err != nil {
-		return err
-	}
-	ms := millis(d)
-	writeJSON(w, http.StatusOK, Done{OK: true, PauseMS: &ms})
-	return nil
-}
-
-func (s *Server) handleReset(w http.ResponseWriter, r *http.Request) error {
-	var req BucketsRequest
-	if err := s.decodeBody(r, &req); err != nil {
-		return err
-	}
-	_, bs, err := s.resolve(req.Bucket, req.Buckets)
-	if err != nil {
-		return err
-	}
-	keys := make([]string, len(bs))
-	for i, b := range bs {
-		keys[i] = b.StoreKey()
-	}
-	ctx, cancel := s.storeCtx(r.Context())
-	defer cancel()
-	if err := s.store.Reset(ctx, keys...); err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, Done{OK: true})
-	return nil
 }
 
 // configView is the JSON of GET /v1/config.
@@ -607,173 +422,5 @@ func (s *Server) handleConfig(w http.ResponseWriter, r *http.Request) error {
 		v.Buckets = append(v.Buckets, bucketView{Name: b.Name, Key: s.opts.Prefix + b.Key, Limits: specs(b.Limits), Line: b.Line})
 	}
 	writeJSON(w, http.StatusOK, v)
-	return nil
-}
-
-func checkWireBuckets(bs []wire.Bucket) error {
-	if len(bs) > MaxBuckets {
-		return badRequest(wire.CodeInvalid, "buckets: at most %d, got %d", MaxBuckets, len(bs))
-	}
-	for i, b := range bs {
-		if n := len(b.Key) + len(b.Prefix); n > MaxStoreKeyBytes {
-			return badRequest(wire.CodeInvalid, "buckets[%d].key: %d bytes, at most %d", i, n, MaxStoreKeyBytes)
-		}
-	}
-	return nil
-}
-
-// ownKey keeps the raw store API to the service's own keys: without it a
-// client could delete or overwrite any key of the Redis behind it.
-func (s *Server) ownKey(field, key string) error {
-	if n := len(key); n > MaxStoreKeyBytes {
-		return badRequest(wire.CodeInvalid, "%s: key of %d bytes, at most %d", field, n, MaxStoreKeyBytes)
-	}
-	if !strings.HasPrefix(key, s.opts.Prefix) {
-		return badRequest(wire.CodeInvalid, "%s: key %q must start with the service's prefix %q", field, key, s.opts.Prefix)
-	}
-	return nil
-}
-
-// storeBuckets converts and checks the buckets of a raw store request
-// other than a take: count, limits, and the service's own keys.
-func (s *Server) storeBuckets(wb []wire.Bucket) ([]fleetrate.Bucket, error) {
-	if err := checkWireBuckets(wb); err != nil {
-		return nil, err
-	}
-	bs := wire.ToBuckets(wb)
-	if err := fleetrate.ValidateBuckets(bs); err != nil {
-		return nil, err
-	}
-	return bs, s.ownBuckets(bs)
-}
-
-// ownBuckets checks ownKey for every bucket.
-func (s *Server) ownBuckets(bs []fleetrate.Bucket) error {
-	for i, b := range bs {
-		if err := s.ownKey(fmt.Sprintf("buckets[%d]", i), b.StoreKey()); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func (s *Server) handleStoreTake(w http.ResponseWriter, r *http.Request) error {
-	var req wire.TakeRequest
-	if err := s.decodeBody(r, &req); err != nil {
-		return err
-	}
-	if err := checkWireBuckets(req.Buckets); err != nil {
-		return err
-	}
-	freq := fleetrate.Request{Buckets: wire.ToBuckets(req.Buckets), N: req.N, MaxWait: time.Duration(req.MaxWaitNS)}
-	var booked fleetrate.Booking
-	if req.Booking {
-		freq.Booking = &booked
-	}
-	if err := freq.Validate(); err != nil {
-		return err
-	}
-	if err := s.ownBuckets(freq.Buckets); err != nil {
-		return err
-	}
-	ctx, cancel := s.storeCtx(r.Context())
-	defer cancel()
-	res, err := s.store.Take(ctx, freq)
-	if err != nil {
-		return err
-	}
-	out := wire.FromResult(res)
-	if len(booked.Debts) > 0 {
-		out.Booking = &wire.Booking{StampUnixMicro: booked.Stamp, DebtsNS: booked.Debts}
-	}
-	writeJSON(w, http.StatusOK, out)
-	return nil
-}
-
-func (s *Server) handleStoreCancel(w http.ResponseWriter, r *http.Request) error {
-	var req wire.CancelRequest
-	if err := s.decodeBody(r, &req); err != nil {
-		return err
-	}
-	bs, err := s.storeBuckets(req.Buckets)
-	if err != nil {
-		return err
-	}
-	b := fleetrate.Booking{Stamp: req.Booking.StampUnixMicro, Debts: req.Booking.DebtsNS}
-	if err := fleetrate.ValidateCancel(bs, req.N, b); err != nil {
-		return err
-	}
-	ctx, cancel := s.storeCtx(r.Context())
-	defer cancel()
-	if err := s.store.Cancel(ctx, bs, req.N, b); err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, wire.OK{OK: true})
-	return nil
-}
-
-func (s *Server) handleStoreRefund(w http.ResponseWriter, r *http.Request) error {
-	var req wire.RefundRequest
-	if err := s.decodeBody(r, &req); err != nil {
-		return err
-	}
-	bs, err := s.storeBuckets(req.Buckets)
-	if err != nil {
-		return err
-	}
-	if req.N < 0 || req.N > fleetrate.MaxBurst {
-		return badRequest(wire.CodeInvalid, "n: must be between 0 and %d, got %d", int64(fleetrate.MaxBurst), req.N)
-	}
-	ctx, cancel := s.storeCtx(r.Context())
-	defer cancel()
-	if err := s.store.Refund(ctx, bs, req.N); err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, wire.OK{OK: true})
-	return nil
-}
-
-func (s *Server) handleStoreDrain(w http.ResponseWriter, r *http.Request) error {
-	var req wire.DrainRequest
-	if err := s.decodeBody(r, &req); err != nil {
-		return err
-	}
-	bs, err := s.storeBuckets(req.Buckets)
-	if err != nil {
-		return err
-	}
-	if req.DurationNS < 0 || req.DurationNS > int64(fleetrate.MaxWaitCap) {
-		return badRequest(wire.CodeInvalid, "duration_ns: must be between 0 and %d, got %d", int64(fleetrate.MaxWaitCap), req.DurationNS)
-	}
-	ctx, cancel := s.storeCtx(r.Context())
-	defer cancel()
-	if err := s.store.Drain(ctx, bs, time.Duration(req.DurationNS)); err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, wire.OK{OK: true})
-	return nil
-}
-
-func (s *Server) handleStoreReset(w http.ResponseWriter, r *http.Request) error {
-	var req wire.ResetRequest
-	if err := s.decodeBody(r, &req); err != nil {
-		return err
-	}
-	if len(req.Keys) > MaxBuckets {
-		return badRequest(wire.CodeInvalid, "keys: at most %d, got %d", MaxBuckets, len(req.Keys))
-	}
-	ctx, cancel := s.storeCtx(r.Context())
-	defer cancel()
-	keys := make([]string, len(req.Keys))
-	for i, k := range req.Keys {
-		keys[i] = string(k)
-		if err := s.ownKey(fmt.Sprintf("keys[%d]", i), keys[i]); err != nil {
-			return err
-		}
-	}
-	if err := s.store.Reset(ctx, keys...); err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, wire.OK{OK: true})
 	return nil
 }

@@ -91,6 +91,12 @@ func TestBadRequestsGet400AndServiceKeepsServing(t *testing.T) {
 		{"refund negative", "/v1/refund", `{"bucket":"booking_com","n":-3}`, wire.CodeInvalid, "n: must be >= 0"},
 		{"store take invalid", wire.TakePath, `{"buckets":[{"key":"k","limits":[{"rate":0,"burst":1}]}],"n":1}`, wire.CodeInvalid, "rate must be positive"},
 		{"store take no buckets", wire.TakePath, `{"n":1}`, wire.CodeInvalid, "at least one bucket"},
+		// Bounds the store checks itself: its answer is still a 400 naming the value.
+		{"store refund negative", wire.RefundPath, `{"buckets":[{"prefix":"fleetrate:","key":"raw","limits":[{"rate":1,"burst":2}]}],"n":-1}`, wire.CodeInvalid, "got -1"},
+		{"store refund huge", wire.RefundPath, `{"buckets":[{"prefix":"fleetrate:","key":"raw","limits":[{"rate":1,"burst":2}]}],"n":1000000000000000}`, wire.CodeInvalid, "n: must be at most"},
+		{"store drain negative", wire.DrainPath, `{"buckets":[{"prefix":"fleetrate:","key":"raw","limits":[{"rate":1,"burst":2}]}],"duration_ns":-1}`, wire.CodeInvalid, "-1ns"},
+		{"store drain too long", wire.DrainPath, `{"buckets":[{"prefix":"fleetrate:","key":"raw","limits":[{"rate":1,"burst":2}]}],"duration_ns":1000000000000000000}`, wire.CodeInvalid, "drain duration must be between"},
+		{"store cancel bad booking", wire.CancelPath, `{"buckets":[{"prefix":"fleetrate:","key":"raw","limits":[{"rate":1,"burst":2}]}],"n":1,"booking":{"stamp_unix_micro":1,"debts_ns":[1,2]}}`, wire.CodeInvalid, "booking"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -43,6 +43,7 @@ type metrics struct {
 	storeTime  *prometheus.HistogramVec
 	storeErrs  *prometheus.CounterVec
 	reloads    *prometheus.CounterVec
+	nearLimit  *prometheus.CounterVec
 	lastReload prometheus.Gauge
 	inflight   prometheus.Gauge
 }
@@ -71,6 +72,11 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 			Name:      "config_reloads_total",
 			Help:      "Configuration reloads by result (success, failure, unchanged).",
 		}, []string{"result"}),
+		nearLimit: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: metricsNamespace,
+			Name:      "near_limit_total",
+			Help:      "RLS tokens taken while a limit had more than the near-limit ratio (0.8) of its burst in use, as envoyproxy/ratelimit's near_limit, by domain and descriptor.",
+		}, []string{"domain", "descriptor"}),
 		lastReload: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: metricsNamespace,
 			Name:      "config_last_reload_success_timestamp_seconds",
@@ -82,7 +88,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 			Help:      "API requests being served (HTTP and gRPC).",
 		}),
 	}
-	reg.MustRegister(m.decisions, m.storeTime, m.storeErrs, m.reloads, m.lastReload, m.inflight,
+	reg.MustRegister(m.decisions, m.storeTime, m.storeErrs, m.reloads, m.nearLimit, m.lastReload, m.inflight,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	// Every reload result is exported from the start at 0, so that a rate
 	// or an alert on failures works before the first reload.

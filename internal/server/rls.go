@@ -100,6 +100,11 @@ func (s *Server) shouldRateLimit(ctx context.Context, req *rlspb.RateLimitReques
 			result = resultError
 		}
 		s.metrics.decisions.WithLabelValues(apiRLS, plans[i].domain, plans[i].metric, result).Inc()
+		if p := &plans[i]; failure == nil && o.res != nil && p.hits > 0 && !p.negative {
+			if n := nearLimitHits(*o.res, p.hits, s.opts.NearLimitRatio); n > 0 {
+				s.metrics.nearLimit.WithLabelValues(p.domain, p.metric).Add(float64(n))
+			}
+		}
 	}
 	if failure != nil {
 		return nil, failure
@@ -351,6 +356,30 @@ func (s *Server) decide(ctx context.Context, p *plan) outcome {
 		return o
 	}
 	return s.shadow(p, outcome{status: st, over: true, result: resultOverLimit, spec: spec, res: &res})
+}
+
+// DefaultNearLimitRatio is the default of Options.NearLimitRatio, as
+// envoyproxy/ratelimit's NEAR_LIMIT_RATIO.
+const DefaultNearLimitRatio = 0.8
+
+// nearLimitHits is envoyproxy/ratelimit's near_limit for one take of hits
+// tokens decided by res, with a limit's "used" read as its burst less the
+// tokens left: the tokens of the take that fall above ratio of the burst
+// in use, and at most the burst. Its threshold is the burst times ratio,
+// rounded down. A denial counts the tokens from where the bucket was (or
+// the threshold) to the burst, as envoyproxy/ratelimit counts the hits
+// below its limit of a request that went over it.
+func nearLimitHits(res fleetrate.Result, hits int64, ratio float64) int64 {
+	burst := res.Limit.Burst
+	if burst <= 0 || hits <= 0 {
+		return 0
+	}
+	near := int64(math.Floor(float64(burst) * ratio))
+	used := burst - min(max(res.Remaining, 0), burst) // after a grant; unchanged by a denial
+	if !res.Allowed {
+		return max(burst-max(near, used), 0)
+	}
+	return max(used-max(near, used-hits), 0)
 }
 
 // overLimit makes st an OVER_LIMIT status as Envoy reads it: no requests

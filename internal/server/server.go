@@ -33,6 +33,7 @@ import (
 
 	"github.com/fleetrate/fleetrate"
 	"github.com/fleetrate/fleetrate/internal/config"
+	"github.com/fleetrate/fleetrate/overlimit"
 )
 
 // Defaults applied by New when an Options field is zero.
@@ -125,6 +126,18 @@ type Options struct {
 	ResponseDynamicMetadata bool
 	// DisableStoreAPI turns off the raw store API (/v1/store/...).
 	DisableStoreAPI bool
+	// LocalCacheBytes, when positive, puts an over-limit cache of that
+	// many bytes (package overlimit) in front of the store: a bucket the
+	// store denied n tokens until t is denied at once, without a store
+	// call, until t, as envoyproxy/ratelimit's LOCAL_CACHE_SIZE_IN_BYTES
+	// does. The store's metrics count the calls that reach it; the
+	// cache's are fleetrate_overlimit_cache_*. Its clock is Clock.
+	LocalCacheBytes int64
+	// NearLimitRatio is the fraction of a limit's burst in use above which
+	// the tokens an RLS take uses count in fleetrate_near_limit_total, as
+	// envoyproxy/ratelimit's near_limit statistic (NEAR_LIMIT_RATIO). It
+	// must be in (0, 1]. Default DefaultNearLimitRatio (0.8).
+	NearLimitRatio float64
 	// Pages are extra handlers served on the HTTP listener behind the same
 	// bearer tokens as the APIs, keyed by http.ServeMux pattern, e.g. the
 	// status page at "/status/". A browser cannot send a bearer token, so
@@ -214,6 +227,9 @@ func New(opts Options) (*Server, error) {
 	if opts.MaxRequestBytes <= 0 {
 		opts.MaxRequestBytes = DefaultMaxRequestBytes
 	}
+	if opts.NearLimitRatio <= 0 || opts.NearLimitRatio > 1 {
+		opts.NearLimitRatio = DefaultNearLimitRatio
+	}
 	if opts.StoreName == "" {
 		opts.StoreName = "store"
 	}
@@ -229,6 +245,9 @@ func New(opts Options) (*Server, error) {
 	s := &Server{opts: opts, log: opts.Logger}
 	s.metrics = newMetrics(opts.Registry)
 	s.store = instrumented{Store: opts.Store, m: s.metrics}
+	if opts.LocalCacheBytes > 0 {
+		s.store = overlimit.New(s.store, overlimit.Options{MaxBytes: opts.LocalCacheBytes, Clock: opts.Clock, Registerer: opts.Registry})
+	}
 	s.state.Store(s.newState(opts.Config))
 	s.logNotices(opts.Config)
 	s.tried = opts.Config.Hash

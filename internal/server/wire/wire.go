@@ -136,6 +136,10 @@ type Result struct {
 	ResetAfterNS int64 `json:"reset_after_ns"`
 	Limit        Limit `json:"limit"`
 	Bucket       int   `json:"bucket"`
+	// LimitIndex is the index of Limit in its bucket's limits.
+	LimitIndex int `json:"limit_index,omitempty"`
+	// NextTokenNS is fleetrate.Result.NextToken.
+	NextTokenNS int64 `json:"next_token_ns,omitempty"`
 	// AtUnixMicro is the store's clock at the decision, in microseconds.
 	AtUnixMicro int64 `json:"at_unix_micro"`
 	// Degraded marks a decision a failure policy made without the shared
@@ -215,6 +219,8 @@ func FromResult(r fleetrate.Result) Result {
 		ResetAfterNS: int64(r.ResetAfter),
 		Limit:        FromLimit(r.Limit),
 		Bucket:       r.Bucket,
+		LimitIndex:   r.LimitIndex,
+		NextTokenNS:  int64(r.NextToken),
 		Degraded:     r.Degraded,
 	}
 	if !r.At.IsZero() {
@@ -234,6 +240,8 @@ func (r Result) ToResult() fleetrate.Result {
 		ResetAfter: time.Duration(r.ResetAfterNS),
 		Limit:      r.Limit.ToLimit(),
 		Bucket:     r.Bucket,
+		LimitIndex: r.LimitIndex,
+		NextToken:  time.Duration(r.NextTokenNS),
 		Degraded:   r.Degraded,
 	}
 	if r.AtUnixMicro != 0 {

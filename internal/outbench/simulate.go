@@ -1,0 +1,129 @@
+package outbench
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"time"
+
+	"github.com/fleetrate/fleetrate"
+	"github.com/fleetrate/fleetrate/internal/mockota"
+	"github.com/fleetrate/fleetrate/memstore"
+	"github.com/fleetrate/fleetrate/transport"
+)
+
+// direct calls a handler in the caller's goroutine, with a fixed latency:
+// an upstream without a network, for a simulation on a fake clock.
+type direct struct {
+	h       http.Handler
+	latency time.Duration
+}
+
+func (d direct) RoundTrip(req *http.Request) (*http.Response, error) {
+	if d.latency > 0 {
+		t := time.NewTimer(d.latency / 2)
+		select {
+		case <-req.Context().Done():
+			t.Stop()
+			return nil, req.Context().Err()
+		case <-t.C:
+		}
+	}
+	rec := httptest.NewRecorder()
+	d.h.ServeHTTP(rec, req)
+	if d.latency > 0 {
+		time.Sleep(d.latency / 2)
+	}
+	return rec.Result(), nil
+}
+
+// Simulate runs scenario s as Run does, but in one process and on
+// whatever clock time.Now reads: the fleet's "processes" are transports
+// with limiters of their own sharing one in-memory store, and the upstream
+// is called directly with the given latency. Inside a testing/synctest
+// bubble it is a simulation of the whole fleet, deterministic in time and
+// as fast as the CPU allows: the transport's real code, on a fake clock.
+func Simulate(s Scenario, o Options, latency time.Duration, adaptive transport.Adaptive) (Result, error) {
+	if o.Processes == 0 {
+		o.Processes = 4
+	}
+	if o.Goroutines == 0 {
+		o.Goroutines = 16
+	}
+	if o.Duration == 0 {
+		o.Duration = 60 * time.Second
+	}
+	adv, err := mockota.NewAdversary(s.Upstream)
+	if err != nil {
+		return Result{}, err
+	}
+	store := memstore.New(memstore.Options{})
+	up := upstreamOf(s)
+	classify, err := up.Classifier()
+	if err != nil {
+		return Result{}, err
+	}
+	start := time.Now()
+	until := start.Add(o.Duration)
+	res := Result{Scenario: s.Name}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for range o.Processes {
+		lim, err := fleetrate.New(store, fleetrate.Config{Buckets: up.Buckets()})
+		if err != nil {
+			return Result{}, err
+		}
+		tr, err := transport.New(lim, classify, transport.Options{
+			Base: direct{h: adv, latency: latency}, MaxRetryAfter: 5 * time.Second, Adaptive: adaptive,
+			Logger: quietLog,
+		})
+		if err != nil {
+			return Result{}, err
+		}
+		client := &http.Client{Transport: tr}
+		for range o.Goroutines {
+			wg.Go(func() {
+				for time.Now().Before(until) {
+					ctx, cancel := context.WithDeadline(context.Background(), until)
+					req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://ota.test/avail", nil)
+					resp, err := client.Do(req)
+					cancel()
+					var bp *fleetrate.BackpressureError
+					mu.Lock()
+					switch {
+					case err == nil:
+						_ = resp.Body.Close()
+					case errors.As(err, &bp):
+						res.Backpressure++
+					case errors.Is(err, transport.ErrGaveUp):
+						res.GaveUp++
+					case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+					default:
+						if len(res.Errors) < 5 {
+							res.Errors = append(res.Errors, err.Error())
+						}
+					}
+					mu.Unlock()
+					if bp != nil {
+						time.Sleep(max(bp.RetryAfter-bp.MaxWait, 100*time.Millisecond))
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
+	res.AdversaryReport = adv.Report(start, until)
+	res.Series = series(s.Name, s.Target, adv.Arrivals(), start, until)
+	if s.Target > 0 {
+		res.Share = res.AcceptedPerSecond / s.Target
+	}
+	if res.Requests > 0 {
+		res.LimitedShare = float64(res.Limited) / float64(res.Requests)
+	}
+	return res, nil
+}
+
+var quietLog = slog.New(slog.DiscardHandler)

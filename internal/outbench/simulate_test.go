@@ -1,0 +1,83 @@
+package outbench
+
+import (
+	"flag"
+	"os"
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/fleetrate/fleetrate/transport"
+)
+
+var (
+	simDuration = flag.Duration("outbench.simduration", 60*time.Second, "how long TestSimulatedFleet simulates each scenario")
+	simChart    = flag.String("outbench.simchart", "", "write a PNG chart of the simulated runs to this file")
+)
+
+// TestSimulatedFleet runs every scenario of the outbound benchmark in a
+// simulation: the transport's real code, 4 "processes" × 16 goroutines
+// sharing an in-memory store, against the adversarial upstream, on
+// testing/synctest's fake clock with 2 ms of upstream latency. Time is
+// fake, so the figures are the same on a loaded machine: it asserts the
+// issue's targets, and with -outbench.simchart draws the chart of
+// docs/BENCHMARKS.md:
+//
+//	go test -run TestSimulatedFleet ./internal/outbench -args -outbench.simduration=300s -outbench.simchart=docs/adaptive-sim.png
+func TestSimulatedFleet(t *testing.T) {
+	var rs []Result
+	for _, s := range Scenarios() {
+		if !strings.Contains(s.Name, *only) {
+			continue
+		}
+		var r Result
+		synctest.Test(t, func(t *testing.T) {
+			var err error
+			r, err = Simulate(s, Options{Duration: *simDuration}, 2*time.Millisecond, transport.Adaptive{})
+			if err != nil {
+				t.Fatal(err)
+			}
+		})
+		// Judged outside the bubble: a failure inside it ends the test.
+		rs = append(rs, r)
+		func() {
+			if len(r.Errors) > 0 {
+				t.Errorf("%s: worker errors: %v", s.Name, r.Errors)
+			}
+			want, maxLimited := 0.85, 0.02
+			switch {
+			case strings.HasPrefix(s.Name, "documented"):
+				want, maxLimited = 0.95, 0
+			case strings.HasPrefix(s.Name, "strict"):
+				maxLimited = 0.01
+			}
+			if r.Share < want {
+				t.Errorf("%s: %.1f %% of the target, want >= %.0f %%", s.Name, 100*r.Share, 100*want)
+			}
+			if r.LimitedShare > maxLimited {
+				t.Errorf("%s: %.1f %% of requests answered 429, want <= %.0f %%", s.Name, 100*r.LimitedShare, 100*maxLimited)
+			}
+			if r.DuringPause > 0 {
+				t.Errorf("%s: %d requests arrived during an announced pause", s.Name, r.DuringPause)
+			}
+		}()
+	}
+	t.Logf("simulated, %v per upstream:\n%s", *simDuration, Table(rs))
+	if *simChart != "" {
+		var ss []Series
+		for _, r := range rs {
+			ss = append(ss, r.Series)
+		}
+		f, err := os.Create(*simChart)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := WriteChart(f, ss); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

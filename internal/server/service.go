@@ -1,0 +1,346 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/fleetrate/fleetrate"
+	"github.com/fleetrate/fleetrate/internal/server/wire"
+)
+
+// service is the HTTP API's operations on the store: each takes a decoded
+// request and the store's context and returns its answer or an error
+// (an *httpError for a bad request, or the store's own error). endpoint
+// puts them on HTTP. The arguments the stores check themselves (a refund's
+// n >= 0, a drain's duration, a take's request) are left to them, so that
+// each check has one place; the service checks what only it knows:
+// bucket names, its own keys, and its own bounds.
+type service struct{ *Server }
+
+// take serves POST /v1/take.
+func (v service) take(ctx context.Context, req *TakeRequest) (Decision, error) {
+	n, err := cost(req.N, 1)
+	if err != nil {
+		return Decision{}, err
+	}
+	return v.takeBuckets(ctx, apiTake, req.Bucket, req.Buckets, n, req.Reserve, nil)
+}
+
+// wait serves POST /v1/wait.
+func (v service) wait(ctx context.Context, req *WaitRequest) (Decision, error) {
+	n, err := cost(req.N, 1)
+	if err != nil {
+		return Decision{}, err
+	}
+	maxWait := v.opts.MaxWait
+	if req.MaxWaitMS != nil {
+		d, err := fromMillis("max_wait_ms", *req.MaxWaitMS, fleetrate.MaxWaitCap)
+		if err != nil {
+			return Decision{}, err
+		}
+		maxWait = min(d, v.opts.MaxWait)
+	}
+	return v.takeBuckets(ctx, apiWait, req.Bucket, req.Buckets, n, req.Reserve, &maxWait)
+}
+
+// takeBuckets takes n tokens from the named buckets, each keeping reserve
+// tokens, and waiting up to *maxWait for /v1/wait (maxWait is nil for
+// /v1/take, which does not wait).
+func (v service) takeBuckets(ctx context.Context, api, one string, many []string, n, reserve int64, maxWait *time.Duration) (Decision, error) {
+	names, bs, err := v.resolve(one, many)
+	if err != nil {
+		return Decision{}, err
+	}
+	for i := range bs {
+		bs[i].Reserve = reserve // resolve's own copies
+	}
+	req := fleetrate.Request{Buckets: bs, N: n}
+	if maxWait != nil {
+		req.MaxWait = *maxWait
+	}
+	// Checked here rather than left to the store, so that a bad request is
+	// not counted as a decision that failed.
+	if err := req.Validate(); err != nil {
+		return Decision{}, err
+	}
+	res, err := v.store.Take(ctx, req)
+	// The metric names one bucket, the one that decided, so that lists of
+	// buckets cannot multiply the label values.
+	label, result := names[0], resultError
+	decider := ""
+	if err == nil {
+		result = resultAllowed
+		if !res.Allowed {
+			result = resultOverLimit
+		}
+		if res.Bucket >= 0 && res.Bucket < len(names) {
+			label, decider = names[res.Bucket], names[res.Bucket]
+		}
+	}
+	v.metrics.decisions.WithLabelValues(api, "", label, result).Inc()
+	if err != nil {
+		return Decision{}, err
+	}
+	d := Decision{
+		Allowed:      res.Allowed,
+		N:            res.N,
+		Remaining:    res.Remaining,
+		WaitMS:       millis(res.Wait),
+		RetryAfterMS: millis(res.RetryAfter),
+		ResetAfterMS: millis(res.ResetAfter),
+		Bucket:       decider,
+		Limit:        wire.FromLimit(res.Limit),
+		retryAfter:   res.RetryAfter,
+	}
+	if maxWait != nil {
+		mw := millis(*maxWait)
+		d.MaxWaitMS = &mw
+	}
+	return d, nil
+}
+
+// refund serves POST /v1/refund.
+func (v service) refund(ctx context.Context, req *RefundRequest) (Done, error) {
+	n, err := cost(req.N, 1)
+	if err == nil {
+		err = maxRefund(n)
+	}
+	if err != nil {
+		return Done{}, err
+	}
+	_, bs, err := v.resolve(req.Bucket, req.Buckets)
+	if err != nil {
+		return Done{}, err
+	}
+	return Done{OK: true}, v.store.Refund(ctx, bs, n)
+}
+
+// maxRefund bounds a refund's n. The stores check n >= 0, but not that it
+// is at most MaxBurst: more would refill any bucket, and a count that
+// large is a client's mistake.
+func maxRefund(n int64) error {
+	if n > fleetrate.MaxBurst {
+		return badRequest(wire.CodeInvalid, "n: must be at most %d, got %d", int64(fleetrate.MaxBurst), n)
+	}
+	return nil
+}
+
+// drain serves POST /v1/drain.
+func (v service) drain(ctx context.Context, req *DrainRequest) (Done, error) {
+	var d time.Duration
+	switch {
+	case req.PauseMS != nil && req.Until != nil:
+		return Done{}, badRequest(wire.CodeInvalid, "give pause_ms or until, not both")
+	case req.PauseMS != nil:
+		var err error
+		if d, err = fromMillis("pause_ms", *req.PauseMS, fleetrate.MaxWaitCap); err != nil {
+			return Done{}, err
+		}
+	case req.Until != nil:
+		d = max(req.Until.Sub(v.opts.Clock()), 0)
+		if d > fleetrate.MaxWaitCap {
+			return Done{}, badRequest(wire.CodeInvalid, "until: must be at most %v from now, got %v", fleetrate.MaxWaitCap, d)
+		}
+	}
+	_, bs, err := v.resolve(req.Bucket, req.Buckets)
+	if err != nil {
+		return Done{}, err
+	}
+	ms := millis(d)
+	return Done{OK: true, PauseMS: &ms}, v.store.Drain(ctx, bs, d)
+}
+
+// reset serves POST /v1/reset.
+func (v service) reset(ctx context.Context, req *BucketsRequest) (Done, error) {
+	_, bs, err := v.resolve(req.Bucket, req.Buckets)
+	if err != nil {
+		return Done{}, err
+	}
+	keys := make([]string, len(bs))
+	for i, b := range bs {
+		keys[i] = b.StoreKey()
+	}
+	return Done{OK: true}, v.store.Reset(ctx, keys...)
+}
+
+// storeTake serves the raw store API's take.
+func (v service) storeTake(ctx context.Context, req *wire.TakeRequest) (wire.Result, error) {
+	if err := checkWireBuckets(req.Buckets); err != nil {
+		return wire.Result{}, err
+	}
+	freq := fleetrate.Request{Buckets: wire.ToBuckets(req.Buckets), N: req.N, MaxWait: time.Duration(req.MaxWaitNS)}
+	var booked fleetrate.Booking
+	if req.Booking {
+		freq.Booking = &booked
+	}
+	// Validated before ownBuckets, whose messages assume valid buckets.
+	if err := freq.Validate(); err != nil {
+		return wire.Result{}, err
+	}
+	if err := v.ownBuckets(freq.Buckets); err != nil {
+		return wire.Result{}, err
+	}
+	res, err := v.store.Take(ctx, freq)
+	if err != nil {
+		return wire.Result{}, err
+	}
+	out := wire.FromResult(res)
+	if len(booked.Debts) > 0 {
+		out.Booking = &wire.Booking{StampUnixMicro: booked.Stamp, DebtsNS: booked.Debts}
+	}
+	return out, nil
+}
+
+// storeCancel serves the raw store API's cancel.
+func (v service) storeCancel(ctx context.Context, req *wire.CancelRequest) (wire.OK, error) {
+	bs, err := v.storeBuckets(req.Buckets)
+	if err != nil {
+		return wire.OK{}, err
+	}
+	b := fleetrate.Booking{Stamp: req.Booking.StampUnixMicro, Debts: req.Booking.DebtsNS}
+	return wire.OK{OK: true}, v.store.Cancel(ctx, bs, req.N, b)
+}
+
+// storeRefund serves the raw store API's refund.
+func (v service) storeRefund(ctx context.Context, req *wire.RefundRequest) (wire.OK, error) {
+	bs, err := v.storeBuckets(req.Buckets)
+	if err == nil {
+		err = maxRefund(req.N)
+	}
+	if err != nil {
+		return wire.OK{}, err
+	}
+	return wire.OK{OK: true}, v.store.Refund(ctx, bs, req.N)
+}
+
+// storeDrain serves the raw store API's drain.
+func (v service) storeDrain(ctx context.Context, req *wire.DrainRequest) (wire.OK, error) {
+	bs, err := v.storeBuckets(req.Buckets)
+	if err != nil {
+		return wire.OK{}, err
+	}
+	return wire.OK{OK: true}, v.store.Drain(ctx, bs, time.Duration(req.DurationNS))
+}
+
+// storeReset serves the raw store API's reset.
+func (v service) storeReset(ctx context.Context, req *wire.ResetRequest) (wire.OK, error) {
+	if len(req.Keys) > MaxBuckets {
+		return wire.OK{}, badRequest(wire.CodeInvalid, "keys: at most %d, got %d", MaxBuckets, len(req.Keys))
+	}
+	keys := make([]string, len(req.Keys))
+	for i, k := range req.Keys {
+		keys[i] = string(k)
+		if err := v.ownKey(fmt.Sprintf("keys[%d]", i), keys[i]); err != nil {
+			return wire.OK{}, err
+		}
+	}
+	return wire.OK{OK: true}, v.store.Reset(ctx, keys...)
+}
+
+// cost reads a request's n, def when it is not given.
+func cost(n *int64, def int64) (int64, error) {
+	if n == nil {
+		return def, nil
+	}
+	if *n < 0 {
+		return 0, badRequest(wire.CodeInvalid, "n: must be >= 0, got %d", *n)
+	}
+	return *n, nil
+}
+
+// resolve maps bucket names to configured buckets.
+func (s *Server) resolve(one string, many []string) ([]string, []fleetrate.Bucket, error) {
+	names := many
+	switch {
+	case one != "" && len(many) > 0:
+		return nil, nil, badRequest(wire.CodeInvalid, "give bucket or buckets, not both")
+	case one != "":
+		names = []string{one}
+	case len(many) == 0:
+		return nil, nil, badRequest(wire.CodeInvalid, "bucket: required (or buckets, a list)")
+	case len(many) > MaxBuckets:
+		return nil, nil, badRequest(wire.CodeInvalid, "buckets: at most %d, got %d", MaxBuckets, len(many))
+	}
+	st := s.state.Load()
+	canon := make([]string, len(names))
+	bs := make([]fleetrate.Bucket, len(names))
+	for i, n := range names {
+		b, ok := st.buckets[n]
+		if !ok {
+			return nil, nil, &httpError{status: http.StatusBadRequest, code: wire.CodeUnknownBucket,
+				msg: fmt.Sprintf("bucket %q is not configured%s", n, s.knownBuckets(st))}
+		}
+		cb, _ := st.cfg.Bucket(n)
+		canon[i], bs[i] = cb.Name, b
+		if slices.Contains(canon[:i], cb.Name) {
+			return nil, nil, badRequest(wire.CodeInvalid, "bucket %q is named twice", cb.Name)
+		}
+	}
+	return canon, bs, nil
+}
+
+func (s *Server) knownBuckets(st *state) string {
+	if len(st.cfg.Buckets) == 0 {
+		return " (the configuration has no buckets)"
+	}
+	names := make([]string, 0, 10)
+	for _, b := range st.cfg.Buckets {
+		if len(names) == cap(names) {
+			names = append(names, "...")
+			break
+		}
+		names = append(names, b.Name)
+	}
+	return "; configured: " + strings.Join(names, ", ")
+}
+
+func checkWireBuckets(bs []wire.Bucket) error {
+	if len(bs) > MaxBuckets {
+		return badRequest(wire.CodeInvalid, "buckets: at most %d, got %d", MaxBuckets, len(bs))
+	}
+	for i, b := range bs {
+		if n := len(b.Key) + len(b.Prefix); n > MaxStoreKeyBytes {
+			return badRequest(wire.CodeInvalid, "buckets[%d].key: %d bytes, at most %d", i, n, MaxStoreKeyBytes)
+		}
+	}
+	return nil
+}
+
+// ownKey keeps the raw store API to the service's own keys: without it a
+// client could delete or overwrite any key of the Redis behind it.
+func (s *Server) ownKey(field, key string) error {
+	if n := len(key); n > MaxStoreKeyBytes {
+		return badRequest(wire.CodeInvalid, "%s: key of %d bytes, at most %d", field, n, MaxStoreKeyBytes)
+	}
+	if !strings.HasPrefix(key, s.opts.Prefix) {
+		return badRequest(wire.CodeInvalid, "%s: key %q must start with the service's prefix %q", field, key, s.opts.Prefix)
+	}
+	return nil
+}
+
+// storeBuckets converts and checks the buckets of a raw store request
+// other than a take: count, limits, and the service's own keys.
+func (s *Server) storeBuckets(wb []wire.Bucket) ([]fleetrate.Bucket, error) {
+	if err := checkWireBuckets(wb); err != nil {
+		return nil, err
+	}
+	bs := wire.ToBuckets(wb)
+	if err := fleetrate.ValidateBuckets(bs); err != nil {
+		return nil, err
+	}
+	return bs, s.ownBuckets(bs)
+}
+
+// ownBuckets checks ownKey for every bucket.
+func (s *Server) ownBuckets(bs []fleetrate.Bucket) error {
+	for i, b := range bs {
+		if err := s.ownKey(fmt.Sprintf("buckets[%d]", i), b.StoreKey()); err != nil {
+			return err
+		}
+	}
+	return nil
+}
