@@ -210,3 +210,32 @@ func ExampleWithPriority() {
 	// bulk: 8 pushed, then fleetrate: wait of 200ms exceeds max wait 100ms
 	// confirmation allowed: true <nil>
 }
+
+// Book takes buckets the caller built: a configured bucket paced at a
+// slower rate than configured, as transport does after a 429, beside a
+// bucket of the caller's own. The Limiter times the slot and cancels it
+// exactly.
+func ExampleLimiter_Book() {
+	lim, err := fleetrate.New(memstore.New(memstore.Options{}), fleetrate.Config{
+		Buckets: []fleetrate.BucketConfig{{Name: "ota", Limits: []fleetrate.Limit{fleetrate.PerSecond(10, 1)}}},
+	})
+	if err != nil {
+		panic(err)
+	}
+	b, err := lim.Bucket("ota")
+	if err != nil {
+		panic(err)
+	}
+	b.Limits = []fleetrate.Limit{fleetrate.PerSecond(5, 1)} // half the rate
+	req := fleetrate.Request{Buckets: []fleetrate.Bucket{b}, N: 1, MaxWait: time.Second}
+	for range 2 {
+		r, err := lim.Book(context.Background(), req)
+		if err != nil {
+			panic(err)
+		}
+		fmt.Println("booked", r.Result.Wait.Round(100*time.Millisecond))
+	}
+	// Output:
+	// booked 0s
+	// booked 200ms
+}

@@ -63,7 +63,8 @@ type Adaptive struct {
 	// Refresh is how often a process reads the shared effective rate of a
 	// bucket it paces (two peeks). It also reads it at once when told of a
 	// change: by an announcement (see Announcer), or by a pause it did not
-	// know of. The default is DefaultRateRefresh (10 s).
+	// know of; the climb itself is a known curve, so Refresh only catches a
+	// change it was not told of. The default is DefaultRateRefresh (30 s).
 	Refresh time.Duration
 }
 
@@ -172,7 +173,7 @@ const (
 )
 
 // DefaultRateRefresh is the default of Adaptive.Refresh.
-const DefaultRateRefresh = 10 * time.Second
+const DefaultRateRefresh = 30 * time.Second
 
 // maxRecovery keeps every climb within climbSpan.
 const maxRecovery = 10 * time.Minute

@@ -151,7 +151,11 @@ func (t *Transport) heard(msg string) {
 			return
 		}
 		t.views.mu.Lock()
-		t.views.get(key).paused(now.Add(time.Duration(d)))
+		v := t.views.get(key)
+		v.paused(now.Add(time.Duration(d)))
+		// Announced once the bucket was reset: any slot booked before now
+		// may be from before the reset, so it is void.
+		v.pauseAt = now
 		t.views.mu.Unlock()
 	case "r":
 		key, ok := strings.CutPrefix(rest, t.ann.prefix)
