@@ -482,14 +482,14 @@ func TestTransportUpstreamsEffectiveRate(t *testing.T) {
 		}
 	}
 
-	// The rate climbs back with time (CUBIC, Recovery 30 s): 15 s later
-	// availability is at 0.7/0.8 × (1 − 0.2 × 0.5³) = 0.853, 110/128.
+	// The rate climbs back with time (CUBIC, Recovery 2 min): 15 s later
+	// availability is at 0.7/0.8 × (1 − 0.2 × 0.875³) = 0.758, 97/128.
 	clock.add(15 * time.Second)
 	rows, err = TransportUpstreams(store, "", []transport.Upstream{up}, nil, transport.Adaptive{})(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := rows[0].EffectiveRate, 18*110.0/128; got != want {
+	if got, want := rows[0].EffectiveRate, 18*97.0/128; got != want {
 		t.Errorf("availability 15 s later: effective %v, want %v", got, want)
 	}
 	// The transports' own settings give the same reading: with a 60 s
@@ -501,17 +501,18 @@ func TestTransportUpstreamsEffectiveRate(t *testing.T) {
 	if got, want := rows[0].EffectiveRate, 18*103.0/128; got != want {
 		t.Errorf("availability, 60 s recovery: effective %v, want %v", got, want)
 	}
-	// 60 s after: past the old peak and back at the documented rates.
-	clock.add(45 * time.Second)
+	// 4 minutes after: past the old peak (1.2 × 0.875) and back at the
+	// documented rates.
+	clock.add(225 * time.Second)
 	rows, err = TransportUpstreams(store, "", []transport.Upstream{up}, nil, transport.Adaptive{})(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got, want := rows[0].EffectiveRate, 18.0; got != want {
-		t.Errorf("availability 60 s later: effective %v, want %v", got, want)
+		t.Errorf("availability 4 min later: effective %v, want %v", got, want)
 	}
 	if got, want := rows[0].CredentialEffectiveRate, 30.0; got != want {
-		t.Errorf("credential 60 s later: effective %v, want %v (recovered)", got, want)
+		t.Errorf("credential 4 min later: effective %v, want %v (recovered)", got, want)
 	}
 
 	// Adaptation off: no effective rate anywhere, so the page hides it.

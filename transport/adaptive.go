@@ -230,6 +230,8 @@ type view struct {
 	decreased time.Time     // when this process last lowered the rate
 	floored   time.Time     // when it lowered it to the floor, if it did
 	lastPause time.Duration // the last pause chosen without a Retry-After
+	// sent is when this process last let a request of the bucket go.
+	sent time.Time
 	// next is when the bucket's next token was free, as the last booking
 	// this process made left it (local clock): a request whose wait budget
 	// ends sooner fails with backpressure without asking the store.
@@ -602,4 +604,44 @@ func SetEffectiveFactor(ctx context.Context, store fleetrate.Store, b fleetrate.
 		return err
 	}
 	return store.Drain(ctx, []fleetrate.Bucket{pm}, peak)
+}
+
+// lateSlack is how late after its slot a request may go out as booked.
+const lateSlack = 2 * time.Millisecond
+
+// spread decides when a request whose slot began at due goes out, against
+// the requests of this process that went out before it. On time (within
+// lateSlack), at once. Later, it keeps one interval of its buckets' fastest
+// limits after the last one, so that the overdue requests of a process
+// that stalled go out spaced as booked rather than together; and one more
+// than two intervals late is void (booked again, once: voided reports it
+// was already), since spacing it would push it into later slots. It
+// returns how long to wait first, or void.
+func (t *Transport) spread(tk take, due time.Time, voided bool) (wait time.Duration, void bool) {
+	now := time.Now()
+	var gap time.Duration
+	for _, b := range tk.buckets[:tk.paced] {
+		d := time.Duration(1<<63 - 1)
+		for _, l := range b.Limits {
+			d = min(d, time.Duration(l.Interval()))
+		}
+		gap = max(gap, d)
+	}
+	late := now.Sub(due)
+	t.views.mu.Lock()
+	defer t.views.mu.Unlock()
+	at := now
+	if late > lateSlack {
+		if late > 2*gap && !voided {
+			return 0, true
+		}
+		for _, b := range tk.buckets[:tk.paced] {
+			at = later(at, t.views.get(b.Key).sent.Add(gap))
+		}
+	}
+	for _, b := range tk.buckets[:tk.paced] {
+		v := t.views.get(b.Key)
+		v.sent = later(v.sent, at)
+	}
+	return at.Sub(now), false
 }

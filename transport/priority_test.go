@@ -64,7 +64,7 @@ func TestPriorityBulkDoesNotStarveConfirmations(t *testing.T) {
 				var worst time.Duration
 				wg.Go(func() {
 					for i := range 5 {
-						time.Sleep(start.Add(time.Duration(i)*500*time.Millisecond + 300*time.Millisecond).Sub(time.Now()))
+						time.Sleep(time.Until(start.Add(time.Duration(i)*500*time.Millisecond + 300*time.Millisecond)))
 						t0 := time.Now()
 						if _, err := get(t, t.Context(), tr, "/hotel/reservations"); err != nil {
 							t.Error(err)

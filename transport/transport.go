@@ -542,6 +542,7 @@ func (t *Transport) wait(ctx context.Context, tg Target, attrs []slog.Attr) erro
 		// has come (or its wait has failed).
 		defer release()
 	}
+	lateVoided := false // a request is booked again for lateness once at most
 	for {
 		if err := ctx.Err(); err != nil {
 			return w.failed("waiting for the bucket", err)
@@ -607,6 +608,20 @@ func (t *Transport) wait(ctx context.Context, tg Target, attrs []slog.Attr) erro
 				return w.backpressure(bp.RetryAfter, bp.Result)
 			}
 			return w.failed("waiting for the bucket", err)
+		}
+		// A request woken well after its slot (a stalled process: CPU
+		// starvation, a GC pause) would go out together with the other
+		// overdue requests of its process: a burst the upstream sees.
+		switch d, void := t.spread(tk, r.Due(), lateVoided); {
+		case void:
+			lateVoided = true
+			w.cancel(r)
+			continue
+		case d > 0:
+			if err := sleep(ctx, d); err != nil {
+				w.cancel(r)
+				return w.failed("spacing a late request", err)
+			}
 		}
 		slept := r.Result.Wait > 0
 		if _, fresh := t.pausedUntil(paced, time.Now().Add(-t.pauseCheckAge)); slept && !fresh && !t.listening(booked) {

@@ -12,11 +12,9 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -60,7 +58,7 @@ func (o demoOptions) validate() error {
 	case math.IsNaN(o.share) || o.share <= 0 || o.share > 1:
 		return fmt.Errorf("--share must be above 0 and at most 1, got %v", o.share)
 	}
-	if err := demoUpstream(mockota.Demo(), o.share).Validate(); err != nil {
+	if err := demoUpstream(demoOTA(), o.share, false).Validate(); err != nil {
 		return fmt.Errorf("--share %v: %w", o.share, err)
 	}
 	return nil
@@ -68,28 +66,38 @@ func (o demoOptions) validate() error {
 
 // newDemoCmd returns the "demo" command: the README's first command.
 func newDemoCmd() *cobra.Command {
-	o := demoOptions{duration: 3 * time.Second, workers: 6, processes: 1, rate: 10, share: 0.9, progress: true}
+	o := demoOptions{duration: 10 * time.Second, workers: 6, processes: 1, rate: 10, share: 0.9, progress: true}
 	cmd := &cobra.Command{
 		Use:   "demo",
-		Short: "Run a fleet against a mock OTA, first with per-worker buckets, then with shared ones",
-		Long: `Demo starts a mock OTA on a loopback port. The OTA documents a limit per
-endpoint (availability 20/s, rates 5/s, reservations 10/s) and one for the
-whole credential (30/s), enforces them exactly over a sliding 1-second
-window, and also enforces a hidden limit (2 rate updates per second per
-hotel). It answers 429 with Retry-After.
+		Short: "Run three fleets side by side against mock OTAs: naive, shared and adaptive",
+		Long: fmt.Sprintf(`Demo starts three mock OTAs on loopback ports. Each documents a limit
+per endpoint (availability 20/s, rates 5/s, reservations 10/s) and one
+for the whole credential (30/s), enforces them exactly over a sliding
+1-second window, and also enforces a hidden limit it does not document:
+%s admits only %d/s. It answers 429 with Retry-After.
+`, demoHidden.Endpoint, demoHidden.Limit) + `
+Three fleets of the same workers then run at the same time, each against
+its own OTA:
+  naive     each worker paces itself with its own local bucket (--rate,
+            10/s) and honours Retry-After by itself;
+  shared    all workers share fleetrate buckets at --share (90 %) of each
+            documented limit, and a 429 pauses the endpoint for the whole
+            fleet (transport.Upstream.Fixed: the rates never change);
+  adaptive  as shared, and each 429 also lowers the endpoint's shared
+            rate, which climbs back while no 429 comes (the default).
 
-The same fleet then runs twice:
-  naive   each worker paces itself with its own local bucket (--rate, 10/s);
-  shared  all workers share fleetrate buckets at --share (90 %) of each
-          documented limit, and a 429 pauses the endpoint for the whole fleet.
-
-Each run prints requests, 429s, the achieved rate against each documented
-limit and the p50/p99 wait. The command fails if the shared run broke a
-documented limit. By default the store is in memory and the workers are
-goroutines; --redis shares a Redis store, and --processes spreads the
-workers over that many OS processes.`,
+It prints the three side by side: what the OTAs counted (sends, answers,
+429s by limit, the rate achieved), what the workers counted (requests by
+outcome, sends, the wait before sending) and the rate per endpoint, with
+what every column means. At the same time a bulk push and a few booking
+confirmations share one credential bucket, with and without a priority
+class for the bulk push; it prints the confirmations' waits and the bulk
+push's rate for both. The command fails if a shared fleet broke
+a documented limit. By default the store is in memory and the workers are
+goroutines; --redis shares a Redis store, and --processes spreads each
+fleet's workers over that many OS processes.`,
 		Example: `  fleetrate demo
-  fleetrate demo --duration 10s
+  fleetrate demo --duration 1m
   fleetrate demo --redis redis://127.0.0.1:6379/0 --processes 3`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -97,22 +105,22 @@ workers over that many OS processes.`,
 		},
 	}
 	f := cmd.Flags()
-	f.DurationVar(&o.duration, "duration", o.duration, "how long each of the two runs lasts")
-	f.IntVar(&o.workers, "workers", o.workers, "workers in the fleet")
-	f.IntVar(&o.processes, "processes", o.processes, "OS processes to spread the workers over (needs --redis when above 1)")
-	f.Float64Var(&o.rate, "rate", o.rate, "naive run: requests per second each worker allows itself")
-	f.Float64Var(&o.share, "share", o.share, "shared run: fraction of each documented limit to pace at")
+	f.DurationVar(&o.duration, "duration", o.duration, "how long the fleets run")
+	f.IntVar(&o.workers, "workers", o.workers, "workers in each fleet")
+	f.IntVar(&o.processes, "processes", o.processes, "OS processes to spread each fleet's workers over (needs --redis when above 1)")
+	f.Float64Var(&o.rate, "rate", o.rate, "naive fleet: requests per second each worker allows itself")
+	f.Float64Var(&o.share, "share", o.share, "shared and adaptive fleets: fraction of each documented limit to pace at")
 	f.StringVar(&o.redis, "redis", "", "Redis URL for the shared store, e.g. redis://127.0.0.1:6379/0 (default: in memory)")
 	f.BoolVar(&o.progress, "progress", o.progress, "show a live progress line on stderr")
-	f.StringVar(&o.statusAddr, "status-addr", "127.0.0.1:0", "where the live status page of the shared run listens (in-process fleets only); \"off\" disables it")
+	f.StringVar(&o.statusAddr, "status-addr", "127.0.0.1:0", "where the live status page of the adaptive fleet listens (in-process fleets only); \"off\" disables it")
 	cmd.AddCommand(newDemoWorkerCmd())
 	return cmd
 }
 
-// modeResult is one run's outcome: the OTA's counts and the fleet's report.
+// modeResult is one fleet's outcome: the OTA's counts and the fleet's
+// report.
 type modeResult struct {
 	mode       string
-	about      string
 	duration   time.Duration
 	endpoints  []mockota.Endpoint
 	credential int
@@ -130,6 +138,20 @@ func (r modeResult) documented() int {
 	return n
 }
 
+// total returns the OTA's counts over every endpoint.
+func (r modeResult) total() mockota.Stats {
+	var t mockota.Stats
+	for _, s := range r.stats {
+		t.Requests += s.Requests
+		t.Accepted += s.Accepted
+		t.Documented += s.Documented
+		t.Hidden += s.Hidden
+		t.Injected += s.Injected
+	}
+	t.Peak = r.credPeak
+	return t
+}
+
 // lockedWriter serialises writes from the progress line and the worker
 // processes' stderr copiers, since the writer given may not be safe for
 // concurrent use.
@@ -145,6 +167,32 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	return l.w.Write(p)
 }
 
+// demoFleet is one of the demo's fleets, with its own mock OTA.
+type demoFleet struct {
+	mode string
+	ota  *mockota.OTA
+	url  string
+	stop func()
+}
+
+// startFleetOTA starts a mock OTA for one fleet on a loopback port.
+func startFleetOTA(mode string) (*demoFleet, error) {
+	ota, err := mockota.New(demoOTA())
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("starting the mock OTA: %w", err)
+	}
+	srv := &http.Server{Handler: ota, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	return &demoFleet{mode: mode, ota: ota, url: "http://" + ln.Addr().String(), stop: func() { srv.Close() }}, nil
+}
+
+// runDemo runs the demo: the three fleets and the priority runs at the
+// same time, then their tables, and fails if a shared fleet broke a
+// documented limit.
 func runDemo(ctx context.Context, o demoOptions, stdout, stderr io.Writer) error {
 	if err := o.validate(); err != nil {
 		return err
@@ -152,23 +200,9 @@ func runDemo(ctx context.Context, o demoOptions, stdout, stderr io.Writer) error
 	if !isTerminal(stderr) {
 		stderr = &lockedWriter{w: stderr}
 	}
-	cfg := mockota.Demo()
-	ota, err := mockota.New(cfg)
-	if err != nil {
-		return err
-	}
-	where := "goroutines"
-	if o.processes > 1 {
-		where = fmt.Sprintf("%d processes", o.processes)
-	}
-	store := "the in-memory store"
-	if o.redis != "" {
-		store = "Redis at " + o.redis
-	}
-	fmt.Fprintf(stdout, "fleetrate demo: %d workers (%s) against a mock OTA for %v per run\n", o.workers, where, o.duration)
-	fmt.Fprintf(stdout, "documented limits: %s (sliding 1 s window)\n", ota.Describe())
-	fmt.Fprintf(stdout, "hidden limit: %s %d/s per hotel\n", cfg.Hidden.Endpoint, cfg.Hidden.Limit)
+	printHeader(stdout, o)
 	if o.statusAddr != "off" && o.processes == 1 {
+		var err error
 		if o.status, err = startDemoStatus(o.statusAddr, o.share); err != nil {
 			return err
 		}
@@ -176,95 +210,116 @@ func runDemo(ctx context.Context, o demoOptions, stdout, stderr io.Writer) error
 		o.status.printAddr(stdout)
 	}
 	fmt.Fprintln(stdout)
-
-	runs := []struct{ mode, about string }{
-		{modeNaive, fmt.Sprintf("each worker has its own local %g/s bucket", o.rate)},
-		{modeShared, fmt.Sprintf("all workers share buckets at %g%% of each documented limit, in %s", o.share*100, store)},
+	// The priority runs go at the same time as the fleets: the demo
+	// lasts --duration.
+	var prio []priorityResult
+	var prioErr error
+	var wg sync.WaitGroup
+	wg.Go(func() { prio, prioErr = runPriorities(ctx, o) })
+	results, err := runFleets(ctx, o, stderr)
+	wg.Wait()
+	if err = errors.Join(err, prioErr); err != nil {
+		return err
 	}
-	var shared modeResult
-	for _, run := range runs {
-		res, err := runMode(ctx, o, run.mode, stderr)
+	printComparison(stdout, o, results)
+	fmt.Fprintln(stdout)
+	printPriorities(stdout, o, prio)
+	return sharedVerdict(results)
+}
+
+// runFleets runs the naive, shared and adaptive fleets at the same time,
+// each against its own mock OTA, and returns their results in demoModes
+// order.
+func runFleets(ctx context.Context, o demoOptions, stderr io.Writer) ([]modeResult, error) {
+	fleets := make([]*demoFleet, 0, len(demoModes))
+	defer func() {
+		for _, f := range fleets {
+			f.stop()
+		}
+	}()
+	for _, mode := range demoModes {
+		f, err := startFleetOTA(mode)
 		if err != nil {
-			return fmt.Errorf("%s run: %w", run.mode, err)
+			return nil, err
 		}
-		res.about = run.about
-		printResult(stdout, res)
-		if run.mode == modeShared {
-			shared = res
-		}
+		fleets = append(fleets, f)
 	}
-	return sharedVerdict(shared)
-}
-
-// sharedVerdict fails the demo when the shared run drew a 429 from a
-// documented limit: fleetrate's promise is that it never does.
-func sharedVerdict(shared modeResult) error {
-	var broken []string
-	for _, e := range shared.endpoints {
-		if n := shared.stats[e.Name].Documented; n > 0 {
-			broken = append(broken, fmt.Sprintf("%s %d", e.Name, n))
-		}
-	}
-	if len(broken) > 0 {
-		return fmt.Errorf("the shared run broke a documented limit: the OTA answered 429 for documented limits (%s)", strings.Join(broken, ", "))
-	}
-	return nil
-}
-
-// runMode runs the fleet once in the given mode against a fresh mock OTA.
-func runMode(ctx context.Context, o demoOptions, mode string, stderr io.Writer) (modeResult, error) {
-	cfg := mockota.Demo()
-	ota, err := mockota.New(cfg)
-	if err != nil {
-		return modeResult{}, err
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return modeResult{}, fmt.Errorf("starting the mock OTA: %w", err)
-	}
-	srv := &http.Server{Handler: ota, ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = srv.Serve(ln) }()
-	defer srv.Close()
-
 	lead := 20 * time.Millisecond
 	if o.processes > 1 {
 		lead = 1500 * time.Millisecond // time for the processes to start and connect
 	}
 	start := time.Now().Add(lead)
+	stop := func() {}
+	if o.progress {
+		stop = showProgress(stderr, start, start.Add(o.duration), fleets)
+	}
+	results := make([]modeResult, len(fleets))
+	errs := make([]error, len(fleets))
+	var wg sync.WaitGroup
+	for i, f := range fleets {
+		wg.Go(func() {
+			results[i], errs[i] = runMode(ctx, o, f, start, stderr)
+		})
+	}
+	wg.Wait()
+	stop()
+	return results, errors.Join(errs...)
+}
+
+// sharedVerdict fails the demo when a shared or adaptive fleet drew a 429
+// from a documented limit: fleetrate's promise is that it never does.
+func sharedVerdict(results []modeResult) error {
+	var broken []string
+	for _, r := range results {
+		if r.mode == modeNaive {
+			continue
+		}
+		for _, e := range r.endpoints {
+			if n := r.stats[e.Name].Documented; n > 0 {
+				broken = append(broken, fmt.Sprintf("%s: %s %d", r.mode, e.Name, n))
+			}
+		}
+	}
+	if len(broken) > 0 {
+		return fmt.Errorf("a shared fleet broke a documented limit: the OTA answered 429 for documented limits (%s)", strings.Join(broken, ", "))
+	}
+	return nil
+}
+
+// runMode runs one fleet from start for o.duration against its OTA.
+func runMode(ctx context.Context, o demoOptions, f *demoFleet, start time.Time, stderr io.Writer) (modeResult, error) {
 	spec := fleetSpec{
-		status:  o.status,
-		Mode:    mode,
-		OTA:     "http://" + ln.Addr().String(),
+		Mode:    f.mode,
+		OTA:     f.url,
 		Workers: o.workers,
 		Start:   start,
 		Until:   start.Add(o.duration),
 		Share:   o.share,
 		Rate:    o.rate,
 		Redis:   o.redis,
-		Prefix:  fmt.Sprintf("fleetrate:demo:%d:%d:", os.Getpid(), start.UnixNano()),
+		Prefix:  fmt.Sprintf("fleetrate:demo:%d:%d:%s:", os.Getpid(), start.UnixNano(), f.mode),
 	}
-
-	stop := func() {}
-	if o.progress {
-		stop = showProgress(stderr, mode, spec.Start, spec.Until, ota)
+	if f.mode == modeAdaptive {
+		spec.status = o.status
 	}
 	var report fleetReport
+	var err error
 	if o.processes == 1 {
 		report, err = runFleet(ctx, spec)
 	} else {
 		report, err = runChildren(ctx, spec, o.processes, stderr)
 	}
-	stop()
 	if err != nil {
-		return modeResult{}, err
+		return modeResult{}, fmt.Errorf("%s fleet: %w", f.mode, err)
 	}
+	cfg := demoOTA()
 	return modeResult{
-		mode:       mode,
+		mode:       f.mode,
 		duration:   o.duration,
-		endpoints:  ota.Endpoints(),
+		endpoints:  f.ota.Endpoints(),
 		credential: cfg.Credential,
-		stats:      ota.Stats(),
-		credPeak:   ota.CredentialPeak(),
+		stats:      f.ota.Stats(),
+		credPeak:   f.ota.CredentialPeak(),
 		report:     report,
 	}, nil
 }
@@ -279,10 +334,10 @@ func isTerminal(w io.Writer) bool {
 	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }
 
-// showProgress shows the OTA's counts on w until the returned stop is
+// showProgress shows the OTAs' counts on w until the returned stop is
 // called: a line redrawn five times a second on a terminal, else one line
 // per second.
-func showProgress(w io.Writer, mode string, start, until time.Time, ota *mockota.OTA) (stop func()) {
+func showProgress(w io.Writer, start, until time.Time, fleets []*demoFleet) (stop func()) {
 	every, lead, end := time.Second, "", "\n"
 	if isTerminal(w) {
 		every, lead, end = 200*time.Millisecond, "\r", ""
@@ -290,14 +345,18 @@ func showProgress(w io.Writer, mode string, start, until time.Time, ota *mockota
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	line := func() string {
-		var sent, ok, limited int
-		for _, s := range ota.Stats() {
-			sent += s.Requests
-			ok += s.Accepted
-			limited += s.Limited()
-		}
 		el := min(max(time.Since(start), 0), until.Sub(start))
-		return fmt.Sprintf("%s%-6s %5.1fs / %.1fs  sent %5d  ok %5d  429 %5d", lead, mode, el.Seconds(), until.Sub(start).Seconds(), sent, ok, limited)
+		var b strings.Builder
+		fmt.Fprintf(&b, "%s%4.1fs / %.1fs", lead, el.Seconds(), until.Sub(start).Seconds())
+		for _, f := range fleets {
+			var ok, limited int
+			for _, s := range f.ota.Stats() {
+				ok += s.Accepted
+				limited += s.Limited()
+			}
+			fmt.Fprintf(&b, "  %s ok %d 429 %d", f.mode, ok, limited)
+		}
+		return b.String()
 	}
 	wg.Go(func() {
 		tick := time.NewTicker(every)
@@ -378,56 +437,4 @@ func runChildren(ctx context.Context, spec fleetSpec, n int, stderr io.Writer) (
 		report.merge(r)
 	}
 	return report, errors.Join(errs...)
-}
-
-// printResult prints one run's table.
-func printResult(w io.Writer, r modeResult) {
-	fmt.Fprintf(w, "%s: %s\n", r.mode, r.about)
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "  limit\tdocumented\tsent\tok\t429 documented\t429 hidden\tsent/s\tok/s\tok/s of limit\tpeak in 1 s\t")
-	secs := r.duration.Seconds()
-	row := func(name string, limit int, s mockota.Stats, peak int) {
-		fmt.Fprintf(tw, "  %s\t%d/s\t%d\t%d\t%d\t%d\t%.1f\t%.1f\t%.0f%%\t%d/%d\t\n", name, limit, s.Requests, s.Accepted, s.Documented, s.Hidden,
-			float64(s.Requests)/secs, float64(s.Accepted)/secs, 100*float64(s.Accepted)/secs/float64(limit), peak, limit)
-	}
-	var total mockota.Stats
-	for _, e := range r.endpoints {
-		s := r.stats[e.Name]
-		row(e.Name, e.Limit, s, s.Peak)
-		total.Requests += s.Requests
-		total.Accepted += s.Accepted
-		total.Documented += s.Documented
-		total.Hidden += s.Hidden
-	}
-	if r.credential > 0 {
-		row("credential", r.credential, total, r.credPeak)
-	}
-	tw.Flush()
-
-	p50, p99 := percentile(r.report.Waits, 50), percentile(r.report.Waits, 99)
-	fmt.Fprintf(w, "  wait before sending: p50 %v, p99 %v (%d requests)\n", p50.Round(time.Millisecond), p99.Round(time.Millisecond), len(r.report.Waits))
-	var outcomes []string
-	for _, k := range []string{outcomeOK, outcomeLimited, outcomeGaveUp, outcomeBackpressure, outcomeCut, outcomeError} {
-		if v := r.report.Outcomes[k]; v > 0 {
-			outcomes = append(outcomes, fmt.Sprintf("%s %d", k, v))
-		}
-	}
-	fmt.Fprintf(w, "  workers saw: %s\n", strings.Join(outcomes, ", "))
-	if n := r.documented(); n > 0 {
-		fmt.Fprintf(w, "  verdict: documented limits broken (%d 429s)\n\n", n)
-	} else {
-		fmt.Fprintf(w, "  verdict: no documented limit broken\n\n")
-	}
-}
-
-// percentile returns the p-th percentile of ds (nearest rank), 0 when
-// empty.
-func percentile(ds []time.Duration, p int) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	rank := int(math.Ceil(float64(p) / 100 * float64(len(s))))
-	return s[min(max(rank, 1), len(s))-1]
 }

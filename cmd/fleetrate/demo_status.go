@@ -13,17 +13,16 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fleetrate/fleetrate"
-	"github.com/fleetrate/fleetrate/internal/mockota"
 	"github.com/fleetrate/fleetrate/statuspage"
 	"github.com/fleetrate/fleetrate/transport"
 )
 
-// demoStatus serves the status page of the demo's shared run: the fleet's
+// demoStatus serves the status page of the demo's adaptive run: the fleet's
 // buckets, decisions and denials, and the mock OTA's endpoints, paused or
 // not, with their 429s.
 type demoStatus struct {
 	counter  *statuspage.Counter
-	registry *prometheus.Registry // the shared run's transport metrics
+	registry *prometheus.Registry // the adaptive run's transport metrics
 	up       transport.Upstream
 	run      atomic.Pointer[demoRun]
 	page     *statuspage.Page
@@ -31,7 +30,7 @@ type demoStatus struct {
 	close    func()
 }
 
-// demoRun is the store and key prefix of the shared run in progress.
+// demoRun is the store and key prefix of the adaptive run in progress.
 type demoRun struct {
 	store     fleetrate.Store
 	prefix    string
@@ -40,7 +39,7 @@ type demoRun struct {
 
 // startDemoStatus serves the page on addr (a loopback port by default).
 func startDemoStatus(addr string, share float64) (*demoStatus, error) {
-	d := &demoStatus{counter: statuspage.NewCounter(), registry: prometheus.NewRegistry(), up: demoUpstream(mockota.Demo(), share)}
+	d := &demoStatus{counter: statuspage.NewCounter(), registry: prometheus.NewRegistry(), up: demoUpstream(demoOTA(), share, false)}
 	var err error
 	d.page, err = statuspage.New(statuspage.Options{
 		Store:     demoPeeker{d: d},
@@ -66,7 +65,7 @@ func startDemoStatus(addr string, share float64) (*demoStatus, error) {
 // wrapped to count the fleet's decisions.
 func (d *demoStatus) attach(store fleetrate.Store, prefix string) fleetrate.Store {
 	d.run.Store(&demoRun{store: store, prefix: prefix,
-		upstreams: statuspage.TransportUpstreams(store, prefix, []transport.Upstream{d.up}, d.registry, transport.Adaptive{})})
+		upstreams: statuspage.TransportUpstreams(store, prefix, []transport.Upstream{d.up}, d.registry, demoAdaptive)})
 	d.page.Track()
 	return d.counter.Wrap(store)
 }
@@ -104,12 +103,12 @@ type demoPeeker struct {
 func (p demoPeeker) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Result, error) {
 	r := p.d.run.Load()
 	if r == nil {
-		return fleetrate.Result{}, fmt.Errorf("%w: the shared run has not started", fleetrate.ErrStoreUnavailable)
+		return fleetrate.Result{}, fmt.Errorf("%w: the adaptive run has not started", fleetrate.ErrStoreUnavailable)
 	}
 	return r.store.Take(ctx, req)
 }
 
 // printAddr tells the user where to watch.
 func (d *demoStatus) printAddr(w io.Writer) {
-	fmt.Fprintf(w, "status page: http://%s/ (live during the shared run; try --duration 1m to watch it)\n", d.addr)
+	fmt.Fprintf(w, "status page: http://%s/ (live during the adaptive run; try --duration 1m to watch it)\n", d.addr)
 }

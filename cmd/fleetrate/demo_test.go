@@ -3,15 +3,22 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/fleetrate/fleetrate"
 	"github.com/fleetrate/fleetrate/internal/mockota"
 	"github.com/fleetrate/fleetrate/internal/redistest"
+	"github.com/fleetrate/fleetrate/transport"
 )
 
 // When "demo --processes" re-executes this test binary as a worker
@@ -27,30 +34,132 @@ func init() {
 	}
 }
 
-// section returns the lines of the demo's output for one run.
-func section(out, mode string) string {
-	i := strings.Index(out, "\n"+mode+": ")
-	if i < 0 {
-		return ""
-	}
-	rest := out[i+1:]
-	if j := strings.Index(rest, "\n\n"); j >= 0 {
-		rest = rest[:j]
-	}
-	return rest
+// demoTable is one of the demo's printed tables: its column names and,
+// per fleet (the row's first cell), its cells by column name.
+type demoTable struct {
+	columns []string
+	rows    map[string]map[string]string
 }
 
-var documented429 = regexp.MustCompile(`(?m)^\s+credential\s+30/s\s+\d+\s+\d+\s+(\d+)\s`)
+var columnGap = regexp.MustCompile(`\s{2,}`)
 
-// credential429s reads the credential row's "429 documented" column.
-func credential429s(t *testing.T, sec string) int {
+// parseTable reads the table whose header starts with title from the
+// demo's output: the header's cells are separated by two spaces or more,
+// a row's by spaces, and the table ends at a blank line.
+func parseTable(t *testing.T, out, title string) demoTable {
 	t.Helper()
-	m := documented429.FindStringSubmatch(sec)
-	if m == nil {
-		t.Fatalf("no credential row in:\n%s", sec)
+	lines := strings.Split(out, "\n")
+	for i, l := range lines {
+		if !strings.HasPrefix(strings.TrimSpace(l), title) {
+			continue
+		}
+		tab := demoTable{columns: columnGap.Split(strings.TrimSpace(l), -1), rows: map[string]map[string]string{}}
+		for _, row := range lines[i+1:] {
+			cells := strings.Fields(row)
+			if len(cells) == 0 {
+				break
+			}
+			if len(cells) != len(tab.columns) {
+				t.Fatalf("table %q: row %q has %d cells for %d columns %q", title, row, len(cells), len(tab.columns), tab.columns)
+			}
+			tab.rows[cells[0]] = map[string]string{}
+			for j, c := range cells {
+				tab.rows[cells[0]][tab.columns[j]] = c
+			}
+		}
+		return tab
 	}
-	n, _ := strconv.Atoi(m[1])
+	t.Fatalf("no table %q in:\n%s", title, out)
+	return demoTable{}
+}
+
+// num reads an integer cell.
+func (d demoTable) num(t *testing.T, row, col string) int {
+	t.Helper()
+	v, ok := d.rows[row][col]
+	if !ok {
+		t.Fatalf("no cell %s/%s in %v", row, col, d.rows)
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		t.Fatalf("cell %s/%s = %q: %v", row, col, v, err)
+	}
 	return n
+}
+
+// legendKeys returns the column names the demo's legend explains.
+func legendKeys(t *testing.T, out string) map[string]bool {
+	t.Helper()
+	i := strings.Index(out, "\ncolumns:\n")
+	if i < 0 {
+		t.Fatalf("no legend in:\n%s", out)
+	}
+	keys := map[string]bool{}
+	for _, l := range strings.Split(out[i+len("\ncolumns:\n"):], "\n") {
+		if l == "" {
+			break
+		}
+		if strings.HasPrefix(l, "   ") {
+			continue // an explanation's second line
+		}
+		for _, k := range strings.Split(columnGap.Split(strings.TrimSpace(l), 2)[0], ", ") {
+			keys[k] = true
+		}
+	}
+	return keys
+}
+
+// checkDemoOutput checks what every run of the demo must print: the three
+// fleets in each table, every column explained, the workers' counts adding
+// up and agreeing with the OTA's, and no 429 for a documented limit from
+// a shared fleet.
+func checkDemoOutput(t *testing.T, out string) {
+	t.Helper()
+	ota := parseTable(t, out, "what the OTA counted")
+	workers := parseTable(t, out, "what the workers counted")
+	perEndpoint := parseTable(t, out, "ok/s per endpoint")
+	legend := legendKeys(t, out)
+	for _, tab := range []demoTable{ota, workers, perEndpoint} {
+		for _, c := range tab.columns[1:] {
+			if !legend[c] && !slices.Contains(demoModes, c) { // the header describes the fleets
+				t.Errorf("column %q is not explained; the legend explains %v", c, legend)
+			}
+		}
+	}
+	for _, mode := range demoModes {
+		if !regexp.MustCompile(`(?m)^  ` + mode + ` +\S`).MatchString(out) {
+			t.Errorf("fleet %q is not described:\n%s", mode, out)
+		}
+		requests := workers.num(t, mode, "requests")
+		sum := 0
+		for _, c := range []string{"ok", "429", "gave up", "backpressure", "cut", "error"} {
+			sum += workers.num(t, mode, c)
+		}
+		if sum != requests {
+			t.Errorf("%s: the workers' outcomes add up to %d, requests %d", mode, sum, requests)
+		}
+		if got, want := workers.num(t, mode, "sent"), ota.num(t, mode, "sent"); got != want {
+			t.Errorf("%s: the workers sent %d, the OTA counted %d", mode, got, want)
+		}
+		if got, want := workers.num(t, mode, "ok"), ota.num(t, mode, "ok"); got != want {
+			t.Errorf("%s: the workers saw ok %d, the OTA answered ok %d", mode, got, want)
+		}
+		if got, want := ota.num(t, mode, "sent"), ota.num(t, mode, "ok")+ota.num(t, mode, "429 documented")+ota.num(t, mode, "429 hidden"); got != want {
+			t.Errorf("%s: the OTA counted %d sent, ok + 429s = %d", mode, got, want)
+		}
+		if _, ok := perEndpoint.rows["reservations"][mode]; !ok {
+			t.Errorf("ok/s per endpoint has no %s column: %v", mode, perEndpoint.columns)
+		}
+	}
+	for _, mode := range []string{modeShared, modeAdaptive} {
+		if n := ota.num(t, mode, "429 documented"); n != 0 {
+			t.Errorf("%s fleet: %d 429s for documented limits, want 0:\n%s", mode, n, out)
+		}
+	}
+	if !strings.Contains(out, "counts agree:") || strings.Contains(out, "counts disagree") {
+		t.Errorf("the counts check does not say they agree:\n%s", out)
+	}
+	checkPriorityOutput(t, out)
 }
 
 func runDemoForTest(t *testing.T, args ...string) (string, string, error) {
@@ -67,27 +176,19 @@ func TestDemoRuns(t *testing.T) {
 	if err != nil {
 		t.Fatalf("demo failed: %v\nstdout:\n%s\nstderr:\n%s", err, out, errOut)
 	}
-	naive, shared := section(out, modeNaive), section(out, modeShared)
-	if naive == "" || shared == "" {
-		t.Fatalf("missing a run's table:\n%s", out)
+	checkDemoOutput(t, out)
+	ota := parseTable(t, out, "what the OTA counted")
+	if ota.num(t, modeNaive, "429 documented")+ota.num(t, modeNaive, "429 hidden") == 0 {
+		t.Errorf("naive fleet: no 429s; the comparison shows nothing:\n%s", out)
 	}
-	for _, want := range []string{"availability", "rates", "reservations", "credential", "p50", "p99", "ok/s of limit"} {
-		if !strings.Contains(shared, want) || !strings.Contains(naive, want) {
-			t.Errorf("a table lacks %q:\n%s", want, out)
-		}
-	}
-	if n := credential429s(t, naive); n == 0 {
-		t.Errorf("naive run: no 429s for documented limits; the comparison shows nothing:\n%s", naive)
-	}
-	if n := credential429s(t, shared); n != 0 {
-		t.Errorf("shared run: %d 429s for documented limits, want 0:\n%s", n, shared)
-	}
-	if !strings.Contains(shared, "verdict: no documented limit broken") {
-		t.Errorf("shared verdict missing:\n%s", shared)
+	if !strings.Contains(out, "verdict: ") || !strings.Contains(out, "shared broke none; adaptive broke none") {
+		t.Errorf("verdict missing:\n%s", out)
 	}
 	// The progress goes to stderr (one line per second, not a terminal).
-	if !strings.Contains(errOut, "naive ") || !strings.Contains(errOut, "shared ") {
-		t.Errorf("no progress on stderr:\n%s", errOut)
+	for _, mode := range demoModes {
+		if !strings.Contains(errOut, "  "+mode+" ok ") {
+			t.Errorf("no progress of %s on stderr:\n%s", mode, errOut)
+		}
 	}
 }
 
@@ -130,7 +231,7 @@ func TestDemoWorkerFlagErrors(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--mode", "both"}, `--mode must be "naive" or "shared", got "both"`},
+		{[]string{"--mode", "both"}, `--mode must be one of naive, shared, adaptive, got "both"`},
 		{[]string{"--workers", "0"}, "--workers must be between 1 and 1000, got 0"},
 		{[]string{"--start", "yesterday"}, "--start"},
 		{[]string{"--until", now.Format(time.RFC3339Nano)}, "--until must be after --start"},
@@ -153,16 +254,10 @@ func TestDemoOverRedisInProcesses(t *testing.T) {
 	if err != nil {
 		t.Fatalf("demo failed: %v\nstdout:\n%s\nstderr:\n%s", err, out, errOut)
 	}
-	if !strings.Contains(out, "6 workers (3 processes)") || !strings.Contains(out, "in Redis at "+srv.URL()) {
+	if !strings.Contains(out, "of 6 workers (3 processes)") || !strings.Contains(out, "in Redis at "+srv.URL()) {
 		t.Errorf("the header does not name the processes and the store:\n%s", out)
 	}
-	shared := section(out, modeShared)
-	if n := credential429s(t, shared); n != 0 {
-		t.Errorf("shared run over Redis: %d 429s for documented limits, want 0:\n%s", n, shared)
-	}
-	if credential429s(t, section(out, modeNaive)) == 0 {
-		t.Errorf("naive run: no documented 429s:\n%s", out)
-	}
+	checkDemoOutput(t, out)
 }
 
 func TestPercentile(t *testing.T) {
@@ -183,19 +278,170 @@ func TestPercentile(t *testing.T) {
 
 func TestSharedVerdict(t *testing.T) {
 	t.Parallel()
-	res := modeResult{
+	res := []modeResult{{
+		mode:      modeNaive,
+		endpoints: mockota.Demo().Endpoints,
+		stats:     map[string]mockota.Stats{"availability": {Requests: 12, Accepted: 10, Documented: 2}},
+	}, {
+		mode:      modeShared,
 		endpoints: mockota.Demo().Endpoints,
 		stats: map[string]mockota.Stats{
 			"availability": {Requests: 10, Accepted: 10},
-			"rates":        {Requests: 5, Accepted: 4, Hidden: 1},
+			"reservations": {Requests: 5, Accepted: 4, Hidden: 1},
 		},
-	}
+	}}
 	if err := sharedVerdict(res); err != nil {
-		t.Errorf("hidden 429s only: verdict %v, want none: the hidden limit is not documented", err)
+		t.Errorf("naive and hidden 429s only: verdict %v, want none: the naive fleet promises nothing, the hidden limit is not documented", err)
 	}
-	res.stats["reservations"] = mockota.Stats{Requests: 12, Accepted: 10, Documented: 2}
+	res = append(res, modeResult{mode: modeAdaptive, endpoints: mockota.Demo().Endpoints,
+		stats: map[string]mockota.Stats{"reservations": {Requests: 12, Accepted: 10, Documented: 2}}})
 	err := sharedVerdict(res)
-	if err == nil || !strings.Contains(err.Error(), "broke a documented limit") || !strings.Contains(err.Error(), "reservations 2") {
-		t.Errorf("verdict = %v, want an error naming reservations 2", err)
+	if err == nil || !strings.Contains(err.Error(), "broke a documented limit") || !strings.Contains(err.Error(), "adaptive: reservations 2") {
+		t.Errorf("verdict = %v, want an error naming adaptive: reservations 2", err)
+	}
+}
+
+// TestCountsDisagree checks that the check line names a fleet whose
+// workers' counts differ from the OTA's, as they did when the run's
+// deadline cut answers the OTA had counted.
+func TestCountsDisagree(t *testing.T) {
+	t.Parallel()
+	res := []modeResult{{
+		mode:   modeShared,
+		stats:  map[string]mockota.Stats{"availability": {Requests: 66, Accepted: 64, Hidden: 2}},
+		report: fleetReport{Outcomes: map[string]int{outcomeOK: 61, outcomeCut: 6}, Sends: 66},
+	}}
+	var out bytes.Buffer
+	printCheck(&out, res)
+	if want := "counts disagree: shared: the workers saw ok 61, the OTA answered ok 64"; !strings.Contains(out.String(), want) {
+		t.Errorf("check = %q, want it to contain %q", out.String(), want)
+	}
+	res[0].report.Outcomes[outcomeOK] = 64
+	out.Reset()
+	printCheck(&out, res)
+	if !strings.HasPrefix(out.String(), "counts agree") {
+		t.Errorf("check = %q, want counts agree", out.String())
+	}
+}
+
+// TestSendClockFinishesASentRequest checks the fix for the disagreement:
+// a request already sent when the run's deadline passes gets its answer,
+// which the OTA has counted, instead of a context error counted as "cut".
+func TestSendClockFinishesASentRequest(t *testing.T) {
+	t.Parallel()
+	arrived, release := make(chan struct{}), make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(arrived)
+		<-release
+		w.WriteHeader(http.StatusOK)
+	}))
+	defer srv.Close()
+	clock := &sendClock{base: srv.Client().Transport}
+	ctx, cancel := context.WithCancel(t.Context())
+	var sent time.Time
+	req, _ := http.NewRequestWithContext(context.WithValue(ctx, sentAtKey{}, &sent), http.MethodGet, srv.URL, nil)
+	go func() {
+		<-arrived
+		cancel() // the run ends while the request is in flight
+		close(release)
+	}()
+	resp, err := (&http.Client{Transport: clock}).Do(req)
+	if err != nil {
+		t.Fatalf("a sent request failed at the end of the run: %v", err)
+	}
+	resp.Body.Close()
+	if got := classifyOutcome(resp, err, !sent.IsZero()); got != outcomeOK || clock.sends.Load() != 1 {
+		t.Errorf("outcome %q, sends %d; want ok, 1", got, clock.sends.Load())
+	}
+	// A request whose run has ended is not sent.
+	req, _ = http.NewRequestWithContext(ctx, http.MethodGet, srv.URL, nil)
+	resp, err = (&http.Client{Transport: clock}).Do(req)
+	if got := classifyOutcome(resp, err, false); got != outcomeCut || clock.sends.Load() != 1 {
+		t.Errorf("after the end: outcome %q, sends %d; want cut, still 1", got, clock.sends.Load())
+	}
+}
+
+func TestClassifyOutcome(t *testing.T) {
+	t.Parallel()
+	gaveUp := &transport.GaveUpError{Channel: "c", Endpoint: "e", Attempts: 1, StatusCode: 429, Cause: context.DeadlineExceeded}
+	lowered := &fleetrate.BackpressureError{RetryAfter: time.Second, MaxWait: 100 * time.Millisecond}
+	full := &fleetrate.BackpressureError{RetryAfter: 6 * time.Second, MaxWait: fleetrate.DefaultMaxWait}
+	tests := []struct {
+		name string
+		resp *http.Response
+		err  error
+		sent bool
+		want string
+	}{
+		{"200", &http.Response{StatusCode: 200}, nil, true, outcomeOK},
+		{"429", &http.Response{StatusCode: 429}, nil, true, outcomeLimited},
+		{"500", &http.Response{StatusCode: 500}, nil, true, outcomeError},
+		{"gave up at the end of the run", nil, gaveUp, true, outcomeGaveUp},
+		{"retry not booked", nil, fmt.Errorf("x: %w", full), true, outcomeGaveUp},
+		{"deadline before sending", nil, context.DeadlineExceeded, false, outcomeCut},
+		{"lowered max wait", nil, fmt.Errorf("x: %w", lowered), false, outcomeCut},
+		{"backpressure", nil, fmt.Errorf("x: %w", full), false, outcomeBackpressure},
+		{"other", nil, errors.New("boom"), false, outcomeError},
+	}
+	for _, tc := range tests {
+		if got := classifyOutcome(tc.resp, tc.err, tc.sent); got != tc.want {
+			t.Errorf("%s: got %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}
+
+// slowAnswers delays an answer after the mock OTA has decided and counted
+// it, as a loaded machine does.
+type slowAnswers struct {
+	http.ResponseWriter
+	wrote bool
+}
+
+func (s *slowAnswers) WriteHeader(code int) {
+	if !s.wrote {
+		s.wrote = true
+		time.Sleep(30 * time.Millisecond)
+		s.ResponseWriter.WriteHeader(code)
+	}
+}
+
+func (s *slowAnswers) Write(p []byte) (int, error) {
+	s.WriteHeader(http.StatusOK)
+	return s.ResponseWriter.Write(p)
+}
+
+// TestFleetCountsMatchASlowOTA runs each fleet against a mock OTA whose
+// answers are late, so that some are still on the way when the run ends:
+// the workers must still count every send and every ok the OTA counted.
+// (Before the send clock let sent requests finish, such answers were
+// counted as "cut" and the workers saw fewer ok than the OTA answered.)
+func TestFleetCountsMatchASlowOTA(t *testing.T) {
+	t.Parallel()
+	for _, mode := range demoModes {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			ota, err := mockota.New(demoOTA())
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				ota.ServeHTTP(&slowAnswers{ResponseWriter: w}, r)
+			}))
+			defer srv.Close()
+			start := time.Now().Add(20 * time.Millisecond)
+			report, err := runFleet(t.Context(), fleetSpec{Mode: mode, OTA: srv.URL, Workers: 6, Start: start,
+				Until: start.Add(time.Second), Share: 0.9, Rate: 10, Prefix: "t:" + mode + ":"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var sent, ok int
+			for _, s := range ota.Stats() {
+				sent += s.Requests
+				ok += s.Accepted
+			}
+			if report.Sends != sent || report.Outcomes[outcomeOK] != ok {
+				t.Errorf("workers: sent %d, ok %d; OTA: sent %d, ok %d (outcomes %v)", report.Sends, report.Outcomes[outcomeOK], sent, ok, report.Outcomes)
+			}
+		})
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -44,24 +46,24 @@ func newDemoWorkerCmd() *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&spec.Mode, "mode", "", "naive or shared")
+	f.StringVar(&spec.Mode, "mode", "", "naive, shared or adaptive")
 	f.StringVar(&spec.OTA, "ota", "", "the mock OTA's base URL")
 	f.IntVar(&spec.Workers, "workers", 0, "workers in this process")
 	f.IntVar(&spec.FirstWorker, "first", 0, "index of this process's first worker")
 	f.StringVar(&start, "start", "", "when to start (RFC 3339)")
 	f.StringVar(&until, "until", "", "when to stop (RFC 3339)")
-	f.Float64Var(&spec.Share, "share", 0, "shared mode: fraction of each documented limit")
+	f.Float64Var(&spec.Share, "share", 0, "shared modes: fraction of each documented limit")
 	f.Float64Var(&spec.Rate, "rate", 0, "naive mode: each worker's rate per second")
-	f.StringVar(&spec.Redis, "redis", "", "shared mode: Redis URL")
-	f.StringVar(&spec.Prefix, "prefix", "", "shared mode: store key prefix")
+	f.StringVar(&spec.Redis, "redis", "", "shared modes: Redis URL")
+	f.StringVar(&spec.Prefix, "prefix", "", "shared modes: store key prefix")
 	return cmd
 }
 
 // validate checks a worker process's spec, naming the failing flag.
 func (s fleetSpec) validate() error {
 	switch {
-	case s.Mode != modeNaive && s.Mode != modeShared:
-		return fmt.Errorf("--mode must be %q or %q, got %q", modeNaive, modeShared, s.Mode)
+	case !slices.Contains(demoModes, s.Mode):
+		return fmt.Errorf("--mode must be one of %s, got %q", strings.Join(demoModes, ", "), s.Mode)
 	case s.OTA == "":
 		return fmt.Errorf("--ota must be set")
 	case s.Workers < 1 || s.Workers > maxDemoWorkers:
@@ -72,7 +74,7 @@ func (s fleetSpec) validate() error {
 		return fmt.Errorf("--until must be after --start by at most %v, got %v", maxDemoDuration, s.Until.Sub(s.Start))
 	case s.Mode == modeNaive && (math.IsNaN(s.Rate) || s.Rate <= 0 || s.Rate > maxDemoNaiveRate):
 		return fmt.Errorf("--rate must be above 0 and at most %g, got %v", float64(maxDemoNaiveRate), s.Rate)
-	case s.Mode == modeShared && (math.IsNaN(s.Share) || s.Share <= 0 || s.Share > 1):
+	case s.Mode != modeNaive && (math.IsNaN(s.Share) || s.Share <= 0 || s.Share > 1):
 		return fmt.Errorf("--share must be above 0 and at most 1, got %v", s.Share)
 	}
 	return nil
