@@ -147,21 +147,21 @@ func redisLimiter(b *testing.B, c *redis.Client, opts redisstore.Options) *fleet
 }
 
 // BenchmarkRedisAllow compares one Allow on Redis over 10,000 keys at 1
-// and 64 goroutines: fleetrate with one call per take, fleetrate with
-// Batch, and redis_rate.
+// and 64 goroutines: fleetrate by default (batched), fleetrate with one
+// call per take (Unbatched), and redis_rate.
 func BenchmarkRedisAllow(b *testing.B) {
 	srv := redisSrv
 	ctx := context.Background()
 	for _, g := range []int{1, 64} {
-		for _, batch := range []bool{false, true} {
+		for _, unbatched := range []bool{false, true} {
 			name := "fleetrate/g="
-			if batch {
-				name = "fleetrate-batch/g="
+			if unbatched {
+				name = "fleetrate-unbatched/g="
 			}
 			b.Run(name+strconv.Itoa(g), func(b *testing.B) {
 				c := redisClient(srv, g+4)
 				defer c.Close()
-				l := redisLimiter(b, c, redisstore.Options{Batch: batch})
+				l := redisLimiter(b, c, redisstore.Options{Unbatched: unbatched})
 				runParallel(b, g, func(i int) error {
 					_, err := l.Allow(ctx, workload.KeyNames[i%workload.Keys])
 					return err

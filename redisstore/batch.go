@@ -19,31 +19,54 @@ import (
 // round trip for them: the cost of a decision falls towards the cost of its
 // few Redis commands.
 //
-// Takes are queued per route: on a single Redis (or a Sentinel-managed
-// one) every key can share a call; on a Cluster only keys of one hash slot
-// can; with any other client, only takes whose first key is the same.
-type batcher struct {
+// A take that finds its queue idle (no call in flight, none waiting) is
+// sent at once by its own caller, as one call of the take script, exactly
+// as without batching: a lone caller pays nothing for batching. Takes that
+// arrive while calls are in flight queue up and go out together in the
+// next call, which a goroutine of the batcher sends.
+//
+// Takes are queued per route, of type R, one per mode: on a single Redis
+// (or a Sentinel-managed one) every key can share a call (oneRoute); on a
+// Cluster only keys of one hash slot can (slotRoute); with any other
+// client, only takes whose first key is the same (keyRoute); folding
+// (Options.FoldHotKeys) queues identical takes only (foldRoute).
+type batcher[R comparable] struct {
 	s *Store
-	// route names the queue of a take; nil when every take shares one
-	// queue (and its keys are not needed before sending).
-	route func(c *batchCall) route
+	// route names the queue of a take.
+	route func(req *fleetrate.Request) R
 	// maxTakes and maxInflight bound the takes of one call and the calls
 	// of one queue in flight at once.
 	maxTakes, maxInflight int
 
 	mu     sync.Mutex
-	queues map[route]*batchQueue
+	queues map[R]*batchQueue
+	spare  *batchQueue // a queue no longer in use, for the next one
 }
 
-// route names a queue of takes: a Cluster slot in n, a first key in key,
-// or (folding) a take's key, n and wait; the zero route is the one queue
-// of a store whose keys may all share a call. Its fields are compared, so
-// naming a queue allocates nothing beyond the keys a call needs anyway.
-type route struct {
-	key  string
-	n    int64
-	wait time.Duration
+// sharer is a batcher of any route type: what the store calls.
+type sharer interface {
+	take(ctx context.Context, req fleetrate.Request) (fleetrate.Result, error)
+	takeKey(ctx context.Context, bk fleetrate.Bucket, key string, n int64, maxWait time.Duration, largs []any) (fleetrate.Result, error)
 }
+
+// The route types, one per mode (see batcher).
+type (
+	// oneRoute is the one queue of a store whose keys may all share a call.
+	oneRoute struct{}
+	// slotRoute is a Cluster hash slot.
+	slotRoute uint16
+	// keyRoute is a take's first store key.
+	keyRoute string
+	// foldRoute names the takes that fold into one: a take from one
+	// bucket by its store key, n and wait; a take from several by its
+	// identity (see identity), which holds them all.
+	foldRoute struct {
+		key     string
+		n       int64
+		wait    time.Duration
+		several bool
+	}
+)
 
 type batchQueue struct {
 	pending  []*batchCall
@@ -54,7 +77,7 @@ type batchQueue struct {
 // batchCall is one caller's take, with a copy of its request (the caller
 // may give up and reuse its slices while the call is still queued).
 type batchCall struct {
-	state atomic.Int32 // see pending
+	state callState
 	err   error
 	// done carries the one signal the sender gives when it delivers the
 	// decision.
@@ -65,6 +88,9 @@ type batchCall struct {
 	// largs are the script arguments of req's limits (see appendTakeLimits),
 	// encoded once by a bound taker; nil for other takes.
 	largs []any
+	// deadline is the caller's context's deadline (zero: none), which a
+	// store without a timeout of its own bounds the shared call by.
+	deadline time.Time
 	// res is the caller's decision, valid once err is nil and done has
 	// been signalled.
 	res fleetrate.Result
@@ -92,17 +118,44 @@ func (c *batchCall) storeKeys() []string {
 	return c.keys
 }
 
-// The states of a queued take. A caller whose context ends takes its call
-// from pending to abandoned (it is then never sent) or from sent to
-// abandonedSent (the sender then refunds what the call was granted); the
-// sender takes it from pending to sent and from sent to delivered.
+// callState is where a queued take stands between its caller and the
+// sender of its call. Two goroutines move it, each only by the transitions
+// named below, every one a compare-and-swap, so that exactly one of them
+// decides what becomes of a take:
+//
+//	from     transition  to             by      then
+//	queued   send        sent           sender  the take is in the call
+//	queued   abandon     dropped        caller  it is never sent
+//	sent     deliver     delivered      sender  the caller reads the decision
+//	sent     abandon     sentDropped    caller  the sender cancels its grant
+//
+// A caller whose abandon fails (the take was delivered meanwhile) waits for
+// the signal and keeps the decision.
+type callState struct{ v atomic.Int32 }
+
 const (
-	pending int32 = iota
+	queued int32 = iota
 	sent
 	delivered
-	abandoned
-	abandonedSent
+	dropped
+	sentDropped
 )
+
+// reset makes a recycled call queued.
+func (s *callState) reset() { s.v.Store(queued) }
+
+// send is the sender's queued → sent; false when the caller gave up.
+func (s *callState) send() bool { return s.v.CompareAndSwap(queued, sent) }
+
+// deliver is the sender's sent → delivered; false when the caller gave up
+// while the call was in flight (the sender then owns the take).
+func (s *callState) deliver() bool { return s.v.CompareAndSwap(sent, delivered) }
+
+// abandon is the caller's queued → dropped or sent → sentDropped; false
+// when the decision was delivered first.
+func (s *callState) abandon() bool {
+	return s.v.CompareAndSwap(queued, dropped) || s.v.CompareAndSwap(sent, sentDropped)
+}
 
 const (
 	// maxBatch bounds the takes of one call, so that one script never
@@ -126,69 +179,135 @@ const (
 
 // newBatcher returns the batcher of Options.Batch: takes on any keys that
 // one call may carry share a queue.
-func newBatcher(s *Store) *batcher {
-	b := &batcher{s: s, queues: map[route]*batchQueue{}, maxTakes: maxBatch, maxInflight: batchInflight}
+func newBatcher(s *Store) sharer {
 	switch s.c.(type) {
 	case *redis.Client, *redis.AutoPipeliner:
-		// One queue: route stays nil.
+		return newQueues(s, maxBatch, batchInflight, func(*fleetrate.Request) oneRoute { return oneRoute{} })
 	case *redis.ClusterClient:
-		b.route = func(c *batchCall) route { return route{n: int64(Slot(c.storeKeys()[0]))} }
+		return newQueues(s, maxBatch, batchInflight, func(req *fleetrate.Request) slotRoute {
+			return slotRoute(Slot(req.Buckets[0].StoreKey()))
+		})
 	default:
-		b.route = func(c *batchCall) route { return route{key: c.storeKeys()[0]} }
+		return newQueues(s, maxBatch, batchInflight, func(req *fleetrate.Request) keyRoute {
+			return keyRoute(req.Buckets[0].StoreKey())
+		})
 	}
-	return b
 }
 
-// take queues an already validated req and waits for its decision.
-func (b *batcher) take(ctx context.Context, req fleetrate.Request) (fleetrate.Result, error) {
+func newQueues[R comparable](s *Store, maxTakes, maxInflight int, route func(*fleetrate.Request) R) *batcher[R] {
+	return &batcher[R]{s: s, route: route, maxTakes: maxTakes, maxInflight: maxInflight, queues: map[R]*batchQueue{}}
+}
+
+// take decides an already validated req: at once when its queue is idle,
+// else queued.
+func (b *batcher[R]) take(ctx context.Context, req fleetrate.Request) (fleetrate.Result, error) {
 	if err := ctx.Err(); err != nil {
 		return fleetrate.Result{}, fmt.Errorf("redisstore: take: %w", err)
+	}
+	r := b.route(&req)
+	if q := b.claimIdle(r); q != nil {
+		res, err := b.s.takeOne(ctx, req) // checks the keys' slots
+		b.finish(r, q)
+		return res, err
 	}
 	c := newBatchCall()
 	c.req = cloneRequest(req)
 	c.want, c.req.Booking = req.Booking, nil
+	c.deadline, _ = ctx.Deadline()
 	if err := b.s.sameSlot(c.storeKeys()); err != nil {
 		c.release()
 		return fleetrate.Result{}, err
 	}
-	return b.wait(ctx, c)
+	return b.wait(ctx, r, c)
 }
 
 // takeKey is take for a bound taker's request: n tokens from bk with key
 // as its Key, waiting up to maxWait, its limits encoded as largs (which
-// belong to the store). The request is built in the call itself, so that
-// a take copies nothing but its key.
-func (b *batcher) takeKey(ctx context.Context, bk fleetrate.Bucket, key string, n int64, maxWait time.Duration, largs []any) (fleetrate.Result, error) {
-	c := newBatchCall()
-	c.bucket[0] = bk
-	c.bucket[0].Key = key
-	c.req = fleetrate.Request{Buckets: c.bucket[:], N: n, MaxWait: maxWait}
-	c.largs = largs
-	if err := c.req.Validate(); err != nil {
-		c.release()
+// belong to the store). A queued request is built in the call itself, so
+// that a take copies nothing but its key.
+func (b *batcher[R]) takeKey(ctx context.Context, bk fleetrate.Bucket, key string, n int64, maxWait time.Duration, largs []any) (fleetrate.Result, error) {
+	bk.Key = key
+	bs := [1]fleetrate.Bucket{bk}
+	req := fleetrate.Request{Buckets: bs[:], N: n, MaxWait: maxWait}
+	if err := req.Validate(); err != nil {
 		return fleetrate.Result{}, err
 	}
 	if err := ctx.Err(); err != nil {
-		c.release()
 		return fleetrate.Result{}, fmt.Errorf("redisstore: take: %w", err)
 	}
-	return b.wait(ctx, c)
+	r := b.route(&req)
+	if q := b.claimIdle(r); q != nil {
+		res, err := b.s.takeOne(ctx, req)
+		b.finish(r, q)
+		return res, err
+	}
+	c := newBatchCall()
+	c.bucket[0] = bk
+	c.req = fleetrate.Request{Buckets: c.bucket[:], N: n, MaxWait: maxWait}
+	c.largs = largs
+	c.deadline, _ = ctx.Deadline()
+	return b.wait(ctx, r, c)
 }
 
-// wait queues c and waits for its decision, for at most the store's
+// claimIdle returns the queue of r with a call of its caller's counted in
+// flight when no call is in flight and none waits, so that the caller sends
+// its take at once; else nil.
+func (b *batcher[R]) claimIdle(r R) *batchQueue {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	q := b.queues[r]
+	if q == nil {
+		q = b.spare
+		if q == nil {
+			q = &batchQueue{}
+		}
+		b.spare = nil
+		b.queues[r] = q
+	} else if q.inflight > 0 || len(q.pending) > 0 {
+		return nil
+	}
+	q.inflight, q.last = 1, max(q.last, 1)
+	return q
+}
+
+// finish ends a call of q sent by its own caller: the takes that queued
+// meanwhile go out in a call of their own, unless another is in flight
+// (whose sender then takes them).
+func (b *batcher[R]) finish(r R, q *batchQueue) {
+	b.mu.Lock()
+	q.inflight--
+	start := q.inflight == 0 && len(q.pending) > 0
+	if start {
+		q.inflight++
+	} else if q.inflight == 0 {
+		b.retire(r, q)
+	}
+	b.mu.Unlock()
+	if start {
+		go b.run(r, q)
+	}
+}
+
+// retire removes the idle queue q of r and keeps it for the next, with
+// the size of its last call: under load a queue empties for a moment after
+// each call, and the next call that joins one a caller sends alone should
+// still wait for half as many takes (see wait), or calls shrink to a take
+// or two. b.mu is held.
+func (b *batcher[R]) retire(r R, q *batchQueue) {
+	delete(b.queues, r)
+	b.spare = q
+}
+
+// wait queues c on r and waits for its decision, for at most the store's
 // timeout from now (or until ctx ends, if sooner): a take queued behind a
 // call in flight on a hung Redis then gives up at its own deadline, not
 // after that call's timeout and then its own.
-func (b *batcher) wait(ctx context.Context, c *batchCall) (fleetrate.Result, error) {
+func (b *batcher[R]) wait(ctx context.Context, r R, c *batchCall) (fleetrate.Result, error) {
 	var expired <-chan time.Time
 	if d := b.s.timeout; d >= 0 {
 		t := getTimer(d)
 		defer putTimer(t)
 		expired = t.C
-	}
-	var r route
-	if b.route != nil {
-		r = b.route(c)
 	}
 	b.mu.Lock()
 	q := b.queues[r]
@@ -218,9 +337,9 @@ func (b *batcher) wait(ctx context.Context, c *batchCall) (fleetrate.Result, err
 		gaveUp = context.DeadlineExceeded
 	}
 	if gaveUp != nil {
-		// Not yet sent: it never will be. Sent: the sender cancels what it
-		// is granted. Either way c now belongs to the sender.
-		if c.state.CompareAndSwap(pending, abandoned) || c.state.CompareAndSwap(sent, abandonedSent) {
+		// Queued: it is never sent. Sent: the sender cancels what it is
+		// granted. Either way c now belongs to the sender.
+		if c.state.abandon() {
 			// The caller's own context: its error. The store's timeout:
 			// an unavailable store.
 			return fleetrate.Result{}, failed(ctx, "take", gaveUp)
@@ -259,11 +378,11 @@ func putTimer(t *time.Timer) {
 // calls recycles the batchCalls whose decision their caller received.
 var calls = sync.Pool{New: func() any { return &batchCall{done: make(chan struct{}, 1)} }}
 
-// newBatchCall returns an empty, pending call. Its done channel has room
+// newBatchCall returns an empty, queued call. Its done channel has room
 // for the one signal the sender gives when it delivers the decision.
 func newBatchCall() *batchCall {
 	c := calls.Get().(*batchCall)
-	c.state.Store(pending)
+	c.state.reset()
 	return c
 }
 
@@ -276,37 +395,46 @@ func (c *batchCall) release() {
 	calls.Put(c)
 }
 
-// run sends the queue of one route as batch calls until it is empty.
-func (b *batcher) run(r route, q *batchQueue) {
+// run sends the queue of route r as batch calls until it is empty.
+func (b *batcher[R]) run(r R, q *batchQueue) {
 	for {
 		b.mu.Lock()
-		n, keys := 0, 0
-		for n < len(q.pending) && n < b.maxTakes {
-			k := len(q.pending[n].req.Buckets)
-			if n > 0 && sameTake(q.pending[n-1], q.pending[n]) {
-				k = 0 // it joins the previous take's run: no keys of its own
-			}
-			if n > 0 && keys+k > maxBatchKeys {
-				break
-			}
-			n, keys = n+1, keys+k
-		}
-		batch := q.pending[:n:n]
-		q.pending = q.pending[n:]
-		if n > 0 {
-			q.last = n
-		}
-		if n == 0 {
+		batch := b.next(q)
+		if batch == nil {
 			q.inflight--
 			if q.inflight == 0 {
-				delete(b.queues, r)
+				b.retire(r, q)
 			}
 			b.mu.Unlock()
 			return
 		}
 		b.mu.Unlock()
-		b.send(batch)
+		b.s.send(batch)
 	}
+}
+
+// next takes the takes of the next call from q, at most maxTakes of them
+// and maxBatchKeys keys (a take that joins the previous take's run names
+// no keys of its own); nil when none waits. b.mu is held.
+func (b *batcher[R]) next(q *batchQueue) []*batchCall {
+	n, keys := 0, 0
+	for n < len(q.pending) && n < b.maxTakes {
+		k := len(q.pending[n].req.Buckets)
+		if n > 0 && sameTake(q.pending[n-1], q.pending[n]) {
+			k = 0
+		}
+		if n > 0 && keys+k > maxBatchKeys {
+			break
+		}
+		n, keys = n+1, keys+k
+	}
+	if n == 0 {
+		return nil
+	}
+	batch := q.pending[:n:n]
+	q.pending = q.pending[n:]
+	q.last = n
+	return batch
 }
 
 // sameTake reports whether two calls are identical takes, which the batch
@@ -418,15 +546,32 @@ func sameShape(s, c *batchCall) bool {
 	return sameLimits(s.req, c.req)
 }
 
+// sharedCtx bounds a call shared by calls: by the store's timeout, or for
+// a store without one (a negative Timeout) by DefaultTimeout or, if later,
+// the latest deadline of the calls' callers, so that the call lives as
+// long as its most patient caller may wait, and no longer.
+func (s *Store) sharedCtx(calls []*batchCall) (context.Context, context.CancelFunc) {
+	if s.timeout >= 0 {
+		return context.WithTimeout(context.Background(), s.timeout)
+	}
+	d := time.Now().Add(DefaultTimeout)
+	for _, c := range calls {
+		if c.deadline.After(d) {
+			d = c.deadline
+		}
+	}
+	return context.WithDeadline(context.Background(), d)
+}
+
 // send runs one batch call and hands each caller its decision.
-func (b *batcher) send(batch []*batchCall) {
+func (s *Store) send(batch []*batchCall) {
 	// Calls whose callers gave up while queued are dropped; the rest are
 	// marked sent. Runs of identical takes become one take each, counted.
 	kept := batch[:0]
 	for _, c := range batch {
-		if c.state.CompareAndSwap(pending, sent) {
+		if c.state.send() {
 			kept = append(kept, c)
-		} // else abandoned: never sent, nothing booked
+		} // else dropped: never sent, nothing booked
 	}
 	if len(kept) == 0 {
 		return
@@ -443,10 +588,10 @@ func (b *batcher) send(batch []*batchCall) {
 	// bound rather than any caller's context: a caller that gives up
 	// sooner is refunded what the call grants it (see below), which needs
 	// the reply.
-	ctx, cancel := b.s.ownCtx()
+	ctx, cancel := s.sharedCtx(kept)
 	var reply []int64
-	err := b.s.bounded(ctx, func(ctx context.Context) (err error) {
-		reply, err = batchScript.Run(ctx, b.s.c, keys, args...).Int64Slice()
+	err := s.bounded(ctx, func(ctx context.Context) (err error) {
+		reply, err = batchScript.Run(ctx, s.c, keys, args...).Int64Slice()
 		return err
 	})
 	cancel()
@@ -462,7 +607,7 @@ func (b *batcher) send(batch []*batchCall) {
 			if err != nil {
 				c.err = err
 			}
-			if c.state.CompareAndSwap(sent, delivered) {
+			if c.state.deliver() {
 				c.done <- struct{}{} // from here on c belongs to its caller
 			} else if c.err == nil && c.res.Allowed && c.req.N > 0 {
 				gaveUp = append(gaveUp, c) // its caller gave up: give its booking back
@@ -472,6 +617,6 @@ func (b *batcher) send(batch []*batchCall) {
 	if len(gaveUp) > 0 {
 		// In the background, so that a slow Redis (when callers give up)
 		// does not hold the queue behind the cancels.
-		go b.s.cancelAbandoned(gaveUp)
+		go s.cancelAbandoned(gaveUp)
 	}
 }

@@ -88,7 +88,7 @@ func TestBatchMatchesSequentialModel(t *testing.T) {
 			batch = append(batch, c)
 		}
 		sent := time.Now()
-		s.batch.send(batch)
+		s.send(batch)
 
 		at := int64(-1)
 		for i, c := range batch {

@@ -9,14 +9,20 @@ import (
 )
 
 // TestLuaConstantsMatchGo holds the scripts' hand copies of the Go bounds
-// equal to them: MAX_ELAPSE_US is gcra.MaxElapse.
+// equal to them: MAX_ELAPSE_US is gcra.MaxElapse, in every script that
+// defines it.
 func TestLuaConstantsMatchGo(t *testing.T) {
-	m := regexp.MustCompile(`(?m)^local MAX_ELAPSE_US = (\d+)`).FindStringSubmatch(commonLua)
-	if m == nil {
-		t.Fatal("common.lua defines no MAX_ELAPSE_US")
-	}
-	got, err := strconv.ParseInt(m[1], 10, 64)
-	if err != nil || got != gcra.MaxElapse {
-		t.Fatalf("common.lua MAX_ELAPSE_US = %s, gcra.MaxElapse = %d", m[1], gcra.MaxElapse)
+	for name, src := range map[string]string{"common.lua": commonLua, "take_one.lua": takeOneLua} {
+		m := regexp.MustCompile(`(?m)^local MAX_ELAPSE_US = (\d+)`).FindStringSubmatch(src)
+		if m == nil {
+			t.Fatalf("%s defines no MAX_ELAPSE_US", name)
+		}
+		got, err := strconv.ParseInt(m[1], 10, 64)
+		if err != nil || got != gcra.MaxElapse {
+			t.Fatalf("%s MAX_ELAPSE_US = %s, gcra.MaxElapse = %d", name, m[1], gcra.MaxElapse)
+		}
+		if !regexp.MustCompile(`(?m)^local TTL_SLACK_MS = 1000$`).MatchString(src) {
+			t.Fatalf("%s: TTL_SLACK_MS is not 1000 ms", name)
+		}
 	}
 }

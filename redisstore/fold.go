@@ -19,20 +19,16 @@ const maxFold = 512
 // out as one take with a count. Each caller gets the decision the script
 // made for it, exactly as if the takes had run one after the other at the
 // same instant.
-func newFolder(s *Store) *batcher {
-	return &batcher{
-		s: s, queues: map[route]*batchQueue{}, maxTakes: maxFold, maxInflight: 1,
-		route: foldRoute,
-	}
+func newFolder(s *Store) sharer {
+	return newQueues(s, maxFold, 1, fold)
 }
 
-// foldRoute names the queue of takes that fold with c's: a take from one
-// bucket by its key, n and wait; any other by its identity.
-func foldRoute(c *batchCall) route {
-	if len(c.req.Buckets) == 1 {
-		return route{key: c.storeKeys()[0], n: c.req.N, wait: c.req.MaxWait}
+// fold names the queue of takes that fold with req's (see foldRoute).
+func fold(req *fleetrate.Request) foldRoute {
+	if len(req.Buckets) == 1 {
+		return foldRoute{key: req.Buckets[0].StoreKey(), n: req.N, wait: req.MaxWait}
 	}
-	return route{key: identity(c.req), n: -1} // n: never a take's
+	return foldRoute{key: identity(*req), several: true}
 }
 
 // identity names the buckets, cost and max wait of a request; takes with

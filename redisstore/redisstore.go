@@ -6,16 +6,18 @@
 // Any go-redis v9 client works: *redis.Client, *redis.ClusterClient,
 // *redis.Ring, a failover (Sentinel) client or a redis.UniversalClient.
 //
-// Many goroutines deciding at once should set Options.Batch: their takes
-// then share script calls (one call for up to 256 takes), each still with
-// its own exact decision.
+// Takes that many goroutines make at once share script calls (one call
+// for up to 256 takes), each still with its own exact decision; a take
+// that finds no call in flight is sent at once (see Options.Unbatched).
 package redisstore
 
 import (
 	"context"
 	_ "embed"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"runtime"
 	"slices"
 	"strconv"
@@ -33,6 +35,8 @@ import (
 var (
 	//go:embed scripts/common.lua
 	commonLua string
+	//go:embed scripts/take_one.lua
+	takeOneLua string
 	//go:embed scripts/take.lua
 	takeLua string
 	//go:embed scripts/take_batch.lua
@@ -45,12 +49,13 @@ var (
 	drainLua string
 )
 
-// The scripts, each with the shared helpers prepended. redis.Script runs
-// EVALSHA and falls back to EVAL on NOSCRIPT, so an empty script cache
-// after a restart, SCRIPT FLUSH or failover costs one extra round trip and
-// no error.
+// The scripts, each with the shared helpers prepended; the take script
+// starts with the path of a one-limit bucket, which needs none of them.
+// redis.Script runs EVALSHA and falls back to EVAL on NOSCRIPT, so an empty
+// script cache after a restart, SCRIPT FLUSH or failover costs one extra
+// round trip and no error.
 var (
-	takeScript   = redis.NewScript(commonLua + takeLua)
+	takeScript   = redis.NewScript(takeOneLua + commonLua + takeLua)
 	batchScript  = redis.NewScript(commonLua + batchLua)
 	refundScript = redis.NewScript(commonLua + refundLua)
 	drainScript  = redis.NewScript(commonLua + drainLua)
@@ -100,29 +105,34 @@ const DefaultTimeout = 50 * time.Millisecond
 type Options struct {
 	// Timeout bounds each call; a call whose context has an earlier
 	// deadline keeps it. The default is DefaultTimeout (50 ms); a negative
-	// value means no bound beyond the context's, except for folded and
-	// batched calls, which belong to no single caller's context and so are
-	// bounded by DefaultTimeout.
+	// value means no bound beyond the context's, except for calls shared
+	// by several callers (batched or folded), which belong to no single
+	// caller's context and so are bounded by DefaultTimeout or, if later,
+	// the latest deadline of their callers' contexts.
 	Timeout time.Duration
+	// Unbatched makes every take its own script call. By default (and
+	// with Batch) the takes that this process makes while earlier ones
+	// are in flight, on any buckets, share one script call (per hash slot
+	// on a Cluster), run one after the other at one instant: Redis then
+	// parses one command and runs one script for many decisions, and the
+	// client makes one round trip for them, so many concurrent callers
+	// reach several times the throughput of one call per take. Each
+	// caller still gets its own exact decision. A take that finds no call
+	// in flight is sent at once, as an unbatched one, by its own caller, so
+	// a single caller pays nothing for batching (docs/BENCHMARKS.md);
+	// `fleetrate bench` measures both on your Redis.
+	Unbatched bool
+	// Batch asks for batching, which is the default (see Unbatched); it
+	// takes precedence over FoldHotKeys and Unbatched.
+	Batch bool
 	// FoldHotKeys folds concurrent identical takes on one bucket in this
 	// process into a single script call while one is in flight, so that a
 	// hot bucket shared by many goroutines is not limited by how many
 	// scripts one Redis core runs a second. Every caller still gets its own
-	// exact decision and wait. Off by default.
+	// exact decision and wait. Batching (the default) folds identical takes
+	// within its calls too; FoldHotKeys instead of it keeps one call in
+	// flight per bucket and shares calls only between identical takes.
 	FoldHotKeys bool
-	// Batch gathers the takes that this process makes while earlier ones
-	// are in flight, on any buckets, into one script call (per hash slot
-	// on a Cluster), run one after the other at one instant. Redis then
-	// parses one command and runs one script for many decisions, and the
-	// client makes one round trip for them, so many concurrent callers
-	// reach several times the throughput of one call per take. Each
-	// caller still gets its own exact decision. With a single caller at a
-	// time it only adds a goroutine hand-off, which cost that caller
-	// 0.59–0.99× the throughput of one call per take (p50 +9 to +47 µs on
-	// loopback, docs/BENCHMARKS.md), so it is off by default; `fleetrate
-	// bench` measures both on your Redis. It takes precedence over
-	// FoldHotKeys.
-	Batch bool
 }
 
 // Store is a fleetrate.Store in Redis. It is safe for concurrent use.
@@ -137,9 +147,9 @@ type Store struct {
 	// share a hash slot.
 	cluster bool
 	// fold is set with Options.FoldHotKeys.
-	fold *batcher
+	fold sharer
 	// batch is set with Options.Batch.
-	batch *batcher
+	batch sharer
 	// migratingUntil is when (unix ns) takes of several buckets stop going
 	// bucket by bucket after one met a migrating Cluster slot (see
 	// takeMigrating).
@@ -177,6 +187,8 @@ func New(c Client, opts Options) (*Store, error) {
 		s.batch = newBatcher(s)
 	case opts.FoldHotKeys:
 		s.fold = newFolder(s)
+	case !opts.Unbatched:
+		s.batch = newBatcher(s)
 	}
 	return s, nil
 }
@@ -225,17 +237,6 @@ func (s *Store) cancelAbandoned(calls []*batchCall) {
 		c := calls[i]
 		_ = s.Cancel(ctx, c.req.Buckets, c.req.N, c.booking)
 	}
-}
-
-// ownCtx bounds a call that belongs to no single caller (a folded or
-// batched one): by the store's timeout, or DefaultTimeout when the store
-// has none of its own.
-func (s *Store) ownCtx() (context.Context, context.CancelFunc) {
-	d := s.timeout
-	if d < 0 {
-		d = DefaultTimeout
-	}
-	return context.WithTimeout(context.Background(), d)
 }
 
 func (s *Store) ctx(ctx context.Context) (context.Context, context.CancelFunc) {
@@ -388,7 +389,9 @@ func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Resu
 
 // take is Take for a validated request.
 func (s *Store) take(ctx context.Context, req fleetrate.Request) (fleetrate.Result, error) {
-	if q := s.queue(req.N); q != nil {
+	if q := s.queue(req.N); q != nil && !s.splittable(req) {
+		// A several-bucket Allow on a Cluster goes on its own: it may have
+		// to go bucket by bucket while its slot migrates (takeMigrating).
 		return q.take(ctx, req)
 	}
 	return s.takeOne(ctx, req)
@@ -396,7 +399,7 @@ func (s *Store) take(ctx context.Context, req fleetrate.Request) (fleetrate.Resu
 
 // queue returns the batcher a take of n tokens shares calls through, or
 // nil when it makes its own call.
-func (s *Store) queue(n int64) *batcher {
+func (s *Store) queue(n int64) sharer {
 	if s.batch != nil {
 		return s.batch
 	}
@@ -664,9 +667,14 @@ func (s *Store) State(ctx context.Context, key string) (st gcra.State, ok bool, 
 	return st, true, nil
 }
 
-// parseState reads a bucket's value, "<stamp> <debt> -<fill> ..." (or
-// "<stamp> <debt> ..." as older versions wrote it), as the scripts do.
+// parseState reads a bucket's value as the scripts do: a one-limit value
+// "g #" and three little-endian doubles (stamp, debt, fill), or the text
+// "<stamp> <debt> -<fill> ..." (or "<stamp> <debt> ..." as older versions
+// wrote it).
 func parseState(raw string) (gcra.State, bool) {
+	if st, ok, bin := parseOneLimit(raw); bin {
+		return st, ok
+	}
 	f := strings.Fields(raw)
 	if len(f) < 2 {
 		return gcra.State{}, false
@@ -696,4 +704,30 @@ func parseState(raw string) (gcra.State, bool) {
 	}
 	st.Debts = vals
 	return st, true
+}
+
+// oneLimitTag starts the binary value of a one-limit bucket (see
+// scripts/take_one.lua).
+const oneLimitTag = "g #"
+
+// parseOneLimit reads the binary value of a one-limit bucket. bin reports
+// whether raw is one (by its tag and length); ok, whether it holds a
+// valid state: three integers below 2^53, the stamp and debt not negative
+// and the fill time positive.
+func parseOneLimit(raw string) (st gcra.State, ok, bin bool) {
+	if len(raw) != len(oneLimitTag)+24 || !strings.HasPrefix(raw, oneLimitTag) {
+		return st, false, false
+	}
+	var v [3]int64
+	for i := range v {
+		f := math.Float64frombits(binary.LittleEndian.Uint64([]byte(raw[len(oneLimitTag)+8*i:])))
+		if f != math.Trunc(f) || f < 0 || f >= 1<<53 {
+			return st, false, true
+		}
+		v[i] = int64(f)
+	}
+	if v[2] == 0 {
+		return st, false, true
+	}
+	return gcra.State{Stamp: v[0], Debts: []int64{v[1]}, Fills: []int64{v[2]}}, true, true
 }

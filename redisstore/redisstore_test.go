@@ -318,6 +318,8 @@ func TestBatchCallerThatGivesUpIsRefunded(t *testing.T) {
 	// take of it, then the refund.
 	var mu sync.Mutex
 	var calls []string
+	var scripts atomic.Int64
+	c.AddHook(redistest.ScriptCounter{N: &scripts})
 	c.AddHook(argsHook(func(args []any) {
 		if len(args) > 3 && args[3] == "gave-up" {
 			mu.Lock()
@@ -332,6 +334,9 @@ func TestBatchCallerThatGivesUpIsRefunded(t *testing.T) {
 	lim := []fleetrate.Limit{fleetrate.Every(time.Hour, 5)}
 	req := fleetrate.Request{Buckets: []fleetrate.Bucket{{Key: "gave-up", Limits: lim}}, N: 1}
 	srv.Pause()
+	// A take that finds no call in flight is sent at once, alone: one is
+	// in flight first, so that the next queues for a batch call.
+	busy := occupy(t, s, &scripts)
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	done := make(chan error, 1)
@@ -343,6 +348,7 @@ func TestBatchCallerThatGivesUpIsRefunded(t *testing.T) {
 		t.Fatalf("Take with Redis paused = %v, want the caller's own deadline, not an unavailable store", err)
 	}
 	srv.Resume()
+	<-busy
 	// The abandoned take runs once Redis resumes, then is refunded.
 	peek := fleetrate.Request{Buckets: req.Buckets}
 	deadline := time.Now().Add(5 * time.Second)
@@ -374,6 +380,26 @@ func TestBatchCallerThatGivesUpIsRefunded(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// occupy starts a take that finds no call in flight (and so is sent at
+// once by its caller) and waits until it is sent, as counted by scripts;
+// the channel is closed when it returns.
+func occupy(t *testing.T, s *redisstore.Store, scripts *atomic.Int64) <-chan struct{} {
+	t.Helper()
+	n := scripts.Load()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		req := fleetrate.Request{Buckets: []fleetrate.Bucket{{Key: "occupied", Limits: []fleetrate.Limit{fleetrate.PerSecond(1, 1)}}}}
+		_, _ = s.Take(context.Background(), req)
+	}()
+	for deadline := time.Now().Add(5 * time.Second); scripts.Load() == n; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the occupying take was not sent")
+		}
+	}
+	return done
 }
 
 // argsHook calls f with the arguments of every command sent alone.
@@ -427,13 +453,20 @@ func TestLimiterAllowThroughBind(t *testing.T) {
 // batched calls, which belong to no request, by DefaultTimeout.
 func TestBatchWithoutTimeoutIsStillBounded(t *testing.T) {
 	srv := redistest.Start(t)
-	s, err := redisstore.New(srv.Client(), redisstore.Options{Timeout: -1, Batch: true})
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer c.Close()
+	var scripts atomic.Int64
+	c.AddHook(redistest.ScriptCounter{N: &scripts})
+	s, err := redisstore.New(c, redisstore.Options{Timeout: -1, Batch: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	req := fleetrate.Request{Buckets: []fleetrate.Bucket{{Key: "unbounded", Limits: []fleetrate.Limit{fleetrate.PerSecond(1, 1)}}}, N: 1}
 	srv.Pause()
-	defer srv.Resume()
+	// The take that finds no call in flight is its caller's own, bounded
+	// by its context alone (none here): the next one shares a call.
+	busy := occupy(t, s, &scripts)
+	defer func() { srv.Resume(); <-busy }()
 	start := time.Now()
 	if _, err := s.Take(context.Background(), req); !errors.Is(err, fleetrate.ErrStoreUnavailable) {
 		t.Fatalf("Take with Redis paused and no deadline = %v, want ErrStoreUnavailable", err)
@@ -640,8 +673,8 @@ func hungTakes(t *testing.T, srv *redistest.Server, s fleetrate.Store, g int, d 
 	}
 	ctx := context.Background()
 	for i := range 4 { // dialled, scripts loaded
-		// The first calls dial and load scripts, which on a loaded machine
-		// can pass the short timeout under test: a few tries.
+		// A few tries: on a loaded machine a first dial and script load
+		// can pass the test's short timeout, which is not what it tests.
 		var err error
 		for range 5 {
 			if _, err = s.Take(ctx, req(i)); err == nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -19,14 +20,15 @@ import (
 
 // fleetCommands is everything a fleetrate client runs: EVALSHA, EVAL when
 // the script cache is empty, SCRIPT LOAD for LoadScripts, GET for State,
-// DEL for Reset, and inside the scripts TIME, GET, SET and DEL (commands a
-// script calls are checked against the caller's ACL too).
-var fleetCommands = []string{"+evalsha", "+eval", "+script|load", "+get", "+set", "+del", "+time"}
+// DEL for Reset, and inside the scripts TIME, GET, MGET (batched takes),
+// SET and DEL (commands a script calls are checked against the caller's
+// ACL too).
+var fleetCommands = []string{"+evalsha", "+eval", "+script|load", "+get", "+mget", "+set", "+del", "+time"}
 
 // The lines docs/OPERATIONS.md gives operators, for a standalone
 // (or Sentinel) server and for every node of a Cluster.
 const (
-	documentedACL        = "ACL SETUSER fleet on >secret resetkeys ~fleetrate:* resetchannels -@all +evalsha +eval +script|load +get +set +del +time"
+	documentedACL        = "ACL SETUSER fleet on >secret resetkeys ~fleetrate:* resetchannels -@all +evalsha +eval +script|load +get +mget +set +del +time"
 	documentedClusterACL = documentedACL + " +cluster|slots +command"
 )
 
@@ -218,6 +220,21 @@ func exerciseStore(t *testing.T, srv *redistest.TLSServer, s *redisstore.Store, 
 		{"Refund", func() error { return s.Refund(ctx, b, 5) }}, // back to full: the script deletes the key
 		{"Drain", func() error { return s.Drain(ctx, b, time.Second) }},
 		{"Reset", func() error { return s.Reset(ctx, key) }},
+		{"ConcurrentTakes", func() error {
+			// Takes made while others are in flight share a batch call.
+			for range 20 {
+				errs := make([]error, 16)
+				var wg sync.WaitGroup
+				for i := range errs {
+					wg.Go(func() { errs[i] = take() })
+				}
+				wg.Wait()
+				if err := errors.Join(errs...); err != nil {
+					return err
+				}
+			}
+			return s.Reset(ctx, key)
+		}},
 		{"TakeAfterScriptFlush", func() error {
 			if _, err := srv.Do("script", "flush"); err != nil {
 				t.Fatal(err)

@@ -375,7 +375,7 @@ func (r *benchRun) measureAll(ctx context.Context, ceilings []benchCeiling) ([]b
 
 // benchLimiter returns a Limiter over the run's client in config conf.
 func (r *benchRun) benchLimiter(conf string) (*fleetrate.Limiter, error) {
-	rs, err := redisstore.New(r.c, redisstore.Options{Batch: conf == "batch"})
+	rs, err := redisstore.New(r.c, redisstore.Options{Batch: conf == "batch", Unbatched: conf != "batch"})
 	if err != nil {
 		return nil, err
 	}

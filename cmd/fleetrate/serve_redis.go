@@ -87,7 +87,7 @@ func openServeRedis(ctx context.Context, raw string, batch bool, timeout time.Du
 	if timeout <= 0 {
 		timeout = server.DefaultStoreTimeout
 	}
-	st, err := redisstore.New(c, redisstore.Options{Timeout: timeout, Batch: batch})
+	st, err := redisstore.New(c, redisstore.Options{Timeout: timeout, Batch: batch, Unbatched: !batch})
 	if err != nil {
 		c.Close()
 		return serveRedis{}, err

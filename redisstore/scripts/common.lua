@@ -1,11 +1,14 @@
 -- fleetrate: shared helpers, prepended to every script. They mirror the
 -- pure Go algorithm in the fleetrate package (gcra.go) line for line.
 --
--- A bucket key holds the string "<stamp_us> <debt_ns> -<fill_ns> ...": the
--- server time of the last write and, per limit, its debt (ns of TAT beyond
--- the stamp) and the fill time (burst x interval) of the limit it was
--- written for, negated. A value without fill times (written by an older
--- version) is read as it is, without conversion.
+-- A bucket key holds the server time of the last write (its stamp, µs)
+-- and, per limit, its debt (ns of TAT beyond the stamp) and the fill time
+-- (burst x interval) of the limit it was written for. A bucket of one limit
+-- is "g #" and the three as little-endian doubles (see take_one.lua); one
+-- of several limits, the string "<stamp_us> <debt_ns> -<fill_ns> ..." (the
+-- fill times negated). A one-limit value in that text form (written by an
+-- older version) is read too, and so is one without fill times (older
+-- still), as it is, without conversion.
 -- Every number is an integer below 2^53, exact in Lua's doubles.
 --
 -- ARGV layout after the operation's own leading arguments: for each key, the
@@ -25,7 +28,6 @@ local TTL_SLACK_MS = 1000
 local INT = '%.0f'
 if string.format('%d', 2 ^ 52 + 1) == '4503599627370497' then INT = '%d' end
 local INT2 = INT .. ' ' .. INT
-local INT3 = INT2 .. ' ' .. INT
 
 local function now_us()
   local t = redis.call('TIME')
@@ -70,17 +72,25 @@ end
 local function parse(raw, lims, m, now)
   local d = {}
   if raw then
-    local sp = string.find(raw, ' ', 1, true)
-    local stamp = sp and tonumber(string.sub(raw, 1, sp - 1))
+    local stamp, vals, n
+    if #raw == 27 and string.sub(raw, 1, 3) == 'g #' then
+      -- One limit, binary: read as the text "stamp debt -fill".
+      local debt, fill
+      stamp, debt, fill = struct.unpack('<ddd', raw, 4)
+      vals, n = { debt, -fill }, 2
+    else
+      local sp = string.find(raw, ' ', 1, true)
+      stamp = sp and tonumber(string.sub(raw, 1, sp - 1))
+      vals, n = {}, 0
+      while sp do
+        local nx = string.find(raw, ' ', sp + 1, true)
+        n = n + 1
+        vals[n] = tonumber(string.sub(raw, sp + 1, (nx or 0) - 1))
+        sp = nx
+      end
+    end
     local el = 0
     if stamp and now > stamp then el = math.min(now - stamp, MAX_ELAPSE_US) * 1000 end
-    local vals, n = {}, 0
-    while sp do
-      local nx = string.find(raw, ' ', sp + 1, true)
-      n = n + 1
-      vals[n] = tonumber(string.sub(raw, sp + 1, (nx or 0) - 1))
-      sp = nx
-    end
     local fills = n == 2 * m
     for i = 2, n, 2 do
       if not fills then break end
@@ -122,8 +132,9 @@ local function load(key, lims, m, now)
   return parse(redis.call('GET', key), lims, m, now)
 end
 
--- save writes the debts, each with its limit's fill time (negated, so a
--- value is never mistaken for one without them), with a TTL of the time
+-- save writes the debts, each with its limit's fill time (binary for one
+-- limit; as text, negated, so that a value is never mistaken for one
+-- without them, for several), with a TTL of the time
 -- until the bucket is full again plus slack; a full bucket is simply
 -- deleted. absent says the key was read as missing (see below).
 local function save(key, now, d, absent)
@@ -138,7 +149,7 @@ local function save(key, now, d, absent)
   local v
   local f = d.f
   if #d == 1 then
-    v = string.format(INT3, now, d[1], -f[1])
+    v = 'g #' .. struct.pack('<ddd', now, d[1], f[1])
   else
     local parts = { string.format(INT, now) }
     for i = 1, #d do parts[i + 1] = string.format(INT2, d[i], -f[i]) end

@@ -71,7 +71,7 @@ func run(args []string, out io.Writer) error {
 	fs.StringVar(&cfg.impl, "impl", "", "measure only the Redis implementations whose name contains this (redis_rate always runs)")
 	fs.StringVar(&cfg.hot, "keys", "hot,spread", "Redis key patterns: hot (one key), spread (10,000 keys), or both")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of this process to this file")
-	only := fs.String("only", "redis,wait,mem", "which tables to measure: any of redis, wait, mem")
+	only := fs.String("only", "redis,wait,mem", "which tables to measure: any of redis, wait, mem, script")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -96,10 +96,10 @@ func run(args []string, out io.Writer) error {
 	cfg.only = map[string]bool{}
 	for _, t := range strings.Split(*only, ",") {
 		switch t = strings.TrimSpace(t); t {
-		case "redis", "wait", "mem":
+		case "redis", "wait", "mem", "script":
 			cfg.only[t] = true
 		default:
-			return fmt.Errorf("-only: unknown table %q (want redis, wait or mem)", t)
+			return fmt.Errorf("-only: unknown table %q (want redis, wait, mem or script)", t)
 		}
 	}
 	if cfg.count < 1 {
@@ -127,7 +127,7 @@ func run(args []string, out io.Writer) error {
 		memTable(cfg, &mem)
 	}
 	var redisRows []redisRow
-	if cfg.only["redis"] || cfg.only["wait"] {
+	if cfg.only["redis"] || cfg.only["wait"] || cfg.only["script"] {
 		dir, err := os.MkdirTemp("", "fleetbench-")
 		if err != nil {
 			return err
@@ -138,6 +138,11 @@ func run(args []string, out io.Writer) error {
 			return err
 		}
 		defer srv.Stop()
+		if cfg.only["script"] {
+			if err := scriptTable(srv, cfg, out); err != nil {
+				return err
+			}
+		}
 		if cfg.only["redis"] {
 			if redisRows, err = redisTable(srv, cfg, out); err != nil {
 				return err
@@ -275,24 +280,24 @@ func redisTable(srv *redistest.Server, cfg config, out io.Writer) ([]redisRow, e
 		build func(c *redis.Client) (func(ctx context.Context, key string) error, func(), error)
 	}
 	impls := []impl{
-		{"fleetrate", func(c *redis.Client) (func(context.Context, string) error, func(), error) {
+		{"fleetrate (default: batched)", func(c *redis.Client) (func(context.Context, string) error, func(), error) {
 			l, err := fleetLimiter(c, redisstore.Options{})
 			return limiterAllow(l), func() {}, err
 		}},
-		{"fleetrate + autopipeline", func(c *redis.Client) (func(context.Context, string) error, func(), error) {
+		{"fleetrate unbatched", func(c *redis.Client) (func(context.Context, string) error, func(), error) {
+			l, err := fleetLimiter(c, redisstore.Options{Unbatched: true})
+			return limiterAllow(l), func() {}, err
+		}},
+		{"fleetrate unbatched + autopipeline", func(c *redis.Client) (func(context.Context, string) error, func(), error) {
 			ap, err := c.AutoPipeline()
 			if err != nil {
 				return nil, nil, err
 			}
-			l, err := fleetLimiter(ap, redisstore.Options{})
+			l, err := fleetLimiter(ap, redisstore.Options{Unbatched: true})
 			return limiterAllow(l), func() { _ = ap.Close() }, err
 		}},
 		{"fleetrate + fold hot keys", func(c *redis.Client) (func(context.Context, string) error, func(), error) {
 			l, err := fleetLimiter(c, redisstore.Options{FoldHotKeys: true})
-			return limiterAllow(l), func() {}, err
-		}},
-		{"fleetrate + batch", func(c *redis.Client) (func(context.Context, string) error, func(), error) {
-			l, err := fleetLimiter(c, redisstore.Options{Batch: true})
 			return limiterAllow(l), func() {}, err
 		}},
 		{"redis_rate v10", func(c *redis.Client) (func(context.Context, string) error, func(), error) {

@@ -1,0 +1,439 @@
+// Command servebench measures `fleetrate serve` against envoyproxy/ratelimit
+// over gRPC (Envoy RLS v3, ShouldRateLimit) and, with -gubernator, against
+// gubernator (its own V1.GetRateLimits): decisions per CPU-second of the
+// service process, at several numbers of concurrent callers, in
+// interleaved rounds (each round runs every service at every concurrency,
+// one after the other), so that a slow spell of the shared machine hits
+// them all.
+//
+//	cd benchmarks && ./peers.sh && go run ./cmd/servebench -ratelimit bin/ratelimit -gubernator bin/gubernator
+//
+// envoyproxy/ratelimit is built from its source and gubernator v2.13.0 from
+// the module proxy by peers.sh. Both RLS services load the same
+// envoyproxy/ratelimit configuration file (one descriptor, a limit never
+// reached) and share one redis-server this command starts on a free
+// loopback port; fleetrate also runs with its in-memory store, and
+// gubernator (one node) keeps its buckets in memory, with the same limit.
+// The service's CPU time is read from /proc/<pid>/stat before and after
+// each measurement.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/fleetrate/fleetrate/benchmarks/workload"
+	"github.com/fleetrate/fleetrate/internal/redistest"
+)
+
+func main() {
+	if err := run(os.Args[1:], os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "servebench:", err)
+		os.Exit(1)
+	}
+}
+
+// config is the envoyproxy/ratelimit file both services load: one
+// descriptor whose limit is never reached, so that every call is a
+// decision that books a token.
+const config = `domain: bench
+descriptors:
+  - key: k
+    rate_limit:
+      unit: second
+      requests_per_unit: 1000000000
+`
+
+// service is one way to run a rate-limit service on a gRPC port, and the
+// call that asks it for one decision on key i.
+type service struct {
+	name  string
+	start func(port int) (*exec.Cmd, error)
+	call  func(conn *grpc.ClientConn) func(ctx context.Context, i int) error
+}
+
+type result struct {
+	decisions float64 // per second
+	perCPU    float64 // decisions per CPU-second of the service
+	errors    int64
+}
+
+func run(args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("servebench", flag.ContinueOnError)
+	ratelimit := fs.String("ratelimit", "", "envoyproxy/ratelimit binary built from source (required)")
+	gubernator := fs.String("gubernator", "", "gubernator v2.13.0 binary (see peers.sh); empty: not measured")
+	duration := fs.Duration("duration", 3*time.Second, "how long each measurement runs")
+	rounds := fs.Int("rounds", 3, "interleaved rounds; the table reports each round and the medians")
+	callersFlag := fs.String("callers", "1,16,64", "concurrent callers")
+	only := fs.String("only", "", "run only the services whose name contains this (the others' columns stay empty)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *ratelimit == "" {
+		return errors.New("-ratelimit: give the envoyproxy/ratelimit binary (see benchmarks/peers.sh)")
+	}
+	var callers []int
+	for _, f := range strings.Split(*callersFlag, ",") {
+		c, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || c < 1 {
+			return fmt.Errorf("-callers: %q is not a positive integer", f)
+		}
+		callers = append(callers, c)
+	}
+	dir, err := os.MkdirTemp("", "servebench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	srv, err := redistest.Launch(dir)
+	if err != nil {
+		return err
+	}
+	defer srv.Stop()
+	fleetrate := filepath.Join(dir, "fleetrate")
+	root, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/fleetrate/fleetrate").Output()
+	if err != nil {
+		return fmt.Errorf("finding the fleetrate module: %w", err)
+	}
+	build := exec.Command("go", "build", "-o", fleetrate, "./cmd/fleetrate")
+	build.Dir = strings.TrimSpace(string(root)) // its own module, with its own go.sum
+	if b, err := build.CombinedOutput(); err != nil {
+		return fmt.Errorf("building fleetrate: %v: %s", err, b)
+	}
+	cfgFile := filepath.Join(dir, "fleetrate.yaml")
+	rlDir := filepath.Join(dir, "runtime", "ratelimit", "config")
+	if err := os.MkdirAll(rlDir, 0o755); err != nil {
+		return err
+	}
+	for _, p := range []string{cfgFile, filepath.Join(rlDir, "bench.yaml")} {
+		if err := os.WriteFile(p, []byte(config), 0o644); err != nil {
+			return err
+		}
+	}
+	fleet := func(store ...string) func(int) (*exec.Cmd, error) {
+		return func(port int) (*exec.Cmd, error) {
+			args := append([]string{"serve", "--config", cfgFile, "--grpc-addr", "127.0.0.1:" + strconv.Itoa(port), "--http-addr", "off", "--log-level", "warn"}, store...)
+			return startCmd(exec.Command(fleetrate, args...))
+		}
+	}
+	services := []service{
+		{"fleetrate serve, Redis", fleet("--redis", srv.URL()), rlsCall},
+		{"envoyproxy/ratelimit, Redis", func(port int) (*exec.Cmd, error) {
+			cmd := exec.Command(*ratelimit)
+			cmd.Env = append(os.Environ(),
+				"USE_STATSD=false", "DISABLE_STATS=true", "LOG_LEVEL=warn", "BACKEND_TYPE=redis",
+				"REDIS_SOCKET_TYPE=tcp", "REDIS_URL="+srv.Addr(),
+				"RUNTIME_ROOT="+filepath.Join(dir, "runtime"), "RUNTIME_SUBDIRECTORY=ratelimit", "RUNTIME_WATCH_ROOT=false",
+				"HOST=127.0.0.1", "PORT="+strconv.Itoa(freePort()), "DEBUG_HOST=127.0.0.1", "DEBUG_PORT="+strconv.Itoa(freePort()),
+				"GRPC_HOST=127.0.0.1", "GRPC_PORT="+strconv.Itoa(port))
+			return startCmd(cmd)
+		}, rlsCall},
+		{"fleetrate serve, in memory", fleet(), rlsCall},
+	}
+	if *gubernator != "" {
+		services = append(services, service{"gubernator v2.13.0, in memory", func(port int) (*exec.Cmd, error) {
+			ml := "127.0.0.1:" + strconv.Itoa(freePort())
+			cmd := exec.Command(*gubernator)
+			cmd.Env = append(os.Environ(),
+				"GUBER_GRPC_ADDRESS=127.0.0.1:"+strconv.Itoa(port), "GUBER_ADVERTISE_ADDRESS=127.0.0.1:"+strconv.Itoa(port),
+				"GUBER_HTTP_ADDRESS=127.0.0.1:"+strconv.Itoa(freePort()),
+				"GUBER_MEMBERLIST_ADDRESS="+ml, "GUBER_MEMBERLIST_BIND_ADDRESS="+ml, "GUBER_MEMBERLIST_KNOWN_NODES="+ml,
+				"GUBER_LOG_LEVEL=error", "OTEL_TRACES_EXPORTER=none")
+			cmd.Stdout, cmd.Stderr = io.Discard, io.Discard // it logs every memberlist event
+			return cmd, cmd.Start()
+		}, gubernatorCall})
+	}
+	services = slices.DeleteFunc(services, func(s service) bool { return !strings.Contains(s.name, *only) })
+	// results[service][callers] holds one result per round.
+	results := map[string]map[int][]result{}
+	for _, s := range services {
+		results[s.name] = map[int][]result{}
+	}
+	for range *rounds {
+		for _, c := range callers {
+			for _, s := range services {
+				r, err := measureService(s, c, *duration)
+				if err != nil {
+					return fmt.Errorf("%s, %d callers: %w", s.name, c, err)
+				}
+				fmt.Fprintf(os.Stderr, "%-30s callers=%-3d %9.0f decisions/s %9.0f per CPU-s errors %d\n", s.name, c, r.decisions, r.perCPU, r.errors)
+				results[s.name][c] = append(results[s.name][c], r)
+			}
+		}
+	}
+	printTable(out, services, callers, results, *rounds, *duration)
+	return nil
+}
+
+func printTable(out io.Writer, services []service, callers []int, results map[string]map[int][]result, rounds int, d time.Duration) {
+	fmt.Fprintf(out, "Decisions per CPU-second of the service process (decisions/s in brackets), %d interleaved rounds of %v, over %d keys:\n\n", rounds, d, workload.Keys)
+	fmt.Fprintf(out, "| callers | round |")
+	for _, s := range services {
+		fmt.Fprintf(out, " %s |", s.name)
+	}
+	fmt.Fprintf(out, " fleetrate ÷ ratelimit, Redis | fleetrate in memory ÷ ratelimit | fleetrate in memory ÷ gubernator |\n|---|---|%s---|---|---|\n", strings.Repeat("---|", len(services)))
+	for _, c := range callers {
+		for i := range rounds {
+			fmt.Fprintf(out, "| %d | %d |", c, i+1)
+			per := map[string]float64{}
+			for _, s := range services {
+				r := results[s.name][c][i]
+				per[s.name] = r.perCPU
+				fmt.Fprintf(out, " %.0f (%.0f/s) |", r.perCPU, r.decisions)
+			}
+			rl := per["envoyproxy/ratelimit, Redis"]
+			fmt.Fprintf(out, " %s | %s | %s |\n", ratio(per["fleetrate serve, Redis"], rl), ratio(per["fleetrate serve, in memory"], rl),
+				ratio(per["fleetrate serve, in memory"], per["gubernator v2.13.0, in memory"]))
+		}
+	}
+	fmt.Fprintln(out)
+}
+
+func ratio(a, b float64) string {
+	if a == 0 || b == 0 {
+		return "—"
+	}
+	return fmt.Sprintf("%.2f", a/b)
+}
+
+// measureService starts s, waits until it answers, warms it up, then runs
+// callers goroutines calling ShouldRateLimit for d and reads the service's
+// CPU time around them.
+func measureService(s service, callers int, d time.Duration) (result, error) {
+	port := freePort()
+	cmd, err := s.start(port)
+	if err != nil {
+		return result{}, err
+	}
+	defer func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+	}()
+	conn, err := grpc.NewClient("127.0.0.1:"+strconv.Itoa(port), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return result{}, err
+	}
+	defer conn.Close()
+	call := s.call(conn)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		err := call(ctx, 0)
+		cancel()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			return result{}, fmt.Errorf("not answering: %w", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	load(callers, 500*time.Millisecond, call) // warm-up
+	before, err := cpuTime(cmd.Process.Pid)
+	if err != nil {
+		return result{}, err
+	}
+	ok, errs, took := load(callers, d, call)
+	after, err := cpuTime(cmd.Process.Pid)
+	if err != nil {
+		return result{}, err
+	}
+	cpu := (after - before).Seconds()
+	if cpu <= 0 {
+		return result{}, fmt.Errorf("no CPU time measured")
+	}
+	return result{decisions: float64(ok) / took.Seconds(), perCPU: float64(ok) / cpu, errors: errs}, nil
+}
+
+// load runs callers goroutines calling call until d has passed and returns
+// the successful calls, the failed ones and the time taken.
+func load(callers int, d time.Duration, call func(context.Context, int) error) (ok, errs int64, took time.Duration) {
+	var okN, errN atomic.Int64
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	stop := start.Add(d)
+	for range callers {
+		wg.Go(func() {
+			for time.Now().Before(stop) {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				err := call(ctx, int(next.Add(1)))
+				cancel()
+				if err != nil {
+					errN.Add(1)
+				} else {
+					okN.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return okN.Load(), errN.Load(), time.Since(start)
+}
+
+// cpuTime reads the user and system CPU time of process pid.
+func cpuTime(pid int) (time.Duration, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, err
+	}
+	// The fields after the command name (in parentheses, which may hold
+	// spaces): utime and stime are the 14th and 15th of the whole line.
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	if len(f) < 13 {
+		return 0, fmt.Errorf("/proc/%d/stat: too short", pid)
+	}
+	u, err1 := strconv.ParseInt(f[11], 10, 64)
+	st, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err := errors.Join(err1, err2); err != nil {
+		return 0, err
+	}
+	return time.Duration(u+st) * time.Second / clockTicks, nil
+}
+
+// clockTicks is the kernel's USER_HZ, 100 on Linux.
+const clockTicks = 100
+
+func startCmd(cmd *exec.Cmd) (*exec.Cmd, error) {
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	return cmd, cmd.Start()
+}
+
+func freePort() int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// rlsCall asks an Envoy RLS v3 service for one hit on descriptor k=key i.
+func rlsCall(conn *grpc.ClientConn) func(ctx context.Context, i int) error {
+	client := rlspb.NewRateLimitServiceClient(conn)
+	return func(ctx context.Context, i int) error {
+		req := &rlspb.RateLimitRequest{Domain: "bench", HitsAddend: 1, Descriptors: []*rlcommon.RateLimitDescriptor{{
+			Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "k", Value: workload.KeyNames[i%workload.Keys]}},
+		}}}
+		resp, err := client.ShouldRateLimit(ctx, req)
+		if err != nil {
+			return err
+		}
+		if resp.OverallCode != rlspb.RateLimitResponse_OK {
+			return fmt.Errorf("overall code %v", resp.OverallCode)
+		}
+		return nil
+	}
+}
+
+// gubernatorCall asks gubernator's V1.GetRateLimits for one hit on key i,
+// a token bucket of the same limit as the RLS config. The messages are
+// encoded by hand from gubernator.proto (v2.13.0), so that its module,
+// with its dependencies, stays out of this one.
+func gubernatorCall(conn *grpc.ClientConn) func(ctx context.Context, i int) error {
+	return func(ctx context.Context, i int) error {
+		var r []byte
+		r = protowire.AppendTag(r, 1, protowire.BytesType) // name
+		r = protowire.AppendString(r, "bench")
+		r = protowire.AppendTag(r, 2, protowire.BytesType) // unique_key
+		r = protowire.AppendString(r, workload.KeyNames[i%workload.Keys])
+		r = protowire.AppendTag(r, 3, protowire.VarintType) // hits
+		r = protowire.AppendVarint(r, 1)
+		r = protowire.AppendTag(r, 4, protowire.VarintType) // limit
+		r = protowire.AppendVarint(r, 1_000_000_000)
+		r = protowire.AppendTag(r, 5, protowire.VarintType) // duration, ms
+		r = protowire.AppendVarint(r, 1000)
+		var req []byte
+		req = protowire.AppendTag(req, 1, protowire.BytesType) // requests
+		req = protowire.AppendBytes(req, r)
+		var resp []byte
+		if err := conn.Invoke(ctx, "/pb.gubernator.V1/GetRateLimits", &req, &resp, grpc.ForceCodecV2(rawCodec{})); err != nil {
+			return err
+		}
+		return gubernatorUnder(resp)
+	}
+}
+
+// gubernatorUnder checks a GetRateLimitsResp of one response: status
+// UNDER_LIMIT (0) and no error.
+func gubernatorUnder(b []byte) error {
+	num, typ, n := protowire.ConsumeTag(b)
+	if n < 0 || num != 1 || typ != protowire.BytesType {
+		return fmt.Errorf("gubernator: unexpected response %x", b)
+	}
+	rr, m := protowire.ConsumeBytes(b[n:])
+	if m < 0 {
+		return fmt.Errorf("gubernator: truncated response")
+	}
+	for len(rr) > 0 {
+		num, typ, n := protowire.ConsumeTag(rr)
+		if n < 0 {
+			return fmt.Errorf("gubernator: bad response")
+		}
+		rr = rr[n:]
+		switch {
+		case num == 1 && typ == protowire.VarintType:
+			v, k := protowire.ConsumeVarint(rr)
+			if k < 0 || v != 0 {
+				return fmt.Errorf("gubernator: status %d", v)
+			}
+			rr = rr[k:]
+		case num == 5 && typ == protowire.BytesType:
+			e, k := protowire.ConsumeBytes(rr)
+			if k < 0 || len(e) > 0 {
+				return fmt.Errorf("gubernator: error %q", e)
+			}
+			rr = rr[k:]
+		default:
+			k := protowire.ConsumeFieldValue(num, typ, rr)
+			if k < 0 {
+				return fmt.Errorf("gubernator: bad response")
+			}
+			rr = rr[k:]
+		}
+	}
+	return nil
+}
+
+// rawCodec sends and receives messages already encoded (*[]byte).
+type rawCodec struct{}
+
+func (rawCodec) Marshal(v any) (mem.BufferSlice, error) {
+	return mem.BufferSlice{mem.SliceBuffer(*v.(*[]byte))}, nil
+}
+
+func (rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	*v.(*[]byte) = data.Materialize()
+	return nil
+}
+
+func (rawCodec) Name() string { return "proto" }
