@@ -173,10 +173,8 @@ func work(s spec) workerOut {
 	return out
 }
 
-// Run runs the scenario against a fresh mock upstream and the Redis at
-// addr, and reports what the upstream saw.
-func Run(t testing.TB, addr string, s Scenario, o Options) Result {
-	t.Helper()
+// withDefaults fills the zero fields: 4 processes × 16 goroutines for d.
+func (o Options) withDefaults(d time.Duration) Options {
 	if o.Processes == 0 {
 		o.Processes = 4
 	}
@@ -184,8 +182,28 @@ func Run(t testing.TB, addr string, s Scenario, o Options) Result {
 		o.Goroutines = 16
 	}
 	if o.Duration == 0 {
-		o.Duration = 20 * time.Second
+		o.Duration = d
 	}
+	return o
+}
+
+// report fills r with what adv saw between from and to.
+func (r *Result) report(s Scenario, adv *mockota.Adversary, from, to time.Time) {
+	r.AdversaryReport = adv.Report(from, to)
+	r.Series = series(s.Name, s.Target, adv.Arrivals(), from, to)
+	if s.Target > 0 {
+		r.Share = r.AcceptedPerSecond / s.Target
+	}
+	if r.Requests > 0 {
+		r.LimitedShare = float64(r.Limited) / float64(r.Requests)
+	}
+}
+
+// Run runs the scenario against a fresh mock upstream and the Redis at
+// addr, and reports what the upstream saw.
+func Run(t testing.TB, addr string, s Scenario, o Options) Result {
+	t.Helper()
+	o = o.withDefaults(20 * time.Second)
 	adv, err := mockota.NewAdversary(s.Upstream)
 	if err != nil {
 		t.Fatal(err)
@@ -211,13 +229,8 @@ func Run(t testing.TB, addr string, s Scenario, o Options) Result {
 		res.Errors = append(res.Errors, out.Errors...)
 	})
 	calls := scriptCalls(t, addr) - callsBefore
-	res.AdversaryReport = adv.Report(start, start.Add(o.Duration))
-	res.Series = series(s.Name, s.Target, adv.Arrivals(), start, start.Add(o.Duration))
-	if s.Target > 0 {
-		res.Share = res.AcceptedPerSecond / s.Target
-	}
+	res.report(s, adv, start, start.Add(o.Duration))
 	if res.Requests > 0 {
-		res.LimitedShare = float64(res.Limited) / float64(res.Requests)
 		res.CallsPerRequest = float64(calls) / float64(res.Requests)
 	}
 	return res

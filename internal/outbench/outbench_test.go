@@ -41,20 +41,7 @@ func BenchmarkOutbound(b *testing.B) {
 		}
 		b.Logf("%d processes × %d goroutines, %v per upstream:\n%s", 4, 16, *duration, Table(rs))
 		if *chart != "" {
-			var ss []Series
-			for _, r := range rs {
-				ss = append(ss, r.Series)
-			}
-			f, err := os.Create(*chart)
-			if err != nil {
-				b.Fatal(err)
-			}
-			if err := WriteChart(f, ss); err != nil {
-				b.Fatal(err)
-			}
-			if err := f.Close(); err != nil {
-				b.Fatal(err)
-			}
+			writeChart(b, *chart, rs)
 		}
 	}
 }
@@ -84,5 +71,24 @@ func TestOutboundShort(t *testing.T) {
 				t.Errorf("%d requests arrived during announced pauses (%d 429s)", r.DuringPause, r.Limited)
 			}
 		})
+	}
+}
+
+// writeChart draws the runs' series into the PNG file at path.
+func writeChart(t testing.TB, path string, rs []Result) {
+	t.Helper()
+	var ss []Series
+	for _, r := range rs {
+		ss = append(ss, r.Series)
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteChart(f, ss); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -47,15 +47,7 @@ func (d direct) RoundTrip(req *http.Request) (*http.Response, error) {
 // bubble it is a simulation of the whole fleet, deterministic in time and
 // as fast as the CPU allows: the transport's real code, on a fake clock.
 func Simulate(s Scenario, o Options, latency time.Duration, adaptive transport.Adaptive) (Result, error) {
-	if o.Processes == 0 {
-		o.Processes = 4
-	}
-	if o.Goroutines == 0 {
-		o.Goroutines = 16
-	}
-	if o.Duration == 0 {
-		o.Duration = 60 * time.Second
-	}
+	o = o.withDefaults(60 * time.Second)
 	adv, err := mockota.NewAdversary(s.Upstream)
 	if err != nil {
 		return Result{}, err
@@ -115,14 +107,7 @@ func Simulate(s Scenario, o Options, latency time.Duration, adaptive transport.A
 		}
 	}
 	wg.Wait()
-	res.AdversaryReport = adv.Report(start, until)
-	res.Series = series(s.Name, s.Target, adv.Arrivals(), start, until)
-	if s.Target > 0 {
-		res.Share = res.AcceptedPerSecond / s.Target
-	}
-	if res.Requests > 0 {
-		res.LimitedShare = float64(res.Limited) / float64(res.Requests)
-	}
+	res.report(s, adv, start, until)
 	return res, nil
 }
 

@@ -2,7 +2,6 @@ package outbench
 
 import (
 	"flag"
-	"os"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -73,19 +72,6 @@ func TestSimulatedFleet(t *testing.T) {
 	}
 	t.Logf("simulated, %v per upstream:\n%s", *simDuration, Table(rs))
 	if *simChart != "" {
-		var ss []Series
-		for _, r := range rs {
-			ss = append(ss, r.Series)
-		}
-		f, err := os.Create(*simChart)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := WriteChart(f, ss); err != nil {
-			t.Fatal(err)
-		}
-		if err := f.Close(); err != nil {
-			t.Fatal(err)
-		}
+		writeChart(t, *simChart, rs)
 	}
 }
