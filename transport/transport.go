@@ -220,6 +220,31 @@ type Options struct {
 	Announcer Announcer
 }
 
+// check checks the options against the limiter, naming the failing one.
+func (o Options) check(limiter *fleetrate.Limiter) error {
+	switch {
+	case o.Lookahead < 0:
+		return fmt.Errorf("%w: transport: lookahead must not be negative, got %v", fleetrate.ErrInvalid, o.Lookahead)
+	case o.PauseCheckAge < 0:
+		return fmt.Errorf("%w: transport: pause check age must not be negative, got %v", fleetrate.ErrInvalid, o.PauseCheckAge)
+	case o.MaxWait < 0 || o.MaxWait > limiter.MaxWait():
+		return fmt.Errorf("%w: transport: max wait must be between 0 and the limiter's max wait %v, got %v", fleetrate.ErrInvalid, limiter.MaxWait(), o.MaxWait)
+	case o.MaxWait == 0 && limiter.MaxWait() > maxMarkedWait:
+		return fmt.Errorf("%w: transport: max wait must be at most %v (set Options.MaxWait: the limiter's is %v)", fleetrate.ErrInvalid, maxMarkedWait, limiter.MaxWait())
+	case o.MaxWait > maxMarkedWait:
+		return fmt.Errorf("%w: transport: max wait must be at most %v, got %v", fleetrate.ErrInvalid, maxMarkedWait, o.MaxWait)
+	case o.MaxAttempts < 0:
+		return fmt.Errorf("%w: transport: max attempts must be >= 0, got %d", fleetrate.ErrInvalid, o.MaxAttempts)
+	case o.BackoffMin < 0:
+		return fmt.Errorf("%w: transport: backoff min must be >= 0, got %v", fleetrate.ErrInvalid, o.BackoffMin)
+	case o.BackoffMax < 0:
+		return fmt.Errorf("%w: transport: backoff max must be >= 0, got %v", fleetrate.ErrInvalid, o.BackoffMax)
+	case o.MaxRetryAfter < 0 || o.MaxRetryAfter > fleetrate.MaxWaitCap:
+		return fmt.Errorf("%w: transport: max retry-after must be between 0 and %v, got %v", fleetrate.ErrInvalid, fleetrate.MaxWaitCap, o.MaxRetryAfter)
+	}
+	return nil
+}
+
 // Transport is an http.RoundTripper that paces requests through shared
 // fleetrate buckets and turns an upstream's 429 into a fleet-wide pause.
 //
@@ -265,6 +290,8 @@ var _ http.RoundTripper = (*Transport)(nil)
 
 // New returns a Transport that paces requests through limiter's buckets,
 // mapped by classify, or an error naming the invalid option.
+//
+// It is long because each option gets its default on a line of its own.
 func New(limiter *fleetrate.Limiter, classify Classify, opts Options) (*Transport, error) {
 	if limiter == nil {
 		return nil, fmt.Errorf("%w: transport: limiter must not be nil", fleetrate.ErrInvalid)
@@ -296,27 +323,8 @@ func New(limiter *fleetrate.Limiter, classify Classify, opts Options) (*Transpor
 	if t.lookahead == 0 {
 		t.lookahead = DefaultLookahead
 	}
-	if opts.Lookahead < 0 {
-		return nil, fmt.Errorf("%w: transport: lookahead must not be negative, got %v", fleetrate.ErrInvalid, opts.Lookahead)
-	}
-	if opts.PauseCheckAge < 0 {
-		return nil, fmt.Errorf("%w: transport: pause check age must not be negative, got %v", fleetrate.ErrInvalid, opts.PauseCheckAge)
-	}
-	switch {
-	case opts.MaxWait < 0 || opts.MaxWait > limiter.MaxWait():
-		return nil, fmt.Errorf("%w: transport: max wait must be between 0 and the limiter's max wait %v, got %v", fleetrate.ErrInvalid, limiter.MaxWait(), opts.MaxWait)
-	case opts.MaxWait == 0 && limiter.MaxWait() > maxMarkedWait:
-		return nil, fmt.Errorf("%w: transport: max wait must be at most %v (set Options.MaxWait: the limiter's is %v)", fleetrate.ErrInvalid, maxMarkedWait, limiter.MaxWait())
-	case opts.MaxWait > maxMarkedWait:
-		return nil, fmt.Errorf("%w: transport: max wait must be at most %v, got %v", fleetrate.ErrInvalid, maxMarkedWait, opts.MaxWait)
-	case opts.MaxAttempts < 0:
-		return nil, fmt.Errorf("%w: transport: max attempts must be >= 0, got %d", fleetrate.ErrInvalid, opts.MaxAttempts)
-	case opts.BackoffMin < 0:
-		return nil, fmt.Errorf("%w: transport: backoff min must be >= 0, got %v", fleetrate.ErrInvalid, opts.BackoffMin)
-	case opts.BackoffMax < 0:
-		return nil, fmt.Errorf("%w: transport: backoff max must be >= 0, got %v", fleetrate.ErrInvalid, opts.BackoffMax)
-	case opts.MaxRetryAfter < 0 || opts.MaxRetryAfter > fleetrate.MaxWaitCap:
-		return nil, fmt.Errorf("%w: transport: max retry-after must be between 0 and %v, got %v", fleetrate.ErrInvalid, fleetrate.MaxWaitCap, opts.MaxRetryAfter)
+	if err := opts.check(limiter); err != nil {
+		return nil, err
 	}
 	if t.base == nil {
 		t.base = http.DefaultTransport
@@ -371,22 +379,17 @@ func (t *Transport) CloseIdleConnections() {
 	}
 }
 
-// RoundTrip implements http.RoundTripper; see Transport for the steps.
+// RoundTrip implements http.RoundTripper; see Transport for the steps. It
+// is long because the attempt loop reads best whole: wait, send, handle a
+// rate limit, decide on a retry, back off.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
-	tg, err := t.classify(req)
+	tg, err := t.target(req)
 	if err != nil {
-		closeBody(req)
-		return nil, fmt.Errorf("transport: classifying %s %s: %w", req.Method, urlPath(req), err)
-	}
-	if tg.Bypass {
-		return t.base.RoundTrip(req)
-	}
-	if err := tg.validate(); err != nil {
 		closeBody(req)
 		return nil, err
 	}
-	if tg.Entity == "" {
-		tg.Entity = EntityFrom(req.Context())
+	if tg.Bypass {
+		return t.base.RoundTrip(req)
 	}
 	ctx := req.Context()
 	attrs := tg.attrs()
@@ -412,26 +415,11 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		sent := time.Now()
 		resp, err := t.base.RoundTrip(out)
 
-		limited := err == nil && IsRateLimited(resp)
-		var retryAfter, pause time.Duration
-		atFloor := false
-		if limited {
-			ra, ok := ParseRetryAfter(resp.Header.Get(HeaderRetryAfter), time.Now(), t.maxRetryAfter)
-			retryAfter = ra
-			// Every rate limit pauses the fleet: without a usable
-			// Retry-After, for the backoff of this attempt.
-			pause = t.pauseFor(ra, tg)
-			t.m.rateLimited(tg, resp.StatusCode)
-			t.log.LogAttrs(ctx, slog.LevelWarn, "rate_limited", append(attrs,
-				slog.Int("status", resp.StatusCode),
-				slog.String("retry_after", resp.Header.Get(HeaderRetryAfter)),
-				slog.Bool("retry_after_valid", ok),
-				slog.Int64("pause_ms", pause.Milliseconds()),
-				slog.Int("attempt", attempt))...)
-			var derr error
-			if atFloor, derr = t.drain(ctx, tg, pause, sent, attrs); derr != nil {
+		var li limitInfo
+		if err == nil && IsRateLimited(resp) {
+			if li, err = t.onLimited(ctx, tg, resp, sent, attempt, attrs); err != nil {
 				discard(resp)
-				return nil, derr
+				return nil, err
 			}
 		}
 
@@ -449,38 +437,91 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			// is gone, so no retry can be sent.
 			return resp, err
 		}
-		gaveUp := func(cause error) error {
-			if cause == nil && atFloor {
-				cause = ErrPersistentLimit
-			}
-			t.m.gaveUpOn(tg)
-			t.log.LogAttrs(ctx, slog.LevelError, "rate_gave_up", append(attrs,
-				slog.Int("attempts", attempt),
-				slog.Int("status", resp.StatusCode))...)
-			discard(resp)
-			return &GaveUpError{Channel: tg.Channel, Endpoint: tg.Endpoint, Entity: tg.Entity,
-				Attempts: attempt, StatusCode: resp.StatusCode, RetryAfter: retryAfter, Cause: cause}
-		}
 		if attempt >= t.maxAttempts {
-			if limited {
-				return nil, gaveUp(nil)
+			if li.limited {
+				return nil, t.gaveUp(ctx, tg, attrs, attempt, resp, li, nil)
 			}
 			return resp, err
 		}
 
-		delay := max(t.backoff(attempt, t.backoffMin, t.backoffMax), pause)
-		if dl, ok := ctx.Deadline(); ok && limited && time.Until(dl) < delay {
-			// The next attempt could not be sent in time: say so now
-			// rather than sleep into the deadline.
-			return nil, gaveUp(context.DeadlineExceeded)
-		}
-		if resp != nil {
-			discard(resp)
-		}
-		if err := sleep(ctx, delay); err != nil {
-			return nil, fmt.Errorf("transport: %s/%s: backing off before attempt %d: %w", tg.Channel, tg.Endpoint, attempt+1, err)
+		if err := t.backOff(ctx, tg, attrs, attempt, resp, li); err != nil {
+			return nil, err
 		}
 	}
+}
+
+// target classifies req and checks the target it gets.
+func (t *Transport) target(req *http.Request) (Target, error) {
+	tg, err := t.classify(req)
+	if err != nil {
+		return tg, fmt.Errorf("transport: classifying %s %s: %w", req.Method, urlPath(req), err)
+	}
+	if tg.Bypass {
+		return tg, nil
+	}
+	if err := tg.validate(); err != nil {
+		return tg, err
+	}
+	if tg.Entity == "" {
+		tg.Entity = EntityFrom(req.Context())
+	}
+	return tg, nil
+}
+
+// backOff sleeps before the attempt after attempt: the backoff, and never
+// less than the pause a rate limit set. When ctx's deadline leaves no time
+// for the next attempt, it gives up at once rather than sleep into it.
+func (t *Transport) backOff(ctx context.Context, tg Target, attrs []slog.Attr, attempt int, resp *http.Response, li limitInfo) error {
+	delay := max(t.backoff(attempt, t.backoffMin, t.backoffMax), li.pause)
+	if dl, ok := ctx.Deadline(); ok && li.limited && time.Until(dl) < delay {
+		return t.gaveUp(ctx, tg, attrs, attempt, resp, li, context.DeadlineExceeded)
+	}
+	if resp != nil {
+		discard(resp)
+	}
+	if err := sleep(ctx, delay); err != nil {
+		return fmt.Errorf("transport: %s/%s: backing off before attempt %d: %w", tg.Channel, tg.Endpoint, attempt+1, err)
+	}
+	return nil
+}
+
+// limitInfo is what a rate-limited answer told the transport.
+type limitInfo struct {
+	limited           bool
+	retryAfter, pause time.Duration
+	atFloor           bool // the rate was at its floor already
+}
+
+// onLimited handles a 429 (or 503 with Retry-After) to a request sent at
+// sent: every rate limit pauses the fleet (without a usable Retry-After,
+// for the backoff of this attempt) and lowers the rate (see drain).
+func (t *Transport) onLimited(ctx context.Context, tg Target, resp *http.Response, sent time.Time, attempt int, attrs []slog.Attr) (limitInfo, error) {
+	ra, ok := ParseRetryAfter(resp.Header.Get(HeaderRetryAfter), time.Now(), t.maxRetryAfter)
+	li := limitInfo{limited: true, retryAfter: ra, pause: t.pauseFor(ra, tg)}
+	t.m.rateLimited(tg, resp.StatusCode)
+	t.log.LogAttrs(ctx, slog.LevelWarn, "rate_limited", append(attrs,
+		slog.Int("status", resp.StatusCode),
+		slog.String("retry_after", resp.Header.Get(HeaderRetryAfter)),
+		slog.Bool("retry_after_valid", ok),
+		slog.Int64("pause_ms", li.pause.Milliseconds()),
+		slog.Int("attempt", attempt))...)
+	var err error
+	li.atFloor, err = t.drain(ctx, tg, li.pause, sent, attrs)
+	return li, err
+}
+
+// gaveUp ends a request still rate limited after attempt attempts.
+func (t *Transport) gaveUp(ctx context.Context, tg Target, attrs []slog.Attr, attempt int, resp *http.Response, li limitInfo, cause error) error {
+	if cause == nil && li.atFloor {
+		cause = ErrPersistentLimit
+	}
+	t.m.gaveUpOn(tg)
+	t.log.LogAttrs(ctx, slog.LevelError, "rate_gave_up", append(attrs,
+		slog.Int("attempts", attempt),
+		slog.Int("status", resp.StatusCode))...)
+	discard(resp)
+	return &GaveUpError{Channel: tg.Channel, Endpoint: tg.Endpoint, Entity: tg.Entity,
+		Attempts: attempt, StatusCode: resp.StatusCode, RetryAfter: li.retryAfter, Cause: cause}
 }
 
 // wait takes the request's turn on its buckets, within the max wait from
