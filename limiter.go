@@ -361,8 +361,6 @@ type Reservation struct {
 	n      int64
 	due    time.Time
 	booked Booking
-	// maxWait is the wait the booking was allowed, for Sleep's error.
-	maxWait time.Duration
 }
 
 // Delay returns how long from now the holder must wait before acting.
@@ -453,7 +451,7 @@ func (l *Limiter) reserve(ctx context.Context, n int64, maxWait time.Duration, n
 		return nil, err
 	}
 	defer l.release(bs)
-	return l.book(ctx, Request{Buckets: *bs, N: n, MaxWait: maxWait}, true)
+	return l.book(ctx, Request{Buckets: slices.Clone(*bs), N: n, MaxWait: maxWait})
 }
 
 // Book books req, a store request built by the caller, as ReserveN books
@@ -471,17 +469,17 @@ func (l *Limiter) Book(ctx context.Context, req Request) (*Reservation, error) {
 		return nil, fmt.Errorf("%w: max wait %v exceeds the limiter's max wait %v", ErrInvalid, req.MaxWait, l.maxWait)
 	}
 	req.Buckets = slices.Clone(req.Buckets)
-	return l.book(ctx, req, false)
+	return l.book(ctx, req)
 }
 
-// book takes req's buckets (owned by the caller unless keep is set, then
-// cloned for the reservation) under ctx's priority class.
-func (l *Limiter) book(ctx context.Context, req Request, keep bool) (*Reservation, error) {
+// book takes req's buckets, which the reservation keeps, under ctx's
+// priority class.
+func (l *Limiter) book(ctx context.Context, req Request) (*Reservation, error) {
 	var err error
 	if req.MaxWait, err = l.classify(ctx, req.Buckets, req.MaxWait); err != nil {
 		return nil, err
 	}
-	r := &Reservation{l: l, n: req.N, maxWait: req.MaxWait}
+	r := &Reservation{l: l, n: req.N}
 	req.Booking = &r.booked
 	start := time.Now()
 	res, err := l.store.Take(ctx, req)
@@ -496,9 +494,6 @@ func (l *Limiter) book(ctx context.Context, req Request, keep bool) (*Reservatio
 		return nil, &BackpressureError{RetryAfter: res.RetryAfter, MaxWait: req.MaxWait, Result: res}
 	}
 	r.Result, r.bs, r.due = res, req.Buckets, l.clock.due(start, answered, res)
-	if keep {
-		r.bs = slices.Clone(req.Buckets)
-	}
 	return r, nil
 }
 

@@ -320,47 +320,39 @@ func (t *Transport) readClimbs(ctx context.Context, paced []fleetrate.Bucket) {
 	if len(stale) == 0 {
 		return
 	}
-	type read struct {
-		b          fleetrate.Bucket
-		rate, peak time.Duration
-	}
-	reads := make([]read, 0, len(stale))
-	for _, b := range stale {
-		rate, err := t.markerState(ctx, rateMarker(b))
+	climbs := make([]climb, len(stale))
+	for i, b := range stale {
+		c, err := readClimb(ctx, t.lim.Store(), b)
 		if err != nil {
 			return
 		}
-		peak, err := t.markerState(ctx, peakMarker(b))
-		if err != nil {
-			return
-		}
-		reads = append(reads, read{b, rate, peak})
+		climbs[i] = c
 	}
 	t.views.mu.Lock()
 	defer t.views.mu.Unlock()
-	for _, r := range reads {
-		v := t.views.get(r.b.Key)
+	for i, b := range stale {
+		v := t.views.get(b.Key)
 		v.read = now
-		c := decodeClimb(r.rate, r.peak, now)
-		if now.Sub(v.decreased) > t.adaptive.Refresh || c.start.After(v.climb.start) {
+		if now.Sub(v.decreased) > t.adaptive.Refresh || climbs[i].start.After(v.climb.start) {
 			// The store's climb, unless this process lowered the rate
 			// itself since it was read.
-			v.climb = c
+			v.climb = climbs[i]
 		}
 	}
 }
 
-// markerState reads a marker's state: one peek.
-func (t *Transport) markerState(ctx context.Context, m fleetrate.Bucket) (time.Duration, error) {
-	return readMarker(ctx, t.lim.Store(), m)
-}
-
-func readMarker(ctx context.Context, store fleetrate.Store, m fleetrate.Bucket) (time.Duration, error) {
-	res, err := store.Take(ctx, fleetrate.Request{Buckets: []fleetrate.Bucket{m}})
-	if err != nil {
-		return 0, err
+// readClimb reads bucket b's climb from its #rate and #peak markers: two
+// peeks.
+func readClimb(ctx context.Context, store fleetrate.Store, b fleetrate.Bucket) (climb, error) {
+	var states [2]time.Duration
+	for i, m := range []fleetrate.Bucket{rateMarker(b), peakMarker(b)} {
+		res, err := store.Take(ctx, fleetrate.Request{Buckets: []fleetrate.Bucket{m}})
+		if err != nil {
+			return climb{}, err
+		}
+		states[i] = state(int64(res.ResetAfter))
 	}
-	return max(res.ResetAfter-markerFill, 0), nil
+	return decodeClimb(states[0], states[1], time.Now()), nil
 }
 
 // paused records a pause of the bucket until until, and reports whether
@@ -557,16 +549,11 @@ func EffectiveFactor(ctx context.Context, store fleetrate.Store, b fleetrate.Buc
 	if err != nil {
 		return 0, err
 	}
-	rate, err := readMarker(ctx, store, rateMarker(b))
+	c, err := readClimb(ctx, store, b)
 	if err != nil {
 		return 0, err
 	}
-	peak, err := readMarker(ctx, store, peakMarker(b))
-	if err != nil {
-		return 0, err
-	}
-	now := time.Now()
-	return a.factor(decodeClimb(rate, peak, now), now), nil
+	return a.factor(c, time.Now()), nil
 }
 
 // SetEffectiveFactor makes f (a fraction of the documented rate, in
