@@ -510,7 +510,9 @@ func (t *Transport) decrease(ctx context.Context, tg Target, buckets []fleetrate
 		case v.floored.IsZero():
 			v.floored = now
 		}
-		v.climb, v.decreased = c, now
+		// This process wrote the climb: no need to read it back (the
+		// drain that follows would otherwise peek it).
+		v.climb, v.decreased, v.read = c, now, now
 		changes = append(changes, change{b: b, c: c, from: from, at: to})
 	}
 	t.views.mu.Unlock()
