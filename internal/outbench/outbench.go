@@ -67,11 +67,8 @@ type Result struct {
 	// CallsPerRequest is the store's script calls (INFO commandstats) per
 	// request the upstream received.
 	CallsPerRequest float64
-	// Errors are the workers' errors other than backpressure and give-ups.
-	Errors []string
-	// GaveUp and Backpressure count what the callers got instead of a
-	// response.
-	GaveUp, Backpressure int
+	// Outcomes count what the callers got instead of a response.
+	Outcomes
 	// Series is the upstream's arrivals second by second, for a chart.
 	Series Series
 }
@@ -83,9 +80,46 @@ type spec struct {
 	StartAt, Until    time.Time
 }
 
-type workerOut struct {
+// Outcomes count what a fleet's callers got instead of a response.
+type Outcomes struct {
+	// GaveUp and Backpressure count the transport's give-ups and
+	// backpressure errors.
 	GaveUp, Backpressure int
-	Errors               []string
+	// Errors are the first of the other errors, beside the run's end.
+	Errors []string
+}
+
+// call sends GET url through client until until, one request after
+// another, each under the context newCtx gives, and counts in o (under mu)
+// what the caller got instead of a response. A caller told to back off
+// waits until the wait would fit in its budget, as the error says, before
+// it tries again.
+func (o *Outcomes) call(client *http.Client, url string, until time.Time, newCtx func() (context.Context, context.CancelFunc), mu *sync.Mutex) {
+	for time.Now().Before(until) {
+		ctx, cancel := newCtx()
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		resp, err := client.Do(req)
+		cancel()
+		var bp *fleetrate.BackpressureError
+		mu.Lock()
+		switch {
+		case err == nil:
+			_ = resp.Body.Close()
+		case errors.As(err, &bp):
+			o.Backpressure++
+		case errors.Is(err, transport.ErrGaveUp):
+			o.GaveUp++
+		case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		default:
+			if len(o.Errors) < 5 {
+				o.Errors = append(o.Errors, err.Error())
+			}
+		}
+		mu.Unlock()
+		if bp != nil {
+			time.Sleep(max(bp.RetryAfter-bp.MaxWait, 100*time.Millisecond))
+		}
+	}
 }
 
 // Main runs the worker when the binary was started as one, and returns
@@ -104,21 +138,21 @@ func upstreamOf(s Scenario) transport.Upstream {
 	return up
 }
 
-func work(s spec) workerOut {
+func work(s spec) Outcomes {
 	c := redis.NewClient(&redis.Options{Addr: s.Addr, PoolSize: s.Goroutines + 4})
 	defer c.Close()
 	store, err := redisstore.New(c, redisstore.Options{Timeout: 2 * time.Second})
 	if err != nil {
-		return workerOut{Errors: []string{err.Error()}}
+		return Outcomes{Errors: []string{err.Error()}}
 	}
 	up := upstreamOf(s.Scenario)
 	lim, err := fleetrate.New(store, fleetrate.Config{Prefix: s.Prefix, Buckets: up.Buckets()})
 	if err != nil {
-		return workerOut{Errors: []string{err.Error()}}
+		return Outcomes{Errors: []string{err.Error()}}
 	}
 	classify, err := up.Classifier()
 	if err != nil {
-		return workerOut{Errors: []string{err.Error()}}
+		return Outcomes{Errors: []string{err.Error()}}
 	}
 	tr, err := transport.New(lim, classify, transport.Options{
 		Base:          &http.Transport{MaxIdleConnsPerHost: s.Goroutines},
@@ -126,48 +160,22 @@ func work(s spec) workerOut {
 		MaxRetryAfter: 5 * time.Second,
 	})
 	if err != nil {
-		return workerOut{Errors: []string{err.Error()}}
+		return Outcomes{Errors: []string{err.Error()}}
 	}
 	client := &http.Client{Transport: tr}
 	var (
 		mu  sync.Mutex
-		out workerOut
+		out Outcomes
 		wg  sync.WaitGroup
 	)
 	time.Sleep(time.Until(s.StartAt))
+	// A caller's own deadline, well past its max wait: the requests still
+	// queued at the end of the run are not sent.
+	newCtx := func() (context.Context, context.CancelFunc) {
+		return context.WithTimeout(context.Background(), 30*time.Second)
+	}
 	for range s.Goroutines {
-		wg.Go(func() {
-			for time.Now().Before(s.Until) {
-				// A caller's own deadline, well past its max wait: the
-				// requests still queued at the end of the run are not sent.
-				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-				req, _ := http.NewRequestWithContext(ctx, http.MethodGet, s.URL+"/avail", nil)
-				resp, err := client.Do(req)
-				cancel()
-				mu.Lock()
-				switch {
-				case err == nil:
-					_ = resp.Body.Close()
-				case errors.Is(err, fleetrate.ErrBackpressure):
-					out.Backpressure++
-				case errors.Is(err, transport.ErrGaveUp):
-					out.GaveUp++
-				case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
-				default:
-					if len(out.Errors) < 5 {
-						out.Errors = append(out.Errors, err.Error())
-					}
-				}
-				mu.Unlock()
-				// A scheduler told to back off waits until the wait would
-				// fit in its budget, as the error says, before it tries
-				// again.
-				var bp *fleetrate.BackpressureError
-				if errors.As(err, &bp) {
-					time.Sleep(max(bp.RetryAfter-bp.MaxWait, 100*time.Millisecond))
-				}
-			}
-		})
+		wg.Go(func() { out.call(client, s.URL+"/avail", s.Until, newCtx, &mu) })
 	}
 	wg.Wait()
 	return out
@@ -219,7 +227,7 @@ func Run(t testing.TB, addr string, s Scenario, o Options) Result {
 		specs[p] = sp
 	}
 	res := Result{Scenario: s.Name}
-	workerproc.Run(t, workerEnv, specs, func(_ int, out workerOut, err error) {
+	workerproc.Run(t, workerEnv, specs, func(_ int, out Outcomes, err error) {
 		if err != nil {
 			res.Errors = append(res.Errors, err.Error())
 			return

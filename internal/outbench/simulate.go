@@ -2,7 +2,6 @@ package outbench
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -77,7 +76,11 @@ func Simulate(s Scenario, o Options, latency time.Duration, adaptive transport.A
 		}
 		client := &http.Client{Transport: tr}
 		for range o.Goroutines {
-			wg.Go(func() { simWorker(client, until, &mu, &res) })
+			wg.Go(func() {
+				res.call(client, "http://ota.test/avail", until, func() (context.Context, context.CancelFunc) {
+					return context.WithDeadline(context.Background(), until)
+				}, &mu)
+			})
 		}
 	}
 	wg.Wait()
@@ -86,34 +89,3 @@ func Simulate(s Scenario, o Options, latency time.Duration, adaptive transport.A
 }
 
 var quietLog = slog.New(slog.DiscardHandler)
-
-// simWorker sends one request after another through client until until,
-// counting in res what it got instead of a response, and backing off as
-// a backpressure error says.
-func simWorker(client *http.Client, until time.Time, mu *sync.Mutex, res *Result) {
-	for time.Now().Before(until) {
-		ctx, cancel := context.WithDeadline(context.Background(), until)
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://ota.test/avail", nil)
-		resp, err := client.Do(req)
-		cancel()
-		var bp *fleetrate.BackpressureError
-		mu.Lock()
-		switch {
-		case err == nil:
-			_ = resp.Body.Close()
-		case errors.As(err, &bp):
-			res.Backpressure++
-		case errors.Is(err, transport.ErrGaveUp):
-			res.GaveUp++
-		case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
-		default:
-			if len(res.Errors) < 5 {
-				res.Errors = append(res.Errors, err.Error())
-			}
-		}
-		mu.Unlock()
-		if bp != nil {
-			time.Sleep(max(bp.RetryAfter-bp.MaxWait, 100*time.Millisecond))
-		}
-	}
-}
