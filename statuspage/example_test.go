@@ -63,7 +63,7 @@ func ExampleTransportUpstreams() {
 	defer api.Close()
 
 	// A fixed clock keeps the output exact: in use, the rate climbs back
-	// to the documented one over transport.DefaultRecovery (5 min).
+	// to the documented one over transport.DefaultRecovery (90 s).
 	at := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	store := memstore.New(memstore.Options{Clock: func() time.Time { return at }})
 	up := transport.Upstream{
@@ -97,5 +97,5 @@ func ExampleTransportUpstreams() {
 	}
 	// Output:
 	// rate limited: true
-	// booking_com/rates: paused 30s, 3.62/s of 4.50/s documented
+	// booking_com/rates: paused 30s, 3.83/s of 4.50/s documented
 }

@@ -421,6 +421,9 @@ func TestTransportUpstreams(t *testing.T) {
 
 func TestTransportUpstreamsEffectiveRate(t *testing.T) {
 	t.Parallel()
+	// The settings the figures below were worked out for (the defaults
+	// until 2026-12).
+	oldDefaults := transport.Adaptive{Decrease: 0.8, Recovery: 2 * time.Minute}
 	clock := &fakeClock{t: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)}
 	store := memstore.New(memstore.Options{Clock: clock.now}) // frozen: penalties do not decay
 	up := transport.Upstream{
@@ -447,7 +450,7 @@ func TestTransportUpstreamsEffectiveRate(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := transport.SetEffectiveFactor(ctx, store, b, transport.Adaptive{}, f); err != nil {
+		if err := transport.SetEffectiveFactor(ctx, store, b, oldDefaults, f); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -459,7 +462,7 @@ func TestTransportUpstreamsEffectiveRate(t *testing.T) {
 	set(transport.CredentialBucket("booking_com"), 0.9)
 	set(transport.EndpointBucket("expedia", "search"), 0.7)
 
-	rows, err := TransportUpstreams(store, "", []transport.Upstream{up, fixed}, nil, transport.Adaptive{})(ctx)
+	rows, err := TransportUpstreams(store, "", []transport.Upstream{up, fixed}, nil, oldDefaults)(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -485,10 +488,10 @@ func TestTransportUpstreamsEffectiveRate(t *testing.T) {
 		}
 	}
 
-	// The rate climbs back with time (CUBIC, Recovery 2 min): 15 s later
+	// The rate climbs back with time (CUBIC, Recovery 2 min, Decrease 0.8): 15 s later
 	// availability is at 0.7/0.8 × (1 − 0.2 × 0.875³) = 0.758, 97/128.
 	clock.add(15 * time.Second)
-	rows, err = TransportUpstreams(store, "", []transport.Upstream{up}, nil, transport.Adaptive{})(ctx)
+	rows, err = TransportUpstreams(store, "", []transport.Upstream{up}, nil, oldDefaults)(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -497,7 +500,7 @@ func TestTransportUpstreamsEffectiveRate(t *testing.T) {
 	}
 	// The transports' own settings give the same reading: with a 60 s
 	// recovery, 0.875 × (1 − 0.2 × 0.75³) = 0.801, 103/128.
-	rows, err = TransportUpstreams(store, "", []transport.Upstream{up}, nil, transport.Adaptive{Recovery: time.Minute})(ctx)
+	rows, err = TransportUpstreams(store, "", []transport.Upstream{up}, nil, transport.Adaptive{Decrease: 0.8, Recovery: time.Minute})(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -507,7 +510,7 @@ func TestTransportUpstreamsEffectiveRate(t *testing.T) {
 	// 4 minutes after: past the old peak (1.2 × 0.875) and back at the
 	// documented rates.
 	clock.add(225 * time.Second)
-	rows, err = TransportUpstreams(store, "", []transport.Upstream{up}, nil, transport.Adaptive{})(ctx)
+	rows, err = TransportUpstreams(store, "", []transport.Upstream{up}, nil, oldDefaults)(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -580,8 +583,8 @@ func TestPageShowsEffectiveRate(t *testing.T) {
 		effective float64
 		shown     bool
 	}{
-		// One 429 lowers the rate to 0.8 of 4/s, rounded up to 103/128.
-		{"adaptive", transport.Adaptive{}, 4 * 103.0 / 128, true},
+		// One 429 lowers the rate to 0.85 of 4/s, rounded up to 109/128.
+		{"adaptive", transport.Adaptive{}, 4 * 109.0 / 128, true},
 		{"off", transport.Adaptive{Off: true}, 0, false},
 	} {
 		page, err := New(Options{

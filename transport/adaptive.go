@@ -15,10 +15,10 @@ import (
 // Defaults of Adaptive.
 const (
 	// DefaultDecrease multiplies a bucket's effective rate on each 429.
-	DefaultDecrease = 0.8
+	DefaultDecrease = 0.85
 	// DefaultRecovery is how long the effective rate takes to climb back
 	// to the rate that drew the last 429 (see Adaptive).
-	DefaultRecovery = 2 * time.Minute
+	DefaultRecovery = 90 * time.Second
 	// DefaultFloor is the lowest effective rate, as a fraction of the
 	// documented rate.
 	DefaultFloor = 0.05
@@ -51,11 +51,11 @@ type Adaptive struct {
 	// upstream turns it off for itself with Upstream.Fixed.
 	Off bool
 	// Decrease multiplies the effective rate on a 429, in (0, 1). The
-	// default is DefaultDecrease (0.8).
+	// default is DefaultDecrease (0.85).
 	Decrease float64
 	// Recovery is how long, after a 429's pause, the effective rate takes
 	// to climb back to the rate that drew it; between 1 s and 10 minutes.
-	// The default is DefaultRecovery (2 minutes).
+	// The default is DefaultRecovery (90 s).
 	Recovery time.Duration
 	// Floor is the lowest effective rate as a fraction of the documented
 	// one, in (0, 1). The default is DefaultFloor (0.05).
@@ -121,11 +121,12 @@ func (a Adaptive) factor(c climb, now time.Time) float64 {
 }
 
 // lowered returns the climb after a 429 answered at now while the climb
-// was c, with the fleet paused until resume: w is the rate that drew it,
-// and the climb starts from Decrease × w, or from halfway between that and
-// w when the 429 came within 10 % of the last one's rate (the limit is
-// known: probing it costs less).
-func (a Adaptive) lowered(c climb, now, resume time.Time) climb {
+// was c, with the fleet paused until resume and the upstream's limit
+// known to lie below bound (see limitBound): w is the lower of bound and
+// the rate that drew the 429, and the climb starts from Decrease × w, or
+// from halfway between that and w when the 429 came within 10 % of the
+// last one's rate (the limit is known: probing it costs less).
+func (a Adaptive) lowered(c climb, now, resume time.Time, bound float64) climb {
 	f := a.factor(c, now)
 	drop := a.Decrease
 	if !c.start.IsZero() && f >= 0.9*c.w && f <= 1.1*c.w {
@@ -133,10 +134,54 @@ func (a Adaptive) lowered(c climb, now, resume time.Time) climb {
 		// so back off half as far.
 		drop = 1 - (1-a.Decrease)/2
 	}
-	// A shallower drop is the same curve begun part of the way up.
+	// A shallower drop is the same curve begun part of the way up, but
+	// never before the last climb began: the markers keep the later start
+	// of two (see encodeClimb), so an earlier one would not be recorded.
 	ahead := 1 - math.Cbrt((1-drop)/(1-a.Decrease))
-	return climb{w: max(f, a.Floor), start: resume.Add(-time.Duration(ahead * float64(a.Recovery)))}
+	start := later(resume.Add(-time.Duration(ahead*float64(a.Recovery))), c.start)
+	w := f
+	if bound < f {
+		w = bound * (1 + a.Decrease) / 2
+	}
+	return climb{w: max(w, a.Floor), start: start}
 }
+
+// limitBound reads what a 429 on a request sent at sent tells of the
+// upstream's limit, when the fleet resumed from its last pause at resumed
+// and has since paced at rate (requests per second; f of the documented
+// rate). The fleet sent k = rate × (sent − resumed) requests in between,
+// and the upstream admitted the k − 1 before this one: a token bucket
+// that held at least one token at the resume (it refilled during the
+// pause) and admits them at h per second with a burst of b ≥ 1 has
+// b + h·k/rate < k, so h < rate × (1 − 1/k), the bound it returns, as a
+// fraction of the documented rate. Before the second request's slot (k <
+// 2) the 429 says the pause was too short, not the rate too high: soon.
+// Without a resume to count from it returns f.
+func limitBound(f, rate float64, sent, resumed time.Time) (bound float64, soon bool) {
+	if resumed.IsZero() || !resumed.Before(sent) {
+		return f, false
+	}
+	k := rate * sent.Sub(resumed).Seconds()
+	if k < 2 {
+		return f, true
+	}
+	return f * (1 - 1/k), false
+}
+
+// paceRate returns the rate a bucket paces requests at over a second or
+// more: its slowest limit's.
+func paceRate(b fleetrate.Bucket) float64 {
+	r := math.Inf(1)
+	for _, l := range b.Limits {
+		r = min(r, l.Rate)
+	}
+	return r
+}
+
+// maxSoon is how many 429s in a row a bucket takes as a pause too short
+// (see limitBound) before it lowers the rate all the same: an upstream
+// that limits every request lowers it to the floor, and is reported.
+const maxSoon = 2
 
 // The markers kept beside a paced bucket in the shared store. A marker is
 // a bucket of its own whose debt carries the state: a token per
@@ -225,11 +270,15 @@ type view struct {
 	// made before it are void (see Transport.drain).
 	pauseAt   time.Time
 	climb     climb
-	read      time.Time     // when the climb was last read from the store
-	seen      time.Time     // when the pause marker was last read
-	decreased time.Time     // when this process last lowered the rate
-	floored   time.Time     // when it lowered it to the floor, if it did
-	lastPause time.Duration // the last pause chosen without a Retry-After
+	read      time.Time // when the climb was last read from the store
+	seen      time.Time // when the pause marker was last read
+	decreased time.Time // when this process last lowered the rate
+	floored   time.Time // when it lowered it to the floor, if it did
+	// lastPause is how long the fleet's pauses last: the longest chosen by
+	// this process without a Retry-After, or left of one it learned of.
+	lastPause time.Duration
+	// soon counts the 429s in a row taken as a pause too short.
+	soon int
 	// sent is when this process last let a request of the bucket go.
 	sent time.Time
 	// next is when the bucket's next token was free, as the last booking
@@ -357,12 +406,16 @@ func readClimb(ctx context.Context, store fleetrate.Store, b fleetrate.Bucket) (
 
 // paused records a pause of the bucket until until, and reports whether
 // this process did not know of it: a 429 elsewhere, which may also have
-// lowered the rate, so the climb is read again before the next take.
+// lowered the rate, so the climb is read again before the next take. The
+// pause is also the least this process pauses for a 429 of its own
+// without a Retry-After (see Transport.pauseFor): the fleet's last pause.
 // t.views.mu is held.
 func (v *view) paused(until time.Time) (unknown bool) {
 	if until.After(v.pauseUntil.Add(time.Second)) {
+		now := time.Now()
 		v.read = time.Time{}
-		v.pauseAt = time.Now()
+		v.pauseAt = now
+		v.lastPause = max(v.lastPause, until.Sub(now))
 		unknown = true
 	}
 	v.pauseUntil = later(v.pauseUntil, until)
@@ -446,16 +499,20 @@ func (t *Transport) pausedUntil(paced []fleetrate.Bucket, since time.Time) (unti
 }
 
 // pauseLocally stops this process's requests to the buckets until until,
-// at once, before the drain that tells the rest of the fleet returns.
-func (t *Transport) pauseLocally(keys []string, until time.Time) {
+// at once, before the drain that tells the rest of the fleet returns. It
+// returns when each bucket's previous pause ended (zero: none known).
+func (t *Transport) pauseLocally(keys []string, until time.Time) (resumed []time.Time) {
 	t.views.mu.Lock()
 	defer t.views.mu.Unlock()
 	now := time.Now()
-	for _, k := range keys {
+	resumed = make([]time.Time, len(keys))
+	for i, k := range keys {
 		v := t.views.get(k)
+		resumed[i] = v.pauseUntil
 		v.pauseUntil = later(v.pauseUntil, until)
 		v.pauseAt = now
 	}
+	return resumed
 }
 
 // pausedSince reports whether this process learned of a pause of one of
@@ -473,47 +530,24 @@ func (t *Transport) pausedSince(paced []fleetrate.Bucket, at time.Time) bool {
 
 // decrease lowers the effective rate of the buckets a 429 on a request
 // sent at sent concerns, fleet-wide, by recording a new climb in their
-// markers, to begin when the pause ends at resume. A request sent before
-// this process last lowered the rate reports what the lowered rate has
-// already answered, so it lowers nothing more. It reports whether a bucket
-// was already at its floor.
-func (t *Transport) decrease(ctx context.Context, tg Target, buckets []fleetrate.Bucket, sent, resume time.Time, attrs []slog.Attr) (atFloor bool) {
+// markers, to begin when the pause ends at resume; resumed holds when each
+// bucket's previous pause ended. A request sent before this process last
+// lowered the rate reports what the lowered rate has already answered, so
+// it lowers nothing more. It reports whether a bucket was already at its
+// floor.
+func (t *Transport) decrease(ctx context.Context, tg Target, buckets []fleetrate.Bucket, sent, resume time.Time, resumed []time.Time, attrs []slog.Attr) (atFloor bool) {
 	if t.adaptive.Off || tg.Fixed {
 		return false
 	}
 	now := time.Now()
-	type change struct {
-		b        fleetrate.Bucket
-		c        climb
-		from, at float64 // the effective rates, as fractions
-	}
-	var changes []change
+	var changes []rateChange
 	t.views.mu.Lock()
-	for _, b := range buckets {
-		v := t.views.get(b.Key)
-		from := t.adaptive.factor(v.climb, now)
-		c := t.adaptive.lowered(v.climb, now, resume)
-		to := t.adaptive.factor(c, resume)
-		if to == t.adaptive.Floor && !v.floored.IsZero() && sent.After(v.floored) {
-			// Sent after a 429 had brought the rate to its floor, and
-			// limited all the same: lowering it further would not help.
-			atFloor = true
+	for i, b := range buckets {
+		ch, floor, ok := t.lower(t.views.get(b.Key), b, now, sent, resume, resumed[i])
+		atFloor = atFloor || floor
+		if ok {
+			changes = append(changes, ch)
 		}
-		if sent.Before(v.decreased) || sent.Before(v.climb.start) {
-			// Sent before the fleet's last 429 lowered the rate (or during
-			// its pause): the lowered rate has answered it already.
-			continue
-		}
-		switch {
-		case to > t.adaptive.Floor:
-			v.floored = time.Time{} // climbed off the floor since
-		case v.floored.IsZero():
-			v.floored = now
-		}
-		// This process wrote the climb: no need to read it back (the
-		// drain that follows would otherwise peek it).
-		v.climb, v.decreased, v.read = c, now, now
-		changes = append(changes, change{b: b, c: c, from: from, at: to})
 	}
 	t.views.mu.Unlock()
 	for _, ch := range changes {
@@ -539,6 +573,52 @@ func (t *Transport) decrease(ctx context.Context, tg Target, buckets []fleetrate
 			slog.Float64("floor", t.adaptive.Floor))...)
 	}
 	return atFloor
+}
+
+// rateChange is a climb decrease recorded for bucket b.
+type rateChange struct {
+	b        fleetrate.Bucket
+	c        climb
+	from, at float64 // the effective rates, as fractions
+}
+
+// lower decides the new climb of bucket b (this process's view v) for a
+// 429 answered at now on a request sent at sent, the fleet paused until
+// resume and its previous pause over at resumed: ok when the rate is to
+// be lowered, and floor when the rate was at its floor already. t.views.mu
+// is held.
+func (t *Transport) lower(v *view, b fleetrate.Bucket, now, sent, resume, resumed time.Time) (ch rateChange, floor, ok bool) {
+	from := t.adaptive.factor(v.climb, now)
+	bound, soon := limitBound(from, from*paceRate(b), sent, resumed)
+	c := t.adaptive.lowered(v.climb, now, resume, bound)
+	to := t.adaptive.factor(c, resume)
+	if to == t.adaptive.Floor && !v.floored.IsZero() && sent.After(v.floored) {
+		// Sent after a 429 had brought the rate to its floor, and
+		// limited all the same: lowering it further would not help.
+		floor = true
+	}
+	if sent.Before(v.decreased) || sent.Before(v.climb.start) {
+		// Sent before the fleet's last 429 lowered the rate (or during
+		// its pause): the lowered rate has answered it already.
+		return ch, floor, false
+	}
+	if soon && v.soon < maxSoon {
+		// Limited at once after a pause: the pause was too short (the
+		// next one is longer; see pauseFor), the rate is not to blame.
+		v.soon++
+		return ch, floor, false
+	}
+	v.soon = 0
+	switch {
+	case to > t.adaptive.Floor:
+		v.floored = time.Time{} // climbed off the floor since
+	case v.floored.IsZero():
+		v.floored = now
+	}
+	// This process wrote the climb: no need to read it back (the drain
+	// that follows would otherwise peek it).
+	v.climb, v.decreased, v.read = c, now, now
+	return rateChange{b: b, c: c, from: from, at: to}, floor, true
 }
 
 // EffectiveFactor reads from store the effective rate of bucket b (a

@@ -270,3 +270,55 @@ func TestBackpressureReportsTheBudgetLeft(t *testing.T) {
 		}
 	})
 }
+
+// TestRateLimitRightAfterAPauseLengthensThePause: a 429 on the first
+// request after a pause the transport chose itself (no Retry-After) says
+// the upstream's own pause is longer, not that the rate is too high: the
+// next pause is twice as long and the rate stays where the first 429 put
+// it. A 429 after the upstream admitted requests again lowers the rate,
+// to below what the fleet had sent since the pause (see limitBound).
+func TestRateLimitRightAfterAPauseLengthensThePause(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const pause = 500 * time.Millisecond
+		srv := &upstream{script: []reply{
+			{200, ""}, {http.StatusTooManyRequests, ""}, // lowers the rate, pauses 500 ms
+			{http.StatusTooManyRequests, ""}, // at once after the pause: pauses 1 s
+			{200, ""}, {200, ""}, {200, ""}, {200, ""}, {200, ""}, {200, ""}, {200, ""},
+			{http.StatusTooManyRequests, ""}, // after 7 admitted: lowers the rate again
+		}}
+		tr, lim := setup(t, bookingCom(10), inMemory(srv), transport.Options{
+			BackoffMin: pause, Backoff: fixedBackoff(0), MaxAttempts: 1,
+		})
+		b, _ := lim.Bucket(transport.EndpointBucket("booking_com", "availability"))
+		factor := func() float64 {
+			f, err := transport.EffectiveFactor(t.Context(), lim.Store(), b, transport.Adaptive{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return f
+		}
+		for range 2 {
+			_, _ = get(t, t.Context(), tr, "/availability")
+		}
+		first := factor()
+		if first >= 1 {
+			t.Fatalf("factor after the first 429 = %v, want it lowered", first)
+		}
+		_, _ = get(t, t.Context(), tr, "/availability") // the 429 right after the pause
+		if f := factor(); f < first {
+			t.Fatalf("factor after a 429 right after the pause = %v, want it kept at %v", f, first)
+		}
+		for range 8 {
+			_, _ = get(t, t.Context(), tr, "/availability")
+		}
+		got := srv.got()
+		if gap := got[3].at.Sub(got[2].at); gap < 2*pause {
+			t.Errorf("the request after the second 429 went %v after it, want the doubled pause %v", gap, 2*pause)
+		}
+		// 7 admitted since the pause at 8.5/s, then a 429: the limit is
+		// below 8.5 × (1 − 1/8) of 10/s, and the rate starts lower still.
+		if f := factor(); f > first*(1-1.0/8)*transport.DefaultDecrease+0.01 {
+			t.Errorf("factor after a 429 following 7 admitted requests = %v, want at most %v", f, first*(1-1.0/8)*transport.DefaultDecrease)
+		}
+	})
+}

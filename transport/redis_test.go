@@ -243,8 +243,8 @@ func TestFleetPauseAcrossProcesses(t *testing.T) {
 	if len(after) < 5 {
 		t.Fatalf("only %d sends after the pause", len(after))
 	}
-	// Resume without a burst: at the lowered 8/s the granted slots are
-	// 125 ms apart, from one interval after the pause. A send can be late
+	// Resume without a burst: at the lowered 8.5/s the granted slots are
+	// 118 ms apart, from one interval after the pause. A send can be late
 	// by this machine's scheduling noise (measured during the run), which
 	// narrows the gap to the next one.
 	if first := after[0].at.Sub(limitedAt); first < 2*time.Second+100*time.Millisecond {

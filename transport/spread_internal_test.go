@@ -43,3 +43,46 @@ func TestSpreadLateWakers(t *testing.T) {
 		t.Errorf("a request voided once was voided again")
 	}
 }
+
+// TestLimitBound: what a 429 tells of the limit, from the requests the
+// fleet sent at its rate since its last pause.
+func TestLimitBound(t *testing.T) {
+	resumed := time.Unix(1000, 0)
+	for _, c := range []struct {
+		name     string
+		f, rate  float64
+		sent     time.Time
+		resumed  time.Time
+		bound    float64
+		wantSoon bool
+	}{
+		{"no pause to count from", 0.8, 8, resumed, time.Time{}, 0.8, false},
+		{"sent before the resume", 0.8, 8, resumed.Add(-time.Second), resumed, 0.8, false},
+		{"first request after the pause", 0.8, 8, resumed.Add(130 * time.Millisecond), resumed, 0.8, true},
+		{"second request", 0.8, 8, resumed.Add(250 * time.Millisecond), resumed, 0.4, false},
+		{"after 8 intervals", 0.8, 8, resumed.Add(time.Second), resumed, 0.7, false},
+		{"long after", 0.8, 8, resumed.Add(100 * time.Second), resumed, 0.799, false},
+	} {
+		bound, soon := limitBound(c.f, c.rate, c.sent, c.resumed)
+		if soon != c.wantSoon || bound < c.bound-0.001 || bound > c.bound+0.001 {
+			t.Errorf("%s: limitBound = %v, %v; want %v, %v", c.name, bound, soon, c.bound, c.wantSoon)
+		}
+	}
+}
+
+// TestLoweredKeepsTheMarkersOrder: a climb lowered soon after the last one
+// began never starts before it (the markers keep the later start of two,
+// so an earlier one would not be what the fleet reads).
+func TestLoweredKeepsTheMarkersOrder(t *testing.T) {
+	a, _ := Adaptive{}.withDefaults()
+	start := time.Unix(1000, 0)
+	c := climb{w: 0.7, start: start}
+	now := start.Add(3 * time.Second) // near w: a shallow drop
+	got := a.lowered(c, now, now.Add(2*time.Second), 1)
+	if got.start.Before(start) {
+		t.Fatalf("lowered climb starts %v before the last one", start.Sub(got.start))
+	}
+	if got.w > a.factor(c, now) {
+		t.Fatalf("lowered w = %v above the rate that drew the 429 (%v)", got.w, a.factor(c, now))
+	}
+}

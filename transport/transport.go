@@ -497,7 +497,7 @@ type limitInfo struct {
 // for the backoff of this attempt) and lowers the rate (see drain).
 func (t *Transport) onLimited(ctx context.Context, tg Target, resp *http.Response, sent time.Time, attempt int, attrs []slog.Attr) (limitInfo, error) {
 	ra, ok := ParseRetryAfter(resp.Header.Get(HeaderRetryAfter), time.Now(), t.maxRetryAfter)
-	li := limitInfo{limited: true, retryAfter: ra, pause: t.pauseFor(ra, tg)}
+	li := limitInfo{limited: true, retryAfter: ra, pause: t.pauseFor(ra, tg, sent)}
 	t.m.rateLimited(tg, resp.StatusCode)
 	t.log.LogAttrs(ctx, slog.LevelWarn, "rate_limited", append(attrs,
 		slog.Int("status", resp.StatusCode),
@@ -892,8 +892,8 @@ func (t *Transport) drain(ctx context.Context, tg Target, d time.Duration, sent 
 		paced[i], keys[i] = b, b.Key
 	}
 	resume := time.Now().Add(d)
-	t.pauseLocally(keys, resume)
-	atFloor = t.decrease(ctx, tg, paced, sent, resume, attrs)
+	resumed := t.pauseLocally(keys, resume)
+	atFloor = t.decrease(ctx, tg, paced, sent, resume, resumed, attrs)
 	// The buckets at their effective limits, and their pause markers.
 	// The markers first: from then on every take waits out the pause.
 	// Then the buckets start again from the pause, empty: the slots booked
@@ -928,23 +928,30 @@ func (t *Transport) drain(ctx context.Context, tg Target, d time.Duration, sent 
 	return atFloor, fmt.Errorf("transport: %s/%s: draining after a rate limit: %w", tg.Channel, tg.Endpoint, err)
 }
 
-// pauseFor returns how long a rate limit pauses the fleet: the
-// Retry-After when the upstream sent a usable one. Without one, the
-// backoff's floor, doubled (up to its ceiling) for each rate limit that
-// comes within one pause of the end of the target's last pause: an
-// upstream that keeps limiting after a short pause gets a longer one, as
-// its own unannounced pause likely is.
-func (t *Transport) pauseFor(retryAfter time.Duration, tg Target) time.Duration {
+// pauseFor returns how long a rate limit on a request sent at sent pauses
+// the fleet: the Retry-After when the upstream sent a usable one. Without
+// one, as long as the fleet's longest pause (at first the backoff's floor),
+// and twice that (up to the backoff's ceiling) when the request was sent
+// at once after that pause (see limitBound): an upstream that limits the
+// first request after a pause has a longer pause of its own.
+func (t *Transport) pauseFor(retryAfter time.Duration, tg Target, sent time.Time) time.Duration {
 	if retryAfter > 0 {
 		return retryAfter
 	}
 	key := EndpointBucket(tg.Channel, tg.Endpoint)
+	var rate float64
+	if b, err := t.lim.Bucket(key); err == nil {
+		rate = paceRate(b)
+	}
 	now := time.Now()
 	t.views.mu.Lock()
 	defer t.views.mu.Unlock()
 	v := t.views.get(key)
-	d := t.backoffMin
-	if v.lastPause > 0 && now.Before(v.pauseUntil.Add(v.lastPause)) {
+	if !t.adaptive.Off && !tg.Fixed {
+		rate *= t.adaptive.factor(v.climb, now)
+	}
+	d := min(max(t.backoffMin, v.lastPause), t.backoffMax)
+	if _, soon := limitBound(1, rate, sent, v.pauseUntil); soon && v.lastPause > 0 {
 		d = min(2*v.lastPause, t.backoffMax)
 	}
 	v.lastPause = d

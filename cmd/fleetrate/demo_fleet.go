@@ -39,7 +39,7 @@ const demoHotels = 4
 // demoHidden is the mock OTA's hidden limit in the demo: the whole
 // reservations endpoint admits 8 requests per second, not the documented
 // 10. Pacing at 90 % of the documented limit (9/s) runs into it, and one
-// adaptive decrease (x0.8, 7.2/s) goes below it.
+// adaptive decrease (x0.85, 7.65/s) goes below it.
 var demoHidden = mockota.Hidden{Endpoint: "reservations", Limit: 8, RetryAfter: time.Second}
 
 // demoOTA returns the mock OTA's configuration in the demo: mockota.Demo's

@@ -5,6 +5,7 @@ import (
 	"image/color"
 	"io"
 	"net/http"
+	"strings"
 	"time"
 
 	"gonum.org/v1/plot"
@@ -22,6 +23,15 @@ type Series struct {
 	Accepted []float64 // accepted requests in each second of the run
 	Limited  []float64 // 429s in each second
 	Target   float64
+}
+
+// String lists the series second by second as accepted/limited.
+func (s Series) String() string {
+	var b strings.Builder
+	for i := range s.Accepted {
+		fmt.Fprintf(&b, " %g/%g", s.Accepted[i], s.Limited[i])
+	}
+	return b.String()
 }
 
 // series bins arrivals between from and to into seconds.

@@ -19,6 +19,7 @@ var (
 	duration = flag.Duration("outbench.duration", 20*time.Second, "how long BenchmarkOutbound runs each scenario")
 	only     = flag.String("outbench.only", "", "run only the scenarios whose name contains this")
 	chart    = flag.String("outbench.chart", "", "write a PNG chart of the runs to this file")
+	perSec   = flag.Bool("outbench.series", false, "log each run's accepted and limited requests second by second")
 )
 
 // BenchmarkOutbound runs every scenario with 4 processes × 16 goroutines
@@ -36,6 +37,9 @@ func BenchmarkOutbound(b *testing.B) {
 			r := Run(b, srv.Addr(), s, Options{Duration: *duration})
 			if len(r.Errors) > 0 {
 				b.Logf("%s: worker errors: %v", s.Name, r.Errors)
+			}
+			if *perSec {
+				b.Logf("%s, accepted/limited per second: %s", s.Name, r.Series)
 			}
 			rs = append(rs, r)
 		}

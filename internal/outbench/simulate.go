@@ -3,6 +3,7 @@ package outbench
 import (
 	"context"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -14,16 +15,22 @@ import (
 	"github.com/fleetrate/fleetrate/transport"
 )
 
-// direct calls a handler in the caller's goroutine, with a fixed latency:
-// an upstream without a network, for a simulation on a fake clock.
+// direct calls a handler in the caller's goroutine, after a latency: an
+// upstream without a network, for a simulation on a fake clock. Each call
+// takes the latency plus a random share of the jitter, half before the
+// handler sees the request and half after.
 type direct struct {
-	h       http.Handler
-	latency time.Duration
+	h               http.Handler
+	latency, jitter time.Duration
 }
 
 func (d direct) RoundTrip(req *http.Request) (*http.Response, error) {
-	if d.latency > 0 {
-		t := time.NewTimer(d.latency / 2)
+	latency := d.latency
+	if d.jitter > 0 {
+		latency += rand.N(d.jitter)
+	}
+	if latency > 0 {
+		t := time.NewTimer(latency / 2)
 		select {
 		case <-req.Context().Done():
 			t.Stop()
@@ -33,8 +40,8 @@ func (d direct) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	rec := httptest.NewRecorder()
 	d.h.ServeHTTP(rec, req)
-	if d.latency > 0 {
-		time.Sleep(d.latency / 2)
+	if latency > 0 {
+		time.Sleep(latency / 2)
 	}
 	return rec.Result(), nil
 }
@@ -42,10 +49,10 @@ func (d direct) RoundTrip(req *http.Request) (*http.Response, error) {
 // Simulate runs scenario s as Run does, but in one process and on
 // whatever clock time.Now reads: the fleet's "processes" are transports
 // with limiters of their own sharing one in-memory store, and the upstream
-// is called directly with the given latency. Inside a testing/synctest
+// is called directly after o.Latency plus up to o.Jitter. Inside a testing/synctest
 // bubble it is a simulation of the whole fleet, deterministic in time and
 // as fast as the CPU allows: the transport's real code, on a fake clock.
-func Simulate(s Scenario, o Options, latency time.Duration, adaptive transport.Adaptive) (Result, error) {
+func Simulate(s Scenario, o Options, adaptive transport.Adaptive) (Result, error) {
 	o = o.withDefaults(60 * time.Second)
 	adv, err := mockota.NewAdversary(s.Upstream)
 	if err != nil {
@@ -68,7 +75,7 @@ func Simulate(s Scenario, o Options, latency time.Duration, adaptive transport.A
 			return Result{}, err
 		}
 		tr, err := transport.New(lim, classify, transport.Options{
-			Base: direct{h: adv, latency: latency}, MaxRetryAfter: 5 * time.Second, Adaptive: adaptive,
+			Base: direct{h: adv, latency: o.Latency, jitter: o.Jitter}, MaxRetryAfter: maxRetryAfter, Adaptive: adaptive,
 			Logger: quietLog,
 		})
 		if err != nil {
