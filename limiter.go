@@ -178,37 +178,46 @@ func New(store Store, cfg Config) (*Limiter, error) {
 		l.clock.off = true
 	}
 	binder, _ := store.(Binder)
-	// A store that refuses to bind is left to refuse each take instead.
-	bind := func(limits []Limit) BoundTaker {
-		if binder == nil || len(limits) == 0 {
-			return nil
-		}
-		t, err := binder.Bind(l.prefix, limits)
-		if err != nil {
-			return nil
-		}
-		return t
-	}
-	l.bound = bind(l.limits)
+	l.bound = l.bind(binder, l.limits)
 	l.classNames = map[string]bool{}
 	for _, p := range l.classes {
 		l.classNames[p.Name] = true
 	}
 	for _, b := range cfg.Buckets {
-		nb := namedBucket{Bucket: Bucket{Prefix: l.prefix, Key: b.Name, Limits: compileLimits(b.Limits)}}
-		nb.taker = bind(nb.Limits)
-		nb.classes = slices.Clone(b.Priorities)
-		if len(nb.classes) == 0 {
-			nb.classes = l.classes
-		}
-		for _, p := range nb.classes {
-			l.classNames[p.Name] = true
-		}
-		l.named[b.Name] = nb
+		l.addBucket(binder, b)
 	}
 	l.prioritized = len(l.classNames) > 0
 	l.scratch.New = func() any { s := make([]Bucket, 0, 4); return &s }
 	return l, nil
+}
+
+// bind returns binder's taker for limits under the limiter's prefix, or
+// nil without a binder or limits. A store that refuses to bind is left to
+// refuse each take instead.
+func (l *Limiter) bind(binder Binder, limits []Limit) BoundTaker {
+	if binder == nil || len(limits) == 0 {
+		return nil
+	}
+	t, err := binder.Bind(l.prefix, limits)
+	if err != nil {
+		return nil
+	}
+	return t
+}
+
+// addBucket registers the configured bucket b, with its priority classes
+// (the limiter's when it names none).
+func (l *Limiter) addBucket(binder Binder, b BucketConfig) {
+	nb := namedBucket{Bucket: Bucket{Prefix: l.prefix, Key: b.Name, Limits: compileLimits(b.Limits)}}
+	nb.taker = l.bind(binder, nb.Limits)
+	nb.classes = slices.Clone(b.Priorities)
+	if len(nb.classes) == 0 {
+		nb.classes = l.classes
+	}
+	for _, p := range nb.classes {
+		l.classNames[p.Name] = true
+	}
+	l.named[b.Name] = nb
 }
 
 // taker returns the bound taker for a take from the named bucket, or nil
