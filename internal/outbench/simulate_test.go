@@ -22,12 +22,13 @@ var (
 // TestSimulatedFleet runs every scenario of the outbound benchmark in a
 // simulation: the transport's real code, 4 "processes" × 16 goroutines
 // sharing an in-memory store, against the adversarial upstream, on
-// testing/synctest's fake clock with 2 ms of upstream latency, for 5
-// minutes each (3 s of CPU, 40 s under -race). Time is fake, so load does
-// not change the figures, but the order goroutines run in does: over those
-// 5 minutes the hidden limit reads 79-91 % (over the first 60 s alone,
-// 81-89 %: the first 429s each cost the upstream's 2 s pause). It asserts
-// the other targets as they are, and the hidden limit's 85 % less
+// testing/synctest's fake clock with 2 ms of upstream latency plus up to
+// 10 ms of jitter, for 5 minutes each (about 5 s of CPU, 70 s under -race
+// on a loaded machine). Time is fake, so load does not change the
+// figures, but the order goroutines run in does: over those 5 minutes the
+// hidden limit reads 86-92 % (over the first 60 s alone, 82-88 %: the
+// first two 429s each cost the upstream's 2 s pause). It asserts the
+// issue's other targets as they are, and the hidden limit's 85 % less
 // that spread. With -outbench.simchart it draws the chart of
 // docs/BENCHMARKS.md:
 //
@@ -56,15 +57,18 @@ func TestSimulatedFleet(t *testing.T) {
 				t.Errorf("%s: worker errors: %v", s.Name, r.Errors)
 			}
 			// The target for a hidden limit is 85 %; runs of this
-			// simulation read 79-91 % (the order goroutines run in varies,
-			// and more so under -race), so the assertion is the lowest
-			// seen less a margin.
-			want, maxLimited := 0.75, 0.02
+			// simulation read 86-92 % over 5 minutes (the order goroutines
+			// run in varies, and more so under -race), so the assertion is
+			// the lowest seen less a margin.
+			want, maxLimited := 0.80, 0.02
 			switch {
 			case strings.HasPrefix(s.Name, "documented"):
 				want, maxLimited = 0.95, 0
 			case strings.HasPrefix(s.Name, "strict"):
-				maxLimited = 0.01
+				// The jitter puts two requests closer than 50 ms now and
+				// then (81-84 % seen): each such 429 costs a 2 s pause
+				// and lowers the rate, which then absorbs the jitter.
+				want, maxLimited = 0.75, 0.01
 			case strings.Contains(s.Name, "huge"):
 				// Each 429 pauses the fleet for the 5 s cap: the share
 				// is not the point, the cap honoured fleet-wide is.
