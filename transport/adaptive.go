@@ -122,10 +122,12 @@ func (a Adaptive) factor(c climb, now time.Time) float64 {
 
 // lowered returns the climb after a 429 answered at now while the climb
 // was c, with the fleet paused until resume and the upstream's limit
-// known to lie below bound (see limitBound): w is the lower of bound and
-// the rate that drew the 429, and the climb starts from Decrease × w, or
-// from halfway between that and w when the 429 came within 10 % of the
-// last one's rate (the limit is known: probing it costs less).
+// known to lie below bound (see limitBound). w is the rate that drew the
+// 429, or, below a bound that says more, halfway between the bound and
+// Decrease × the bound (CUBIC's fast convergence: the climb then flattens
+// under the limit rather than over it). The climb starts from Decrease ×
+// w, or from halfway between that and w when the 429 came within 10 % of
+// the last one's rate (the limit is known: probing it costs less).
 func (a Adaptive) lowered(c climb, now, resume time.Time, bound float64) climb {
 	f := a.factor(c, now)
 	drop := a.Decrease
