@@ -183,7 +183,21 @@ func paceRate(b fleetrate.Bucket) float64 {
 // maxSoon is how many 429s in a row a bucket takes as a pause too short
 // (see limitBound) before it lowers the rate all the same: an upstream
 // that limits every request lowers it to the floor, and is reported.
+// "In a row" is for this process: an answer other than a rate limit ends
+// the row (see admitted).
 const maxSoon = 2
+
+// admitted records an answer to a request of tg that was not a rate
+// limit: the 429s after it start a new row (see maxSoon).
+func (t *Transport) admitted(tg Target) {
+	t.views.mu.Lock()
+	defer t.views.mu.Unlock()
+	for _, name := range tg.drained() {
+		if v := t.views.m[name]; v != nil {
+			v.soon = 0
+		}
+	}
+}
 
 // The markers kept beside a paced bucket in the shared store. A marker is
 // a bucket of its own whose debt carries the state: a token per

@@ -86,3 +86,18 @@ func TestLoweredKeepsTheMarkersOrder(t *testing.T) {
 		t.Fatalf("lowered w = %v above the rate that drew the 429 (%v)", got.w, a.factor(c, now))
 	}
 }
+
+// TestAdmittedEndsTheRow: an answer other than a rate limit ends a row of
+// 429s taken as pauses too short, so the next row may again blame the
+// pause (a 429 by another process lowered the rate in between; this
+// process's count would otherwise carry over and lower it once more).
+func TestAdmittedEndsTheRow(t *testing.T) {
+	tr := &Transport{}
+	tg := Target{Channel: "ota", Endpoint: "avail"}
+	key := EndpointBucket(tg.Channel, tg.Endpoint)
+	tr.views.get(key).soon = maxSoon
+	tr.admitted(tg)
+	if n := tr.views.get(key).soon; n != 0 {
+		t.Fatalf("after an admitted request the row is %d long, want 0", n)
+	}
+}

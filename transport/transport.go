@@ -416,11 +416,14 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		resp, err := t.base.RoundTrip(out)
 
 		var li limitInfo
-		if err == nil && IsRateLimited(resp) {
+		switch {
+		case err == nil && IsRateLimited(resp):
 			if li, err = t.onLimited(ctx, tg, resp, sent, attempt, attrs); err != nil {
 				discard(resp)
 				return nil, err
 			}
+		case err == nil:
+			t.admitted(tg)
 		}
 
 		retry, cerr := t.checkRetry(ctx, resp, err)
