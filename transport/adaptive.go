@@ -184,7 +184,7 @@ func paceRate(b fleetrate.Bucket) float64 {
 // (see limitBound) before it lowers the rate all the same: an upstream
 // that limits every request lowers it to the floor, and is reported.
 // "In a row" is for this process: an answer other than a rate limit ends
-// the row (see admitted).
+// the row (see admitted), and so does a decrease by any process.
 const maxSoon = 2
 
 // admitted records an answer to a request of tg that was not a rate
@@ -398,6 +398,11 @@ func (t *Transport) readClimbs(ctx context.Context, paced []fleetrate.Bucket) {
 	for i, b := range stale {
 		v := t.views.get(b.Key)
 		v.read = now
+		if climbs[i].start.After(v.climb.start) {
+			// Another process lowered the rate: its 429 ends this
+			// process's row of 429s blamed on pauses (see maxSoon).
+			v.soon = 0
+		}
 		if now.Sub(v.decreased) > t.adaptive.Refresh || climbs[i].start.After(v.climb.start) {
 			// The store's climb, unless this process lowered the rate
 			// itself since it was read.
