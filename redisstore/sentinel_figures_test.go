@@ -26,15 +26,19 @@ func TestSentinelOvershootFigures(t *testing.T) {
 	if *sentinelRuns <= 0 {
 		t.Skip("set -sentinel.runs to measure")
 	}
+	minReplicas := [][]any{
+		{"config", "set", "min-replicas-to-write", "1"},
+		{"config", "set", "min-replicas-max-lag", "1"},
+	}
 	settings := []struct {
-		name string
-		conf [][]any
+		name  string
+		conf  [][]any
+		empty bool // Options.EmptyAfterFailover
 	}{
-		{"defaults", nil},
-		{"min-replicas-to-write 1, min-replicas-max-lag 1", [][]any{
-			{"config", "set", "min-replicas-to-write", "1"},
-			{"config", "set", "min-replicas-max-lag", "1"},
-		}},
+		{"defaults, EmptyAfterFailover", nil, true},
+		{"defaults", nil, false},
+		{"min-replicas-to-write 1, min-replicas-max-lag 1, EmptyAfterFailover", minReplicas, true},
+		{"min-replicas-to-write 1, min-replicas-max-lag 1", minReplicas, false},
 	}
 	for _, st := range settings {
 		var overs []float64
@@ -49,7 +53,7 @@ func TestSentinelOvershootFigures(t *testing.T) {
 					}
 				}
 			}
-			over, nerr, window, first := sentinelOvershoot(t, sn)
+			over, nerr, window, first := sentinelOvershoot(t, sn, redisstore.Options{Timeout: 2 * time.Second, EmptyAfterFailover: st.empty})
 			overs = append(overs, over)
 			errCounts = append(errCounts, nerr)
 			if nerr > 0 {
@@ -63,8 +67,9 @@ func TestSentinelOvershootFigures(t *testing.T) {
 
 // sentinelOvershoot runs the fleet through one failover and returns the
 // grants over burst + rate × T, the count of errors, the time from the
-// first to the last, and the first.
-func sentinelOvershoot(t *testing.T, sn *redistest.Sentinel) (over float64, nerr int, window time.Duration, first error) {
+// first to the last, and the first. Each of the 4 clients has its own
+// store, made with opts.
+func sentinelOvershoot(t *testing.T, sn *redistest.Sentinel, opts redisstore.Options) (over float64, nerr int, window time.Duration, first error) {
 	const (
 		clients, goroutines = 4, 16
 		runFor, failAt      = 6 * time.Second, 2 * time.Second
@@ -79,7 +84,7 @@ func sentinelOvershoot(t *testing.T, sn *redistest.Sentinel) (over float64, nerr
 	)
 	deadline := time.Now().Add(runFor)
 	for range clients {
-		s, err := redisstore.New(sn.FailoverClient(), redisstore.Options{Timeout: 2 * time.Second})
+		s, err := redisstore.New(sn.FailoverClient(), opts)
 		if err != nil {
 			t.Fatal(err)
 		}
