@@ -10,6 +10,7 @@ import (
 
 	"github.com/fleetrate/fleetrate"
 	"github.com/fleetrate/fleetrate/internal/redistest"
+	"github.com/fleetrate/fleetrate/internal/schednoise"
 	"github.com/fleetrate/fleetrate/redisstore"
 )
 
@@ -133,6 +134,33 @@ func TestEmptyAfterFailoverOptions(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			if _, err := redisstore.New(tc.c, tc.opts); !errors.Is(err, fleetrate.ErrInvalid) {
 				t.Errorf("New: %v, want ErrInvalid", err)
+			}
+		})
+	}
+}
+
+// TestEmptyAfterFailoverHungRedisBoundsEveryDecision is
+// TestHungRedisBoundsEveryDecision for the guarded store: its retries after
+// a switch share the one timeout, so a frozen Redis still bounds every
+// decision by the timeout plus the measured scheduling noise.
+func TestEmptyAfterFailoverHungRedisBoundsEveryDecision(t *testing.T) {
+	const timeout = 100 * time.Millisecond
+	srv := redistest.Start(t)
+	for _, m := range allModes {
+		t.Run(m.name, func(t *testing.T) {
+			c := redis.NewClient(redisstore.ClientOptions(&redis.Options{Addr: srv.Addr()}))
+			t.Cleanup(func() { _ = c.Close() })
+			opts := m.opts
+			opts.Timeout, opts.EmptyAfterFailover = timeout, true
+			s, err := redisstore.New(c, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			worst, noise := hungTakes(t, srv, s, 32, 5*timeout, false)
+			bound := timeout + schednoise.Allowance(noise, 50*time.Millisecond)
+			t.Logf("slowest decision %v with a %v timeout (scheduling noise %v, bound %v)", worst, timeout, noise, bound)
+			if worst > bound {
+				t.Errorf("slowest decision on a hung Redis took %v, more than the %v timeout plus %v of measured scheduling noise", worst, timeout, bound-timeout)
 			}
 		})
 	}

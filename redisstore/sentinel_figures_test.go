@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -15,13 +16,17 @@ import (
 	"github.com/fleetrate/fleetrate/redisstore"
 )
 
-var sentinelRuns = flag.Int("sentinel.runs", 0, "TestSentinelOvershootFigures: failovers per Redis setting (0 skips it)")
+var (
+	sentinelRuns = flag.Int("sentinel.runs", 0, "TestSentinelOvershootFigures: failovers per Redis setting (0 skips it)")
+	sentinelOnly = flag.String("sentinel.only", "", "TestSentinelOvershootFigures: only the settings whose name contains this")
+)
 
 // TestSentinelOvershootFigures measures, per Redis setting, how many
 // tokens a fleet of 4 failover clients × 16 waiting goroutines takes over
 // burst + rate × time through a SENTINEL FAILOVER at 200/s burst 40: the
 // grants the old master made after the replica's last copy, which the new
-// master grants again. Run it with -sentinel.runs=N.
+// master grants again, per Redis setting and store options. Run it with
+// -sentinel.runs=N (and -sentinel.only=part-of-a-setting's-name).
 func TestSentinelOvershootFigures(t *testing.T) {
 	if *sentinelRuns <= 0 {
 		t.Skip("set -sentinel.runs to measure")
@@ -30,15 +35,26 @@ func TestSentinelOvershootFigures(t *testing.T) {
 		{"config", "set", "min-replicas-to-write", "1"},
 		{"config", "set", "min-replicas-max-lag", "1"},
 	}
-	settings := []struct {
-		name  string
-		conf  [][]any
-		empty bool // Options.EmptyAfterFailover
-	}{
-		{"defaults, EmptyAfterFailover", nil, true},
-		{"defaults", nil, false},
-		{"min-replicas-to-write 1, min-replicas-max-lag 1, EmptyAfterFailover", minReplicas, true},
-		{"min-replicas-to-write 1, min-replicas-max-lag 1", minReplicas, false},
+	empty := redisstore.Options{Timeout: 2 * time.Second, EmptyAfterFailover: true}
+	plain := redisstore.Options{Timeout: 2 * time.Second}
+	unbatched, folded := empty, empty
+	unbatched.Unbatched = true
+	folded.FoldHotKeys = true
+	type setting struct {
+		name string
+		conf [][]any // commands run on both data nodes
+		opts redisstore.Options
+	}
+	settings := []setting{
+		{"defaults, EmptyAfterFailover", nil, empty},
+		{"defaults", nil, plain},
+		{"min-replicas-to-write 1, min-replicas-max-lag 1, EmptyAfterFailover", minReplicas, empty},
+		{"min-replicas-to-write 1, min-replicas-max-lag 1", minReplicas, plain},
+		{"defaults, EmptyAfterFailover, Unbatched", nil, unbatched},
+		{"defaults, EmptyAfterFailover, FoldHotKeys", nil, folded},
+	}
+	if *sentinelOnly != "" {
+		settings = slices.DeleteFunc(settings, func(s setting) bool { return !strings.Contains(s.name, *sentinelOnly) })
 	}
 	for _, st := range settings {
 		var overs []float64
@@ -53,7 +69,7 @@ func TestSentinelOvershootFigures(t *testing.T) {
 					}
 				}
 			}
-			over, nerr, window, first := sentinelOvershoot(t, sn, redisstore.Options{Timeout: 2 * time.Second, EmptyAfterFailover: st.empty})
+			over, nerr, window, first := sentinelOvershoot(t, sn, st.opts)
 			overs = append(overs, over)
 			errCounts = append(errCounts, nerr)
 			if nerr > 0 {
