@@ -26,7 +26,7 @@ import (
 //     issue's case): each store notices the new master and empties the
 //     bucket there until the last slot it had booked on the old one, so
 //     that the old master's late grants are not granted again (measured:
-//     within a token of zero, see docs/OPERATIONS.md);
+//     −0.4 to +14.7 tokens in 12 runs, see docs/OPERATIONS.md);
 //   - without it, 8 goroutines per client at 100/s burst 300: the new
 //     master starts from the replica's copy of the bucket, so the grants
 //     the old master made after it (replication lag, plus the moment
@@ -164,8 +164,8 @@ func sentinelFailoverDuringFleet(t *testing.T, opts redisstore.Options, goroutin
 	// With EmptyAfterFailover, and without it when the failover is shorter
 	// than the bucket's fill time, that is within one extra burst: the
 	// issue's bound. (With EmptyAfterFailover the runs measured stayed
-	// within a token of burst + rate × T: the bound leaves the whole burst
-	// for the machine's noise.)
+	// within 15 tokens of burst + rate × T, most within 3: the bound leaves
+	// the rest of the burst for the machine's noise.)
 	if (opts.EmptyAfterFailover || took.Seconds() < b/r) && float64(len(grants)) > bound {
 		t.Errorf("%d granted, more than 2 × burst + rate × T = %.0f", len(grants), bound)
 	}
