@@ -96,7 +96,7 @@ func TestFailoverBookingsArePruned(t *testing.T) {
 	lim := []fleetrate.Limit{fleetrate.PerSecond(10, 10)}
 	for i := range 5000 {
 		now = now.Add(time.Millisecond)
-		f.record([]fleetrate.Bucket{{Key: string(rune('a' + i%26)) + time.Duration(i).String(), Limits: lim}},
+		f.record([]fleetrate.Bucket{{Key: string(rune('a'+i%26)) + time.Duration(i).String(), Limits: lim}},
 			fleetrate.Result{Allowed: true, Wait: 10 * time.Millisecond})
 	}
 	if n := len(f.booked); n > 1100 {
