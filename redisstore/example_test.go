@@ -78,3 +78,27 @@ func ExampleSlot() {
 	fmt.Println(redisstore.Slot("fleetrate:{booking_com}/availability") == redisstore.Slot("fleetrate:{booking_com}"))
 	// Output: true
 }
+
+// Behind Sentinels, a fleet that must not go over its limits through a
+// failover lets each store empty its buckets on the new master: the
+// grants the old master made after the replica's last copy are then not
+// granted a second time (docs/OPERATIONS.md, Sentinel).
+func ExampleOptions_emptyAfterFailover() {
+	rdb := redis.NewFailoverClient(&redis.FailoverOptions{
+		MasterName:            "mymaster",
+		SentinelAddrs:         []string{"127.0.0.1:26379", "127.0.0.1:26380", "127.0.0.1:26381"},
+		ContextTimeoutEnabled: true,
+	})
+	defer rdb.Close()
+	store, err := redisstore.New(rdb, redisstore.Options{EmptyAfterFailover: true})
+	if err != nil {
+		log.Fatal(err)
+	}
+	lim, err := fleetrate.New(store, fleetrate.Config{Limits: []fleetrate.Limit{fleetrate.PerSecond(200, 40)}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if _, err := lim.Wait(context.Background(), "partner-api"); err != nil {
+		log.Print(err) // wraps fleetrate.ErrStoreUnavailable when Redis fails
+	}
+}

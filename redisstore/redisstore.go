@@ -133,12 +133,31 @@ type Options struct {
 	// within its calls too; FoldHotKeys instead of it keeps one call in
 	// flight per bucket and shares calls only between identical takes.
 	FoldHotKeys bool
+	// EmptyAfterFailover makes every bucket start empty on a new master:
+	// each script first checks that it runs on the master the store
+	// expects (its replication ID), and after a failover (a Sentinel
+	// promoting the replica) or a restart without persistence, the first
+	// take of each bucket within FailoverWindow first empties it there,
+	// until the last slot this process had booked on it. What the old
+	// master granted after the replica's last copy is then not granted
+	// again (docs/OPERATIONS.md, Sentinel). It costs Redis about 4 µs per
+	// script call and one extra round trip per bucket per failover. Not
+	// for Cluster or Ring clients, whose masters differ per key.
+	EmptyAfterFailover bool
+	// FailoverWindow is how long after a failover EmptyAfterFailover
+	// empties buckets at their first take. The default is
+	// DefaultFailoverWindow (1 minute).
+	FailoverWindow time.Duration
 }
 
 // Store is a fleetrate.Store in Redis. It is safe for concurrent use.
 type Store struct {
 	c       Client
 	timeout time.Duration
+	// sc runs the scripts: c, or c behind the failover guard of
+	// Options.EmptyAfterFailover, whose state is fo (nil without it).
+	sc redis.Scripter
+	fo *failover
 	// direct is true when the client itself gives up at the context's
 	// deadline (ContextTimeoutEnabled); otherwise each call runs in a
 	// goroutine that the store stops waiting for at the deadline.
@@ -178,7 +197,12 @@ func New(c Client, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("%w: redisstore: client must not be nil", fleetrate.ErrInvalid)
 	}
 	_, cluster := c.(*redis.ClusterClient)
-	s := &Store{c: c, timeout: opts.Timeout, direct: respectsContext(c), cluster: cluster}
+	s := &Store{c: c, sc: c, timeout: opts.Timeout, direct: respectsContext(c), cluster: cluster}
+	if opts.EmptyAfterFailover {
+		if err := s.guardFailovers(opts.FailoverWindow); err != nil {
+			return nil, err
+		}
+	}
 	if s.timeout == 0 {
 		s.timeout = DefaultTimeout
 	}
@@ -318,7 +342,7 @@ func (s *Store) LoadScripts(ctx context.Context) error {
 	defer cancel()
 	err := s.bounded(ctx, func(ctx context.Context) error {
 		for _, sc := range []*redis.Script{takeScript, batchScript, refundScript, drainScript} {
-			if err := sc.Load(ctx, s.c).Err(); err != nil {
+			if err := sc.Load(ctx, s.sc).Err(); err != nil {
 				return err
 			}
 		}
@@ -341,7 +365,7 @@ func (s *Store) LoadScripts(ctx context.Context) error {
 func (s *Store) Warm(ctx context.Context) error {
 	err := s.bounded(ctx, func(ctx context.Context) error {
 		for _, sc := range []*redis.Script{takeScript, batchScript, refundScript, drainScript} {
-			if err := sc.Load(ctx, s.c).Err(); err != nil {
+			if err := sc.Load(ctx, s.sc).Err(); err != nil {
 				return err
 			}
 		}
@@ -389,6 +413,14 @@ func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Resu
 
 // take is Take for a validated request.
 func (s *Store) take(ctx context.Context, req fleetrate.Request) (fleetrate.Result, error) {
+	if s.fo != nil {
+		return s.fo.take(ctx, s, req, s.route)
+	}
+	return s.route(ctx, req)
+}
+
+// route sends a take through its batcher, or on its own.
+func (s *Store) route(ctx context.Context, req fleetrate.Request) (fleetrate.Result, error) {
 	if q := s.queue(req.N); q != nil && !s.splittable(req) {
 		// A several-bucket Allow on a Cluster goes on its own: it may have
 		// to go bucket by bucket while its slot migrates (takeMigrating).
@@ -430,7 +462,7 @@ type bound struct {
 
 // TakeKey implements fleetrate.BoundTaker.
 func (t *bound) TakeKey(ctx context.Context, key string, n int64, maxWait time.Duration) (fleetrate.Result, error) {
-	if q := t.s.queue(n); q != nil {
+	if q := t.s.queue(n); q != nil && t.s.fo == nil {
 		return q.takeKey(ctx, t.b, key, n, maxWait, t.largs)
 	}
 	b := t.b
@@ -438,6 +470,9 @@ func (t *bound) TakeKey(ctx context.Context, key string, n int64, maxWait time.D
 	req := fleetrate.Request{Buckets: []fleetrate.Bucket{b}, N: n, MaxWait: maxWait}
 	if err := req.Validate(); err != nil {
 		return fleetrate.Result{}, err
+	}
+	if t.s.fo != nil {
+		return t.s.take(ctx, req)
 	}
 	return t.s.takeOne(ctx, req)
 }
@@ -466,7 +501,7 @@ func (s *Store) takeOne(ctx context.Context, req fleetrate.Request) (fleetrate.R
 func (s *Store) runTake(ctx context.Context, keys []string, args []any) ([]int64, error) {
 	var reply []int64
 	err := s.bounded(ctx, func(ctx context.Context) (err error) {
-		reply, err = takeScript.Run(ctx, s.c, keys, args...).Int64Slice()
+		reply, err = takeScript.Run(ctx, s.sc, keys, args...).Int64Slice()
 		return err
 	})
 	if err != nil {
@@ -618,7 +653,7 @@ func (s *Store) run(ctx context.Context, op string, script *redis.Script, keys [
 	sctx, cancel := s.ctx(ctx)
 	defer cancel()
 	err := s.bounded(sctx, func(ctx context.Context) error {
-		return script.Run(ctx, s.c, keys, args...).Err()
+		return script.Run(ctx, s.sc, keys, args...).Err()
 	})
 	if err != nil {
 		return failed(ctx, op, err)

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -15,26 +16,45 @@ import (
 	"github.com/fleetrate/fleetrate/redisstore"
 )
 
-var sentinelRuns = flag.Int("sentinel.runs", 0, "TestSentinelOvershootFigures: failovers per Redis setting (0 skips it)")
+var (
+	sentinelRuns = flag.Int("sentinel.runs", 0, "TestSentinelOvershootFigures: failovers per Redis setting (0 skips it)")
+	sentinelOnly = flag.String("sentinel.only", "", "TestSentinelOvershootFigures: only the settings whose name contains this")
+)
 
 // TestSentinelOvershootFigures measures, per Redis setting, how many
 // tokens a fleet of 4 failover clients × 16 waiting goroutines takes over
 // burst + rate × time through a SENTINEL FAILOVER at 200/s burst 40: the
 // grants the old master made after the replica's last copy, which the new
-// master grants again. Run it with -sentinel.runs=N.
+// master grants again, per Redis setting and store options. Run it with
+// -sentinel.runs=N (and -sentinel.only=part-of-a-setting's-name).
 func TestSentinelOvershootFigures(t *testing.T) {
 	if *sentinelRuns <= 0 {
 		t.Skip("set -sentinel.runs to measure")
 	}
-	settings := []struct {
+	minReplicas := [][]any{
+		{"config", "set", "min-replicas-to-write", "1"},
+		{"config", "set", "min-replicas-max-lag", "1"},
+	}
+	empty := redisstore.Options{Timeout: 2 * time.Second, EmptyAfterFailover: true}
+	plain := redisstore.Options{Timeout: 2 * time.Second}
+	unbatched, folded := empty, empty
+	unbatched.Unbatched = true
+	folded.FoldHotKeys = true
+	type setting struct {
 		name string
-		conf [][]any
-	}{
-		{"defaults", nil},
-		{"min-replicas-to-write 1, min-replicas-max-lag 1", [][]any{
-			{"config", "set", "min-replicas-to-write", "1"},
-			{"config", "set", "min-replicas-max-lag", "1"},
-		}},
+		conf [][]any // commands run on both data nodes
+		opts redisstore.Options
+	}
+	settings := []setting{
+		{"defaults, EmptyAfterFailover", nil, empty},
+		{"defaults", nil, plain},
+		{"min-replicas-to-write 1, min-replicas-max-lag 1, EmptyAfterFailover", minReplicas, empty},
+		{"min-replicas-to-write 1, min-replicas-max-lag 1", minReplicas, plain},
+		{"defaults, EmptyAfterFailover, Unbatched", nil, unbatched},
+		{"defaults, EmptyAfterFailover, FoldHotKeys", nil, folded},
+	}
+	if *sentinelOnly != "" {
+		settings = slices.DeleteFunc(settings, func(s setting) bool { return !strings.Contains(s.name, *sentinelOnly) })
 	}
 	for _, st := range settings {
 		var overs []float64
@@ -49,7 +69,7 @@ func TestSentinelOvershootFigures(t *testing.T) {
 					}
 				}
 			}
-			over, nerr, window, first := sentinelOvershoot(t, sn)
+			over, nerr, window, first := sentinelOvershoot(t, sn, st.opts)
 			overs = append(overs, over)
 			errCounts = append(errCounts, nerr)
 			if nerr > 0 {
@@ -63,8 +83,9 @@ func TestSentinelOvershootFigures(t *testing.T) {
 
 // sentinelOvershoot runs the fleet through one failover and returns the
 // grants over burst + rate × T, the count of errors, the time from the
-// first to the last, and the first.
-func sentinelOvershoot(t *testing.T, sn *redistest.Sentinel) (over float64, nerr int, window time.Duration, first error) {
+// first to the last, and the first. Each of the 4 clients has its own
+// store, made with opts.
+func sentinelOvershoot(t *testing.T, sn *redistest.Sentinel, opts redisstore.Options) (over float64, nerr int, window time.Duration, first error) {
 	const (
 		clients, goroutines = 4, 16
 		runFor, failAt      = 6 * time.Second, 2 * time.Second
@@ -79,7 +100,7 @@ func sentinelOvershoot(t *testing.T, sn *redistest.Sentinel) (over float64, nerr
 	)
 	deadline := time.Now().Add(runFor)
 	for range clients {
-		s, err := redisstore.New(sn.FailoverClient(), redisstore.Options{Timeout: 2 * time.Second})
+		s, err := redisstore.New(sn.FailoverClient(), opts)
 		if err != nil {
 			t.Fatal(err)
 		}

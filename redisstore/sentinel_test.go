@@ -17,27 +17,48 @@ import (
 )
 
 // TestSentinelFailoverDuringFleet runs a fleet of 4 clients (each its own
-// go-redis failover client, as 4 processes would have) × 8 goroutines
-// taking from one bucket, and forces a Sentinel failover in the middle.
-// Decisions resume on the new master; errors happen only around the
-// switch; and the total granted stays within one extra bucket's worth:
-// the new master starts from the replica's copy of the bucket, so the
-// grants the old master made after it (replication lag, plus the moment
-// between the replica's promotion and the clients following the
-// Sentinels' +switch-master) are granted again.
+// go-redis failover client, as 4 processes would have) taking from one
+// bucket, and forces a Sentinel failover in the middle. Decisions resume
+// on the new master; errors happen only around the switch; and the fleet
+// takes at most one burst over burst + rate × T:
+//
+//   - EmptyAfterFailover, 16 goroutines per client at 200/s burst 40 (the
+//     issue's case): each store notices the new master and empties the
+//     bucket there until the last slot it had booked on the old one, so
+//     that the old master's late grants are not granted again (measured:
+//     −0.4 to +14.7 tokens in 12 runs, see docs/OPERATIONS.md);
+//   - without it, 8 goroutines per client at 100/s burst 300: the new
+//     master starts from the replica's copy of the bucket, so the grants
+//     the old master made after it (replication lag, plus the moment
+//     between the replica's promotion and the clients following the
+//     Sentinels' +switch-master, about 1 s) are granted again; a fill time
+//     (3 s) longer than that moment keeps them within a burst.
 func TestSentinelFailoverDuringFleet(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		empty      bool
+		goroutines int
+		rate       float64
+		burst      int64
+	}{
+		{"EmptyAfterFailover", true, 16, 200, 40},
+		{"FillTimeLongerThanTheSwitch", false, 8, 100, 300},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sentinelFailoverDuringFleet(t, redisstore.Options{Timeout: 2 * time.Second, EmptyAfterFailover: tc.empty}, tc.goroutines, tc.rate, tc.burst)
+		})
+	}
+}
+
+func sentinelFailoverDuringFleet(t *testing.T, opts redisstore.Options, goroutines int, rate float64, burst int64) {
 	sn := redistest.StartSentinel(t)
 	const (
-		clients    = 4
-		goroutines = 8
-		runFor     = 6 * time.Second
-		failAt     = 2 * time.Second
-		// The bucket refills in 3 s, longer than the switch takes (about
-		// 1 s), so that what the old master grants unseen by the new one
-		// stays within a burst. See docs/OPERATIONS.md.
-		rate, burst = 100, 300
+		clients = 4
+		runFor  = 6 * time.Second
+		failAt  = 2 * time.Second
 	)
 	lim := fleetrate.PerSecond(rate, burst)
+	r, b := rate, float64(burst)
 	const name = "sentinel/hot"
 
 	type event struct {
@@ -57,7 +78,7 @@ func TestSentinelFailoverDuringFleet(t *testing.T) {
 		if i == 0 {
 			c = failoverFromURL(t, sn)
 		}
-		s, err := redisstore.New(c, redisstore.Options{Timeout: 2 * time.Second})
+		s, err := redisstore.New(c, opts)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -107,8 +128,8 @@ func TestSentinelFailoverDuringFleet(t *testing.T) {
 	}
 	span := grants[len(grants)-1].Sub(grants[0])
 	took := failEnd.Sub(failStart)
-	conforming := float64(burst) + rate*span.Seconds()
-	bound := 2*float64(burst) + rate*span.Seconds()
+	conforming := b + r*span.Seconds()
+	bound := 2*b + r*span.Seconds()
 	var after int
 	for _, g := range grants {
 		if g.After(failEnd) {
@@ -132,22 +153,25 @@ func TestSentinelFailoverDuringFleet(t *testing.T) {
 	t.Logf("failover %s -> %s took %v; %d errors (%s)", oldMaster, newMaster, took.Round(time.Millisecond), len(errs), errWindow)
 	t.Logf("granted %d in %v: %+.0f over burst + rate × T = %.0f (%.2f s of rate), bound 2 × burst + rate × T = %.0f; %d grants after the failover",
 		len(grants), span.Round(time.Millisecond), float64(len(grants))-conforming, conforming,
-		(float64(len(grants))-conforming)/rate, bound, after)
+		(float64(len(grants))-conforming)/r, bound, after)
 	// What the old master grants unseen by the new one is at most what it
 	// could grant when the replica last copied it (a burst; the fleet's
 	// 32 waiters book fewer ahead) plus the rate over the switch, which
 	// ends within the failover: this bound holds whatever the timings.
-	if general := bound + rate*took.Seconds(); float64(len(grants)) > general {
+	if general := bound + r*took.Seconds(); float64(len(grants)) > general {
 		t.Errorf("%d granted, more than 2 × burst + rate × (T + failover) = %.0f", len(grants), general)
 	}
-	// When the failover is shorter than the bucket's fill time, that is
-	// within one extra burst: the bound.
-	if took.Seconds() < float64(burst)/rate && float64(len(grants)) > bound {
+	// With EmptyAfterFailover, and without it when the failover is shorter
+	// than the bucket's fill time, that is within one extra burst: the
+	// issue's bound. (With EmptyAfterFailover the runs measured stayed
+	// within 15 tokens of burst + rate × T, most within 3: the bound leaves
+	// the rest of the burst for the machine's noise.)
+	if (opts.EmptyAfterFailover || took.Seconds() < b/r) && float64(len(grants)) > bound {
 		t.Errorf("%d granted, more than 2 × burst + rate × T = %.0f", len(grants), bound)
 	}
 	// Decisions resumed on the new master: it holds the bucket, written
 	// after the switch, and the fleet kept being granted at the rate.
-	if least := rate * (deadline.Sub(failEnd).Seconds() - 1); float64(after) < least {
+	if least := r * (deadline.Sub(failEnd).Seconds() - 1); float64(after) < least {
 		t.Errorf("%d grants after the failover, want at least %.0f", after, least)
 	}
 	direct := redis.NewClient(&redis.Options{Addr: newMaster})
