@@ -71,6 +71,17 @@ func newServeRedisClient(raw string) (redis.UniversalClient, string, error) {
 	return nil, name, fmt.Errorf("redis URL %s: unknown mode %q (want sentinel or cluster)", name, mode)
 }
 
+// serveStoreOptions returns the store options for the Redis at URL raw.
+// Behind Sentinel every bucket starts empty on a new master, so that what
+// the old one granted after the replica's last copy is not granted twice
+// (redisstore.Options.EmptyAfterFailover, docs/OPERATIONS.md); a Cluster's
+// masters differ per key and a lone server has no failover.
+func serveStoreOptions(raw string, batch bool, timeout time.Duration) redisstore.Options {
+	scheme, _, _ := strings.Cut(raw, "://")
+	return redisstore.Options{Timeout: timeout, Batch: batch, Unbatched: !batch,
+		EmptyAfterFailover: strings.HasSuffix(scheme, "+sentinel")}
+}
+
 // openServeRedis connects to Redis. An unreachable server is not fatal: the
 // service starts, /readyz fails and decisions report the store as
 // unavailable until Redis answers.
@@ -87,7 +98,7 @@ func openServeRedis(ctx context.Context, raw string, batch bool, timeout time.Du
 	if timeout <= 0 {
 		timeout = server.DefaultStoreTimeout
 	}
-	st, err := redisstore.New(c, redisstore.Options{Timeout: timeout, Batch: batch, Unbatched: !batch})
+	st, err := redisstore.New(c, serveStoreOptions(raw, batch, timeout))
 	if err != nil {
 		c.Close()
 		return serveRedis{}, err

@@ -422,3 +422,20 @@ func selfSigned(t *testing.T) (certFile, keyFile string, pool *x509.CertPool) {
 	pool.AddCert(cert)
 	return certFile, keyFile, pool
 }
+
+// TestServeStoreOptions: behind Sentinel the service's buckets start empty
+// on a new master; nowhere else.
+func TestServeStoreOptions(t *testing.T) {
+	for url, want := range map[string]bool{
+		"redis+sentinel://s1:26379?master_name=m":  true,
+		"rediss+sentinel://s1:26379?master_name=m": true,
+		"redis://127.0.0.1:6379":                   false,
+		"redis+cluster://n1:6379":                  false,
+		"unix:///run/redis.sock":                   false,
+	} {
+		o := serveStoreOptions(url, true, time.Second)
+		if o.EmptyAfterFailover != want || o.Timeout != time.Second || !o.Batch || o.Unbatched {
+			t.Errorf("%s: %+v, want EmptyAfterFailover %v, timeout 1s, batched", url, o, want)
+		}
+	}
+}
