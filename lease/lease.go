@@ -143,7 +143,15 @@ func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Resu
 		return s.inner.Take(ctx, req)
 	}
 	now := s.opts.Clock()
-	if res, ok := l.spend(req, now); ok {
+	// Serve from the lease while it holds the tokens, is young enough and
+	// was leased under these limits. (Inline: as a function returning the
+	// Result it cost the leased take about 10 % in CPU time.)
+	if l.left >= req.N && now.Before(l.until) && slices.Equal(l.limits, req.Buckets[0].Limits) {
+		l.left -= req.N
+		res := fleetrate.Result{
+			Allowed: true, N: req.N, Remaining: l.left,
+			Limit: l.granted.Limit, Bucket: l.granted.Bucket, LimitIndex: l.granted.LimitIndex, At: now, Degraded: l.granted.Degraded,
+		}
 		l.release()
 		return res, nil
 	}
@@ -190,20 +198,6 @@ func (l *lease) wait(ctx context.Context) (bool, error) {
 }
 
 func (l *lease) release() { <-l.sem }
-
-// spend serves req from l's tokens when l holds enough of them, has not
-// expired at now and was leased under req's limits. The caller holds
-// l.sem.
-func (l *lease) spend(req fleetrate.Request, now time.Time) (fleetrate.Result, bool) {
-	if l.left < req.N || !now.Before(l.until) || !slices.Equal(l.limits, req.Buckets[0].Limits) {
-		return fleetrate.Result{}, false
-	}
-	l.left -= req.N
-	return fleetrate.Result{
-		Allowed: true, N: req.N, Remaining: l.left,
-		Limit: l.granted.Limit, Bucket: l.granted.Bucket, LimitIndex: l.granted.LimitIndex, At: now, Degraded: l.granted.Degraded,
-	}, true
-}
 
 // renew asks the shared store for a new lease of Tokens tokens while
 // holding l, so that the bucket's other callers wait for it rather than
