@@ -21,6 +21,7 @@
 package failsafe
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -168,41 +169,50 @@ func New(primary fleetrate.Store, opts Options) (*Store, error) {
 	if primary == nil {
 		return nil, fmt.Errorf("%w: failsafe: primary store must not be nil", fleetrate.ErrInvalid)
 	}
-	if opts.Policy < FailOpen || opts.Policy > LocalFallback {
-		return nil, fmt.Errorf("%w: failsafe: policy: unknown %d", fleetrate.ErrInvalid, opts.Policy)
-	}
-	if opts.FleetSize < 0 || opts.FailureThreshold < 0 || opts.CoolOff < 0 {
-		return nil, fmt.Errorf("%w: failsafe: fleet size %d, failure threshold %d and cool-off %v must not be negative",
-			fleetrate.ErrInvalid, opts.FleetSize, opts.FailureThreshold, opts.CoolOff)
-	}
-	if opts.Name == "" {
-		opts.Name = "store"
-	}
-	if opts.FleetSize == 0 {
-		opts.FleetSize = 1
-	}
-	if opts.FailureThreshold == 0 {
-		opts.FailureThreshold = DefaultFailureThreshold
-	}
-	if opts.CoolOff == 0 {
-		opts.CoolOff = DefaultCoolOff
-	}
-	if opts.Logger == nil {
-		opts.Logger = slog.Default()
-	}
-	if opts.Clock == nil {
-		opts.Clock = time.Now
-	}
-	if opts.RecoveryWindow < 0 {
-		return nil, fmt.Errorf("%w: failsafe: recovery window must not be negative, got %v", fleetrate.ErrInvalid, opts.RecoveryWindow)
-	}
-	if opts.RecoveryWindow == 0 {
-		opts.RecoveryWindow = DefaultRecoveryWindow
+	opts, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
 	}
 	s := &Store{primary: primary, fallback: opts.Fallback, opts: opts}
 	if s.fallback == nil && opts.Policy == LocalFallback {
 		s.fallback = memstore.New(memstore.Options{})
 	}
+	if err := s.newMetrics(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// withDefaults checks o and gives each zero field its default.
+func (o Options) withDefaults() (Options, error) {
+	if o.Policy < FailOpen || o.Policy > LocalFallback {
+		return o, fmt.Errorf("%w: failsafe: policy: unknown %d", fleetrate.ErrInvalid, o.Policy)
+	}
+	if o.FleetSize < 0 || o.FailureThreshold < 0 || o.CoolOff < 0 {
+		return o, fmt.Errorf("%w: failsafe: fleet size %d, failure threshold %d and cool-off %v must not be negative",
+			fleetrate.ErrInvalid, o.FleetSize, o.FailureThreshold, o.CoolOff)
+	}
+	if o.RecoveryWindow < 0 {
+		return o, fmt.Errorf("%w: failsafe: recovery window must not be negative, got %v", fleetrate.ErrInvalid, o.RecoveryWindow)
+	}
+	o.Name = cmp.Or(o.Name, "store")
+	o.FleetSize = cmp.Or(o.FleetSize, 1)
+	o.FailureThreshold = cmp.Or(o.FailureThreshold, DefaultFailureThreshold)
+	o.CoolOff = cmp.Or(o.CoolOff, DefaultCoolOff)
+	o.RecoveryWindow = cmp.Or(o.RecoveryWindow, DefaultRecoveryWindow)
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.Clock == nil {
+		o.Clock = time.Now
+	}
+	return o, nil
+}
+
+// newMetrics makes s's metrics and registers them with s.opts.Registerer
+// when there is one.
+func (s *Store) newMetrics() error {
+	opts := s.opts
 	labels := prometheus.Labels{"store": opts.Name}
 	s.gauge = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "fleetrate_breaker_open", Help: "1 while the circuit breaker keeps calls from the shared store.", ConstLabels: labels,
@@ -214,18 +224,19 @@ func New(primary fleetrate.Store, opts Options) (*Store, error) {
 		Name: "fleetrate_degraded_decisions_total", Help: "Takes decided by the failure policy instead of the shared store.",
 		ConstLabels: prometheus.Labels{"store": opts.Name, "policy": opts.Policy.String()},
 	})
-	if opts.Registerer != nil {
-		var err error
-		if s.gauge, err = promreg.Register(opts.Registerer, s.gauge); err == nil {
-			if s.failed, err = promreg.Register(opts.Registerer, s.failed); err == nil {
-				s.degraded, err = promreg.Register(opts.Registerer, s.degraded)
-			}
-		}
-		if err != nil {
-			return nil, fmt.Errorf("failsafe: registering metrics: %w", err)
+	if opts.Registerer == nil {
+		return nil
+	}
+	var err error
+	if s.gauge, err = promreg.Register(opts.Registerer, s.gauge); err == nil {
+		if s.failed, err = promreg.Register(opts.Registerer, s.failed); err == nil {
+			s.degraded, err = promreg.Register(opts.Registerer, s.degraded)
 		}
 	}
-	return s, nil
+	if err != nil {
+		return fmt.Errorf("failsafe: registering metrics: %w", err)
+	}
+	return nil
 }
 
 // Open reports whether the breaker currently keeps calls from the store.

@@ -104,6 +104,10 @@ func TestRedisKilledMidRun(t *testing.T) {
 			if !fs.Open() {
 				t.Error("breaker did not open while Redis was down")
 			}
+			// The restarted server answers before Restart returns: a call
+			// counts as made during the outage only if it ended before
+			// the restart began.
+			restarting := time.Now()
 			srv.Restart()
 			back := time.Now()
 			time.Sleep(1200 * time.Millisecond)
@@ -117,7 +121,7 @@ func TestRedisKilledMidRun(t *testing.T) {
 			var recoveredAt time.Time
 			for _, s := range samples {
 				switch {
-				case s.at.After(killed.Add(10*time.Millisecond)) && s.at.Before(back):
+				case s.at.After(killed.Add(10*time.Millisecond)) && s.at.Add(s.took).Before(restarting):
 					during = append(during, s)
 				case s.at.After(back) && s.err == nil && !s.res.Degraded && recoveredAt.IsZero():
 					recoveredAt = s.at

@@ -127,7 +127,7 @@ func New(inner fleetrate.Store, opts Options) (*Store, error) {
 
 // Take implements fleetrate.Store.
 func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Result, error) {
-	if len(req.Buckets) != 1 || req.N < 1 || req.N > s.opts.Tokens || req.MaxWait != 0 || req.Booking != nil || req.Buckets[0].Reserve != 0 {
+	if !s.leasable(req) {
 		return s.inner.Take(ctx, req)
 	}
 	if err := req.Validate(); err != nil {
@@ -137,44 +137,74 @@ func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Resu
 	if l == nil {
 		return s.inner.Take(ctx, req)
 	}
-	select {
-	case l.sem <- struct{}{}:
-	default:
-		// Another caller holds the lease, asking the shared store for a
-		// new one. Wait for it only briefly: past leaseWait, take from the
-		// shared store alone, as without a lease, so that a slow or hung
-		// store bounds this decision by its own timeout, not by every
-		// holder queued ahead.
-		t := time.NewTimer(leaseWait)
-		select {
-		case l.sem <- struct{}{}:
-			t.Stop()
-		case <-ctx.Done():
-			t.Stop()
-			return fleetrate.Result{}, fmt.Errorf("lease: %w", ctx.Err())
-		case <-t.C:
-			return s.inner.Take(ctx, req)
-		}
+	if held, err := l.acquire(ctx); err != nil {
+		return fleetrate.Result{}, err
+	} else if !held {
+		return s.inner.Take(ctx, req)
 	}
-	release := func() { <-l.sem }
-
 	now := s.opts.Clock()
+	// Serve from the lease while it holds the tokens, is young enough and
+	// was leased under these limits. (Inline: as a function returning the
+	// Result it cost the leased take about 10 % in CPU time.)
 	if l.left >= req.N && now.Before(l.until) && slices.Equal(l.limits, req.Buckets[0].Limits) {
 		l.left -= req.N
 		res := fleetrate.Result{
 			Allowed: true, N: req.N, Remaining: l.left,
 			Limit: l.granted.Limit, Bucket: l.granted.Bucket, LimitIndex: l.granted.LimitIndex, At: now, Degraded: l.granted.Degraded,
 		}
-		release()
+		l.release()
 		return res, nil
 	}
 	s.giveBack(ctx, l, req.Buckets[0])
 	if l.lean.Load() {
-		release()
+		l.release()
 		return s.takeLean(ctx, l, req)
 	}
-	// Ask for a new lease while holding l: the bucket's other callers
-	// wait for it rather than each asking for one.
+	return s.renew(ctx, l, req, now)
+}
+
+// leasable reports whether a lease may serve req: a take of 1 to Tokens
+// tokens now from one bucket, without a booking or a reserve.
+func (s *Store) leasable(req fleetrate.Request) bool {
+	return len(req.Buckets) == 1 && req.N >= 1 && req.N <= s.opts.Tokens && req.MaxWait == 0 && req.Booking == nil && req.Buckets[0].Reserve == 0
+}
+
+// acquire takes l.sem. When another caller holds it, asking the shared
+// store for a new lease, it waits only briefly: past leaseWait it reports
+// false and the take goes to the shared store alone, as without a lease, so
+// that a slow or hung store bounds this decision by its own timeout, not by
+// every holder queued ahead.
+func (l *lease) acquire(ctx context.Context) (bool, error) {
+	select {
+	case l.sem <- struct{}{}:
+		return true, nil
+	default:
+		return l.wait(ctx)
+	}
+}
+
+// wait is acquire while another caller holds l.sem.
+func (l *lease) wait(ctx context.Context) (bool, error) {
+	t := time.NewTimer(leaseWait)
+	defer t.Stop()
+	select {
+	case l.sem <- struct{}{}:
+		return true, nil
+	case <-ctx.Done():
+		return false, fmt.Errorf("lease: %w", ctx.Err())
+	case <-t.C:
+		return false, nil
+	}
+}
+
+func (l *lease) release() { <-l.sem }
+
+// renew asks the shared store for a new lease of Tokens tokens while
+// holding l, so that the bucket's other callers wait for it rather than
+// each asking for one, and serves req from it. A bucket that refuses the
+// lease turns l lean and req goes to the shared store alone. renew
+// releases l.
+func (s *Store) renew(ctx context.Context, l *lease, req fleetrate.Request, now time.Time) (fleetrate.Result, error) {
 	lreq := req
 	lreq.N = s.opts.Tokens
 	lreq.Booking = &l.booked
@@ -186,15 +216,15 @@ func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Resu
 		l.until = now.Add(s.opts.MaxAge)
 		l.granted = res
 		res.N, res.Remaining = req.N, res.Remaining+l.left
-		release()
+		l.release()
 		return res, nil
 	case err == nil, errors.Is(err, fleetrate.ErrBurstExceeded):
 		// Fewer than Tokens tokens, or a burst below Tokens.
 		l.lean.Store(true)
-		release()
+		l.release()
 		return s.takeLean(ctx, l, req)
 	}
-	release()
+	l.release()
 	return fleetrate.Result{}, err
 }
 

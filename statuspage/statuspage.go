@@ -240,11 +240,9 @@ func (p *Page) refresh(ctx context.Context, now time.Time) Status {
 		st.Hidden = len(all) - MaxBuckets
 		all = all[:MaxBuckets]
 	}
-	names := make(map[storeKey]string, len(all))
 	fbs := make([]fleetrate.Bucket, len(all))
 	for i, b := range all {
 		fbs[i] = b.Bucket
-		names[storeKey{b.Bucket.Prefix, b.Bucket.Key}] = b.Name
 	}
 	c := p.opts.Counter
 	if c != nil {
@@ -256,48 +254,66 @@ func (p *Page) refresh(ctx context.Context, now time.Time) Status {
 	prev := p.push(cur)
 	dt := cur.at.Sub(prev.at).Seconds()
 	st.RateWindowS = dt
-	rate := func(now, before int64) float64 {
-		if dt <= 0 {
-			return 0
-		}
-		return float64(now-before) / dt
-	}
 	for i, b := range all {
 		bs := p.peek(ctx, b)
 		if c != nil {
 			k := storeKey{fbs[i].Prefix, fbs[i].Key}
 			n, was := cur.buckets[k], prev.buckets[k]
 			bs.Decisions, bs.Denied = n[0], n[1]
-			bs.DecisionsPerS, bs.DeniedPerS = rate(n[0], was[0]), rate(n[1], was[1])
+			bs.DecisionsPerS, bs.DeniedPerS = perSecond(n[0]-was[0], dt), perSecond(n[1]-was[1], dt)
 		}
 		st.Buckets = append(st.Buckets, bs)
 	}
 	if c != nil {
 		st.Totals = Totals{
 			Decisions: cur.takes, Denied: cur.denied, Errors: cur.errs,
-			DecisionsPerS: rate(cur.takes, prev.takes), DeniedPerS: rate(cur.denied, prev.denied),
+			DecisionsPerS: perSecond(cur.takes-prev.takes, dt), DeniedPerS: perSecond(cur.denied-prev.denied, dt),
 			OtherDecisions: cur.other[0], OtherDenied: cur.other[1],
 		}
-		top, overflow := c.topDenied(TopDeniedKeys)
-		for _, d := range top {
-			st.TopDenied = append(st.TopDenied, DeniedKey{Key: keyLabel(d.key), Bucket: names[d.key], Denied: d.denied})
-		}
-		st.DeniedOverflow = overflow
+		st.addTopDenied(c, all)
 	}
 	if p.opts.Upstreams != nil {
-		ups, err := p.opts.Upstreams(ctx)
-		if err != nil {
-			st.UpstreamError = err.Error()
-		}
-		for _, u := range ups {
-			u.fill(now)
-			st.Upstreams = append(st.Upstreams, u)
-			if u.EffectiveRate > 0 || u.CredentialEffectiveRate > 0 {
-				st.HasEffectiveRate = true
-			}
-		}
+		p.addUpstreams(ctx, now, &st)
 	}
 	return st
+}
+
+// perSecond is the rate of n events in dt seconds; 0 when dt is not
+// positive (the first sample).
+func perSecond(n int64, dt float64) float64 {
+	if dt <= 0 {
+		return 0
+	}
+	return float64(n) / dt
+}
+
+// addTopDenied adds the keys c saw denied most, named after the bucket of
+// all they belong to, if any.
+func (st *Status) addTopDenied(c *Counter, all []Bucket) {
+	names := make(map[storeKey]string, len(all))
+	for _, b := range all {
+		names[storeKey{b.Bucket.Prefix, b.Bucket.Key}] = b.Name
+	}
+	top, overflow := c.topDenied(TopDeniedKeys)
+	for _, d := range top {
+		st.TopDenied = append(st.TopDenied, DeniedKey{Key: keyLabel(d.key), Bucket: names[d.key], Denied: d.denied})
+	}
+	st.DeniedOverflow = overflow
+}
+
+// addUpstreams adds the upstreams Options.Upstreams reports, or its error.
+func (p *Page) addUpstreams(ctx context.Context, now time.Time, st *Status) {
+	ups, err := p.opts.Upstreams(ctx)
+	if err != nil {
+		st.UpstreamError = err.Error()
+	}
+	for _, u := range ups {
+		u.fill(now)
+		st.Upstreams = append(st.Upstreams, u)
+		if u.EffectiveRate > 0 || u.CredentialEffectiveRate > 0 {
+			st.HasEffectiveRate = true
+		}
+	}
 }
 
 // read snapshots the counters.

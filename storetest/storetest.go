@@ -596,132 +596,176 @@ func hostileKeys(t *testing.T, s fleetrate.Store, key func(string) string) {
 // every stored state the store can show, against fleetrate.Decide run on
 // the store's own clock.
 func matchesModel(t *testing.T, s fleetrate.Store, key func(string) string) {
-	ctx := context.Background()
-	reader, _ := s.(StateReader)
-	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
-	buckets := []fleetrate.Bucket{
+	m := &modelRun{t: t, s: s, rng: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7)), model: map[string]*gcra.State{}}
+	m.reader, _ = s.(StateReader)
+	m.buckets = []fleetrate.Bucket{
 		{Key: key("{m}/a"), Limits: []fleetrate.Limit{fleetrate.PerSecond(2000, 5)}},
 		{Key: key("{m}/b"), Limits: []fleetrate.Limit{fleetrate.PerSecond(700, 3), fleetrate.PerSecond(3, 7)}},
 		{Key: key("{m}/c"), Limits: []fleetrate.Limit{fleetrate.PerSecond(1e6, 4), fleetrate.PerSecond(333, 9)}},
 	}
-	model := map[string]*gcra.State{}
-	for _, b := range buckets {
-		model[b.Key] = &gcra.State{}
+	for _, b := range m.buckets {
+		m.model[b.Key] = &gcra.State{}
 	}
-	pick := func() []fleetrate.Bucket {
-		out := []fleetrate.Bucket{}
-		for _, b := range buckets {
-			if rng.IntN(2) == 0 {
-				out = append(out, b)
-			}
-		}
-		if len(out) == 0 {
-			out = append(out, buckets[rng.IntN(len(buckets))])
-		}
-		return out
-	}
-	type booking struct {
-		bs []fleetrate.Bucket
-		n  int64
-		b  fleetrate.Booking
-	}
-	var bookings []booking
 	for step := range 300 {
-		bs := pick()
-		switch op := rng.IntN(12); {
+		bs := m.pick()
+		switch op := m.rng.IntN(12); {
 		case op < 7:
-			req := fleetrate.Request{Buckets: bs, N: rng.Int64N(4), MaxWait: time.Duration(rng.Int64N(int64(20 * time.Millisecond)))}
-			if rng.IntN(3) == 0 {
-				req.MaxWait = 0
-			}
-			for i := range bs {
-				// A lower priority class on some buckets: a reserve the
-				// take can leave.
-				room := bs[i].Limits[0].Burst
-				for _, l := range bs[i].Limits {
-					room = min(room, l.Burst)
-				}
-				if room -= max(req.N, 1); room > 0 && rng.IntN(3) == 0 {
-					bs[i].Reserve = 1 + rng.Int64N(room)
-				}
-			}
-			var got, want fleetrate.Booking
-			if rng.IntN(2) == 0 {
-				req.Booking = &got
-			}
-			res := mustTake(t, s, req)
-			states := make([]gcra.State, len(bs))
-			for i, b := range bs {
-				states[i] = cloneState(*model[b.Key])
-			}
-			mreq := req
-			if req.Booking != nil {
-				mreq.Booking = &want
-			}
-			wantRes, _ := gcra.Decide(res.At.UnixMicro(), mreq, states)
-			for i, b := range bs {
-				*model[b.Key] = states[i]
-			}
-			if res != wantRes {
-				t.Fatalf("step %d: store decided\n%+v\nmodel decided\n%+v", step, res, wantRes)
-			}
-			if got.Stamp != want.Stamp || !slices.Equal(got.Debts, want.Debts) {
-				t.Fatalf("step %d: store booked %+v, model booked %+v", step, got, want)
-			}
-			if len(got.Debts) > 0 {
-				bookings = append(bookings, booking{bs, req.N, got})
-			}
+			m.take(step, bs)
 		case op < 9:
-			if len(bookings) == 0 || reader == nil {
-				continue
-			}
-			i := rng.IntN(len(bookings))
-			bk := bookings[i]
-			bookings = slices.Delete(bookings, i, i+1)
-			if err := s.Cancel(ctx, bk.bs, bk.n, bk.b); err != nil {
-				t.Fatal(err)
-			}
-			off := 0
-			for _, b := range bk.bs {
-				m := len(b.Limits)
-				syncModel(t, reader, b, model[b.Key], func(now int64, st *gcra.State) {
-					gcra.Cancel(now, b.Limits, st, bk.n, bk.b.Stamp, bk.b.Debts[off:off+m])
-				})
-				off += m
-			}
+			m.cancel()
 		case op < 10:
-			n := rng.Int64N(3)
-			if err := s.Refund(ctx, bs, n); err != nil {
-				t.Fatal(err)
-			}
-			if reader == nil {
+			if !m.refund(bs) {
 				return // the model can't follow without the store's time
 			}
-			for _, b := range bs {
-				syncModel(t, reader, b, model[b.Key], func(now int64, st *gcra.State) {
-					gcra.Refund(now, b.Limits, st, n)
-				})
-			}
 		default:
-			d := time.Duration(rng.Int64N(int64(5 * time.Millisecond)))
-			if err := s.Drain(ctx, bs, d); err != nil {
-				t.Fatal(err)
-			}
-			if reader == nil {
+			if !m.drain(bs) {
 				return
 			}
-			for _, b := range bs {
-				syncModel(t, reader, b, model[b.Key], func(now int64, st *gcra.State) {
-					gcra.Drain(now, b.Limits, st, d)
-				})
-			}
 		}
-		if reader != nil {
-			for _, b := range buckets {
-				compareState(t, step, reader, b, *model[b.Key])
+		if m.reader != nil {
+			for _, b := range m.buckets {
+				compareState(t, step, m.reader, b, *m.model[b.Key])
 			}
 		}
 	}
+}
+
+// modelRun is one run of matchesModel: the store, the model's state of
+// each bucket, and the bookings a cancel may return.
+type modelRun struct {
+	t        *testing.T
+	s        fleetrate.Store
+	reader   StateReader // nil when the store shows no state
+	rng      *rand.Rand
+	buckets  []fleetrate.Bucket
+	model    map[string]*gcra.State
+	bookings []modelBooking
+}
+
+// modelBooking is a take's booking, kept for a later cancel.
+type modelBooking struct {
+	bs []fleetrate.Bucket
+	n  int64
+	b  fleetrate.Booking
+}
+
+// pick returns a random non-empty subset of the buckets.
+func (m *modelRun) pick() []fleetrate.Bucket {
+	out := []fleetrate.Bucket{}
+	for _, b := range m.buckets {
+		if m.rng.IntN(2) == 0 {
+			out = append(out, b)
+		}
+	}
+	if len(out) == 0 {
+		out = append(out, m.buckets[m.rng.IntN(len(m.buckets))])
+	}
+	return out
+}
+
+// take makes a random take of bs, sometimes with a reserve or a booking,
+// and checks the store's result and booking against the model's.
+func (m *modelRun) take(step int, bs []fleetrate.Bucket) {
+	t, rng := m.t, m.rng
+	req := fleetrate.Request{Buckets: bs, N: rng.Int64N(4), MaxWait: time.Duration(rng.Int64N(int64(20 * time.Millisecond)))}
+	if rng.IntN(3) == 0 {
+		req.MaxWait = 0
+	}
+	for i := range bs {
+		// A lower priority class on some buckets: a reserve the take can
+		// leave.
+		room := bs[i].Limits[0].Burst
+		for _, l := range bs[i].Limits {
+			room = min(room, l.Burst)
+		}
+		if room -= max(req.N, 1); room > 0 && rng.IntN(3) == 0 {
+			bs[i].Reserve = 1 + rng.Int64N(room)
+		}
+	}
+	var got, want fleetrate.Booking
+	if rng.IntN(2) == 0 {
+		req.Booking = &got
+	}
+	res := mustTake(t, m.s, req)
+	states := make([]gcra.State, len(bs))
+	for i, b := range bs {
+		states[i] = cloneState(*m.model[b.Key])
+	}
+	mreq := req
+	if req.Booking != nil {
+		mreq.Booking = &want
+	}
+	wantRes, _ := gcra.Decide(res.At.UnixMicro(), mreq, states)
+	for i, b := range bs {
+		*m.model[b.Key] = states[i]
+	}
+	if res != wantRes {
+		t.Fatalf("step %d: store decided\n%+v\nmodel decided\n%+v", step, res, wantRes)
+	}
+	if got.Stamp != want.Stamp || !slices.Equal(got.Debts, want.Debts) {
+		t.Fatalf("step %d: store booked %+v, model booked %+v", step, got, want)
+	}
+	if len(got.Debts) > 0 {
+		m.bookings = append(m.bookings, modelBooking{bs, req.N, got})
+	}
+}
+
+// cancel cancels a random booking and follows it in the model; it does
+// nothing without a booking or a StateReader.
+func (m *modelRun) cancel() {
+	if len(m.bookings) == 0 || m.reader == nil {
+		return
+	}
+	i := m.rng.IntN(len(m.bookings))
+	bk := m.bookings[i]
+	m.bookings = slices.Delete(m.bookings, i, i+1)
+	if err := m.s.Cancel(context.Background(), bk.bs, bk.n, bk.b); err != nil {
+		m.t.Fatal(err)
+	}
+	off := 0
+	for _, b := range bk.bs {
+		n := len(b.Limits)
+		syncModel(m.t, m.reader, b, m.model[b.Key], func(now int64, st *gcra.State) {
+			gcra.Cancel(now, b.Limits, st, bk.n, bk.b.Stamp, bk.b.Debts[off:off+n])
+		})
+		off += n
+	}
+}
+
+// refund refunds a random count to bs and follows it in the model. It
+// reports false when the model cannot follow (no StateReader).
+func (m *modelRun) refund(bs []fleetrate.Bucket) bool {
+	n := m.rng.Int64N(3)
+	if err := m.s.Refund(context.Background(), bs, n); err != nil {
+		m.t.Fatal(err)
+	}
+	if m.reader == nil {
+		return false
+	}
+	for _, b := range bs {
+		syncModel(m.t, m.reader, b, m.model[b.Key], func(now int64, st *gcra.State) {
+			gcra.Refund(now, b.Limits, st, n)
+		})
+	}
+	return true
+}
+
+// drain drains bs for a random time and follows it in the model. It
+// reports false when the model cannot follow (no StateReader).
+func (m *modelRun) drain(bs []fleetrate.Bucket) bool {
+	d := time.Duration(m.rng.Int64N(int64(5 * time.Millisecond)))
+	if err := m.s.Drain(context.Background(), bs, d); err != nil {
+		m.t.Fatal(err)
+	}
+	if m.reader == nil {
+		return false
+	}
+	for _, b := range bs {
+		syncModel(m.t, m.reader, b, m.model[b.Key], func(now int64, st *gcra.State) {
+			gcra.Drain(now, b.Limits, st, d)
+		})
+	}
+	return true
 }
 
 // syncModel applies op to the model at the time the store stamped the

@@ -305,7 +305,20 @@ func resolveSettings(fs *pflag.FlagSet, getenv func(string) string) (serveSettin
 		return st, err
 	}
 	st.cfg = cfg
-	s := cfg.Settings
+	r.settings(&st, cfg.Settings)
+	if err := errors.Join(r.errs...); err != nil {
+		return st, err
+	}
+	if err := st.check(); err != nil {
+		return st, err
+	}
+	st.tokens, err = authTokens(st.authTokenFile, getenv)
+	return st, err
+}
+
+// settings resolves each setting of st but the config file's, with s the
+// file's server section.
+func (r *resolver) settings(st *serveSettings, s config.Settings) {
 	st.httpAddr = r.str("http-addr", s.HTTPAddr)
 	st.grpcAddr = r.str("grpc-addr", s.GRPCAddr)
 	st.redis = r.str("redis", s.Redis)
@@ -337,40 +350,47 @@ func resolveSettings(fs *pflag.FlagSet, getenv func(string) string) (serveSettin
 	st.nearLimitRatio = r.ratio("near-limit-ratio")
 	st.metricsAddr = r.str("metrics-addr", nil)
 	st.metricsPath = r.str("metrics-path", nil)
-	if err := errors.Join(r.errs...); err != nil {
-		return st, err
-	}
+}
+
+// check reports the first setting, or pair of settings, that cannot work.
+func (st *serveSettings) check() error {
 	if st.maxWait > fleetrate.MaxWaitCap {
-		return st, fmt.Errorf("max wait must be at most %v, got %v", fleetrate.MaxWaitCap, st.maxWait)
+		return fmt.Errorf("max wait must be at most %v, got %v", fleetrate.MaxWaitCap, st.maxWait)
 	}
 	if st.httpAddr == "off" && st.grpcAddr == "off" {
-		return st, errors.New("http-addr and grpc-addr are both off: nothing to serve")
+		return errors.New("http-addr and grpc-addr are both off: nothing to serve")
 	}
 	if (st.tlsCertFile == "") != (st.tlsKeyFile == "") {
-		return st, errors.New("give both tls-cert-file and tls-key-file, or neither")
+		return errors.New("give both tls-cert-file and tls-key-file, or neither")
 	}
 	switch st.logFormat {
 	case "text", "json":
 	default:
-		return st, fmt.Errorf("log-format must be text or json, got %q", st.logFormat)
+		return fmt.Errorf("log-format must be text or json, got %q", st.logFormat)
 	}
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(st.logLevel)); err != nil {
-		return st, fmt.Errorf("log-level must be debug, info, warn or error, got %q", st.logLevel)
+		return fmt.Errorf("log-level must be debug, info, warn or error, got %q", st.logLevel)
 	}
-	if st.authTokenFile != "" {
-		toks, err := readTokens(st.authTokenFile)
-		if err != nil {
-			return st, err
+	return nil
+}
+
+// authTokens are the bearer tokens of the file at path (none when path is
+// empty) followed by those of FLEETRATE_AUTH_TOKEN, comma-separated.
+func authTokens(path string, getenv func(string) string) ([]string, error) {
+	var toks []string
+	if path != "" {
+		var err error
+		if toks, err = readTokens(path); err != nil {
+			return nil, err
 		}
-		st.tokens = append(st.tokens, toks...)
 	}
 	for _, t := range strings.Split(getenv(envPrefix+"AUTH_TOKEN"), ",") {
 		if t = strings.TrimSpace(t); t != "" {
-			st.tokens = append(st.tokens, t)
+			toks = append(toks, t)
 		}
 	}
-	return st, nil
+	return toks, nil
 }
 
 // readTokens reads bearer tokens, one per line; blank lines and lines
@@ -455,24 +475,58 @@ func serve(ctx context.Context, st serveSettings, logOut io.Writer) error {
 	if err != nil {
 		return err
 	}
-	var (
-		store     fleetrate.Store = memstore.New(memstore.Options{MaxKeys: int(st.memMaxKeys), MaxBytes: st.memMaxBytes})
-		storeName                 = "memory"
-		closeFn                   = func() error { return nil }
-	)
-	if st.redis != "" {
-		rs, err := openServeRedis(ctx, st.redis, st.redisBatch, st.storeTimeout, log)
+	store, err := openServeStore(ctx, st, log)
+	if err != nil {
+		return err
+	}
+	defer store.close()
+	srv, err := newServerWithStatus(st.serverOptions(store, tlsCfg, log))
+	if err != nil {
+		return err
+	}
+	hl, err := listen(st.httpAddr)
+	if err != nil {
+		return fmt.Errorf("http-addr: %w", err)
+	}
+	gl, err := listen(st.grpcAddr)
+	if err != nil {
+		closeAll(hl)
+		return fmt.Errorf("grpc-addr: %w", err)
+	}
+	for _, n := range st.envoyNotes {
+		log.Warn("envoyproxy/ratelimit setting: " + n)
+	}
+	if st.metricsAddr != "" {
+		ms, err := serveMetrics(st.metricsAddr, st.metricsPath, st.readTimeout, srv.MetricsHandler())
 		if err != nil {
+			closeAll(hl, gl)
 			return err
 		}
-		store, storeName, closeFn = rs.store, rs.name, rs.close
+		defer ms.Close()
 	}
-	defer closeFn()
-	srv, err := newServerWithStatus(server.Options{
+	defer reloadOnHangup(ctx, srv, st.configPath, log)()
+	return srv.Serve(ctx, hl, gl)
+}
+
+// openServeStore opens the Redis store st names, or else the in-memory one.
+func openServeStore(ctx context.Context, st serveSettings, log *slog.Logger) (serveStore, error) {
+	if st.redis != "" {
+		return openServeRedis(ctx, st.redis, st.redisBatch, st.storeTimeout, log)
+	}
+	return serveStore{
+		store: memstore.New(memstore.Options{MaxKeys: int(st.memMaxKeys), MaxBytes: st.memMaxBytes}),
+		name:  "memory",
+		close: func() error { return nil },
+	}, nil
+}
+
+// serverOptions are the server's options for st, serving store.
+func (st *serveSettings) serverOptions(store serveStore, tlsCfg *tls.Config, log *slog.Logger) server.Options {
+	return server.Options{
 		LocalCacheBytes:         st.localCacheBytes,
 		NearLimitRatio:          st.nearLimitRatio,
-		Store:                   store,
-		StoreName:               storeName,
+		Store:                   store.store,
+		StoreName:               store.name,
 		Config:                  st.cfg,
 		ConfigPath:              st.configPath,
 		ConfigOptions:           st.configLoad,
@@ -494,47 +548,38 @@ func serve(ctx context.Context, st serveSettings, logOut io.Writer) error {
 		DisableStoreAPI:         !st.storeAPI,
 		ResponseDynamicMetadata: st.dynamicMetadata,
 		Logger:                  log,
-	})
+	}
+}
+
+// serveMetrics serves metrics alone at path on a listener of its own at
+// addr (--metrics-addr), until the returned server is closed.
+func serveMetrics(addr, path string, readTimeout time.Duration, metrics http.Handler) (*http.Server, error) {
+	ml, err := net.Listen("tcp", addr)
 	if err != nil {
-		return err
+		return nil, fmt.Errorf("metrics-addr: %w", err)
 	}
-	hl, err := listen(st.httpAddr)
-	if err != nil {
-		return fmt.Errorf("http-addr: %w", err)
-	}
-	gl, err := listen(st.grpcAddr)
-	if err != nil {
-		closeAll(hl)
-		return fmt.Errorf("grpc-addr: %w", err)
-	}
-	for _, n := range st.envoyNotes {
-		log.Warn("envoyproxy/ratelimit setting: " + n)
-	}
-	if st.metricsAddr != "" {
-		ml, err := net.Listen("tcp", st.metricsAddr)
-		if err != nil {
-			closeAll(hl, gl)
-			return fmt.Errorf("metrics-addr: %w", err)
-		}
-		mux := http.NewServeMux()
-		mux.Handle(st.metricsPath, srv.MetricsHandler())
-		ms := &http.Server{Handler: mux, ReadHeaderTimeout: st.readTimeout}
-		go func() { _ = ms.Serve(ml) }()
-		defer ms.Close()
-	}
+	mux := http.NewServeMux()
+	mux.Handle(path, metrics)
+	ms := &http.Server{Handler: mux, ReadHeaderTimeout: readTimeout}
+	go func() { _ = ms.Serve(ml) }()
+	return ms, nil
+}
+
+// reloadOnHangup reloads srv's configuration on each SIGHUP until ctx ends;
+// the returned function stops listening for SIGHUP.
+func reloadOnHangup(ctx context.Context, srv *server.Server, path string, log *slog.Logger) (stop func()) {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
 	go func() {
 		for {
 			select {
 			case <-ctx.Done():
 				return
 			case <-hup:
-				log.Info("SIGHUP: reloading the configuration", "path", st.configPath)
+				log.Info("SIGHUP: reloading the configuration", "path", path)
 				_ = srv.Reload() // a failure is logged and keeps the old config
 			}
 		}
 	}()
-	return srv.Serve(ctx, hl, gl)
+	return func() { signal.Stop(hup) }
 }

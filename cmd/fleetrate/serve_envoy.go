@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net"
@@ -18,157 +19,177 @@ import (
 // notes, each with the reason, for the log; a setting fleetrate cannot
 // honour safely is an error. docs/OPERATIONS.md has the table.
 func envoyEnv(getenv func(string) string) (vals map[string]string, notes []string, err error) {
-	vals = map[string]string{}
-	set := func(name string) bool { return getenv(name) != "" }
-	boolean := func(name string) (bool, error) {
-		v := getenv(name)
-		if v == "" {
-			return false, nil
-		}
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			return false, fmt.Errorf("%s: want true or false, got %q", name, v)
-		}
-		return b, nil
-	}
-	var errs []error
-	flagBool := func(env, flag string) {
-		if !set(env) {
-			return
-		}
-		b, err := boolean(env)
-		if err != nil {
-			errs = append(errs, err)
-			return
-		}
-		vals[flag] = strconv.FormatBool(b)
-	}
+	e := &envoyReader{getenv: getenv, vals: map[string]string{}}
+	e.files()
+	e.listeners()
+	e.logs()
+	e.decisions()
+	e.store()
+	return e.vals, e.notes, errors.Join(e.errs...)
+}
 
-	// Configuration files: RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY.
-	if set("RUNTIME_ROOT") || set("RUNTIME_SUBDIRECTORY") {
-		root := getenv("RUNTIME_ROOT")
-		if root == "" {
-			root = "/srv/runtime_data/current"
-		}
-		app := getenv("RUNTIME_APPDIRECTORY")
-		if app == "" {
-			app = "config"
-		}
-		vals["config"] = filepath.Join(root, getenv("RUNTIME_SUBDIRECTORY"), app)
-	}
-	flagBool("MERGE_DOMAIN_CONFIG", "merge-domains")
-	flagBool("RUNTIME_IGNOREDOTFILES", "ignore-dot-files")
-	if v := getenv("CONFIG_TYPE"); v != "" && !strings.EqualFold(v, "FILE") {
-		errs = append(errs, fmt.Errorf("CONFIG_TYPE=%s: fleetrate reads configuration from files only (FILE)", v))
-	}
+// envoyReader collects what envoyEnv makes of the variables, one group of
+// them per method: the flag values, a note for each variable it ignores and
+// an error for each it refuses.
+type envoyReader struct {
+	getenv func(string) string
+	vals   map[string]string
+	notes  []string
+	errs   []error
+}
 
-	// Listeners.
-	if set("HOST") || set("PORT") {
-		vals["http-addr"] = hostPort(getenv("HOST"), getenv("PORT"), "8080")
+func (e *envoyReader) set(name string) bool { return e.getenv(name) != "" }
+
+// boolean reads a true-or-false variable; unset is false.
+func (e *envoyReader) boolean(name string) (bool, error) {
+	v := e.getenv(name)
+	if v == "" {
+		return false, nil
 	}
-	if set("GRPC_HOST") || set("GRPC_PORT") {
-		vals["grpc-addr"] = hostPort(getenv("GRPC_HOST"), getenv("GRPC_PORT"), "8081")
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		return false, fmt.Errorf("%s: want true or false, got %q", name, v)
 	}
-	if use, _ := boolean("GRPC_SERVER_USE_TLS"); use {
-		vals["tls-cert-file"], vals["tls-key-file"] = getenv("GRPC_SERVER_TLS_CERT"), getenv("GRPC_SERVER_TLS_KEY")
-		if v := getenv("GRPC_CLIENT_TLS_CACERT"); v != "" {
-			vals["tls-client-ca-file"] = v
-		}
+	return b, nil
+}
+
+// flagBool sets a boolean flag from the variable env when it is set.
+func (e *envoyReader) flagBool(env, flag string) {
+	if !e.set(env) {
+		return
 	}
-	if use, err := boolean("USE_PROMETHEUS"); err != nil {
-		errs = append(errs, err)
+	b, err := e.boolean(env)
+	if err != nil {
+		e.errs = append(e.errs, err)
+		return
+	}
+	e.vals[flag] = strconv.FormatBool(b)
+}
+
+// copy sets flag to the variable env's value when it is set.
+func (e *envoyReader) copy(env, flag string) {
+	if v := e.getenv(env); v != "" {
+		e.vals[flag] = v
+	}
+}
+
+// files reads where the configuration files are
+// (RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY) and how they are
+// read.
+func (e *envoyReader) files() {
+	if e.set("RUNTIME_ROOT") || e.set("RUNTIME_SUBDIRECTORY") {
+		root := cmp.Or(e.getenv("RUNTIME_ROOT"), "/srv/runtime_data/current")
+		app := cmp.Or(e.getenv("RUNTIME_APPDIRECTORY"), "config")
+		e.vals["config"] = filepath.Join(root, e.getenv("RUNTIME_SUBDIRECTORY"), app)
+	}
+	e.flagBool("MERGE_DOMAIN_CONFIG", "merge-domains")
+	e.flagBool("RUNTIME_IGNOREDOTFILES", "ignore-dot-files")
+	if v := e.getenv("CONFIG_TYPE"); v != "" && !strings.EqualFold(v, "FILE") {
+		e.errs = append(e.errs, fmt.Errorf("CONFIG_TYPE=%s: fleetrate reads configuration from files only (FILE)", v))
+	}
+}
+
+// listeners reads the HTTP, gRPC (with its TLS) and Prometheus addresses.
+func (e *envoyReader) listeners() {
+	if e.set("HOST") || e.set("PORT") {
+		e.vals["http-addr"] = hostPort(e.getenv("HOST"), e.getenv("PORT"), "8080")
+	}
+	if e.set("GRPC_HOST") || e.set("GRPC_PORT") {
+		e.vals["grpc-addr"] = hostPort(e.getenv("GRPC_HOST"), e.getenv("GRPC_PORT"), "8081")
+	}
+	if use, _ := e.boolean("GRPC_SERVER_USE_TLS"); use {
+		e.vals["tls-cert-file"], e.vals["tls-key-file"] = e.getenv("GRPC_SERVER_TLS_CERT"), e.getenv("GRPC_SERVER_TLS_KEY")
+		e.copy("GRPC_CLIENT_TLS_CACERT", "tls-client-ca-file")
+	}
+	if use, err := e.boolean("USE_PROMETHEUS"); err != nil {
+		e.errs = append(e.errs, err)
 	} else if use {
-		addr := getenv("PROMETHEUS_ADDR")
-		if addr == "" {
-			addr = ":9090"
-		}
-		vals["metrics-addr"] = addr
-		if p := getenv("PROMETHEUS_PATH"); p != "" {
-			vals["metrics-path"] = p
-		}
+		e.vals["metrics-addr"] = cmp.Or(e.getenv("PROMETHEUS_ADDR"), ":9090")
+		e.copy("PROMETHEUS_PATH", "metrics-path")
 	}
+}
 
-	// Logs.
-	if v := getenv("LOG_LEVEL"); v != "" {
-		switch l := strings.ToLower(v); l {
-		case "trace", "debug":
-			vals["log-level"] = "debug"
-		case "info":
-			vals["log-level"] = "info"
-		case "warn", "warning":
-			vals["log-level"] = "warn"
-		case "error", "fatal", "panic":
-			vals["log-level"] = "error"
-		default:
-			errs = append(errs, fmt.Errorf("LOG_LEVEL: want debug, info, warn or error, got %q", v))
-		}
-	}
-	if v := getenv("LOG_FORMAT"); v != "" {
-		vals["log-format"] = strings.ToLower(v)
-	}
+// envoyLogLevels maps envoyproxy/ratelimit's log levels (logrus's) onto
+// fleetrate's.
+var envoyLogLevels = map[string]string{
+	"trace": "debug", "debug": "debug",
+	"info": "info",
+	"warn": "warn", "warning": "warn",
+	"error": "error", "fatal": "error", "panic": "error",
+}
 
-	// Decisions.
-	flagBool("SHADOW_MODE", "shadow-mode")
-	flagBool("QUOTA_MODE", "quota-mode")
-	flagBool("RESPONSE_DYNAMIC_METADATA", "response-dynamic-metadata")
-	flagBool("LIMIT_RESPONSE_HEADERS_ENABLED", "response-headers")
-	for _, name := range []string{"LIMIT_LIMIT_HEADER", "LIMIT_REMAINING_HEADER", "LIMIT_RESET_HEADER"} {
-		if set(name) {
-			notes = append(notes, name+": ignored; fleetrate sends the current IETF draft's RateLimit-Policy and RateLimit fields, whose names are fixed")
-		}
-	}
-	if v := getenv("CACHE_KEY_PREFIX"); v != "" {
-		vals["prefix"] = v
-	}
-
-	// The store.
-	if v := getenv("BACKEND_TYPE"); v != "" && !strings.EqualFold(v, "redis") {
-		errs = append(errs, fmt.Errorf("BACKEND_TYPE=%s: fleetrate's stores are Redis and its own memory (without REDIS_URL); memcache is not supported", v))
-	}
-	if set("REDIS_URL") {
-		u, err := envoyRedisURL(getenv)
-		if err != nil {
-			errs = append(errs, err)
+// logs reads the log level and format.
+func (e *envoyReader) logs() {
+	if v := e.getenv("LOG_LEVEL"); v != "" {
+		if l, ok := envoyLogLevels[strings.ToLower(v)]; ok {
+			e.vals["log-level"] = l
 		} else {
-			vals["redis"] = u
+			e.errs = append(e.errs, fmt.Errorf("LOG_LEVEL: want debug, info, warn or error, got %q", v))
 		}
 	}
-	if v := getenv("LOCAL_CACHE_SIZE_IN_BYTES"); v != "" {
-		vals["local-cache-bytes"] = v
+	if v := e.getenv("LOG_FORMAT"); v != "" {
+		e.vals["log-format"] = strings.ToLower(v)
 	}
-	if v := getenv("NEAR_LIMIT_RATIO"); v != "" {
-		vals["near-limit-ratio"] = v
-	}
-	if v := getenv("REDIS_TIMEOUT"); v != "" {
-		vals["store-timeout"] = v
-	}
-	if per, _ := boolean("REDIS_PERSECOND"); per {
-		notes = append(notes, "REDIS_PERSECOND: ignored; per-second limits use the same store as the others (REDIS_URL)")
-	}
-	for _, n := range []struct{ name, why string }{
-		{"REDIS_PIPELINE_WINDOW", "fleetrate batches concurrent Redis calls itself (--redis-batch, on by default)"},
-		{"REDIS_PIPELINE_LIMIT", "fleetrate batches concurrent Redis calls itself (--redis-batch, on by default)"},
-		{"REDIS_TLS_CLIENT_CERT", "Redis client certificates are not supported; REDIS_TLS uses the system's CAs"},
-		{"REDIS_TLS_CACERT", "Redis client certificates are not supported; REDIS_TLS uses the system's CAs"},
-		{"EXPIRATION_JITTER_MAX_SECONDS", "token buckets expire when full, not at window ends, so keys do not expire together"},
-		{"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "fleetrate always behaves so: a denied request spends nothing"},
-		{"USE_STATSD", "fleetrate exports Prometheus metrics on /metrics, not statsd"},
-		{"USE_DOG_STATSD", "fleetrate exports Prometheus metrics on /metrics, not statsd"},
-		{"TRACING_ENABLED", "tracing is not supported"},
-		{"GRPC_UDS", "a gRPC Unix socket is not supported; use GRPC_PORT"},
-	} {
-		if v := getenv(n.name); v != "" && !strings.EqualFold(v, "false") && v != "0" {
-			notes = append(notes, n.name+": ignored; "+n.why)
+}
+
+// decisions reads the modes and response headers of a decision, and the
+// prefix of its keys.
+func (e *envoyReader) decisions() {
+	e.flagBool("SHADOW_MODE", "shadow-mode")
+	e.flagBool("QUOTA_MODE", "quota-mode")
+	e.flagBool("RESPONSE_DYNAMIC_METADATA", "response-dynamic-metadata")
+	e.flagBool("LIMIT_RESPONSE_HEADERS_ENABLED", "response-headers")
+	for _, name := range []string{"LIMIT_LIMIT_HEADER", "LIMIT_REMAINING_HEADER", "LIMIT_RESET_HEADER"} {
+		if e.set(name) {
+			e.notes = append(e.notes, name+": ignored; fleetrate sends the current IETF draft's RateLimit-Policy and RateLimit fields, whose names are fixed")
 		}
 	}
-	return vals, notes, errors.Join(errs...)
+	e.copy("CACHE_KEY_PREFIX", "prefix")
+}
+
+// envoyIgnored are the variables fleetrate has no equivalent for, each with
+// the reason given in the note when one is on.
+var envoyIgnored = []struct{ name, why string }{
+	{"REDIS_PIPELINE_WINDOW", "fleetrate batches concurrent Redis calls itself (--redis-batch, on by default)"},
+	{"REDIS_PIPELINE_LIMIT", "fleetrate batches concurrent Redis calls itself (--redis-batch, on by default)"},
+	{"REDIS_TLS_CLIENT_CERT", "Redis client certificates are not supported; REDIS_TLS uses the system's CAs"},
+	{"REDIS_TLS_CACERT", "Redis client certificates are not supported; REDIS_TLS uses the system's CAs"},
+	{"EXPIRATION_JITTER_MAX_SECONDS", "token buckets expire when full, not at window ends, so keys do not expire together"},
+	{"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "fleetrate always behaves so: a denied request spends nothing"},
+	{"USE_STATSD", "fleetrate exports Prometheus metrics on /metrics, not statsd"},
+	{"USE_DOG_STATSD", "fleetrate exports Prometheus metrics on /metrics, not statsd"},
+	{"TRACING_ENABLED", "tracing is not supported"},
+	{"GRPC_UDS", "a gRPC Unix socket is not supported; use GRPC_PORT"},
+}
+
+// store reads the store (Redis, or memory without REDIS_URL) and its
+// settings, then notes the ignored variables that are on.
+func (e *envoyReader) store() {
+	if v := e.getenv("BACKEND_TYPE"); v != "" && !strings.EqualFold(v, "redis") {
+		e.errs = append(e.errs, fmt.Errorf("BACKEND_TYPE=%s: fleetrate's stores are Redis and its own memory (without REDIS_URL); memcache is not supported", v))
+	}
+	if e.set("REDIS_URL") {
+		if u, err := envoyRedisURL(e.getenv); err != nil {
+			e.errs = append(e.errs, err)
+		} else {
+			e.vals["redis"] = u
+		}
+	}
+	e.copy("LOCAL_CACHE_SIZE_IN_BYTES", "local-cache-bytes")
+	e.copy("NEAR_LIMIT_RATIO", "near-limit-ratio")
+	e.copy("REDIS_TIMEOUT", "store-timeout")
+	if per, _ := e.boolean("REDIS_PERSECOND"); per {
+		e.notes = append(e.notes, "REDIS_PERSECOND: ignored; per-second limits use the same store as the others (REDIS_URL)")
+	}
+	for _, n := range envoyIgnored {
+		if v := e.getenv(n.name); v != "" && !strings.EqualFold(v, "false") && v != "0" {
+			e.notes = append(e.notes, n.name+": ignored; "+n.why)
+		}
+	}
 }
 
 func hostPort(host, port, defPort string) string {
-	if port == "" {
-		port = defPort
-	}
-	return net.JoinHostPort(host, port)
+	return net.JoinHostPort(host, cmp.Or(port, defPort))
 }
 
 // envoyRedisURL builds a fleetrate Redis URL from REDIS_SOCKET_TYPE (tcp or
@@ -177,11 +198,9 @@ func hostPort(host, port, defPort string) string {
 // ("password" or "user:password"), REDIS_SENTINEL_AUTH, REDIS_TLS and
 // REDIS_POOL_SIZE.
 func envoyRedisURL(getenv func(string) string) (string, error) {
-	raw := getenv("REDIS_URL")
-	tls, _ := strconv.ParseBool(getenv("REDIS_TLS"))
-	scheme := "redis"
-	if tls {
-		scheme = "rediss"
+	u := &url.URL{Scheme: "redis"}
+	if tls, _ := strconv.ParseBool(getenv("REDIS_TLS")); tls {
+		u.Scheme = "rediss"
 	}
 	q := url.Values{}
 	if v := getenv("REDIS_POOL_SIZE"); v != "" {
@@ -190,23 +209,10 @@ func envoyRedisURL(getenv func(string) string) (string, error) {
 		}
 		q.Set("pool_size", v)
 	}
-	user := func(auth string) *url.Userinfo {
-		if auth == "" {
-			return nil
-		}
-		if name, pass, ok := strings.Cut(auth, ":"); ok {
-			return url.UserPassword(name, pass)
-		}
-		return url.UserPassword("", auth)
-	}
-	u := &url.URL{Scheme: scheme}
-	socket := strings.ToLower(getenv("REDIS_SOCKET_TYPE"))
-	if socket == "" {
-		socket = "unix" // envoyproxy/ratelimit's default
-	}
-	parts := strings.Split(raw, ",")
+	raw := getenv("REDIS_URL")
 	switch typ := strings.ToLower(getenv("REDIS_TYPE")); typ {
 	case "", "single":
+		socket := cmp.Or(strings.ToLower(getenv("REDIS_SOCKET_TYPE")), "unix") // envoyproxy/ratelimit's default
 		switch socket {
 		case "unix":
 			u.Scheme, u.Path = "unix", raw
@@ -215,38 +221,63 @@ func envoyRedisURL(getenv func(string) string) (string, error) {
 		default:
 			return "", fmt.Errorf("REDIS_SOCKET_TYPE: want tcp or unix, got %q", socket)
 		}
-		u.User = user(getenv("REDIS_AUTH"))
+		u.User = envoyUser(getenv("REDIS_AUTH"))
 	case "sentinel":
-		if len(parts) < 2 {
-			return "", errors.New("REDIS_URL: with REDIS_TYPE=sentinel, want a master name and sentinels: <master>,<sentinel1>,<sentinel2>")
-		}
-		u.Scheme += "+sentinel"
-		u.Host = parts[1]
-		for _, a := range parts[2:] {
-			q.Add("addr", a)
-		}
-		q.Set("master_name", parts[0])
-		u.User = user(getenv("REDIS_SENTINEL_AUTH"))
-		if auth := getenv("REDIS_AUTH"); auth != "" {
-			name, pass, ok := strings.Cut(auth, ":")
-			if !ok {
-				name, pass = "", auth
-			}
-			if name != "" {
-				q.Set("username", name)
-			}
-			q.Set("password", pass)
+		if err := envoySentinel(u, q, raw, getenv); err != nil {
+			return "", err
 		}
 	case "cluster":
+		nodes := strings.Split(raw, ",")
 		u.Scheme += "+cluster"
-		u.Host = parts[0]
-		for _, a := range parts[1:] {
+		u.Host = nodes[0]
+		for _, a := range nodes[1:] {
 			q.Add("addr", a)
 		}
-		u.User = user(getenv("REDIS_AUTH"))
+		u.User = envoyUser(getenv("REDIS_AUTH"))
 	default:
 		return "", fmt.Errorf("REDIS_TYPE: want single, sentinel or cluster, got %q", typ)
 	}
 	u.RawQuery = q.Encode()
 	return u.String(), nil
+}
+
+// envoySentinel fills u and q for REDIS_TYPE=sentinel: raw is
+// "master,sentinel1,sentinel2,...", REDIS_SENTINEL_AUTH goes in the URL's
+// user and REDIS_AUTH, the master's, in the query.
+func envoySentinel(u *url.URL, q url.Values, raw string, getenv func(string) string) error {
+	parts := strings.Split(raw, ",")
+	if len(parts) < 2 {
+		return errors.New("REDIS_URL: with REDIS_TYPE=sentinel, want a master name and sentinels: <master>,<sentinel1>,<sentinel2>")
+	}
+	u.Scheme += "+sentinel"
+	u.Host = parts[1]
+	for _, a := range parts[2:] {
+		q.Add("addr", a)
+	}
+	q.Set("master_name", parts[0])
+	u.User = envoyUser(getenv("REDIS_SENTINEL_AUTH"))
+	if auth := getenv("REDIS_AUTH"); auth != "" {
+		name, pass := envoyAuth(auth)
+		if name != "" {
+			q.Set("username", name)
+		}
+		q.Set("password", pass)
+	}
+	return nil
+}
+
+// envoyAuth splits envoyproxy/ratelimit's "password" or "user:password".
+func envoyAuth(auth string) (name, pass string) {
+	if name, pass, ok := strings.Cut(auth, ":"); ok {
+		return name, pass
+	}
+	return "", auth
+}
+
+// envoyUser is the URL user for auth, nil when auth is empty.
+func envoyUser(auth string) *url.Userinfo {
+	if auth == "" {
+		return nil
+	}
+	return url.UserPassword(envoyAuth(auth))
 }

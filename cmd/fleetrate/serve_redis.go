@@ -15,8 +15,8 @@ import (
 	"github.com/fleetrate/fleetrate/redisstore"
 )
 
-// serveRedis is an opened Redis store.
-type serveRedis struct {
+// serveStore is an opened store: Redis, or the in-memory one.
+type serveStore struct {
 	store fleetrate.Store
 	name  string // the URL without its password, for logs
 	close func() error
@@ -85,11 +85,11 @@ func serveStoreOptions(raw string, batch bool, timeout time.Duration) redisstore
 // openServeRedis connects to Redis. An unreachable server is not fatal: the
 // service starts, /readyz fails and decisions report the store as
 // unavailable until Redis answers.
-func openServeRedis(ctx context.Context, raw string, batch bool, timeout time.Duration, log *slog.Logger) (serveRedis, error) {
+func openServeRedis(ctx context.Context, raw string, batch bool, timeout time.Duration, log *slog.Logger) (serveStore, error) {
 	redisstore.SetLogger(log) // go-redis's own lines: structured, one a second
 	c, name, err := newServeRedisClient(raw)
 	if err != nil {
-		return serveRedis{}, err
+		return serveStore{}, err
 	}
 	// --store-timeout bounds every store call: the server bounds each
 	// request's calls with it, and the store bounds with it the calls that
@@ -101,7 +101,7 @@ func openServeRedis(ctx context.Context, raw string, batch bool, timeout time.Du
 	st, err := redisstore.New(c, serveStoreOptions(raw, batch, timeout))
 	if err != nil {
 		c.Close()
-		return serveRedis{}, err
+		return serveStore{}, err
 	}
 	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
@@ -110,5 +110,5 @@ func openServeRedis(ctx context.Context, raw string, batch bool, timeout time.Du
 	} else if err := st.LoadScripts(pctx); err != nil {
 		log.Warn("loading the Lua scripts into redis failed; they load on first use", "redis", name, "error", err.Error())
 	}
-	return serveRedis{store: st, name: name, close: c.Close}, nil
+	return serveStore{store: st, name: name, close: c.Close}, nil
 }

@@ -15,6 +15,19 @@ import (
 	"github.com/fleetrate/fleetrate/internal/simulate"
 )
 
+const simulateLong = `simulate plays the same simulated seconds of traffic through a fixed-window
+counter and through fleetrate's token bucket (the real memstore on a
+simulated clock):
+
+  - cron clients that each fire a batch at every :00 and retry refused
+    requests after Retry-After;
+  - a client that spends a whole window quota just before a window
+    boundary and a whole quota again just after it.
+
+It prints, for each limiter, the most requests admitted in any 20 s span,
+the peak admitted per second and the rejections, and writes a chart of
+admitted requests per second (SVG or PNG, by the --out extension).`
+
 // newSimulateCmd returns "fleetrate simulate": the same traffic through a
 // fixed window and through the token bucket, with a chart.
 func newSimulateCmd() *cobra.Command {
@@ -26,49 +39,10 @@ func newSimulateCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "simulate",
 		Short: "Compare a fixed-window counter with the token bucket on cron stampedes and window boundaries",
-		Long: `simulate plays the same simulated seconds of traffic through a fixed-window
-counter and through fleetrate's token bucket (the real memstore on a
-simulated clock):
-
-  - cron clients that each fire a batch at every :00 and retry refused
-    requests after Retry-After;
-  - a client that spends a whole window quota just before a window
-    boundary and a whole quota again just after it.
-
-It prints, for each limiter, the most requests admitted in any 20 s span,
-the peak admitted per second and the rejections, and writes a chart of
-admitted requests per second (SVG or PNG, by the --out extension).`,
-		Args: cobra.NoArgs,
+		Long:  simulateLong,
+		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			format := strings.TrimPrefix(strings.ToLower(filepath.Ext(out)), ".")
-			if out != "" && format != "png" && format != "svg" {
-				return fmt.Errorf("--out %q: the chart is written as .png or .svg", out)
-			}
-			if cfg.CronClients == 0 {
-				cfg.CronClients = -1 // the flag's 0 means none; the Config's means the default
-			}
-			if noBoundary {
-				cfg.Boundary = -1
-			}
-			rep, err := simulate.Run(cfg)
-			if err != nil {
-				return err
-			}
-			if err := printReport(cmd.OutOrStdout(), rep); err != nil {
-				return err
-			}
-			if out == "" {
-				return nil
-			}
-			var buf bytes.Buffer
-			if err := rep.WriteChart(&buf, format); err != nil {
-				return fmt.Errorf("--out %s: %w", out, err)
-			}
-			if err := os.WriteFile(out, buf.Bytes(), 0o644); err != nil {
-				return err
-			}
-			_, err = fmt.Fprintf(cmd.OutOrStdout(), "\nchart written to %s\n", out)
-			return err
+			return runSimulate(cmd.OutOrStdout(), cfg, out, noBoundary)
 		},
 	}
 	f := cmd.Flags()
@@ -85,6 +59,40 @@ admitted requests per second (SVG or PNG, by the --out extension).`,
 	f.DurationVar(&cfg.BoundarySpan, "boundary-span", simulate.DefaultBoundarySpan, "how long before and after the boundary it sends each quota")
 	f.DurationVar(&cfg.Span, "span", simulate.DefaultSpan, "sliding span for the most-admitted count")
 	return cmd
+}
+
+// runSimulate runs the simulation cfg and prints its report to w, then
+// writes the chart to the file out unless out is empty.
+func runSimulate(w io.Writer, cfg simulate.Config, out string, noBoundary bool) error {
+	format := strings.TrimPrefix(strings.ToLower(filepath.Ext(out)), ".")
+	if out != "" && format != "png" && format != "svg" {
+		return fmt.Errorf("--out %q: the chart is written as .png or .svg", out)
+	}
+	if cfg.CronClients == 0 {
+		cfg.CronClients = -1 // the flag's 0 means none; the Config's means the default
+	}
+	if noBoundary {
+		cfg.Boundary = -1
+	}
+	rep, err := simulate.Run(cfg)
+	if err != nil {
+		return err
+	}
+	if err := printReport(w, rep); err != nil {
+		return err
+	}
+	if out == "" {
+		return nil
+	}
+	var buf bytes.Buffer
+	if err := rep.WriteChart(&buf, format); err != nil {
+		return fmt.Errorf("--out %s: %w", out, err)
+	}
+	if err := os.WriteFile(out, buf.Bytes(), 0o644); err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(w, "\nchart written to %s\n", out)
+	return err
 }
 
 func printReport(w io.Writer, r *simulate.Report) error {

@@ -108,31 +108,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return err
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, nil))
-	var store fleetrate.Store = memstore.New(memstore.Options{})
-	storeName := "in-memory store"
-	if f.redisURL != "" {
-		opts, err := redis.ParseURL(f.redisURL)
-		if err != nil {
-			return fmt.Errorf("-redis %q: %w", f.redisURL, err)
-		}
-		// Let commands give up at their context's deadline, so a hung
-		// Redis costs a request at most the middleware's timeout.
-		opts.ContextTimeoutEnabled = true
-		// go-redis's own lines (a failed dial per request while Redis is
-		// down) go through our logger, at most one a second.
-		redisstore.SetLogger(logger)
-		client := redis.NewClient(opts)
-		defer client.Close()
-		if store, err = redisstore.New(client, redisstore.Options{Timeout: f.timeout}); err != nil {
-			return err
-		}
-		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		if err := client.Ping(pctx).Err(); err != nil {
-			logger.Warn("Redis does not answer; requests are served unlimited until it does", "addr", opts.Addr, "error", err)
-		}
-		cancel()
-		storeName = "Redis at " + opts.Addr
+	store, storeName, closeStore, err := openStore(ctx, f, logger)
+	if err != nil {
+		return err
 	}
+	defer closeStore()
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -167,6 +147,42 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 	}
 	fmt.Fprintf(stdout, "messages: listening on http://%s (%g/s burst %d per API key, %s)\n", ln.Addr(), f.rate, f.burst, storeName)
+	return serveUntil(ctx, srv, ln)
+}
+
+// openStore opens the store the flags name: Redis with -redis, else the
+// in-memory store. It returns the store's name for the log and the
+// function that closes it.
+func openStore(ctx context.Context, f flags, logger *slog.Logger) (store fleetrate.Store, name string, closeStore func() error, err error) {
+	if f.redisURL == "" {
+		return memstore.New(memstore.Options{}), "in-memory store", func() error { return nil }, nil
+	}
+	opts, err := redis.ParseURL(f.redisURL)
+	if err != nil {
+		return nil, "", nil, fmt.Errorf("-redis %q: %w", f.redisURL, err)
+	}
+	// Let commands give up at their context's deadline, so a hung
+	// Redis costs a request at most the middleware's timeout.
+	opts.ContextTimeoutEnabled = true
+	// go-redis's own lines (a failed dial per request while Redis is
+	// down) go through our logger, at most one a second.
+	redisstore.SetLogger(logger)
+	client := redis.NewClient(opts)
+	if store, err = redisstore.New(client, redisstore.Options{Timeout: f.timeout}); err != nil {
+		client.Close()
+		return nil, "", nil, err
+	}
+	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if err := client.Ping(pctx).Err(); err != nil {
+		logger.Warn("Redis does not answer; requests are served unlimited until it does", "addr", opts.Addr, "error", err)
+	}
+	return store, "Redis at " + opts.Addr, client.Close, nil
+}
+
+// serveUntil serves ln until ctx ends, then shuts srv down, giving the
+// requests in flight 10 seconds.
+func serveUntil(ctx context.Context, srv *http.Server, ln net.Listener) error {
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {

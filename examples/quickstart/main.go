@@ -20,6 +20,11 @@ import (
 	"github.com/fleetrate/fleetrate/redisstore"
 )
 
+// main is the quick start in order: pick a store, configure the limiter,
+// then Allow, Wait, a take of two buckets and a Drain. It is long because
+// it is a tour to read top to bottom, as the README tells it: each step
+// uses what the one before made, and a newcomer should not have to jump
+// between functions to follow it.
 func main() {
 	redisURL := flag.String("redis", "", "Redis URL; empty means the in-memory store")
 	flag.Parse()

@@ -283,30 +283,16 @@ func endpoint(key string, e int) string { return fmt.Sprintf("%s/endpoint%d", ke
 func work(o Options) workerOut {
 	c := newClient(o)
 	defer c.Close()
-	shared, err := redisstore.New(c, redisstore.Options{Timeout: 5 * time.Second, FoldHotKeys: o.Fold, Batch: o.Batch})
-	if err != nil {
-		return workerOut{Errors: []string{err.Error()}}
-	}
-	var store fleetrate.Store = shared
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := shared.LoadScripts(ctx); err != nil {
+	store, err := openStore(ctx, o, c)
+	if err != nil {
 		return workerOut{Errors: []string{err.Error()}}
-	}
-	if o.Lease > 0 {
-		if store, err = lease.New(shared, lease.Options{Tokens: o.Lease, MaxAge: o.LeaseMaxAge}); err != nil {
-			return workerOut{Errors: []string{err.Error()}}
-		}
 	}
 	lims, err := limiters(o, store)
 	if err != nil {
 		return workerOut{Errors: []string{err.Error()}}
 	}
-	var (
-		mu  sync.Mutex
-		out workerOut
-		wg  sync.WaitGroup
-	)
 	// Open every connection before the start, so that the fleet is
 	// saturated from its first grant.
 	var warm sync.WaitGroup
@@ -315,6 +301,33 @@ func work(o Options) workerOut {
 	}
 	warm.Wait()
 	time.Sleep(time.Until(o.StartAt))
+	return runGoroutines(o, lims)
+}
+
+// openStore is the worker's store: redisstore on c with its scripts
+// loaded, behind a lease store when o.Lease is set.
+func openStore(ctx context.Context, o Options, c redis.UniversalClient) (fleetrate.Store, error) {
+	shared, err := redisstore.New(c, redisstore.Options{Timeout: 5 * time.Second, FoldHotKeys: o.Fold, Batch: o.Batch})
+	if err != nil {
+		return nil, err
+	}
+	if err := shared.LoadScripts(ctx); err != nil {
+		return nil, err
+	}
+	if o.Lease > 0 {
+		return lease.New(shared, lease.Options{Tokens: o.Lease, MaxAge: o.LeaseMaxAge})
+	}
+	return shared, nil
+}
+
+// runGoroutines runs the worker's goroutines from now until o.Duration
+// after o.StartAt and gathers what they did.
+func runGoroutines(o Options, lims [2]*fleetrate.Limiter) workerOut {
+	var (
+		mu  sync.Mutex
+		out workerOut
+		wg  sync.WaitGroup
+	)
 	deadline := o.StartAt.Add(o.Duration)
 	changeAt := o.StartAt.Add(o.Duration / 2)
 	goroutines := o.Goroutines
@@ -355,70 +368,100 @@ type goroutine struct {
 	errs      []string
 }
 
+// call is one take of a goroutine: the limiter of its phase, the buckets,
+// the endpoint (-1 for none) and the tokens.
+type call struct {
+	lim   *fleetrate.Limiter
+	phase int
+	names []string
+	ep    int
+	n     int64
+}
+
 // step makes one take and records what the caller did with it. It
 // reports false when the goroutine must stop.
 func (w *goroutine) step() bool {
-	phase := 0
-	if w.o.ChangeTo.Rate != 0 && !time.Now().Before(w.changeAt) {
-		phase = 1
-	}
-	lim := w.lims[phase]
-	names, ep := []string{w.o.Key}, -1
-	if w.o.Endpoints > 0 {
-		ep = w.rng.IntN(w.o.Endpoints)
-		names = []string{endpoint(w.o.Key, ep), w.o.Key}
-	}
-	n := int64(1)
-	if w.o.MaxCost > 1 {
-		n = 1 + w.rng.Int64N(w.o.MaxCost)
-	}
+	c := w.next()
 	ctx := context.Background()
 	if w.o.Bulk.Name != "" {
 		ctx = fleetrate.WithPriority(ctx, w.o.Bulk.Name)
 	}
 	if w.useAllow {
-		res, err := lim.AllowN(ctx, n, names...)
-		if err != nil {
-			return w.fail(err)
-		}
-		if !res.Allowed {
-			time.Sleep(res.RetryAfter)
-			return true
-		}
-		slot := res.At.UnixNano()
-		w.grants = append(w.grants, Grant{Slot: slot, Act: time.Now().UnixNano(), Booked: slot, N: n, Endpoint: ep, Phase: phase})
-		return true
+		return w.allow(ctx, c)
 	}
 	cancelled := w.o.CancelFrac > 0 && w.rng.Float64() < w.o.CancelFrac
 	if cancelled && w.rng.IntN(2) == 0 {
-		// A reservation given back before its slot.
-		r, err := lim.ReserveN(ctx, n, names...)
-		if err != nil {
-			return w.tolerate(err)
-		}
-		if d := r.Delay(); d > 0 {
-			time.Sleep(time.Duration(w.rng.Int64N(int64(d))))
-		}
-		if err := r.Cancel(ctx); err != nil {
-			return w.fail(err)
-		}
-		w.cancelled++
+		return w.reserveAndCancel(ctx, c)
+	}
+	return w.wait(ctx, c, cancelled)
+}
+
+// next draws the next take: its phase from the clock, an endpoint and a
+// cost from the options.
+func (w *goroutine) next() call {
+	c := call{phase: 0, names: []string{w.o.Key}, ep: -1, n: 1}
+	if w.o.ChangeTo.Rate != 0 && !time.Now().Before(w.changeAt) {
+		c.phase = 1
+	}
+	c.lim = w.lims[c.phase]
+	if w.o.Endpoints > 0 {
+		c.ep = w.rng.IntN(w.o.Endpoints)
+		c.names = []string{endpoint(w.o.Key, c.ep), w.o.Key}
+	}
+	if w.o.MaxCost > 1 {
+		c.n = 1 + w.rng.Int64N(w.o.MaxCost)
+	}
+	return c
+}
+
+// allow makes c with Allow, sleeping for the retry-after when denied.
+func (w *goroutine) allow(ctx context.Context, c call) bool {
+	res, err := c.lim.AllowN(ctx, c.n, c.names...)
+	if err != nil {
+		return w.fail(err)
+	}
+	if !res.Allowed {
+		time.Sleep(res.RetryAfter)
 		return true
 	}
+	slot := res.At.UnixNano()
+	w.grants = append(w.grants, Grant{Slot: slot, Act: time.Now().UnixNano(), Booked: slot, N: c.n, Endpoint: c.ep, Phase: c.phase})
+	return true
+}
+
+// reserveAndCancel makes c as a reservation given back before its slot.
+func (w *goroutine) reserveAndCancel(ctx context.Context, c call) bool {
+	r, err := c.lim.ReserveN(ctx, c.n, c.names...)
+	if err != nil {
+		return w.tolerate(err)
+	}
+	if d := r.Delay(); d > 0 {
+		time.Sleep(time.Duration(w.rng.Int64N(int64(d))))
+	}
+	if err := r.Cancel(ctx); err != nil {
+		return w.fail(err)
+	}
+	w.cancelled++
+	return true
+}
+
+// wait makes c with Wait: when cancelled, a WaitN whose context ends while
+// it is queued; with Options.Deadlines, under a random deadline that the
+// booked slot must not pass.
+func (w *goroutine) wait(ctx context.Context, c call, cancelled bool) bool {
 	var stop context.CancelFunc = func() {}
 	switch {
 	case cancelled:
-		// A WaitN whose context ends while it is queued.
 		ctx, stop = context.WithCancel(ctx)
-		d := time.Duration(w.rng.Int64N(int64(lim.MaxWait())))
+		d := time.Duration(w.rng.Int64N(int64(c.lim.MaxWait())))
 		t := time.AfterFunc(d, stop)
 		defer t.Stop()
 	case w.o.Deadlines:
-		d := time.Duration(w.rng.Int64N(2 * int64(lim.MaxWait())))
+		d := time.Duration(w.rng.Int64N(2 * int64(c.lim.MaxWait())))
 		ctx, stop = context.WithTimeout(ctx, d)
 	}
 	defer stop()
-	res, err := lim.WaitN(ctx, n, names...)
+	res, err := c.lim.WaitN(ctx, c.n, c.names...)
 	act := time.Now().UnixNano()
 	if err != nil {
 		if cancelled && errors.Is(err, context.Canceled) {
@@ -433,7 +476,7 @@ func (w *goroutine) step() bool {
 	if dl, ok := ctx.Deadline(); ok && slot > dl.UnixNano()+int64(time.Microsecond) {
 		w.errs = append(w.errs, fmt.Sprintf("WaitN booked a slot %v after its context's deadline", time.Duration(slot-dl.UnixNano())))
 	}
-	w.grants = append(w.grants, Grant{Slot: slot, Act: act, Booked: res.At.UnixNano(), N: n, Wait: true, Endpoint: ep, Phase: phase})
+	w.grants = append(w.grants, Grant{Slot: slot, Act: act, Booked: res.At.UnixNano(), N: c.n, Wait: true, Endpoint: c.ep, Phase: c.phase})
 	return true
 }
 

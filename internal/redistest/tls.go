@@ -47,25 +47,7 @@ func NewCerts(tb testing.TB) *Certs {
 }
 
 func newCerts(dir string) (*Certs, error) {
-	now := time.Now()
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, err
-	}
-	caTmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "fleetrate test CA"},
-		NotBefore:             now.Add(-time.Hour),
-		NotAfter:              now.Add(24 * time.Hour),
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
-		BasicConstraintsValid: true,
-		IsCA:                  true,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		return nil, err
-	}
-	ca, err := x509.ParseCertificate(caDER)
+	ca, err := newAuthority(time.Now())
 	if err != nil {
 		return nil, err
 	}
@@ -77,50 +59,88 @@ func newCerts(dir string) (*Certs, error) {
 		ClientKeyFile:  filepath.Join(dir, "client.key"),
 		CA:             x509.NewCertPool(),
 	}
-	c.CA.AddCert(ca)
-	if err := writePEM(c.CAFile, "CERTIFICATE", caDER); err != nil {
+	c.CA.AddCert(ca.cert)
+	if err := writePEM(c.CAFile, "CERTIFICATE", ca.cert.Raw); err != nil {
 		return nil, err
 	}
-	leaf := func(serial int64, cn string, usage x509.ExtKeyUsage, certFile, keyFile string) error {
-		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		if err != nil {
-			return err
-		}
-		tmpl := &x509.Certificate{
-			SerialNumber: big.NewInt(serial),
-			Subject:      pkix.Name{CommonName: cn},
-			NotBefore:    now.Add(-time.Hour),
-			NotAfter:     now.Add(24 * time.Hour),
-			KeyUsage:     x509.KeyUsageDigitalSignature,
-			ExtKeyUsage:  []x509.ExtKeyUsage{usage},
-		}
-		if usage == x509.ExtKeyUsageServerAuth {
-			tmpl.IPAddresses = []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}
-			tmpl.DNSNames = []string{"localhost"}
-		}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-		if err != nil {
-			return err
-		}
-		keyDER, err := x509.MarshalPKCS8PrivateKey(key)
-		if err != nil {
-			return err
-		}
-		if err := writePEM(certFile, "CERTIFICATE", der); err != nil {
-			return err
-		}
-		return writePEM(keyFile, "PRIVATE KEY", keyDER)
-	}
-	if err := leaf(2, "127.0.0.1", x509.ExtKeyUsageServerAuth, c.ServerCertFile, c.ServerKeyFile); err != nil {
+	if err := ca.writeLeaf(2, "127.0.0.1", x509.ExtKeyUsageServerAuth, c.ServerCertFile, c.ServerKeyFile); err != nil {
 		return nil, err
 	}
-	if err := leaf(3, "fleetrate test client", x509.ExtKeyUsageClientAuth, c.ClientCertFile, c.ClientKeyFile); err != nil {
+	if err := ca.writeLeaf(3, "fleetrate test client", x509.ExtKeyUsageClientAuth, c.ClientCertFile, c.ClientKeyFile); err != nil {
 		return nil, err
 	}
 	if c.Client, err = tls.LoadX509KeyPair(c.ClientCertFile, c.ClientKeyFile); err != nil {
 		return nil, err
 	}
 	return c, nil
+}
+
+// authority is the test CA, whose key signs the leaf certificates; they
+// are all valid from an hour before now to a day after.
+type authority struct {
+	now  time.Time
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+}
+
+// newAuthority generates a self-signed CA.
+func newAuthority(now time.Time) (*authority, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(1),
+		Subject:               pkix.Name{CommonName: "fleetrate test CA"},
+		NotBefore:             now.Add(-time.Hour),
+		NotAfter:              now.Add(24 * time.Hour),
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return nil, err
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, err
+	}
+	return &authority{now: now, cert: cert, key: key}, nil
+}
+
+// writeLeaf generates a certificate for cn signed by a, for usage (a
+// server's is for 127.0.0.1, ::1 and localhost), and writes it and its key
+// as PEM to certFile and keyFile.
+func (a *authority) writeLeaf(serial int64, cn string, usage x509.ExtKeyUsage, certFile, keyFile string) error {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(serial),
+		Subject:      pkix.Name{CommonName: cn},
+		NotBefore:    a.now.Add(-time.Hour),
+		NotAfter:     a.now.Add(24 * time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{usage},
+	}
+	if usage == x509.ExtKeyUsageServerAuth {
+		tmpl.IPAddresses = []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}
+		tmpl.DNSNames = []string{"localhost"}
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, a.cert, &key.PublicKey, a.key)
+	if err != nil {
+		return err
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		return err
+	}
+	if err := writePEM(certFile, "CERTIFICATE", der); err != nil {
+		return err
+	}
+	return writePEM(keyFile, "PRIVATE KEY", keyDER)
 }
 
 func writePEM(path, typ string, der []byte) error {

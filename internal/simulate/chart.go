@@ -31,30 +31,9 @@ func (r *Report) WriteChart(w io.Writer, format string) error {
 	if format != "svg" && format != "png" {
 		return fmt.Errorf("simulate: chart format must be svg or png, got %q", format)
 	}
-	c := r.Config
-	var traffic []string
-	if c.CronClients > 0 {
-		traffic = append(traffic, fmt.Sprintf("%d cron clients firing %d requests at every :00", c.CronClients, c.CronBatch))
-	}
-	if c.Boundary >= 0 {
-		traffic = append(traffic, "the boundary client")
-	}
-	if len(traffic) == 0 {
-		traffic = append(traffic, "no traffic")
-	}
-	top, err := r.panel("All clients: "+strings.Join(traffic, ", plus "), r.Fixed.PerSecond, r.Bucket.PerSecond)
+	panels, err := r.panels()
 	if err != nil {
 		return err
-	}
-	panels := [][]*plot.Plot{{top}}
-	if c.Boundary >= 0 {
-		bottom, err := r.panel(
-			fmt.Sprintf("Boundary client: %d requests just before and %d just after %s", c.Quota, c.Quota, Start.Add(c.Boundary).Format("15:04:05")),
-			r.Fixed.BoundaryPerSecond, r.Bucket.BoundaryPerSecond)
-		if err != nil {
-			return err
-		}
-		panels = append(panels, []*plot.Plot{bottom})
 	}
 	const width = 24 * vg.Centimeter
 	height := vg.Length(len(panels)) * 9 * vg.Centimeter
@@ -65,15 +44,7 @@ func (r *Report) WriteChart(w io.Writer, format string) error {
 		canvas = vgimg.PngCanvas{Canvas: vgimg.NewWith(vgimg.UseWH(width, height), vgimg.UseDPI(110))}
 	}
 	dc := draw.New(canvas)
-	// A white background, so the chart reads on dark pages too.
-	var bg vg.Path
-	bg.Move(vg.Point{})
-	bg.Line(vg.Point{X: width})
-	bg.Line(vg.Point{X: width, Y: height})
-	bg.Line(vg.Point{Y: height})
-	bg.Close()
-	dc.SetColor(color.White)
-	dc.Fill(bg)
+	fillWhite(dc, width, height) // so the chart reads on dark pages too
 
 	tiles := draw.Tiles{Rows: len(panels), Cols: 1, PadTop: vg.Centimeter, PadBottom: vg.Millimeter * 3, PadX: vg.Millimeter * 3, PadY: vg.Millimeter * 6}
 	canvases := plot.Align(panels, tiles, dc)
@@ -89,11 +60,61 @@ func (r *Report) WriteChart(w io.Writer, format string) error {
 		YAlign:  draw.YTop,
 		Handler: plot.DefaultTextHandler,
 	}
+	c := r.Config
 	dc.FillText(sty, vg.Point{X: width / 2, Y: height - 3*vg.Millimeter},
 		fmt.Sprintf("Admitted requests per second: fixed window of %d per %s vs token bucket of %g/s, burst %d", c.Quota, Per(c.Window), c.Rate, c.Burst))
 
 	_, err = canvas.WriteTo(w)
 	return err
+}
+
+// panels are the chart's rows: all clients, then the boundary client alone
+// when there is one.
+func (r *Report) panels() ([][]*plot.Plot, error) {
+	c := r.Config
+	top, err := r.panel("All clients: "+r.trafficTitle(), r.Fixed.PerSecond, r.Bucket.PerSecond)
+	if err != nil {
+		return nil, err
+	}
+	panels := [][]*plot.Plot{{top}}
+	if c.Boundary >= 0 {
+		bottom, err := r.panel(
+			fmt.Sprintf("Boundary client: %d requests just before and %d just after %s", c.Quota, c.Quota, Start.Add(c.Boundary).Format("15:04:05")),
+			r.Fixed.BoundaryPerSecond, r.Bucket.BoundaryPerSecond)
+		if err != nil {
+			return nil, err
+		}
+		panels = append(panels, []*plot.Plot{bottom})
+	}
+	return panels, nil
+}
+
+// trafficTitle names the simulated traffic, for the top panel's title.
+func (r *Report) trafficTitle() string {
+	c := r.Config
+	var traffic []string
+	if c.CronClients > 0 {
+		traffic = append(traffic, fmt.Sprintf("%d cron clients firing %d requests at every :00", c.CronClients, c.CronBatch))
+	}
+	if c.Boundary >= 0 {
+		traffic = append(traffic, "the boundary client")
+	}
+	if len(traffic) == 0 {
+		return "no traffic"
+	}
+	return strings.Join(traffic, ", plus ")
+}
+
+// fillWhite paints the whole width × height canvas white.
+func fillWhite(dc draw.Canvas, width, height vg.Length) {
+	var bg vg.Path
+	bg.Move(vg.Point{})
+	bg.Line(vg.Point{X: width})
+	bg.Line(vg.Point{X: width, Y: height})
+	bg.Line(vg.Point{Y: height})
+	bg.Close()
+	dc.SetColor(color.White)
+	dc.Fill(bg)
 }
 
 func sansFont(size vg.Length, weight string) font.Font {

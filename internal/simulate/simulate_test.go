@@ -238,6 +238,23 @@ func TestWriteChart(t *testing.T) {
 	}
 }
 
+func TestTrafficTitle(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{CronClients: 3, CronBatch: 10}, "3 cron clients firing 10 requests at every :00, plus the boundary client"},
+		{Config{CronClients: 3, CronBatch: 10, Boundary: -1}, "3 cron clients firing 10 requests at every :00"},
+		{Config{}, "the boundary client"},
+		{Config{Boundary: -1}, "no traffic"},
+	} {
+		if got := (&Report{Config: tt.cfg}).trafficTitle(); got != tt.want {
+			t.Errorf("%+v: got %q, want %q", tt.cfg, got, tt.want)
+		}
+	}
+}
+
 func ExampleRun() {
 	r, err := Run(Config{})
 	if err != nil {
