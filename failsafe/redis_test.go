@@ -98,8 +98,10 @@ func TestRedisKilledMidRun(t *testing.T) {
 			watch := schednoise.Start()
 			collect := drive(lim, stop)
 			time.Sleep(200 * time.Millisecond)
-			killed := time.Now()
+			// Kill waits for the process to exit: calls started before it
+			// returns may still have been answered by Redis.
 			srv.Kill()
+			killed := time.Now()
 			time.Sleep(700 * time.Millisecond)
 			if !fs.Open() {
 				t.Error("breaker did not open while Redis was down")
