@@ -3,140 +3,156 @@ package redisstore
 import (
 	"context"
 	"errors"
-	"math"
+	"net"
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/fleetrate/fleetrate"
 )
 
 // While a Redis Cluster slot migrates, Redis runs a command on several keys
-// of the slot only when all of them exist on one node; otherwise it answers
-// TRYAGAIN, and it does so until the slot has moved, seconds for a slot of
-// many keys. A full bucket has no key, so a take of several buckets of one
-// {hash tag} fails for the whole migration. A take of one bucket always
-// works: go-redis follows the ASK redirect to wherever its key is.
+// of the slot only when all of them exist on one node: the source, where
+// every key starts, or the target (after ASKING), where MIGRATE moves them
+// one batch at a time. Otherwise it answers TRYAGAIN, and it would do so
+// until the slot has moved, seconds for a slot of many keys. A full bucket
+// has no key, so every script on several buckets (a take of any kind,
+// booked or not, batched or not, a peek, a refund, a cancel, a drain) would
+// fail for the whole migration. A command on one key always works: go-redis
+// follows the ASK redirect to wherever its key is.
 //
-// So an Allow (a take now or never, with no booking to keep) of several
-// buckets on a Cluster is given half its time as one script; if that fails
-// with TRYAGAIN (or ASK, go-redis's redirects spent) or runs out of its
-// half, the take is made bucket by bucket, each one on its own, and a
-// bucket that refuses gives the tokens of those before it back. No bucket
-// ever grants more than its own limits allow, so no limit is exceeded;
-// tokens given back after another take booked the bucket stay spent, which
-// errs on the side of the upstream. For a second after a take met a
-// migrating slot, such takes go bucket by bucket at once.
+// So a script on several keys of a migrating slot first gathers its keys
+// on the target, then runs there, as one script, exactly as anywhere else:
 //
-// Takes that book ahead (Wait, Reserve) cannot be split this way (each
-// bucket would book its own instant), nor can batched or folded takes,
-// which share one script: those still fail while their slot migrates with
-// a key absent.
+//   - the source moves the keys it still holds to the target (MIGRATE
+//     ... KEYS, the command the migration itself sends for every key of
+//     the slot: the migration later skips the keys already moved);
+//   - every key still absent is written on the target as a full bucket
+//     (placeholder, SET NX with a TTL), which every script reads exactly as
+//     an absent key;
+//   - the script then runs on the target, where all its keys now are.
+//
+// No decision is made apart from the others, so every limit stays exact.
+// This needs the MIGRATE command (a user whose ACL forbids it, or a service
+// that renames it, gets the TRYAGAIN retried until the call's deadline,
+// which succeeds only if the migration happens to move the keys in time).
 
-// splitFor is how long after a take met a migrating slot the store takes
-// several buckets bucket by bucket at once, instead of spending half of each
-// take's time on a script that fails.
-const splitFor = time.Second
+// placeholder is the value of an absent bucket gathered on a migration's
+// target: stamp 0 and one debt of 0, which the scripts (and parseState)
+// read as a full bucket whatever its limits.
+const placeholder = "0 0"
 
-// splittable reports whether req may be taken bucket by bucket when its
-// slot migrates (see above).
-func (s *Store) splittable(req fleetrate.Request) bool {
-	return s.cluster && len(req.Buckets) > 1 && req.N > 0 && req.MaxWait == 0 && req.Booking == nil
-}
+// placeholderTTL is how long a placeholder lives: long enough for the
+// script it was written for to run after it, on a loaded machine too. A
+// take that books the bucket rewrites it with the bucket's own TTL.
+const placeholderTTL = 10 * time.Second
 
-// takeMigrating takes req (splittable) within sctx, the store's bound on
-// caller's call: in one script if it can, else bucket by bucket.
-func (s *Store) takeMigrating(caller, sctx context.Context, req fleetrate.Request, keys []string, args []any) (fleetrate.Result, error) {
-	if time.Now().UnixNano() >= s.migratingUntil.Load() {
-		actx, cancel := firstHalf(sctx)
-		reply, err := s.runTake(actx, keys, args)
-		cancel()
-		if err == nil {
-			return decodeTake(req, reply)
-		}
-		if sctx.Err() != nil || !(migrating(err) || errors.Is(err, context.DeadlineExceeded)) {
-			return fleetrate.Result{}, failed(caller, "take", err)
-		}
-		if migrating(err) {
-			s.migratingUntil.Store(time.Now().Add(splitFor).UnixNano())
-		}
+// migrateTimeout bounds, in ms, how long a MIGRATE of a script's keys may
+// wait for the target; the call's own deadline bounds it more tightly.
+const migrateTimeout = 1000
+
+// eval runs script on keys with args. A script on several keys of a Redis
+// Cluster goes to its slot's master and, when the slot migrates, gathers
+// its keys on the target and runs there (see above), within ctx.
+func (s *Store) eval(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
+	cc, ok := s.c.(*redis.ClusterClient)
+	if !ok || len(keys) < 2 {
+		return script.Run(ctx, s.c, keys, args...)
 	}
-	res, err := s.takeSplit(sctx, req)
+	// The slot's master itself, rather than the Cluster client, which
+	// would retry TRYAGAIN after back-offs of tens of milliseconds with
+	// the keys still apart.
+	src, err := cc.MasterForKey(ctx, keys[0])
 	if err != nil {
-		return fleetrate.Result{}, failed(caller, "take", err)
+		return script.Run(ctx, cc, keys, args...)
 	}
-	return res, nil
+	cmd := script.Run(ctx, src, keys, args...)
+	err = cmd.Err()
+	if err == nil || ctx.Err() != nil {
+		return cmd
+	}
+	if !migrating(err) {
+		var rerr redis.Error
+		if _, moved := redis.IsMovedError(err); moved || !errors.As(err, &rerr) {
+			// The slot moved, or the node failed: the Cluster client
+			// follows the slot and retries as it always does.
+			return script.Run(ctx, cc, keys, args...)
+		}
+		return cmd // the script's own error
+	}
+	for {
+		gather(ctx, cc, src, keys)
+		cmd = script.Run(ctx, cc, keys, args...)
+		if !migrating(cmd.Err()) || ctx.Err() != nil {
+			return cmd
+		}
+		// The keys moved apart again (a placeholder expired, another
+		// client gathered them): again, shortly.
+		t := time.NewTimer(time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return cmd
+		case <-t.C:
+		}
+	}
 }
 
-// firstHalf returns a context that ends halfway to ctx's deadline, or ctx
-// itself (with a no-op cancel) when it has none.
-func firstHalf(ctx context.Context) (context.Context, context.CancelFunc) {
-	dl, ok := ctx.Deadline()
-	if !ok {
-		return ctx, func() {}
-	}
-	return context.WithTimeout(ctx, time.Until(dl)/2)
-}
-
-// migrating reports whether err is what a take meets while its slot
-// migrates: TRYAGAIN, or an ASK redirect left over when go-redis spent its
-// redirects retrying TRYAGAIN.
+// migrating reports whether err is what a script on several keys meets
+// while its slot migrates: TRYAGAIN, or an ASK redirect (left over when
+// go-redis spent its redirects retrying TRYAGAIN, or from the source
+// itself, which redirects a script none of whose keys it holds).
 func migrating(err error) bool {
 	_, ask := redis.IsAskError(err)
 	return ask || redis.IsTryAgainError(err)
 }
 
-// takeSplit takes req from each bucket on its own, in order. When one
-// refuses, the grants before it are cancelled in the background and its
-// refusal is the result. When all grant, the result is the tightest
-// bucket's, as a single script reports it.
-func (s *Store) takeSplit(ctx context.Context, req fleetrate.Request) (fleetrate.Result, error) {
-	grants := make([]splitGrant, 0, len(req.Buckets))
-	out := fleetrate.Result{Allowed: true, N: req.N, Remaining: math.MaxInt64}
-	for i := range req.Buckets {
-		g := splitGrant{b: req.Buckets[i]}
-		one := fleetrate.Request{Buckets: req.Buckets[i : i+1], N: req.N, Booking: &g.booking}
-		keys, args := storeKeys(one.Buckets), takeArgs(one.N, 0, one.Buckets)
-		reply, err := s.runTake(ctx, keys, args)
-		var r fleetrate.Result
-		if err == nil {
-			r, err = decodeTake(one, reply)
-		}
-		if err != nil || !r.Allowed {
-			s.cancelSplit(grants, req.N)
-			r.Bucket = i
-			return r, err
-		}
-		grants = append(grants, g)
-		if r.Remaining < out.Remaining {
-			out.Remaining, out.Limit, out.Bucket = r.Remaining, r.Limit, i
-		}
-		out.ResetAfter = max(out.ResetAfter, r.ResetAfter)
-		if r.At.After(out.At) {
-			out.At = r.At
+// gather moves the keys that src, the master that owned their slot when
+// the call began, still holds to the target of the slot's migration, and
+// writes every key absent there as a placeholder (see above). It is best
+// effort: what it could not do shows as TRYAGAIN in the script that
+// follows.
+func gather(ctx context.Context, cc *redis.ClusterClient, src *redis.Client, keys []string) {
+	// EXISTS on the source answers 1 for a key it holds and, for a key it
+	// does not, an ASK redirect naming the target.
+	pipe := src.Pipeline()
+	exists := make([]*redis.IntCmd, len(keys))
+	for i, k := range keys {
+		exists[i] = pipe.Exists(ctx, k)
+	}
+	_, _ = pipe.Exec(ctx)
+	var held []any
+	target := ""
+	for i, e := range exists {
+		n, err := e.Result()
+		if addr, ask := redis.IsAskError(err); ask {
+			target = addr
+		} else if err == nil && n == 1 {
+			held = append(held, keys[i])
 		}
 	}
-	return out, nil
-}
-
-// splitGrant is one bucket's grant in a take made bucket by bucket.
-type splitGrant struct {
-	b       fleetrate.Bucket
-	booking fleetrate.Booking
-}
-
-// cancelSplit gives back, in the background, the grants of a take made
-// bucket by bucket that a later bucket refused: best effort, bounded by a
-// second.
-func (s *Store) cancelSplit(grants []splitGrant, n int64) {
-	if len(grants) == 0 {
-		return
+	if target == "" {
+		return // src no longer migrates the slot, or holds every key
 	}
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		for i := len(grants) - 1; i >= 0; i-- {
-			_ = s.Cancel(ctx, []fleetrate.Bucket{grants[i].b}, n, grants[i].booking)
+	if len(held) > 0 {
+		host, port, err := net.SplitHostPort(target)
+		if err != nil {
+			return
 		}
-	}()
+		ms := int64(migrateTimeout)
+		if dl, ok := ctx.Deadline(); ok {
+			ms = max(min(ms, time.Until(dl).Milliseconds()), 1)
+		}
+		args := append([]any{"migrate", host, port, "", 0, ms, "keys"}, held...)
+		if src.Do(ctx, args...).Err() != nil {
+			return
+		}
+	}
+	for _, k := range keys {
+		// Through the Cluster client: the source, which does not hold k
+		// now, redirects it to the target (ASK); NX keeps a bucket that
+		// is there.
+		err := cc.SetArgs(ctx, k, placeholder, redis.SetArgs{Mode: "NX", TTL: placeholderTTL}).Err()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return
+		}
+	}
 }

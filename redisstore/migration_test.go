@@ -2,8 +2,10 @@ package redisstore_test
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -17,28 +19,92 @@ import (
 )
 
 var (
-	migrationKeys    = flag.Int("migration.keys", 10_000, "TestMultiBucketTakeDuringMigration: other keys in the migrating slot (the issue's case is 100000)")
-	migrationTimeout = flag.Duration("migration.timeout", time.Second, "TestMultiBucketTakeDuringMigration: the store's Timeout (1 s suits -race on a loaded machine; the default is 50 ms)")
+	migrationKeys    = flag.Int("migration.keys", 10_000, "TestMultiBucketTakesDuringMigration: other keys in the migrating slot (the issue's case is 100000)")
+	migrationTimeout = flag.Duration("migration.timeout", time.Second, "TestMultiBucketTakesDuringMigration: the store's Timeout (1 s suits -race on a loaded machine; the default is 50 ms)")
+	migrationNone    = flag.Duration("migration.none", 0, "TestMultiBucketTakesDuringMigration: run the fleet this long without migrating, as a baseline of the machine's own errors")
+	migrationMode    = flag.String("migration.mode", "", "TestMultiBucketTakesDuringMigration: the store's mode, batched (default), unbatched or fold; empty runs all three")
 )
 
-// TestMultiBucketTakeDuringMigration migrates the slot of {ota}, holding
+// grants counts a fleet's grants of one bucket and the latest instant, on
+// the test's clock, at which one of them may be used.
+type grants struct {
+	mu   sync.Mutex
+	n    int64
+	last time.Time
+}
+
+func (g *grants) add(at time.Time) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.n++
+	if at.After(g.last) {
+		g.last = at
+	}
+}
+
+// check fails t when g holds more grants than l allows from start (when
+// the bucket was full) to the last grant's instant: its burst, plus its
+// rate over that time, plus one token for the rounding of the two clocks.
+func (g *grants) check(t *testing.T, name string, l fleetrate.Limit, start time.Time) {
+	t.Helper()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	span := g.last.Sub(start)
+	bound := l.Burst + int64(l.Rate*span.Seconds()) + 1
+	if g.n > bound {
+		t.Errorf("%s granted %d over %v, more than its burst plus rate × time, %d", name, g.n, span.Round(time.Millisecond), bound)
+	}
+	t.Logf("%s: %d granted over %v; bound %d", name, g.n, span.Round(time.Millisecond), bound)
+}
+
+// TestMultiBucketTakesDuringMigration migrates the slot of {ota}, holding
 // -migration.keys other keys, from one master of a 3-master Cluster to
-// another while 16 goroutines take one token at a time from two of its
-// buckets at once (Allow): an endpoint's, {ota}/content/<n>, new at each
-// take and so absent like any full bucket, and the credential's, {ota}.
-// Redis answers TRYAGAIN to a multi-key script during the migration
-// whenever a key is absent; the store then takes bucket by bucket. No take
-// may fail, and the credential may not grant more than its burst plus its
-// rate over the run.
-func TestMultiBucketTakeDuringMigration(t *testing.T) {
+// another while a fleet of 24 goroutines takes two buckets of it at once:
+//
+//   - 8 Allow one token from an endpoint's bucket, {ota}/content/<n>, new
+//     at each take and so absent like any full bucket, and the
+//     credential's, {ota}/allow;
+//   - 8 book one token up to a second ahead (a Limiter's Book, the path of
+//     Wait, Reserve and the outbound transport) from {ota}/content and
+//     {ota}, and cancel every fourth booking;
+//   - 8 peek at both buckets (a take of 0 tokens, as the transport reads
+//     its pause markers), and drain {ota}/other/<n> with {ota}/other.
+//
+// Redis answers TRYAGAIN to a script on several keys during the migration
+// whenever they are not all on one node; the store gathers them on the
+// target first. No call may fail, and neither {ota}/allow nor
+// {ota}/content, which the fleet keeps empty, may grant more than its burst
+// plus its rate over the run. ({ota} is booked ahead by the bookings at
+// {ota}/content's pace and cannot be kept empty too.)
+func TestMultiBucketTakesDuringMigration(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a Cluster")
 	}
+	modes := map[string]redisstore.Options{
+		"batched":   {},
+		"unbatched": {Unbatched: true},
+		"fold":      {FoldHotKeys: true},
+	}
+	for name, opts := range modes {
+		if *migrationMode != "" && *migrationMode != name {
+			continue
+		}
+		t.Run(name, func(t *testing.T) {
+			opts.Timeout = *migrationTimeout
+			migrateUnderFleet(t, opts)
+		})
+	}
+}
+
+func migrateUnderFleet(t *testing.T, opts redisstore.Options) {
 	cl := redistest.StartCluster(t, 3, 0)
 	ctx := context.Background()
-	content := fleetrate.Bucket{Key: "{ota}/content", Limits: []fleetrate.Limit{fleetrate.PerSecond(200, 20)}}
-	var endpoint atomic.Int64
-	ota := fleetrate.Bucket{Key: "{ota}", Limits: []fleetrate.Limit{fleetrate.PerSecond(300, 30)}}
+	// Rates well below what the fleet asks for, so that every bucket is
+	// empty for most of the run and any token granted twice shows.
+	content := fleetrate.Bucket{Key: "{ota}/content", Limits: []fleetrate.Limit{fleetrate.PerSecond(50, 5)}}
+	ota := fleetrate.Bucket{Key: "{ota}", Limits: []fleetrate.Limit{fleetrate.PerSecond(100, 10)}}
+	allow := fleetrate.Bucket{Key: "{ota}/allow", Limits: []fleetrate.Limit{fleetrate.PerSecond(100, 10)}}
+	other := fleetrate.Bucket{Key: "{ota}/other", Limits: []fleetrate.Limit{fleetrate.PerSecond(100, 10), fleetrate.PerPeriod(1000, time.Minute)}}
 	slot, err := cl.KeySlot(ota.StoreKey())
 	if err != nil {
 		t.Fatal(err)
@@ -47,41 +113,79 @@ func TestMultiBucketTakeDuringMigration(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var to *redistest.Node
-	for _, m := range cl.Masters() {
-		if m != from {
-			to = m
-			break
-		}
+	to := cl.Masters()[0]
+	if to == from {
+		to = cl.Masters()[1]
 	}
-	fill := redis.NewClient(&redis.Options{Addr: from.Addr()})
-	defer fill.Close()
-	for i := 0; i < *migrationKeys; i += 1000 {
-		p := fill.Pipeline()
-		for j := i; j < min(i+1000, *migrationKeys); j++ {
-			p.Set(ctx, fmt.Sprintf("{ota}:other:%d", j), "x", 0)
-		}
-		if _, err := p.Exec(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
+	fillSlot(t, from.Addr(), *migrationKeys)
 	c := redis.NewClusterClient(redisstore.ClusterClientOptions(&redis.ClusterOptions{Addrs: cl.Addrs()}))
 	defer c.Close()
-	// A timeout suited to -race on a loaded machine.
-	s, err := redisstore.New(c, redisstore.Options{Timeout: *migrationTimeout})
+	s, err := redisstore.New(c, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim, err := fleetrate.New(s, fleetrate.Config{Limits: ota.Limits, MaxWait: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var (
-		granted  atomic.Int64
-		takes    atomic.Int64
-		errCount atomic.Int64
-		firstErr atomic.Value
-		stop     = make(chan struct{})
-		wg       sync.WaitGroup
+		allowGot, contentGot grants
+		seq, calls, errs     atomic.Int64
+		redirected           atomic.Int64 // errors that name a migration
+		firstRedirect        atomic.Value
+		firstErr             atomic.Value
+		stop                 = make(chan struct{})
+		wg                   sync.WaitGroup
 	)
+	fail := func(err error) {
+		errs.Add(1)
+		if msg := err.Error(); strings.Contains(msg, "TRYAGAIN") || strings.Contains(msg, "ASK") || strings.Contains(msg, "MOVED") {
+			redirected.Add(1)
+			firstRedirect.CompareAndSwap(nil, err)
+		}
+		firstErr.CompareAndSwap(nil, err)
+	}
+	fleet := []func(i int64){
+		func(i int64) { // Allow of a new endpoint's bucket and the credential's
+			ep := content
+			ep.Key = fmt.Sprintf("%s/%d", content.Key, i)
+			res, err := s.Take(ctx, fleetrate.Request{Buckets: []fleetrate.Bucket{ep, allow}, N: 1})
+			if err != nil {
+				fail(err)
+			} else if res.Allowed {
+				allowGot.add(time.Now())
+			}
+		},
+		func(i int64) { // a booking of both, as Wait and the transport make
+			r, err := lim.Book(ctx, fleetrate.Request{Buckets: []fleetrate.Bucket{content, ota}, N: 1, MaxWait: time.Second})
+			if errors.Is(err, fleetrate.ErrBackpressure) {
+				return
+			}
+			if err != nil {
+				fail(err)
+				return
+			}
+			if i%4 == 0 {
+				if err := r.Cancel(ctx); err != nil {
+					fail(err)
+				}
+				return // given back, so not counted
+			}
+			contentGot.add(r.Due())
+		},
+		func(i int64) { // a peek at both, and a drain of two others
+			if _, err := s.Take(ctx, fleetrate.Request{Buckets: []fleetrate.Bucket{content, ota}}); err != nil {
+				fail(err)
+			}
+			o := other
+			o.Key = fmt.Sprintf("%s/%d", other.Key, i)
+			if err := s.Drain(ctx, []fleetrate.Bucket{o, other}, time.Millisecond); err != nil {
+				fail(err)
+			}
+		},
+	}
 	start := time.Now()
-	for range 16 {
+	for g := range 24 {
 		wg.Go(func() {
 			for {
 				select {
@@ -89,39 +193,58 @@ func TestMultiBucketTakeDuringMigration(t *testing.T) {
 					return
 				default:
 				}
-				ep := content
-				ep.Key = fmt.Sprintf("%s/%d", content.Key, endpoint.Add(1))
-				res, err := s.Take(ctx, fleetrate.Request{Buckets: []fleetrate.Bucket{ep, ota}, N: 1})
-				takes.Add(1)
-				if err != nil {
-					errCount.Add(1)
-					firstErr.CompareAndSwap(nil, err)
-				} else if res.Allowed {
-					granted.Add(1)
-				}
+				fleet[g%len(fleet)](seq.Add(1))
+				calls.Add(1)
 				time.Sleep(time.Millisecond)
 			}
 		})
 	}
 	time.Sleep(200 * time.Millisecond)
 	migStart := time.Now()
-	err = cl.MigrateSlot(slot, to, 0)
+	if *migrationNone > 0 {
+		time.Sleep(*migrationNone)
+	} else {
+		err = cl.MigrateSlot(slot, to, 0)
+	}
 	migTook := time.Since(migStart)
 	time.Sleep(200 * time.Millisecond)
 	close(stop)
 	wg.Wait()
-	elapsed := time.Since(start)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := errCount.Load(); n > 0 {
-		t.Errorf("%d of %d takes failed during the migration; first: %v", n, takes.Load(), firstErr.Load())
+	if n := errs.Load(); n > 0 {
+		t.Errorf("%d of %d calls failed during the migration (%d naming a redirect: %v); first: %v", n, calls.Load(), redirected.Load(), firstRedirect.Load(), firstErr.Load())
 	}
-	l := ota.Limits[0]
-	bound := l.Burst + int64(l.Rate*elapsed.Seconds()) + 1
-	if got := granted.Load(); got > bound {
-		t.Errorf("%s granted %d over %v, more than its burst plus rate × time, %d", ota.Key, got, elapsed, bound)
+	tryAgain := 0
+	for _, n := range []*redistest.Node{from, to} {
+		st, err := n.Errorstats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		tryAgain += st["TRYAGAIN"]
 	}
-	t.Logf("slot %d with %d other keys migrated in %v; %d takes of both buckets over %v, %d granted, %d errors",
-		slot, *migrationKeys, migTook.Round(time.Millisecond), takes.Load(), elapsed.Round(time.Millisecond), granted.Load(), errCount.Load())
+	if tryAgain == 0 && *migrationNone == 0 {
+		t.Errorf("no script met TRYAGAIN: the migration never split a take's keys")
+	}
+	allowGot.check(t, allow.Key, allow.Limits[0], start)
+	contentGot.check(t, content.Key, content.Limits[0], start)
+	t.Logf("slot %d with %d other keys migrated in %v; %d calls over %v, %d TRYAGAIN answered, %d errors",
+		slot, *migrationKeys, migTook.Round(time.Millisecond), calls.Load(), time.Since(start).Round(time.Millisecond), tryAgain, errs.Load())
+}
+
+// fillSlot writes n other keys into the slot of {ota} on the node at addr.
+func fillSlot(t *testing.T, addr string, n int) {
+	t.Helper()
+	fill := redis.NewClient(&redis.Options{Addr: addr})
+	defer fill.Close()
+	for i := 0; i < n; i += 1000 {
+		p := fill.Pipeline()
+		for j := i; j < min(i+1000, n); j++ {
+			p.Set(context.Background(), fmt.Sprintf("{ota}:other:%d", j), "x", 0)
+		}
+		if _, err := p.Exec(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
 }

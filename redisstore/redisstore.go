@@ -23,7 +23,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -150,10 +149,6 @@ type Store struct {
 	fold sharer
 	// batch is set with Options.Batch.
 	batch sharer
-	// migratingUntil is when (unix ns) takes of several buckets stop going
-	// bucket by bucket after one met a migrating Cluster slot (see
-	// takeMigrating).
-	migratingUntil atomic.Int64
 }
 
 var (
@@ -389,9 +384,7 @@ func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Resu
 
 // take is Take for a validated request.
 func (s *Store) take(ctx context.Context, req fleetrate.Request) (fleetrate.Result, error) {
-	if q := s.queue(req.N); q != nil && !s.splittable(req) {
-		// A several-bucket Allow on a Cluster goes on its own: it may have
-		// to go bucket by bucket while its slot migrates (takeMigrating).
+	if q := s.queue(req.N); q != nil {
 		return q.take(ctx, req)
 	}
 	return s.takeOne(ctx, req)
@@ -451,9 +444,6 @@ func (s *Store) takeOne(ctx context.Context, req fleetrate.Request) (fleetrate.R
 	}
 	sctx, cancel := s.ctx(ctx)
 	defer cancel()
-	if s.splittable(req) {
-		return s.takeMigrating(ctx, sctx, req, keys, args)
-	}
 	reply, err := s.runTake(sctx, keys, args)
 	if err != nil {
 		return fleetrate.Result{}, failed(ctx, "take", err)
@@ -466,7 +456,7 @@ func (s *Store) takeOne(ctx context.Context, req fleetrate.Request) (fleetrate.R
 func (s *Store) runTake(ctx context.Context, keys []string, args []any) ([]int64, error) {
 	var reply []int64
 	err := s.bounded(ctx, func(ctx context.Context) (err error) {
-		reply, err = takeScript.Run(ctx, s.c, keys, args...).Int64Slice()
+		reply, err = s.eval(ctx, takeScript, keys, args...).Int64Slice()
 		return err
 	})
 	if err != nil {
@@ -618,7 +608,7 @@ func (s *Store) run(ctx context.Context, op string, script *redis.Script, keys [
 	sctx, cancel := s.ctx(ctx)
 	defer cancel()
 	err := s.bounded(sctx, func(ctx context.Context) error {
-		return script.Run(ctx, s.c, keys, args...).Err()
+		return s.eval(ctx, script, keys, args...).Err()
 	})
 	if err != nil {
 		return failed(ctx, op, err)
