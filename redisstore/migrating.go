@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -70,10 +71,10 @@ func (s *Store) eval(ctx context.Context, script *redis.Script, keys []string, a
 		return cmd
 	}
 	if !migrating(err) {
-		var rerr redis.Error
-		if _, moved := redis.IsMovedError(err); moved || !errors.As(err, &rerr) {
-			// The slot moved, or the node failed: the Cluster client
-			// follows the slot and retries as it always does.
+		if rerouted(err) {
+			// The slot moved, or the node failed or is not a master now:
+			// the Cluster client follows the slot and retries as it
+			// always does.
 			return script.Run(ctx, cc, keys, args...)
 		}
 		return cmd // the script's own error
@@ -103,6 +104,25 @@ func (s *Store) eval(ctx context.Context, script *redis.Script, keys []string, a
 func migrating(err error) bool {
 	_, ask := redis.IsAskError(err)
 	return ask || redis.IsTryAgainError(err)
+}
+
+// rerouted reports whether err means that the script did not run on the
+// node it was sent to and belongs to the Cluster client's own retries: a
+// failed connection, or a reply that names a moved slot or a node not
+// serving (MOVED, CLUSTERDOWN, READONLY after a failover, LOADING,
+// MASTERDOWN). A script's own error (such as its WRONGTYPE) is not.
+func rerouted(err error) bool {
+	var rerr redis.Error
+	if !errors.As(err, &rerr) {
+		return true
+	}
+	msg := err.Error()
+	for _, p := range []string{"MOVED ", "CLUSTERDOWN ", "READONLY ", "LOADING ", "MASTERDOWN "} {
+		if strings.HasPrefix(msg, p) {
+			return true
+		}
+	}
+	return false
 }
 
 // gather moves the keys that src, the master that owned their slot when
