@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -27,8 +28,8 @@ import (
 //     ... KEYS, the command the migration itself sends for every key of
 //     the slot: the migration later skips the keys already moved);
 //   - every key still absent is written on the target as a full bucket
-//     (placeholder, SET NX with a TTL), which every script reads exactly as
-//     an absent key;
+//     (placeholder, SET NX with a TTL, after ASKING), which every script
+//     reads exactly as an absent key;
 //   - the script then runs on the target, where all its keys now are.
 //
 // No decision is made apart from the others, so every limit stays exact.
@@ -166,13 +167,42 @@ func gather(ctx context.Context, cc *redis.ClusterClient, src *redis.Client, key
 			return
 		}
 	}
-	for _, k := range keys {
-		// Through the Cluster client: the source, which does not hold k
-		// now, redirects it to the target (ASK); NX keeps a bucket that
-		// is there.
-		err := cc.SetArgs(ctx, k, placeholder, redis.SetArgs{Mode: "NX", TTL: placeholderTTL}).Err()
-		if err != nil && !errors.Is(err, redis.Nil) {
-			return
+	// Straight to the target, each key after ASKING (the target serves a
+	// slot it imports only to a client that says it was redirected), all
+	// in one round trip: none of the keys is on the source now, and the
+	// source never creates a key while its slot migrates.
+	dst := master(ctx, cc, target)
+	if dst == nil {
+		// The source names the target by an address the Cluster client
+		// does not use: key by key through the Cluster client, which
+		// the source redirects (ASK).
+		for _, k := range keys {
+			cc.SetArgs(ctx, k, placeholder, redis.SetArgs{Mode: "NX", TTL: placeholderTTL})
 		}
+		return
 	}
+	pipe = dst.Pipeline()
+	for _, k := range keys {
+		pipe.Do(ctx, "asking")
+		pipe.SetArgs(ctx, k, placeholder, redis.SetArgs{Mode: "NX", TTL: placeholderTTL})
+	}
+	_, _ = pipe.Exec(ctx) // NX answers nil for a key that is there
+}
+
+// master returns the Cluster client's client of the master at addr, or
+// nil when it knows none there.
+func master(ctx context.Context, cc *redis.ClusterClient, addr string) *redis.Client {
+	var (
+		mu    sync.Mutex
+		found *redis.Client
+	)
+	_ = cc.ForEachMaster(ctx, func(_ context.Context, c *redis.Client) error {
+		if c.Options().Addr == addr {
+			mu.Lock()
+			found = c
+			mu.Unlock()
+		}
+		return nil
+	})
+	return found
 }
