@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"strings"
 	"sync"
@@ -47,9 +48,12 @@ const placeholder = "0 0"
 // take that books the bucket rewrites it with the bucket's own TTL.
 const placeholderTTL = 10 * time.Second
 
-// migrateTimeout bounds, in ms, how long a MIGRATE of a script's keys may
-// wait for the target; the call's own deadline bounds it more tightly.
-const migrateTimeout = 1000
+// migrateTimeout is the timeout, in ms, that a MIGRATE of a script's keys
+// gives the target. It is not the call's own deadline, which bounds only
+// how long the store waits: a MIGRATE that times out may leave a key on
+// both nodes (Redis then cannot finish the migration: BUSYKEY), so the
+// source gets the time a migration itself gives a batch of keys.
+const migrateTimeout = 5000
 
 // eval runs script on keys with args. A script on several keys of a Redis
 // Cluster goes to its slot's master and, when the slot migrates, gathers
@@ -80,11 +84,29 @@ func (s *Store) eval(ctx context.Context, script *redis.Script, keys []string, a
 		}
 		return cmd // the script's own error
 	}
+	return s.evalMigrating(ctx, cc, src, script, keys, args, err)
+}
+
+// evalMigrating is eval once the slot's master src answered err, TRYAGAIN
+// or ASK: it gathers the keys on the target and runs there, until ctx
+// ends.
+func (s *Store) evalMigrating(ctx context.Context, cc *redis.ClusterClient, src *redis.Client, script *redis.Script, keys []string, args []any, err error) *redis.Cmd {
+	var cmd *redis.Cmd
 	for {
+		if addr, ask := redis.IsAskError(err); ask {
+			// The source holds none of the keys: run on the target in
+			// one round trip, the absent keys written there first.
+			if c := s.onTarget(ctx, cc, addr, script, keys, args); c != nil && !migrating(c.Err()) {
+				return c
+			}
+		}
 		gather(ctx, cc, src, keys)
 		cmd = script.Run(ctx, cc, keys, args...)
-		if !migrating(cmd.Err()) || ctx.Err() != nil {
+		if err = cmd.Err(); !migrating(err) {
 			return cmd
+		}
+		if ctx.Err() != nil {
+			break
 		}
 		// The keys moved apart again (a placeholder expired, another
 		// client gathered them): again, shortly.
@@ -92,10 +114,16 @@ func (s *Store) eval(ctx context.Context, script *redis.Script, keys []string, a
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return cmd
 		case <-t.C:
 		}
+		if ctx.Err() != nil {
+			break
+		}
 	}
+	// Out of time with the keys still apart: the error is the deadline's,
+	// naming the migration.
+	cmd.SetErr(fmt.Errorf("%w (its slot migrating: %w)", ctx.Err(), err))
+	return cmd
 }
 
 // migrating reports whether err is what a script on several keys meets
@@ -132,24 +160,7 @@ func rerouted(err error) bool {
 // effort: what it could not do shows as TRYAGAIN in the script that
 // follows.
 func gather(ctx context.Context, cc *redis.ClusterClient, src *redis.Client, keys []string) {
-	// EXISTS on the source answers 1 for a key it holds and, for a key it
-	// does not, an ASK redirect naming the target.
-	pipe := src.Pipeline()
-	exists := make([]*redis.IntCmd, len(keys))
-	for i, k := range keys {
-		exists[i] = pipe.Exists(ctx, k)
-	}
-	_, _ = pipe.Exec(ctx)
-	var held []any
-	target := ""
-	for i, e := range exists {
-		n, err := e.Result()
-		if addr, ask := redis.IsAskError(err); ask {
-			target = addr
-		} else if err == nil && n == 1 {
-			held = append(held, keys[i])
-		}
-	}
+	held, target := locate(ctx, src, keys)
 	if target == "" {
 		return // src no longer migrates the slot, or holds every key
 	}
@@ -158,11 +169,10 @@ func gather(ctx context.Context, cc *redis.ClusterClient, src *redis.Client, key
 		if err != nil {
 			return
 		}
-		ms := int64(migrateTimeout)
-		if dl, ok := ctx.Deadline(); ok {
-			ms = max(min(ms, time.Until(dl).Milliseconds()), 1)
-		}
-		args := append([]any{"migrate", host, port, "", 0, ms, "keys"}, held...)
+		// REPLACE: a copy that an earlier MIGRATE left on the target when
+		// it failed half way is stale (the source holds the key, so no
+		// script ran on that copy) and gives way.
+		args := append([]any{"migrate", host, port, "", 0, migrateTimeout, "replace", "keys"}, held...)
 		if src.Do(ctx, args...).Err() != nil {
 			return
 		}
@@ -181,12 +191,89 @@ func gather(ctx context.Context, cc *redis.ClusterClient, src *redis.Client, key
 		}
 		return
 	}
-	pipe = dst.Pipeline()
+	pipe := dst.Pipeline()
 	for _, k := range keys {
 		pipe.Do(ctx, "asking")
 		pipe.SetArgs(ctx, k, placeholder, redis.SetArgs{Mode: "NX", TTL: placeholderTTL})
 	}
 	_, _ = pipe.Exec(ctx) // NX answers nil for a key that is there
+}
+
+// locate returns the keys that src holds and the address of the node its
+// slot migrates to ("" when src does not migrate it or holds every key):
+// EXISTS on the source answers 1 for a key it holds and, for a key it does
+// not, an ASK redirect naming the target.
+func locate(ctx context.Context, src *redis.Client, keys []string) (held []any, target string) {
+	pipe := src.Pipeline()
+	exists := make([]*redis.IntCmd, len(keys))
+	for i, k := range keys {
+		exists[i] = pipe.Exists(ctx, k)
+	}
+	_, _ = pipe.Exec(ctx)
+	for i, e := range exists {
+		n, err := e.Result()
+		if addr, ask := redis.IsAskError(err); ask {
+			target = addr
+		} else if err == nil && n == 1 {
+			held = append(held, keys[i])
+		}
+	}
+	return held, target
+}
+
+// onTarget runs script on keys with args on the master at addr, the
+// target of their slot's migration, when the source holds none of them (it
+// answered ASK): in one pipeline, each absent key written as a
+// placeholder, then the script, each command after ASKING. It returns nil
+// when the Cluster client knows no master at addr.
+func (s *Store) onTarget(ctx context.Context, cc *redis.ClusterClient, addr string, script *redis.Script, keys []string, args []any) *redis.Cmd {
+	dst := s.targetClient(ctx, cc, addr)
+	if dst == nil {
+		return nil
+	}
+	run := func(eval bool) *redis.Cmd {
+		pipe := dst.Pipeline()
+		for _, k := range keys {
+			pipe.Do(ctx, "asking")
+			pipe.SetArgs(ctx, k, placeholder, redis.SetArgs{Mode: "NX", TTL: placeholderTTL})
+		}
+		pipe.Do(ctx, "asking")
+		var cmd *redis.Cmd
+		if eval {
+			cmd = script.Eval(ctx, pipe, keys, args...)
+		} else {
+			cmd = script.EvalSha(ctx, pipe, keys, args...)
+		}
+		_, _ = pipe.Exec(ctx) // each command keeps its own error
+		return cmd
+	}
+	cmd := run(false)
+	if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+		cmd = run(true)
+	}
+	if errors.Is(cmd.Err(), redis.ErrClosed) {
+		s.target.Store(nil) // the Cluster client dropped that node
+	}
+	return cmd
+}
+
+// target is the master a migration moves keys to, as last found.
+type target struct {
+	addr string
+	c    *redis.Client
+}
+
+// targetClient returns the Cluster client's client of the master at addr,
+// remembered from the last call, or nil when it knows none there.
+func (s *Store) targetClient(ctx context.Context, cc *redis.ClusterClient, addr string) *redis.Client {
+	if t := s.target.Load(); t != nil && t.addr == addr {
+		return t.c
+	}
+	c := master(ctx, cc, addr)
+	if c != nil {
+		s.target.Store(&target{addr: addr, c: c})
+	}
+	return c
 }
 
 // master returns the Cluster client's client of the master at addr, or

@@ -23,6 +23,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -149,6 +150,9 @@ type Store struct {
 	fold sharer
 	// batch is set with Options.Batch.
 	batch sharer
+	// target is the master a Cluster slot's migration last moved a
+	// script's keys to (see onTarget).
+	target atomic.Pointer[target]
 }
 
 var (
