@@ -96,16 +96,19 @@ func TestMultiBucketTakesDuringMigration(t *testing.T) {
 	}
 }
 
+// The fleet's buckets, all in the slot of {ota}, at rates well below what
+// the fleet asks for, so that every bucket is empty for most of the run
+// and any token granted twice shows.
+var (
+	otaContent = fleetrate.Bucket{Key: "{ota}/content", Limits: []fleetrate.Limit{fleetrate.PerSecond(50, 5)}}
+	otaCred    = fleetrate.Bucket{Key: "{ota}", Limits: []fleetrate.Limit{fleetrate.PerSecond(100, 10)}}
+	otaAllow   = fleetrate.Bucket{Key: "{ota}/allow", Limits: []fleetrate.Limit{fleetrate.PerSecond(100, 10)}}
+	otaOther   = fleetrate.Bucket{Key: "{ota}/other", Limits: []fleetrate.Limit{fleetrate.PerSecond(100, 10), fleetrate.PerPeriod(1000, time.Minute)}}
+)
+
 func migrateUnderFleet(t *testing.T, opts redisstore.Options) {
 	cl := redistest.StartCluster(t, 3, 0)
-	ctx := context.Background()
-	// Rates well below what the fleet asks for, so that every bucket is
-	// empty for most of the run and any token granted twice shows.
-	content := fleetrate.Bucket{Key: "{ota}/content", Limits: []fleetrate.Limit{fleetrate.PerSecond(50, 5)}}
-	ota := fleetrate.Bucket{Key: "{ota}", Limits: []fleetrate.Limit{fleetrate.PerSecond(100, 10)}}
-	allow := fleetrate.Bucket{Key: "{ota}/allow", Limits: []fleetrate.Limit{fleetrate.PerSecond(100, 10)}}
-	other := fleetrate.Bucket{Key: "{ota}/other", Limits: []fleetrate.Limit{fleetrate.PerSecond(100, 10), fleetrate.PerPeriod(1000, time.Minute)}}
-	slot, err := cl.KeySlot(ota.StoreKey())
+	slot, err := cl.KeySlot(otaCred.StoreKey())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,81 +127,12 @@ func migrateUnderFleet(t *testing.T, opts redisstore.Options) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lim, err := fleetrate.New(s, fleetrate.Config{Limits: ota.Limits, MaxWait: 2 * time.Second})
+	lim, err := fleetrate.New(s, fleetrate.Config{Limits: otaCred.Limits, MaxWait: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var (
-		allowGot, contentGot grants
-		seq, calls, errs     atomic.Int64
-		redirected           atomic.Int64 // errors that name a migration
-		firstRedirect        atomic.Value
-		firstErr             atomic.Value
-		stop                 = make(chan struct{})
-		wg                   sync.WaitGroup
-	)
-	fail := func(err error) {
-		errs.Add(1)
-		if msg := err.Error(); strings.Contains(msg, "TRYAGAIN") || strings.Contains(msg, "ASK") || strings.Contains(msg, "MOVED") {
-			redirected.Add(1)
-			firstRedirect.CompareAndSwap(nil, err)
-		}
-		firstErr.CompareAndSwap(nil, err)
-	}
-	fleet := []func(i int64){
-		func(i int64) { // Allow of a new endpoint's bucket and the credential's
-			ep := content
-			ep.Key = fmt.Sprintf("%s/%d", content.Key, i)
-			res, err := s.Take(ctx, fleetrate.Request{Buckets: []fleetrate.Bucket{ep, allow}, N: 1})
-			if err != nil {
-				fail(err)
-			} else if res.Allowed {
-				allowGot.add(time.Now())
-			}
-		},
-		func(i int64) { // a booking of both, as Wait and the transport make
-			r, err := lim.Book(ctx, fleetrate.Request{Buckets: []fleetrate.Bucket{content, ota}, N: 1, MaxWait: time.Second})
-			if errors.Is(err, fleetrate.ErrBackpressure) {
-				return
-			}
-			if err != nil {
-				fail(err)
-				return
-			}
-			if i%4 == 0 {
-				if err := r.Cancel(ctx); err != nil {
-					fail(err)
-				}
-				return // given back, so not counted
-			}
-			contentGot.add(r.Due())
-		},
-		func(i int64) { // a peek at both, and a drain of two others
-			if _, err := s.Take(ctx, fleetrate.Request{Buckets: []fleetrate.Bucket{content, ota}}); err != nil {
-				fail(err)
-			}
-			o := other
-			o.Key = fmt.Sprintf("%s/%d", other.Key, i)
-			if err := s.Drain(ctx, []fleetrate.Bucket{o, other}, time.Millisecond); err != nil {
-				fail(err)
-			}
-		},
-	}
-	start := time.Now()
-	for g := range 24 {
-		wg.Go(func() {
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				fleet[g%len(fleet)](seq.Add(1))
-				calls.Add(1)
-				time.Sleep(time.Millisecond)
-			}
-		})
-	}
+	f := &migrationFleet{s: s, lim: lim, stop: make(chan struct{}), start: time.Now()}
+	f.run(24)
 	time.Sleep(200 * time.Millisecond)
 	migStart := time.Now()
 	if *migrationNone > 0 {
@@ -208,29 +142,138 @@ func migrateUnderFleet(t *testing.T, opts redisstore.Options) {
 	}
 	migTook := time.Since(migStart)
 	time.Sleep(200 * time.Millisecond)
-	close(stop)
-	wg.Wait()
+	f.halt()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := errs.Load(); n > 0 {
-		t.Errorf("%d of %d calls failed during the migration (%d naming a redirect: %v); first: %v", n, calls.Load(), redirected.Load(), firstRedirect.Load(), firstErr.Load())
-	}
-	tryAgain := 0
-	for _, n := range []*redistest.Node{from, to} {
-		st, err := n.Errorstats()
-		if err != nil {
-			t.Fatal(err)
-		}
-		tryAgain += st["TRYAGAIN"]
-	}
+	tryAgain := tryAgains(t, from, to)
 	if tryAgain == 0 && *migrationNone == 0 {
 		t.Errorf("no script met TRYAGAIN: the migration never split a take's keys")
 	}
-	allowGot.check(t, allow.Key, allow.Limits[0], start)
-	contentGot.check(t, content.Key, content.Limits[0], start)
+	f.check(t)
 	t.Logf("slot %d with %d other keys migrated in %v; %d calls over %v, %d TRYAGAIN answered, %d errors",
-		slot, *migrationKeys, migTook.Round(time.Millisecond), calls.Load(), time.Since(start).Round(time.Millisecond), tryAgain, errs.Load())
+		slot, *migrationKeys, migTook.Round(time.Millisecond), f.calls.Load(), time.Since(f.start).Round(time.Millisecond), tryAgain, f.errs.Load())
+}
+
+// tryAgains returns how many TRYAGAIN errors the nodes answered.
+func tryAgains(t *testing.T, nodes ...*redistest.Node) int {
+	t.Helper()
+	n := 0
+	for _, node := range nodes {
+		st, err := node.Errorstats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		n += st["TRYAGAIN"]
+	}
+	return n
+}
+
+// migrationFleet is TestMultiBucketTakesDuringMigration's fleet: its
+// goroutines, the grants they counted and the calls that failed.
+type migrationFleet struct {
+	s     *redisstore.Store
+	lim   *fleetrate.Limiter
+	stop  chan struct{}
+	start time.Time
+	wg    sync.WaitGroup
+
+	allowGot, contentGot grants
+	seq, calls, errs     atomic.Int64
+	redirected           atomic.Int64 // errors that name a migration
+	firstRedirect        atomic.Value
+	firstErr             atomic.Value
+}
+
+// run starts n goroutines, a third each on allow, book and peek, each
+// calling once a millisecond until halt.
+func (f *migrationFleet) run(n int) {
+	work := []func(i int64){f.allow, f.book, f.peek}
+	for g := range n {
+		f.wg.Go(func() {
+			for {
+				select {
+				case <-f.stop:
+					return
+				default:
+				}
+				work[g%len(work)](f.seq.Add(1))
+				f.calls.Add(1)
+				time.Sleep(time.Millisecond)
+			}
+		})
+	}
+}
+
+// halt stops the goroutines and waits for them.
+func (f *migrationFleet) halt() {
+	close(f.stop)
+	f.wg.Wait()
+}
+
+func (f *migrationFleet) fail(err error) {
+	f.errs.Add(1)
+	if msg := err.Error(); strings.Contains(msg, "TRYAGAIN") || strings.Contains(msg, "ASK") || strings.Contains(msg, "MOVED") {
+		f.redirected.Add(1)
+		f.firstRedirect.CompareAndSwap(nil, err)
+	}
+	f.firstErr.CompareAndSwap(nil, err)
+}
+
+// allow takes a new endpoint's bucket and the credential's, now or never.
+func (f *migrationFleet) allow(i int64) {
+	ep := otaContent
+	ep.Key = fmt.Sprintf("%s/%d", otaContent.Key, i)
+	res, err := f.s.Take(context.Background(), fleetrate.Request{Buckets: []fleetrate.Bucket{ep, otaAllow}, N: 1})
+	if err != nil {
+		f.fail(err)
+	} else if res.Allowed {
+		f.allowGot.add(time.Now())
+	}
+}
+
+// book books both buckets up to a second ahead, as Wait and the transport
+// do, and cancels every fourth booking.
+func (f *migrationFleet) book(i int64) {
+	ctx := context.Background()
+	r, err := f.lim.Book(ctx, fleetrate.Request{Buckets: []fleetrate.Bucket{otaContent, otaCred}, N: 1, MaxWait: time.Second})
+	if errors.Is(err, fleetrate.ErrBackpressure) {
+		return
+	}
+	if err != nil {
+		f.fail(err)
+		return
+	}
+	if i%4 == 0 {
+		if err := r.Cancel(ctx); err != nil {
+			f.fail(err)
+		}
+		return // given back, so not counted
+	}
+	f.contentGot.add(r.Due())
+}
+
+// peek peeks at both buckets, and drains two others.
+func (f *migrationFleet) peek(i int64) {
+	ctx := context.Background()
+	if _, err := f.s.Take(ctx, fleetrate.Request{Buckets: []fleetrate.Bucket{otaContent, otaCred}}); err != nil {
+		f.fail(err)
+	}
+	o := otaOther
+	o.Key = fmt.Sprintf("%s/%d", otaOther.Key, i)
+	if err := f.s.Drain(ctx, []fleetrate.Bucket{o, otaOther}, time.Millisecond); err != nil {
+		f.fail(err)
+	}
+}
+
+// check fails t for any failed call and any bucket over its bound.
+func (f *migrationFleet) check(t *testing.T) {
+	t.Helper()
+	if n := f.errs.Load(); n > 0 {
+		t.Errorf("%d of %d calls failed during the migration (%d naming a redirect: %v); first: %v", n, f.calls.Load(), f.redirected.Load(), f.firstRedirect.Load(), f.firstErr.Load())
+	}
+	f.allowGot.check(t, otaAllow.Key, otaAllow.Limits[0], f.start)
+	f.contentGot.check(t, otaContent.Key, otaContent.Limits[0], f.start)
 }
 
 // fillSlot writes n other keys into the slot of {ota} on the node at addr.
