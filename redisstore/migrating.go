@@ -55,6 +55,10 @@ const placeholderTTL = 10 * time.Second
 // source gets the time a migration itself gives a batch of keys.
 const migrateTimeout = 5000
 
+// migratingFor bounds the retries of a script whose slot migrates when
+// its call has no deadline of its own.
+const migratingFor = time.Second
+
 // eval runs script on keys with args. A script on several keys of a Redis
 // Cluster goes to its slot's master and, when the slot migrates, gathers
 // its keys on the target and runs there (see above), within ctx.
@@ -89,8 +93,16 @@ func (s *Store) eval(ctx context.Context, script *redis.Script, keys []string, a
 
 // evalMigrating is eval once the slot's master src answered err, TRYAGAIN
 // or ASK: it gathers the keys on the target and runs there, until ctx
-// ends.
+// ends (or migratingFor passes, when ctx has no deadline).
 func (s *Store) evalMigrating(ctx context.Context, cc *redis.ClusterClient, src *redis.Client, script *redis.Script, keys []string, args []any, err error) *redis.Cmd {
+	if _, ok := ctx.Deadline(); !ok {
+		// A store without a timeout, called without a deadline: the keys
+		// may stay apart (MIGRATE forbidden, the migration stalled), so
+		// the retries end after migratingFor.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, migratingFor)
+		defer cancel()
+	}
 	var cmd *redis.Cmd
 	for {
 		if addr, ask := redis.IsAskError(err); ask {
