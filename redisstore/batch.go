@@ -591,7 +591,7 @@ func (s *Store) send(batch []*batchCall) {
 	ctx, cancel := s.sharedCtx(kept)
 	var reply []int64
 	err := s.bounded(ctx, func(ctx context.Context) (err error) {
-		reply, err = batchScript.Run(ctx, s.sc, keys, args...).Int64Slice()
+		reply, err = s.eval(ctx, batchScript, keys, args...).Int64Slice()
 		return err
 	})
 	cancel()

@@ -169,10 +169,9 @@ type Store struct {
 	fold sharer
 	// batch is set with Options.Batch.
 	batch sharer
-	// migratingUntil is when (unix ns) takes of several buckets stop going
-	// bucket by bucket after one met a migrating Cluster slot (see
-	// takeMigrating).
-	migratingUntil atomic.Int64
+	// target is the master a Cluster slot's migration last moved a
+	// script's keys to (see onTarget).
+	target atomic.Pointer[target]
 }
 
 var (
@@ -421,9 +420,7 @@ func (s *Store) take(ctx context.Context, req fleetrate.Request) (fleetrate.Resu
 
 // route sends a take through its batcher, or on its own.
 func (s *Store) route(ctx context.Context, req fleetrate.Request) (fleetrate.Result, error) {
-	if q := s.queue(req.N); q != nil && !s.splittable(req) {
-		// A several-bucket Allow on a Cluster goes on its own: it may have
-		// to go bucket by bucket while its slot migrates (takeMigrating).
+	if q := s.queue(req.N); q != nil {
 		return q.take(ctx, req)
 	}
 	return s.takeOne(ctx, req)
@@ -486,9 +483,6 @@ func (s *Store) takeOne(ctx context.Context, req fleetrate.Request) (fleetrate.R
 	}
 	sctx, cancel := s.ctx(ctx)
 	defer cancel()
-	if s.splittable(req) {
-		return s.takeMigrating(ctx, sctx, req, keys, args)
-	}
 	reply, err := s.runTake(sctx, keys, args)
 	if err != nil {
 		return fleetrate.Result{}, failed(ctx, "take", err)
@@ -501,7 +495,7 @@ func (s *Store) takeOne(ctx context.Context, req fleetrate.Request) (fleetrate.R
 func (s *Store) runTake(ctx context.Context, keys []string, args []any) ([]int64, error) {
 	var reply []int64
 	err := s.bounded(ctx, func(ctx context.Context) (err error) {
-		reply, err = takeScript.Run(ctx, s.sc, keys, args...).Int64Slice()
+		reply, err = s.eval(ctx, takeScript, keys, args...).Int64Slice()
 		return err
 	})
 	if err != nil {
@@ -653,7 +647,7 @@ func (s *Store) run(ctx context.Context, op string, script *redis.Script, keys [
 	sctx, cancel := s.ctx(ctx)
 	defer cancel()
 	err := s.bounded(sctx, func(ctx context.Context) error {
-		return script.Run(ctx, s.sc, keys, args...).Err()
+		return s.eval(ctx, script, keys, args...).Err()
 	})
 	if err != nil {
 		return failed(ctx, op, err)

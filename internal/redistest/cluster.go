@@ -55,34 +55,7 @@ func StartCluster(tb testing.TB, masters, replicasPerMaster int) *Cluster {
 	Binary(tb)
 	lookBinary(tb, "redis-cli")
 	c := &Cluster{}
-	total := masters * (1 + replicasPerMaster)
-	servers := make([]*Server, total)
-	errs := make([]error, total)
-	var wg sync.WaitGroup
-	for i := range servers {
-		dir := tb.TempDir()
-		wg.Go(func() {
-			servers[i], errs[i] = launchNode(tb, dir, nil, func(port int) ([]string, error) {
-				// The cluster bus gets a free port of its own: the default,
-				// port + 10000, may be taken or beyond 65535.
-				bus, err := freePort()
-				if err != nil {
-					return nil, err
-				}
-				return []string{
-					"--cluster-enabled", "yes",
-					"--cluster-config-file", fmt.Sprintf("nodes-%d.conf", port),
-					"--cluster-node-timeout", strconv.Itoa(int(ClusterNodeTimeout / time.Millisecond)),
-					"--cluster-port", strconv.Itoa(bus),
-					"--repl-diskless-sync-delay", "0",
-				}, nil
-			})
-		})
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		tb.Fatalf("redistest: starting cluster nodes: %v", err)
-	}
+	servers := startClusterNodes(tb, masters*(1+replicasPerMaster))
 	args := []string{"--cluster", "create"}
 	for _, s := range servers {
 		args = append(args, s.Addr())
@@ -111,6 +84,39 @@ func StartCluster(tb testing.TB, masters, replicasPerMaster int) *Cluster {
 		}
 	})
 	return c
+}
+
+// startClusterNodes starts n cluster-enabled redis-servers, not yet joined.
+func startClusterNodes(tb testing.TB, n int) []*Server {
+	tb.Helper()
+	servers := make([]*Server, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range servers {
+		dir := tb.TempDir()
+		wg.Go(func() {
+			servers[i], errs[i] = launchNode(tb, dir, nil, func(port int) ([]string, error) {
+				// The cluster bus gets a free port of its own: the default,
+				// port + 10000, may be taken or beyond 65535.
+				bus, err := freePort()
+				if err != nil {
+					return nil, err
+				}
+				return []string{
+					"--cluster-enabled", "yes",
+					"--cluster-config-file", fmt.Sprintf("nodes-%d.conf", port),
+					"--cluster-node-timeout", strconv.Itoa(int(ClusterNodeTimeout / time.Millisecond)),
+					"--cluster-port", strconv.Itoa(bus),
+					"--repl-diskless-sync-delay", "0",
+				}, nil
+			})
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		tb.Fatalf("redistest: starting cluster nodes: %v", err)
+	}
+	return servers
 }
 
 func logs(servers []*Server) string {
