@@ -494,6 +494,10 @@ func serve(ctx context.Context, st serveSettings, logOut io.Writer) error {
 		DisableStoreAPI:         !st.storeAPI,
 		ResponseDynamicMetadata: st.dynamicMetadata,
 		Logger:                  log,
+
+		// The memory store never waits, and openServeRedis gives the
+		// Redis store --store-timeout as its own bound.
+		StoreBounded: true,
 	})
 	if err != nil {
 		return err

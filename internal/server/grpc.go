@@ -48,6 +48,10 @@ func grpcError(err error) error {
 // deployments' probes ask for.
 var healthServices = []string{"", "envoy.service.ratelimit.v3.RateLimitService", "ratelimit"}
 
+// streamWorkers is the least number of goroutines serving gRPC streams.
+// An idle one costs its stack, a few kB.
+const streamWorkers = 256
+
 func (s *Server) newGRPC() *grpc.Server {
 	opts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(int(s.opts.MaxRequestBytes)),
@@ -55,8 +59,11 @@ func (s *Server) newGRPC() *grpc.Server {
 		// Streams run on a pool of long-lived goroutines, whose stacks
 		// have grown once, rather than on a new goroutine each, whose
 		// stack grew (copied) on every call: a quarter of the CPU of an
-		// in-memory decision (docs/BENCHMARKS.md).
-		grpc.NumStreamWorkers(uint32(4 * runtime.GOMAXPROCS(0))),
+		// in-memory decision (docs/BENCHMARKS.md). A stream that finds
+		// every worker busy gets a new goroutine, so the pool is as large
+		// as the calls a service is expected to have in flight: RLS calls
+		// wait for Redis, and each Envoy connection sends many at once.
+		grpc.NumStreamWorkers(uint32(max(streamWorkers, 4*runtime.GOMAXPROCS(0)))),
 	}
 	if s.opts.TLS != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(s.opts.TLS)))

@@ -90,6 +90,13 @@ type Options struct {
 	MaxWait time.Duration
 	// StoreTimeout bounds each store call. Default 1 s.
 	StoreTimeout time.Duration
+	// StoreBounded says that Store bounds each call by StoreTimeout (or
+	// sooner) itself, as a redisstore.Store whose Options.Timeout is
+	// StoreTimeout does, and as a memstore.Store, which never waits, needs
+	// not: the server then arms no timer of its own for a store call, one
+	// timer (and a context) less per decision. Default false: the server
+	// bounds every store call.
+	StoreBounded bool
 	// MaxRequestBytes bounds request bodies (HTTP) and messages (gRPC).
 	// Default 1 MiB.
 	MaxRequestBytes int64
@@ -484,10 +491,20 @@ func (s *Server) authorized(header string) bool {
 	return found == 1
 }
 
-// storeCtx bounds a store call by StoreTimeout.
+// storeCtx bounds a store call by StoreTimeout, unless the store does
+// (Options.StoreBounded) or ctx ends sooner anyway (Envoy's RLS filter
+// sends a deadline of 20 ms by default).
 func (s *Server) storeCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	if s.opts.StoreBounded {
+		return ctx, noCancel
+	}
+	if d, ok := ctx.Deadline(); ok && time.Until(d) <= s.opts.StoreTimeout {
+		return ctx, noCancel
+	}
 	return context.WithTimeout(ctx, s.opts.StoreTimeout)
 }
+
+func noCancel() {}
 
 // ready reports whether the store answers a peek of the probe bucket.
 func (s *Server) ready(ctx context.Context) error {
