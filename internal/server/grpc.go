@@ -48,10 +48,6 @@ func grpcError(err error) error {
 // deployments' probes ask for.
 var healthServices = []string{"", "envoy.service.ratelimit.v3.RateLimitService", "ratelimit"}
 
-// streamWorkers is the least number of goroutines serving gRPC streams.
-// An idle one costs its stack, a few kB.
-const streamWorkers = 256
-
 func (s *Server) newGRPC() *grpc.Server {
 	opts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(int(s.opts.MaxRequestBytes)),
@@ -60,10 +56,12 @@ func (s *Server) newGRPC() *grpc.Server {
 		// have grown once, rather than on a new goroutine each, whose
 		// stack grew (copied) on every call: a quarter of the CPU of an
 		// in-memory decision (docs/BENCHMARKS.md). A stream that finds
-		// every worker busy gets a new goroutine, so the pool is as large
-		// as the calls a service is expected to have in flight: RLS calls
-		// wait for Redis, and each Envoy connection sends many at once.
-		grpc.NumStreamWorkers(uint32(max(streamWorkers, 4*runtime.GOMAXPROCS(0)))),
+		// every worker busy gets a new goroutine. Workers take streams in
+		// turn (first waiting, first served), so a pool much larger than
+		// the calls in flight spreads few calls over many cold stacks: 32
+		// and 256 workers cost a lone caller on Redis about 1.4 times
+		// the CPU per decision of 8 (servebench -baseline, same rounds).
+		grpc.NumStreamWorkers(uint32(4 * runtime.GOMAXPROCS(0))),
 	}
 	if s.opts.TLS != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(s.opts.TLS)))
