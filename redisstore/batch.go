@@ -41,6 +41,11 @@ type batcher[R comparable] struct {
 	mu     sync.Mutex
 	queues map[R]*batchQueue
 	spare  *batchQueue // a queue no longer in use, for the next one
+
+	// idle are the runners waiting for a run, the one idle last at the
+	// end (see startRun).
+	idleMu sync.Mutex
+	idle   []chan runJob[R]
 }
 
 // sharer is a batcher of any route type: what the store calls.
@@ -284,7 +289,7 @@ func (b *batcher[R]) finish(r R, q *batchQueue) {
 	}
 	b.mu.Unlock()
 	if start {
-		go b.run(r, q)
+		b.startRun(r, q)
 	}
 }
 
@@ -326,7 +331,7 @@ func (b *batcher[R]) wait(ctx context.Context, r R, c *batchCall) (fleetrate.Res
 	}
 	b.mu.Unlock()
 	if start {
-		go b.run(r, q)
+		b.startRun(r, q)
 	}
 	var gaveUp error
 	select {
