@@ -16,6 +16,14 @@
 // gubernator (one node) keeps its buckets in memory, with the same limit.
 // The service's CPU time is read from /proc/<pid>/stat before and after
 // each measurement.
+//
+// With -baseline, a fleetrate binary built from another commit runs as two
+// more services (over the same Redis, and in memory) in the same rounds,
+// so that a change is measured against what it replaces on the same
+// machine at the same moments, with its ratios to the peers:
+//
+//	git archive <commit> | tar -x -C /tmp/base && (cd /tmp/base && go build -o /tmp/fleetrate-base ./cmd/fleetrate)
+//	go run ./cmd/servebench -ratelimit bin/ratelimit -gubernator bin/gubernator -baseline /tmp/fleetrate-base
 package main
 
 import (
