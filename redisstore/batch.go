@@ -41,6 +41,11 @@ type batcher[R comparable] struct {
 	mu     sync.Mutex
 	queues map[R]*batchQueue
 	spare  *batchQueue // a queue no longer in use, for the next one
+
+	// idle are the runners waiting for a run, the one idle last at the
+	// end (see startRun).
+	idleMu sync.Mutex
+	idle   []chan runJob[R]
 }
 
 // sharer is a batcher of any route type: what the store calls.
@@ -237,7 +242,7 @@ func (b *batcher[R]) takeKey(ctx context.Context, bk fleetrate.Bucket, key strin
 	}
 	r := b.route(&req)
 	if q := b.claimIdle(r); q != nil {
-		res, err := b.s.takeOne(ctx, req)
+		res, err := b.s.takeOneBound(ctx, req, largs)
 		b.finish(r, q)
 		return res, err
 	}
@@ -247,6 +252,27 @@ func (b *batcher[R]) takeKey(ctx context.Context, bk fleetrate.Bucket, key strin
 	c.largs = largs
 	c.deadline, _ = ctx.Deadline()
 	return b.wait(ctx, r, c)
+}
+
+// takeOneBound is takeOne for a bound taker's take from one bucket, whose
+// limits' script arguments largs were boxed once, at Bind: a take boxes
+// none again. One bucket is never split across a migrating slot.
+func (s *Store) takeOneBound(ctx context.Context, req fleetrate.Request, largs []any) (fleetrate.Result, error) {
+	sctx, cancel := s.ctx(ctx)
+	defer cancel()
+	reply, err := s.runTake(sctx, storeKeys(req.Buckets), boundArgs(req.N, req.MaxWait, largs))
+	if err != nil {
+		return fleetrate.Result{}, failed(ctx, "take", err)
+	}
+	return decodeTake(req, reply)
+}
+
+// boundArgs is takeArgs for a take of n tokens, booked up to maxWait
+// ahead, from one bucket whose limits (and reserve) are largs.
+func boundArgs(n int64, maxWait time.Duration, largs []any) []any {
+	args := make([]any, 3, 3+len(largs))
+	args[0], args[1], args[2] = n, int64(maxWait), 1
+	return append(args, largs...)
 }
 
 // claimIdle returns the queue of r with a call of its caller's counted in
@@ -284,7 +310,7 @@ func (b *batcher[R]) finish(r R, q *batchQueue) {
 	}
 	b.mu.Unlock()
 	if start {
-		go b.run(r, q)
+		b.startRun(r, q)
 	}
 }
 
@@ -326,7 +352,7 @@ func (b *batcher[R]) wait(ctx context.Context, r R, c *batchCall) (fleetrate.Res
 	}
 	b.mu.Unlock()
 	if start {
-		go b.run(r, q)
+		b.startRun(r, q)
 	}
 	var gaveUp error
 	select {

@@ -272,3 +272,24 @@ func TestEncodeBatchSharesShapes(t *testing.T) {
 		t.Fatalf("%d keys for %d", len(keys), kpos)
 	}
 }
+
+// TestBoundArgs checks that a bound taker's lone take sends the arguments
+// takeOne would send for the same request.
+func TestBoundArgs(t *testing.T) {
+	t.Parallel()
+	for _, limits := range [][]fleetrate.Limit{
+		{fleetrate.PerSecond(100, 1<<27)},
+		{fleetrate.PerSecond(10, 5), fleetrate.PerPeriod(100, time.Minute)},
+	} {
+		b := fleetrate.Bucket{Prefix: "p:", Key: "k", Limits: limits}
+		largs := appendTakeLimits(nil, []fleetrate.Bucket{b})
+		for _, n := range []int64{0, 1, 300} {
+			for _, wait := range []time.Duration{0, time.Second} {
+				got, want := boundArgs(n, wait, largs), takeArgs(n, wait, []fleetrate.Bucket{b})
+				if !reflect.DeepEqual(got, want) {
+					t.Errorf("limits %v, n %d, wait %v: boundArgs %v, takeArgs %v", limits, n, wait, got, want)
+				}
+			}
+		}
+	}
+}

@@ -77,7 +77,11 @@ func TakeScriptArgs(n int64, limits []fleetrate.Limit) []any {
 // takeArgs returns the ARGV of the take script for one take of n tokens
 // from buckets (with their reserves), booked up to maxWait ahead.
 func takeArgs(n int64, maxWait time.Duration, buckets []fleetrate.Bucket) []any {
-	args := make([]any, 3, 3+3*len(buckets))
+	size := 3
+	for _, b := range buckets {
+		size += 2 + 2*len(b.Limits) // count, limits, reserve
+	}
+	args := make([]any, 3, size)
 	args[0], args[1], args[2] = n, int64(maxWait), 1
 	return appendTakeLimits(args, buckets)
 }
@@ -505,13 +509,19 @@ func (s *Store) runTake(ctx context.Context, keys []string, args []any) ([]int64
 }
 
 // decodeTake checks and replays the take script's reply for req.
+// It is decodeReply for one take, with the decision kept on the stack.
 func decodeTake(req fleetrate.Request, reply []int64) (fleetrate.Result, error) {
-	var rs []fleetrate.Result
-	err := decodeReply(reply, 1, func(int) (fleetrate.Request, int, *[]fleetrate.Result, func(int) *fleetrate.Booking) {
-		return req, 1, &rs, func(int) *fleetrate.Booking { return req.Booking }
-	})
+	if len(reply) < 1 {
+		return fleetrate.Result{}, unavailable("take", errors.New("take script reply: empty"))
+	}
+	booking := req.Booking
+	var one [1]fleetrate.Result
+	rs, rest, err := replay(req, reply[0], reply[1:], 1, one[:0], func(int) *fleetrate.Booking { return booking })
 	if err != nil {
 		return fleetrate.Result{}, err
+	}
+	if len(rest) != 0 {
+		return fleetrate.Result{}, unavailable("take", fmt.Errorf("take script reply: %d unexpected values at the end", len(rest)))
 	}
 	return rs[0], nil
 }

@@ -548,6 +548,9 @@ func (st *serveSettings) serverOptions(store serveStore, tlsCfg *tls.Config, log
 		DisableStoreAPI:         !st.storeAPI,
 		ResponseDynamicMetadata: st.dynamicMetadata,
 		Logger:                  log,
+		// The memory store never waits, and openServeRedis gives the
+		// Redis store --store-timeout as its own bound.
+		StoreBounded: true,
 	}
 }
 

@@ -142,6 +142,15 @@ func (d *Domain) Match(entries []Entry) Match {
 		return Match{}
 	}
 	var key, metric, detailed strings.Builder
+	// One allocation for each name, most of the time: a wildcard's
+	// pattern or an escape can make a name longer.
+	size := len(d.Name) + 8
+	for _, e := range entries {
+		size += len(e.Key) + len(e.Value) + 2
+	}
+	key.Grow(size)
+	metric.Grow(size)
+	detailed.Grow(size)
 	key.WriteString("rls:")
 	key.WriteString(escape(d.Name))
 	key.WriteByte(':')
@@ -185,22 +194,26 @@ func (d *Domain) Match(entries []Entry) Match {
 // writeMetricNames appends entry e, matched to next by kind (pattern
 // for a wildcard), to the rule's metric name and to its detailed one.
 func writeMetricNames(metric, detailed *strings.Builder, e Entry, next *node, kind matchKind, pattern string) {
+	suffix := func(b *strings.Builder, s string) {
+		b.WriteByte('_')
+		b.WriteString(s)
+	}
 	metric.WriteByte('.')
 	metric.WriteString(e.Key)
 	switch {
 	case kind == byValue:
-		metric.WriteString("_" + e.Value)
+		suffix(metric, e.Value)
 	case next.valueToMetric && e.Value != "" && !(kind == byWildcard && next.shareThreshold):
-		metric.WriteString("_" + e.Value)
+		suffix(metric, e.Value)
 	case kind == byWildcard:
-		metric.WriteString("_" + pattern)
+		suffix(metric, pattern)
 	}
 	detailed.WriteByte('.')
 	detailed.WriteString(e.Key)
 	if kind == byWildcard && next.shareThreshold {
-		detailed.WriteString("_" + pattern)
+		suffix(detailed, pattern)
 	} else if e.Value != "" {
-		detailed.WriteString("_" + e.Value)
+		suffix(detailed, e.Value)
 	}
 }
 
@@ -208,7 +221,7 @@ func writeMetricNames(metric, detailed *strings.Builder, e Entry, next *node, ki
 // Redis Cluster's hash-tag braces, so that distinct descriptors never
 // share a key.
 func escape(s string) string {
-	if !strings.ContainsAny(s, "%:|={}") {
+	if !needsEscape(s) {
 		return s
 	}
 	var b strings.Builder
@@ -223,6 +236,18 @@ func escape(s string) string {
 		}
 	}
 	return b.String()
+}
+
+// needsEscape reports whether s holds a character escape encodes (a loop
+// over the bytes: strings.ContainsAny builds a set on every call).
+func needsEscape(s string) bool {
+	for i := 0; i < len(s); i++ {
+		switch s[i] {
+		case '%', ':', '|', '=', '{', '}':
+			return true
+		}
+	}
+	return false
 }
 
 // Walk calls fn for every rule of the domain.

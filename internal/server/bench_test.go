@@ -5,8 +5,12 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
+
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
 	"github.com/fleetrate/fleetrate/internal/config"
 	"github.com/fleetrate/fleetrate/internal/server/wire"
@@ -56,5 +60,41 @@ func BenchmarkHTTP(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// BenchmarkRLS decides ShouldRateLimit requests, one descriptor over
+// 10,000 values and a limit never reached, through the service's decision
+// path (no network) over the memory store: what a decision costs the
+// service beyond gRPC, and its allocations.
+//
+//	go test -run '^$' -bench BenchmarkRLS$ -benchmem ./internal/server
+func BenchmarkRLS(b *testing.B) {
+	cfg, err := config.Load("bench.yaml", []byte(`
+domain: bench
+descriptors:
+  - key: k
+    rate_limit: {unit: second, requests_per_unit: 1000000000}
+`))
+	if err != nil {
+		b.Fatal(err)
+	}
+	s, err := New(Options{Store: memstore.New(memstore.Options{}), Config: cfg, StoreBounded: true,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		b.Fatal(err)
+	}
+	reqs := make([]*rlspb.RateLimitRequest, 10_000)
+	for i := range reqs {
+		reqs[i] = &rlspb.RateLimitRequest{Domain: "bench", HitsAddend: 1, Descriptors: []*rlcommon.RateLimitDescriptor{desc("k", "bench:"+strconv.Itoa(i))}}
+	}
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		resp, err := s.shouldRateLimit(b.Context(), reqs[i%len(reqs)])
+		if err != nil || resp.OverallCode != rlspb.RateLimitResponse_OK {
+			b.Fatalf("%v, %v", resp, err)
+		}
+		i++
 	}
 }

@@ -256,9 +256,12 @@ func TestShutdownLosesNoInflightRequests(t *testing.T) {
 }
 
 // TestDrainDelay keeps serving, with /readyz failing, for the drain delay.
+// The delay is long enough for three requests on a loaded machine (300 ms
+// was not, under -race with the machine at load 10): the test waits it
+// out when it stops the server.
 func TestDrainDelay(t *testing.T) {
 	t.Parallel()
-	ts := start(t, bucketConfig, func(o *Options) { o.DrainDelay = 300 * time.Millisecond })
+	ts := start(t, bucketConfig, func(o *Options) { o.DrainDelay = 3 * time.Second })
 	ts.cancel()
 	waitFor(t, func() bool { return ts.draining.Load() })
 	if code, body := ts.get(t, "/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "shutting down") {

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -38,8 +39,16 @@ const (
 )
 
 type metrics struct {
-	reg        *prometheus.Registry
-	decisions  *prometheus.CounterVec
+	reg       *prometheus.Registry
+	decisions *prometheus.CounterVec
+	// counters caches decisions' counters by their labels (a decisionKey):
+	// a decision finds its counter without hashing its labels under the
+	// vector's lock. The vector's series are never deleted, so a cached
+	// counter stays the one the vector exports.
+	counters sync.Map
+	// opTime is storeTime's observer of each store operation, created on
+	// its first use as storeTime.WithLabelValues would create it.
+	opTime     map[string]func() prometheus.Observer
 	storeTime  *prometheus.HistogramVec
 	storeErrs  *prometheus.CounterVec
 	reloads    *prometheus.CounterVec
@@ -88,6 +97,10 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 			Help:      "API requests being served (HTTP and gRPC).",
 		}),
 	}
+	m.opTime = map[string]func() prometheus.Observer{}
+	for _, op := range []string{storeOpTake, storeOpRefund, storeOpCancel, storeOpDrain, storeOpReset} {
+		m.opTime[op] = sync.OnceValue(func() prometheus.Observer { return m.storeTime.WithLabelValues(op) })
+	}
 	reg.MustRegister(m.decisions, m.storeTime, m.storeErrs, m.reloads, m.nearLimit, m.lastReload, m.inflight,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	// Every reload result is exported from the start at 0, so that a rate
@@ -106,8 +119,23 @@ type instrumented struct {
 
 var _ fleetrate.Store = instrumented{}
 
+// decisionKey is the labels of a decisions counter.
+type decisionKey struct{ api, domain, descriptor, result string }
+
+// decision counts one decision.
+func (m *metrics) decision(api, domain, descriptor, result string) {
+	k := decisionKey{api, domain, descriptor, result}
+	if c, ok := m.counters.Load(k); ok {
+		c.(prometheus.Counter).Inc()
+		return
+	}
+	c := m.decisions.WithLabelValues(api, domain, descriptor, result)
+	m.counters.Store(k, c)
+	c.Inc()
+}
+
 func (s instrumented) observe(op string, start time.Time, err error) {
-	s.m.storeTime.WithLabelValues(op).Observe(time.Since(start).Seconds())
+	s.m.opTime[op]().Observe(time.Since(start).Seconds())
 	if isStoreFailure(err) {
 		s.m.storeErrs.WithLabelValues(op).Inc()
 	}

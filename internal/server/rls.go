@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -34,13 +35,13 @@ const maxEntries = 32
 // plan is what one descriptor of a request will do.
 type plan struct {
 	rule     *config.Rule
-	limits   []fleetrate.Limit // token limits; nil when no store call is needed
-	bucket   fleetrate.Bucket
-	domain   string // metric label
-	metric   string // metric label
-	hits     int64  // tokens to take; 0 peeks
-	tooMany  bool   // hits exceed a burst: can never be granted
-	negative bool   // give hits back instead of taking them
+	limits   []fleetrate.Limit   // token limits; nil when no store call is needed
+	buckets  [1]fleetrate.Bucket // the bucket, as the store takes it (buckets[:]) with no copy
+	domain   string              // metric label
+	metric   string              // metric label
+	hits     int64               // tokens to take; 0 peeks
+	tooMany  bool                // hits exceed a burst: can never be granted
+	negative bool                // give hits back instead of taking them
 	replaced bool
 }
 
@@ -53,8 +54,9 @@ type outcome struct {
 	err      error
 	// spec is the limit status.current_limit reports, when it has one;
 	// res is the store's answer, when the store was asked.
-	spec *config.LimitSpec
-	res  *fleetrate.Result
+	spec   *config.LimitSpec
+	res    fleetrate.Result
+	hasRes bool
 }
 
 func invalidf(format string, args ...any) error {
@@ -70,18 +72,15 @@ func (s *Server) shouldRateLimit(ctx context.Context, req *rlspb.RateLimitReques
 	if err != nil {
 		return nil, err
 	}
-	outs := make([]outcome, len(plans))
-	var wg sync.WaitGroup
-	for i := range plans {
-		if plans[i].limits == nil || len(plans) == 1 {
-			outs[i] = s.decide(ctx, &plans[i])
-			continue
-		}
-		wg.Go(func() { outs[i] = s.decide(ctx, &plans[i]) })
+	var one [1]outcome
+	outs := one[:]
+	if len(plans) == 1 {
+		outs[0] = s.decide(ctx, &plans[0])
+	} else {
+		outs = s.decideAll(ctx, plans)
 	}
-	wg.Wait()
 
-	resp := &rlspb.RateLimitResponse{OverallCode: s.overall(plans, outs)}
+	resp := &rlspb.RateLimitResponse{OverallCode: s.overall(plans, outs), Statuses: make([]*rlspb.RateLimitResponse_DescriptorStatus, 0, len(outs))}
 	var failure error
 	for _, o := range outs {
 		if o.err != nil && failure == nil {
@@ -99,9 +98,9 @@ func (s *Server) shouldRateLimit(ctx context.Context, req *rlspb.RateLimitReques
 		if failure != nil {
 			result = resultError
 		}
-		s.metrics.decisions.WithLabelValues(apiRLS, plans[i].domain, plans[i].metric, result).Inc()
-		if p := &plans[i]; failure == nil && o.res != nil && p.hits > 0 && !p.negative {
-			if n := nearLimitHits(*o.res, p.hits, s.opts.NearLimitRatio); n > 0 {
+		s.metrics.decision(apiRLS, plans[i].domain, plans[i].metric, result)
+		if p := &plans[i]; failure == nil && o.hasRes && p.hits > 0 && !p.negative {
+			if n := nearLimitHits(o.res, p.hits, s.opts.NearLimitRatio); n > 0 {
 				s.metrics.nearLimit.WithLabelValues(p.domain, p.metric).Add(float64(n))
 			}
 		}
@@ -119,6 +118,22 @@ func (s *Server) shouldRateLimit(ctx context.Context, req *rlspb.RateLimitReques
 		resp.DynamicMetadata = dynamicMetadata(req, plans, outs)
 	}
 	return resp, nil
+}
+
+// decideAll decides the descriptors of a request of several, those that
+// call the store at the same time.
+func (s *Server) decideAll(ctx context.Context, plans []plan) []outcome {
+	outs := make([]outcome, len(plans))
+	var wg sync.WaitGroup
+	for i := range plans {
+		if plans[i].limits == nil {
+			outs[i] = s.decide(ctx, &plans[i])
+			continue
+		}
+		wg.Go(func() { outs[i] = s.decide(ctx, &plans[i]) })
+	}
+	wg.Wait()
+	return outs
 }
 
 // overall decides the request from its descriptors' outcomes, as
@@ -161,95 +176,32 @@ func (s *Server) plan(st *state, req *rlspb.RateLimitRequest) ([]plan, error) {
 	if len(req.GetDescriptors()) > MaxDescriptors {
 		return nil, invalidf("descriptors: at most %d descriptors, got %d", MaxDescriptors, len(req.GetDescriptors()))
 	}
-	dom := st.cfg.Domain(req.GetDomain())
-	domainLabel := labelUnknown
-	if dom != nil {
-		domainLabel = dom.Name
+	rp := requestPlan{st: st, req: req, dom: st.cfg.Domain(req.GetDomain()), domainLabel: labelUnknown}
+	if rp.dom != nil {
+		rp.domainLabel = rp.dom.Name
 	}
 	// Envoy sends hits_addend 0 when it has nothing to say: one hit.
-	hits := int64(max(req.GetHitsAddend(), 1))
+	rp.hits = int64(max(req.GetHitsAddend(), 1))
 	plans := make([]plan, len(req.GetDescriptors()))
-	replaced := map[string]bool{}
+	var replaced map[string]bool // the names of the rules the matched rules replace
 	total := 0
 	for i, d := range req.GetDescriptors() {
-		field := fmt.Sprintf("descriptors[%d]", i)
-		if d == nil || len(d.GetEntries()) == 0 {
-			return nil, invalidf("%s.entries: at least one entry is required", field)
-		}
-		if len(d.GetEntries()) > maxEntries {
-			return nil, invalidf("%s.entries: at most %d entries, got %d", field, maxEntries, len(d.GetEntries()))
-		}
-		entries := make([]config.Entry, len(d.GetEntries()))
-		size := 0
-		for j, e := range d.GetEntries() {
-			if e.GetKey() == "" {
-				return nil, invalidf("%s.entries[%d].key: must not be empty", field, j)
-			}
-			// Sizes bound the memory a hostile client can make the store
-			// hold: every distinct descriptor is a bucket. The errors give
-			// the size, never the bytes.
-			if n := len(e.GetKey()); n > MaxEntryBytes {
-				return nil, invalidf("%s.entries[%d].key: %d bytes, at most %d", field, j, n, MaxEntryBytes)
-			}
-			if n := len(e.GetValue()); n > MaxEntryBytes {
-				return nil, invalidf("%s.entries[%d].value: %d bytes, at most %d", field, j, n, MaxEntryBytes)
-			}
-			size += len(e.GetKey()) + len(e.GetValue())
-			entries[j] = config.Entry{Key: e.GetKey(), Value: e.GetValue()}
-		}
-		if size > MaxDescriptorBytes {
-			return nil, invalidf("%s.entries: keys and values total %d bytes, at most %d", field, size, MaxDescriptorBytes)
+		entries, size, err := descriptorEntries(i, d)
+		if err != nil {
+			return nil, err
 		}
 		if total += size; total > MaxRequestKeyBytes {
 			return nil, invalidf("descriptors: keys and values total more than %d bytes", MaxRequestKeyBytes)
 		}
-		p := &plans[i]
-		p.domain, p.hits, p.negative = domainLabel, hits, d.GetIsNegativeHits()
-		if h := d.GetHitsAddend(); h != nil {
-			// An explicit descriptor-level value wins; 0 peeks.
-			p.hits = int64(min(h.GetValue(), fleetrate.MaxBurst+1))
+		if err := s.planDescriptor(&rp, i, d, entries, &plans[i]); err != nil {
+			return nil, err
 		}
-		m := dom.Match(entries)
-		if ov := d.GetLimit(); ov != nil {
-			spec, err := overrideSpec(ov, field+".limit")
-			if err != nil {
-				return nil, err
+		if r := plans[i].rule; r != nil && len(r.Replaces) > 0 {
+			if replaced == nil {
+				replaced = map[string]bool{}
 			}
-			// An override that matches no rule is labelled by a fixed name:
-			// its descriptor keys come from the client and would grow the
-			// metrics without bound.
-			id, metric := req.GetDomain()+"."+keysOf(entries), req.GetDomain()+"."+labelOverride
-			if m.Rule != nil {
-				id, metric = m.Rule.ID, m.Metric
-			}
-			m = config.Match{
-				Rule:   &config.Rule{ID: id, Limits: []config.LimitSpec{spec}},
-				Key:    config.DescriptorKey(req.GetDomain(), entries),
-				Metric: metric,
-			}
-			if dom == nil {
-				m.Metric = labelUnknown
-			}
-			if !spec.Denies() {
-				p.limits = m.Rule.TokenLimits()
-			}
-		} else if m.Rule != nil && !m.Rule.Unlimited && !m.Rule.Denies() {
-			p.limits = st.rules[m.Rule]
-		}
-		p.rule, p.metric = m.Rule, m.Metric
-		if m.Rule == nil {
-			p.metric = labelUnmatched
-			continue
-		}
-		for _, name := range m.Rule.Replaces {
-			replaced[name] = true
-		}
-		if p.limits != nil {
-			p.bucket = fleetrate.Bucket{Prefix: s.opts.Prefix, Key: m.Key, Limits: p.limits}
-			for _, l := range p.limits {
-				if p.hits > l.Burst {
-					p.tooMany = true
-				}
+			for _, name := range r.Replaces {
+				replaced[name] = true
 			}
 		}
 	}
@@ -259,6 +211,114 @@ func (s *Server) plan(st *state, req *rlspb.RateLimitRequest) ([]plan, error) {
 		}
 	}
 	return plans, nil
+}
+
+// requestPlan is what every descriptor of one request shares.
+type requestPlan struct {
+	st          *state
+	req         *rlspb.RateLimitRequest
+	dom         *config.Domain // nil when the config has no such domain
+	domainLabel string
+	hits        int64 // the request's hits_addend, at least 1
+}
+
+// descriptorField names descriptor i in an error.
+func descriptorField(i int) string { return "descriptors[" + strconv.Itoa(i) + "]" }
+
+// descriptorEntries checks descriptor i of a request and returns its
+// entries and the bytes of their keys and values.
+func descriptorEntries(i int, d *rlcommon.RateLimitDescriptor) ([]config.Entry, int, error) {
+	if d == nil || len(d.GetEntries()) == 0 {
+		return nil, 0, invalidf("%s.entries: at least one entry is required", descriptorField(i))
+	}
+	if len(d.GetEntries()) > maxEntries {
+		return nil, 0, invalidf("%s.entries: at most %d entries, got %d", descriptorField(i), maxEntries, len(d.GetEntries()))
+	}
+	entries := make([]config.Entry, len(d.GetEntries()))
+	size := 0
+	for j, e := range d.GetEntries() {
+		if e.GetKey() == "" {
+			return nil, 0, invalidf("%s.entries[%d].key: must not be empty", descriptorField(i), j)
+		}
+		// Sizes bound the memory a hostile client can make the store
+		// hold: every distinct descriptor is a bucket. The errors give
+		// the size, never the bytes.
+		if n := len(e.GetKey()); n > MaxEntryBytes {
+			return nil, 0, invalidf("%s.entries[%d].key: %d bytes, at most %d", descriptorField(i), j, n, MaxEntryBytes)
+		}
+		if n := len(e.GetValue()); n > MaxEntryBytes {
+			return nil, 0, invalidf("%s.entries[%d].value: %d bytes, at most %d", descriptorField(i), j, n, MaxEntryBytes)
+		}
+		size += len(e.GetKey()) + len(e.GetValue())
+		entries[j] = config.Entry{Key: e.GetKey(), Value: e.GetValue()}
+	}
+	if size > MaxDescriptorBytes {
+		return nil, 0, invalidf("%s.entries: keys and values total %d bytes, at most %d", descriptorField(i), size, MaxDescriptorBytes)
+	}
+	return entries, size, nil
+}
+
+// planDescriptor resolves descriptor i, of the given entries, to its rule
+// and bucket in p.
+func (s *Server) planDescriptor(rp *requestPlan, i int, d *rlcommon.RateLimitDescriptor, entries []config.Entry, p *plan) error {
+	p.domain, p.hits, p.negative = rp.domainLabel, rp.hits, d.GetIsNegativeHits()
+	if h := d.GetHitsAddend(); h != nil {
+		// An explicit descriptor-level value wins; 0 peeks.
+		p.hits = int64(min(h.GetValue(), fleetrate.MaxBurst+1))
+	}
+	m := rp.dom.Match(entries)
+	if ov := d.GetLimit(); ov != nil {
+		var err error
+		if m, p.limits, err = overrideMatch(rp, i, ov, entries, m); err != nil {
+			return err
+		}
+	} else if m.Rule != nil && !m.Rule.Unlimited && !m.Rule.Denies() {
+		p.limits = rp.st.rules[m.Rule]
+	}
+	p.rule, p.metric = m.Rule, m.Metric
+	if m.Rule == nil {
+		p.metric = labelUnmatched
+		return nil
+	}
+	if p.limits != nil {
+		p.buckets[0] = fleetrate.Bucket{Prefix: s.opts.Prefix, Key: m.Key, Limits: p.limits}
+		for _, l := range p.limits {
+			if p.hits > l.Burst {
+				p.tooMany = true
+			}
+		}
+	}
+	return nil
+}
+
+// overrideMatch is the match of descriptor i, whose entries matched m,
+// under its limit override ov, and the override's token limits (nil when
+// it denies everything).
+func overrideMatch(rp *requestPlan, i int, ov *rlcommon.RateLimitDescriptor_RateLimitOverride, entries []config.Entry, m config.Match) (config.Match, []fleetrate.Limit, error) {
+	domain := rp.req.GetDomain()
+	spec, err := overrideSpec(ov, descriptorField(i)+".limit")
+	if err != nil {
+		return config.Match{}, nil, err
+	}
+	// An override that matches no rule is labelled by a fixed name: its
+	// descriptor keys come from the client and would grow the metrics
+	// without bound.
+	id, metric := domain+"."+keysOf(entries), domain+"."+labelOverride
+	if m.Rule != nil {
+		id, metric = m.Rule.ID, m.Metric
+	}
+	m = config.Match{
+		Rule:   &config.Rule{ID: id, Limits: []config.LimitSpec{spec}},
+		Key:    config.DescriptorKey(domain, entries),
+		Metric: metric,
+	}
+	if rp.dom == nil {
+		m.Metric = labelUnknown
+	}
+	if spec.Denies() {
+		return m, nil, nil
+	}
+	return m, m.Rule.TokenLimits(), nil
 }
 
 func keysOf(entries []config.Entry) string {
@@ -291,52 +351,78 @@ func overrideSpec(ov *rlcommon.RateLimitDescriptor_RateLimitOverride, field stri
 
 // decide applies one descriptor's plan.
 func (s *Server) decide(ctx context.Context, p *plan) outcome {
-	ok := &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OK}
 	switch {
 	case p.rule == nil:
-		return outcome{status: ok, result: resultUnmatched}
+		return outcome{status: okStatus(), result: resultUnmatched}
 	case p.replaced:
-		return outcome{status: ok, result: "replaced"}
+		return outcome{status: okStatus(), result: "replaced"}
 	case p.rule.Unlimited:
+		ok := okStatus()
 		ok.LimitRemaining = math.MaxUint32
 		return outcome{status: ok, result: resultUnlimited}
 	case p.limits == nil: // requests_per_unit 0: deny everything
-		spec := p.rule.Limits[0]
-		for _, l := range p.rule.Limits {
-			if l.Denies() {
-				spec = l
-			}
-		}
-		st := &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OVER_LIMIT, CurrentLimit: currentLimit(spec),
-			DurationUntilReset: durationpb.New(spec.Period())}
-		return s.shadow(p, outcome{status: st, over: true, result: resultOverLimit, spec: &spec})
+		return s.deniesAll(p)
 	case p.tooMany && !p.negative:
-		spec := p.rule.Limits[0]
-		for _, l := range p.rule.Limits {
-			if l.Burst < spec.Burst {
-				spec = l
-			}
-		}
-		st := &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OVER_LIMIT, CurrentLimit: currentLimit(spec),
-			DurationUntilReset: durationpb.New(fillTime(spec))}
-		return s.shadow(p, outcome{status: st, over: true, result: resultOverLimit, spec: &spec})
+		return s.exceedsBurst(p)
 	}
 	sctx, cancel := s.storeCtx(ctx)
 	defer cancel()
 	if p.negative {
-		if p.hits > 0 {
-			if err := s.store.Refund(sctx, []fleetrate.Bucket{p.bucket}, min(p.hits, fleetrate.MaxBurst)); err != nil {
-				return outcome{err: err}
-			}
+		return s.giveHits(sctx, p)
+	}
+	return s.take(sctx, p)
+}
+
+func okStatus() *rlspb.RateLimitResponse_DescriptorStatus {
+	return &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OK}
+}
+
+// deniesAll is the outcome of a rule with a limit of requests_per_unit 0.
+func (s *Server) deniesAll(p *plan) outcome {
+	spec := p.rule.Limits[0]
+	for _, l := range p.rule.Limits {
+		if l.Denies() {
+			spec = l
 		}
-		res, err := s.store.Take(sctx, fleetrate.Request{Buckets: []fleetrate.Bucket{p.bucket}})
-		if err != nil {
+	}
+	st := &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OVER_LIMIT, CurrentLimit: currentLimit(spec),
+		DurationUntilReset: durationpb.New(spec.Period())}
+	return s.shadow(p, outcome{status: st, over: true, result: resultOverLimit, spec: &spec})
+}
+
+// exceedsBurst is the outcome of hits that exceed a burst of the rule:
+// never granted, reported against the smallest burst.
+func (s *Server) exceedsBurst(p *plan) outcome {
+	spec := p.rule.Limits[0]
+	for _, l := range p.rule.Limits {
+		if l.Burst < spec.Burst {
+			spec = l
+		}
+	}
+	st := &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OVER_LIMIT, CurrentLimit: currentLimit(spec),
+		DurationUntilReset: durationpb.New(fillTime(spec))}
+	return s.shadow(p, outcome{status: st, over: true, result: resultOverLimit, spec: &spec})
+}
+
+// giveHits gives a negative descriptor's hits back to its bucket, then
+// peeks at it for the status.
+func (s *Server) giveHits(ctx context.Context, p *plan) outcome {
+	if p.hits > 0 {
+		if err := s.store.Refund(ctx, p.buckets[:], min(p.hits, fleetrate.MaxBurst)); err != nil {
 			return outcome{err: err}
 		}
-		st, spec := s.status(p, res)
-		return outcome{status: st, result: resultRefunded, spec: spec, res: &res}
 	}
-	res, err := s.store.Take(sctx, fleetrate.Request{Buckets: []fleetrate.Bucket{p.bucket}, N: p.hits})
+	res, err := s.store.Take(ctx, fleetrate.Request{Buckets: p.buckets[:]})
+	if err != nil {
+		return outcome{err: err}
+	}
+	st, spec := s.status(p, res)
+	return outcome{status: st, result: resultRefunded, spec: spec, res: res, hasRes: true}
+}
+
+// take takes a descriptor's hits from its bucket (or, for 0 hits, peeks).
+func (s *Server) take(ctx context.Context, p *plan) outcome {
+	res, err := s.store.Take(ctx, fleetrate.Request{Buckets: p.buckets[:], N: p.hits})
 	if err != nil {
 		return outcome{err: err}
 	}
@@ -349,13 +435,13 @@ func (s *Server) decide(ctx context.Context, p *plan) outcome {
 	}
 	st, spec := s.status(p, res)
 	if allowed {
-		o := outcome{status: st, result: resultAllowed, spec: spec, res: &res}
+		o := outcome{status: st, result: resultAllowed, spec: spec, res: res, hasRes: true}
 		if p.hits > 0 {
 			o.consumed = p.hits
 		}
 		return o
 	}
-	return s.shadow(p, outcome{status: st, over: true, result: resultOverLimit, spec: spec, res: &res})
+	return s.shadow(p, outcome{status: st, over: true, result: resultOverLimit, spec: spec, res: res, hasRes: true})
 }
 
 // DefaultNearLimitRatio is the default of Options.NearLimitRatio, as
@@ -414,10 +500,12 @@ func (s *Server) shadow(p *plan, o outcome) outcome {
 // (when over limit) or until the bucket is full again (when under), in
 // whole seconds rounded up, since Envoy reads only the seconds.
 func (s *Server) status(p *plan, res fleetrate.Result) (*rlspb.RateLimitResponse_DescriptorStatus, *config.LimitSpec) {
-	spec := p.rule.Limits[0]
+	// The rule's own spec, which the configuration keeps unchanged: the
+	// outcome points to it rather than to a copy of its own.
+	spec := &p.rule.Limits[0]
 	for i, l := range p.limits {
 		if l == res.Limit && i < len(p.rule.Limits) {
-			spec = p.rule.Limits[i]
+			spec = &p.rule.Limits[i]
 			break
 		}
 	}
@@ -427,10 +515,10 @@ func (s *Server) status(p *plan, res fleetrate.Result) (*rlspb.RateLimitResponse
 	}
 	return &rlspb.RateLimitResponse_DescriptorStatus{
 		Code:               rlspb.RateLimitResponse_OK,
-		CurrentLimit:       currentLimit(spec),
+		CurrentLimit:       currentLimit(*spec),
 		LimitRemaining:     uint32(min(max(res.Remaining, 0), math.MaxUint32)),
 		DurationUntilReset: durationpb.New(time.Duration(headers.DelaySeconds(reset)) * time.Second),
-	}, &spec
+	}, spec
 }
 
 func currentLimit(spec config.LimitSpec) *rlspb.RateLimitResponse_RateLimit {
@@ -454,10 +542,10 @@ func (s *Server) giveBack(ctx context.Context, plans []plan, outs []outcome) {
 			continue
 		}
 		rctx, cancel := s.storeCtx(context.WithoutCancel(ctx))
-		err := s.store.Refund(rctx, []fleetrate.Bucket{plans[i].bucket}, n)
+		err := s.store.Refund(rctx, plans[i].buckets[:], n)
 		cancel()
 		if err != nil {
-			s.log.Warn("refund of a denied request's tokens failed", "bucket", plans[i].bucket.StoreKey(), "n", n, "error", err.Error())
+			s.log.Warn("refund of a denied request's tokens failed", "bucket", plans[i].buckets[0].StoreKey(), "n", n, "error", err.Error())
 			continue
 		}
 		if st := outs[i].status; st != nil && st.CurrentLimit != nil && st.Code != rlspb.RateLimitResponse_OVER_LIMIT {
@@ -535,7 +623,7 @@ func policyName(spec config.LimitSpec) string {
 // wait until the request would pass; otherwise the time until the bucket
 // gains its next token (0 when it is full).
 func nextToken(o *outcome) time.Duration {
-	if o.over || o.res == nil {
+	if o.over || !o.hasRes {
 		return o.status.GetDurationUntilReset().AsDuration()
 	}
 	l := o.res.Limit

@@ -90,6 +90,13 @@ type Options struct {
 	MaxWait time.Duration
 	// StoreTimeout bounds each store call. Default 1 s.
 	StoreTimeout time.Duration
+	// StoreBounded says that Store bounds each call by StoreTimeout (or
+	// sooner) itself, as a redisstore.Store whose Options.Timeout is
+	// StoreTimeout does, and as a memstore.Store, which never waits, needs
+	// not: the server then arms no timer of its own for a store call, one
+	// timer (and a context) less per decision. Default false: the server
+	// bounds every store call.
+	StoreBounded bool
 	// MaxRequestBytes bounds request bodies (HTTP) and messages (gRPC).
 	// Default 1 MiB.
 	MaxRequestBytes int64
@@ -196,20 +203,47 @@ func (s *Server) newState(cfg *config.Config) *state {
 
 // New returns a Server, or an error naming the invalid option.
 func New(opts Options) (*Server, error) {
+	if err := opts.validate(); err != nil {
+		return nil, err
+	}
+	opts = opts.withDefaults()
+	s := &Server{opts: opts, log: opts.Logger}
+	s.metrics = newMetrics(opts.Registry)
+	s.store = instrumented{Store: opts.Store, m: s.metrics}
+	if opts.LocalCacheBytes > 0 {
+		s.store = overlimit.New(s.store, overlimit.Options{MaxBytes: opts.LocalCacheBytes, Clock: opts.Clock, Registerer: opts.Registry})
+	}
+	s.state.Store(s.newState(opts.Config))
+	s.logNotices(opts.Config)
+	s.tried = opts.Config.Hash
+	s.metrics.lastReload.SetToCurrentTime()
+	s.handler = s.routes()
+	s.grpc = s.newGRPC()
+	return s, nil
+}
+
+// validate checks the options New cannot default.
+func (opts Options) validate() error {
 	if opts.Store == nil {
-		return nil, fmt.Errorf("%w: server: store is required", fleetrate.ErrInvalid)
+		return fmt.Errorf("%w: server: store is required", fleetrate.ErrInvalid)
 	}
 	if opts.Config == nil {
-		return nil, fmt.Errorf("%w: server: config is required", fleetrate.ErrInvalid)
+		return fmt.Errorf("%w: server: config is required", fleetrate.ErrInvalid)
 	}
 	if opts.MaxWait < 0 || opts.MaxWait > fleetrate.MaxWaitCap {
-		return nil, fmt.Errorf("%w: server: max wait must be between 0 and %v, got %v", fleetrate.ErrInvalid, fleetrate.MaxWaitCap, opts.MaxWait)
+		return fmt.Errorf("%w: server: max wait must be between 0 and %v, got %v", fleetrate.ErrInvalid, fleetrate.MaxWaitCap, opts.MaxWait)
 	}
 	for i, t := range opts.AuthTokens {
 		if t == "" || strings.ContainsAny(t, " \t\r\n") {
-			return nil, fmt.Errorf("%w: server: auth token %d must be non-empty and without spaces", fleetrate.ErrInvalid, i+1)
+			return fmt.Errorf("%w: server: auth token %d must be non-empty and without spaces", fleetrate.ErrInvalid, i+1)
 		}
 	}
+	return nil
+}
+
+// withDefaults returns opts with every zero field that has a default set
+// to it.
+func (opts Options) withDefaults() Options {
 	def := func(d *time.Duration, v time.Duration) {
 		if *d <= 0 {
 			*d = v
@@ -242,19 +276,7 @@ func New(opts Options) (*Server, error) {
 	if opts.Registry == nil {
 		opts.Registry = prometheus.NewRegistry()
 	}
-	s := &Server{opts: opts, log: opts.Logger}
-	s.metrics = newMetrics(opts.Registry)
-	s.store = instrumented{Store: opts.Store, m: s.metrics}
-	if opts.LocalCacheBytes > 0 {
-		s.store = overlimit.New(s.store, overlimit.Options{MaxBytes: opts.LocalCacheBytes, Clock: opts.Clock, Registerer: opts.Registry})
-	}
-	s.state.Store(s.newState(opts.Config))
-	s.logNotices(opts.Config)
-	s.tried = opts.Config.Hash
-	s.metrics.lastReload.SetToCurrentTime()
-	s.handler = s.routes()
-	s.grpc = s.newGRPC()
-	return s, nil
+	return opts
 }
 
 // MetricsHandler serves the metrics alone, in Prometheus text format, for
@@ -362,31 +384,9 @@ func (s *Server) Serve(ctx context.Context, httpLn, grpcLn net.Listener) error {
 	if s.opts.TLS != nil && httpLn != nil {
 		httpLn = tls.NewListener(httpLn, s.opts.TLS)
 	}
-	hs := &http.Server{
-		Handler:           s.handler,
-		ReadTimeout:       s.opts.ReadTimeout,
-		ReadHeaderTimeout: s.opts.ReadTimeout,
-		WriteTimeout:      s.opts.WriteTimeout,
-		IdleTimeout:       s.opts.IdleTimeout,
-		MaxHeaderBytes:    64 << 10,
-		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
-	}
+	hs := s.newHTTPServer()
 	errc := make(chan error, 2)
-	var running int
-	if httpLn != nil {
-		running++
-		go func() {
-			if err := hs.Serve(httpLn); !errors.Is(err, http.ErrServerClosed) {
-				errc <- fmt.Errorf("http: %w", err)
-				return
-			}
-			errc <- nil
-		}()
-	}
-	if grpcLn != nil {
-		running++
-		go func() { errc <- wrapErr("grpc", s.grpc.Serve(grpcLn)) }()
-	}
+	running := s.start(hs, httpLn, grpcLn, errc)
 	wctx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	if s.opts.ConfigPath != "" && s.opts.ReloadInterval > 0 {
@@ -406,12 +406,59 @@ func (s *Server) Serve(ctx context.Context, httpLn, grpcLn net.Listener) error {
 		s.log.Info("shutting down: draining", "delay", s.opts.DrainDelay)
 		time.Sleep(s.opts.DrainDelay)
 	}
+	s.shutdown(ctx, hs, httpLn != nil, grpcLn != nil)
+	for ; running > 0; running-- {
+		if e := <-errc; e != nil && err == nil {
+			err = e
+		}
+	}
+	s.log.Info("stopped")
+	return err
+}
+
+func (s *Server) newHTTPServer() *http.Server {
+	return &http.Server{
+		Handler:           s.handler,
+		ReadTimeout:       s.opts.ReadTimeout,
+		ReadHeaderTimeout: s.opts.ReadTimeout,
+		WriteTimeout:      s.opts.WriteTimeout,
+		IdleTimeout:       s.opts.IdleTimeout,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+	}
+}
+
+// start serves hs on httpLn and gRPC on grpcLn, those that are not nil,
+// each in a goroutine that sends its end to errc (nil for a shutdown), and
+// returns how many it started.
+func (s *Server) start(hs *http.Server, httpLn, grpcLn net.Listener, errc chan<- error) (running int) {
+	if httpLn != nil {
+		running++
+		go func() {
+			if err := hs.Serve(httpLn); !errors.Is(err, http.ErrServerClosed) {
+				errc <- fmt.Errorf("http: %w", err)
+				return
+			}
+			errc <- nil
+		}()
+	}
+	if grpcLn != nil {
+		running++
+		go func() { errc <- wrapErr("grpc", s.grpc.Serve(grpcLn)) }()
+	}
+	return running
+}
+
+// shutdown stops the HTTP server hs and the gRPC server (those serving)
+// gracefully, closing their connections when requests in flight take
+// longer than ShutdownTimeout.
+func (s *Server) shutdown(ctx context.Context, hs *http.Server, httpOn, grpcOn bool) {
 	s.log.Info("shutting down: finishing in-flight requests", "timeout", s.opts.ShutdownTimeout)
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.ShutdownTimeout)
 	defer cancel()
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		if httpLn != nil {
+		if httpOn {
 			if e := hs.Shutdown(sctx); e != nil {
 				s.log.Warn("http shutdown timed out; closing connections", "error", e.Error())
 				hs.Close()
@@ -419,7 +466,7 @@ func (s *Server) Serve(ctx context.Context, httpLn, grpcLn net.Listener) error {
 		}
 	})
 	wg.Go(func() {
-		if grpcLn == nil {
+		if !grpcOn {
 			return
 		}
 		done := make(chan struct{})
@@ -433,13 +480,6 @@ func (s *Server) Serve(ctx context.Context, httpLn, grpcLn net.Listener) error {
 		}
 	})
 	wg.Wait()
-	for ; running > 0; running-- {
-		if e := <-errc; e != nil && err == nil {
-			err = e
-		}
-	}
-	s.log.Info("stopped")
-	return err
 }
 
 func wrapErr(what string, err error) error {
@@ -484,10 +524,20 @@ func (s *Server) authorized(header string) bool {
 	return found == 1
 }
 
-// storeCtx bounds a store call by StoreTimeout.
+// storeCtx bounds a store call by StoreTimeout, unless the store does
+// (Options.StoreBounded) or ctx ends sooner anyway (Envoy's RLS filter
+// sends a deadline of 20 ms by default).
 func (s *Server) storeCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	if s.opts.StoreBounded {
+		return ctx, noCancel
+	}
+	if d, ok := ctx.Deadline(); ok && time.Until(d) <= s.opts.StoreTimeout {
+		return ctx, noCancel
+	}
 	return context.WithTimeout(ctx, s.opts.StoreTimeout)
 }
+
+func noCancel() {}
 
 // ready reports whether the store answers a peek of the probe bucket.
 func (s *Server) ready(ctx context.Context) error {

@@ -81,7 +81,7 @@ func (v service) takeBuckets(ctx context.Context, api, one string, many []string
 			label, decider = names[res.Bucket], names[res.Bucket]
 		}
 	}
-	v.metrics.decisions.WithLabelValues(api, "", label, result).Inc()
+	v.metrics.decision(api, "", label, result)
 	if err != nil {
 		return Decision{}, err
 	}

@@ -56,63 +56,25 @@ type config struct {
 	only       map[string]bool
 	impl       string
 	hot        string
+	doc        string // -doc: the markdown file to write the tables into
+	cpuprofile string
 }
 
 func run(args []string, out io.Writer) error {
-	fs := flag.NewFlagSet("fleetbench", flag.ContinueOnError)
-	var cfg config
-	var gs string
-	fs.DurationVar(&cfg.duration, "duration", 2*time.Second, "how long each measurement runs")
-	fs.IntVar(&cfg.count, "count", 3, "how many times each measurement runs; tables report the median")
-	fs.StringVar(&gs, "goroutines", "1,8,64,256", "goroutine counts for the Redis table")
-	fs.StringVar(&cfg.chart, "chart", "", "write a PNG chart of Redis throughput to this file")
-	doc := fs.String("doc", "", "also write the tables into this markdown file, between its "+docBegin+" and "+docEnd+" lines")
-	fs.BoolVar(&cfg.quick, "quick", false, "a short smoke run (CI)")
-	fs.StringVar(&cfg.impl, "impl", "", "measure only the Redis implementations whose name contains this (redis_rate always runs)")
-	fs.StringVar(&cfg.hot, "keys", "hot,spread", "Redis key patterns: hot (one key), spread (10,000 keys), or both")
-	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of this process to this file")
-	only := fs.String("only", "redis,wait,mem", "which tables to measure: any of redis, wait, mem, script")
-	if err := fs.Parse(args); err != nil {
+	cfg, err := parseFlags(args)
+	if err != nil {
 		return err
 	}
-	for _, f := range strings.Split(gs, ",") {
-		g, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || g < 1 {
-			return fmt.Errorf("-goroutines: %q is not a positive integer", f)
-		}
-		cfg.goroutines = append(cfg.goroutines, g)
-	}
-	if *cpuprofile != "" {
-		f, err := os.Create(*cpuprofile)
+	if cfg.cpuprofile != "" {
+		stop, err := startProfile(cfg.cpuprofile)
 		if err != nil {
 			return err
 		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
-	}
-	cfg.only = map[string]bool{}
-	for _, t := range strings.Split(*only, ",") {
-		switch t = strings.TrimSpace(t); t {
-		case "redis", "wait", "mem", "script":
-			cfg.only[t] = true
-		default:
-			return fmt.Errorf("-only: unknown table %q (want redis, wait, mem or script)", t)
-		}
-	}
-	if cfg.count < 1 {
-		return fmt.Errorf("-count: %d is not a positive integer", cfg.count)
-	}
-	if cfg.quick {
-		cfg.count = 1
-		cfg.duration = 200 * time.Millisecond
-		cfg.goroutines = []int{1, 64}
+		defer stop()
 	}
 	var tables bytes.Buffer
-	if *doc != "" {
-		if _, err := spliceDoc(*doc, nil); err != nil { // fail before measuring
+	if cfg.doc != "" {
+		if _, err := spliceDoc(cfg.doc, nil); err != nil { // fail before measuring
 			return err
 		}
 		out = io.MultiWriter(out, &tables)
@@ -126,33 +88,9 @@ func run(args []string, out io.Writer) error {
 	if cfg.only["mem"] {
 		memTable(cfg, &mem)
 	}
-	var redisRows []redisRow
-	if cfg.only["redis"] || cfg.only["wait"] || cfg.only["script"] {
-		dir, err := os.MkdirTemp("", "fleetbench-")
-		if err != nil {
-			return err
-		}
-		defer os.RemoveAll(dir)
-		srv, err := redistest.Launch(dir)
-		if err != nil {
-			return err
-		}
-		defer srv.Stop()
-		if cfg.only["script"] {
-			if err := scriptTable(srv, cfg, out); err != nil {
-				return err
-			}
-		}
-		if cfg.only["redis"] {
-			if redisRows, err = redisTable(srv, cfg, out); err != nil {
-				return err
-			}
-		}
-		if cfg.only["wait"] {
-			if err := waitTable(srv, cfg, out); err != nil {
-				return err
-			}
-		}
+	redisRows, err := redisTables(cfg, out)
+	if err != nil {
+		return err
 	}
 	if _, err := mem.WriteTo(out); err != nil {
 		return err
@@ -162,12 +100,105 @@ func run(args []string, out io.Writer) error {
 			return err
 		}
 	}
-	if *doc != "" {
-		if _, err := spliceDoc(*doc, tables.Bytes()); err != nil {
+	if cfg.doc != "" {
+		if _, err := spliceDoc(cfg.doc, tables.Bytes()); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// parseFlags reads the command line into a config.
+func parseFlags(args []string) (config, error) {
+	fs := flag.NewFlagSet("fleetbench", flag.ContinueOnError)
+	var cfg config
+	fs.DurationVar(&cfg.duration, "duration", 2*time.Second, "how long each measurement runs")
+	fs.IntVar(&cfg.count, "count", 3, "how many times each measurement runs; tables report the median")
+	gs := fs.String("goroutines", "1,8,64,256", "goroutine counts for the Redis table")
+	fs.StringVar(&cfg.chart, "chart", "", "write a PNG chart of Redis throughput to this file")
+	fs.StringVar(&cfg.doc, "doc", "", "also write the tables into this markdown file, between its "+docBegin+" and "+docEnd+" lines")
+	fs.BoolVar(&cfg.quick, "quick", false, "a short smoke run (CI)")
+	fs.StringVar(&cfg.impl, "impl", "", "measure only the Redis implementations whose name contains this (redis_rate always runs)")
+	fs.StringVar(&cfg.hot, "keys", "hot,spread", "Redis key patterns: hot (one key), spread (10,000 keys), or both")
+	fs.StringVar(&cfg.cpuprofile, "cpuprofile", "", "write a CPU profile of this process to this file")
+	only := fs.String("only", "redis,wait,mem", "which tables to measure: any of redis, wait, mem, script")
+	if err := fs.Parse(args); err != nil {
+		return cfg, err
+	}
+	for _, f := range strings.Split(*gs, ",") {
+		g, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || g < 1 {
+			return cfg, fmt.Errorf("-goroutines: %q is not a positive integer", f)
+		}
+		cfg.goroutines = append(cfg.goroutines, g)
+	}
+	cfg.only = map[string]bool{}
+	for _, t := range strings.Split(*only, ",") {
+		switch t = strings.TrimSpace(t); t {
+		case "redis", "wait", "mem", "script":
+			cfg.only[t] = true
+		default:
+			return cfg, fmt.Errorf("-only: unknown table %q (want redis, wait, mem or script)", t)
+		}
+	}
+	if cfg.count < 1 {
+		return cfg, fmt.Errorf("-count: %d is not a positive integer", cfg.count)
+	}
+	if cfg.quick {
+		cfg.count = 1
+		cfg.duration = 200 * time.Millisecond
+		cfg.goroutines = []int{1, 64}
+	}
+	return cfg, nil
+}
+
+// startProfile starts a CPU profile of this process into path; stop ends
+// it.
+func startProfile(path string) (stop func(), err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
+}
+
+// redisTables measures the tables cfg asks for that need a redis-server,
+// on one it starts, and returns the Redis table's rows for the chart.
+func redisTables(cfg config, out io.Writer) ([]redisRow, error) {
+	if !cfg.only["redis"] && !cfg.only["wait"] && !cfg.only["script"] {
+		return nil, nil
+	}
+	dir, err := os.MkdirTemp("", "fleetbench-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	srv, err := redistest.Launch(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer srv.Stop()
+	if cfg.only["script"] {
+		if err := scriptTable(srv, cfg, out); err != nil {
+			return nil, err
+		}
+	}
+	var rows []redisRow
+	if cfg.only["redis"] {
+		if rows, err = redisTable(srv, cfg, out); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.only["wait"] {
+		if err := waitTable(srv, cfg, out); err != nil {
+			return nil, err
+		}
+	}
+	return rows, nil
 }
 
 // The lines of a markdown file between which -doc writes the tables.
@@ -257,6 +288,10 @@ func fleetLimiter(c redisstore.Client, opts redisstore.Options) (*fleetrate.Limi
 }
 
 func redisTable(srv *redistest.Server, cfg config, out io.Writer) ([]redisRow, error) {
+	patterns, err := keyPatterns(cfg.hot)
+	if err != nil {
+		return nil, err
+	}
 	var hots, spreads []float64
 	for range cfg.count {
 		h, err := ceiling(srv, true, cfg)
@@ -275,45 +310,30 @@ func redisTable(srv *redistest.Server, cfg config, out io.Writer) ([]redisRow, e
 	if err != nil {
 		return nil, err
 	}
-	type impl struct {
-		name  string
-		build func(c *redis.Client) (func(ctx context.Context, key string) error, func(), error)
-	}
-	impls := []impl{
-		{"fleetrate (default: batched)", func(c *redis.Client) (func(context.Context, string) error, func(), error) {
-			l, err := fleetLimiter(c, redisstore.Options{})
-			return limiterAllow(l), func() {}, err
-		}},
-		{"fleetrate unbatched", func(c *redis.Client) (func(context.Context, string) error, func(), error) {
-			l, err := fleetLimiter(c, redisstore.Options{Unbatched: true})
-			return limiterAllow(l), func() {}, err
-		}},
-		{"fleetrate unbatched + autopipeline", func(c *redis.Client) (func(context.Context, string) error, func(), error) {
-			ap, err := c.AutoPipeline()
-			if err != nil {
-				return nil, nil, err
-			}
-			l, err := fleetLimiter(ap, redisstore.Options{Unbatched: true})
-			return limiterAllow(l), func() { _ = ap.Close() }, err
-		}},
-		{"fleetrate + fold hot keys", func(c *redis.Client) (func(context.Context, string) error, func(), error) {
-			l, err := fleetLimiter(c, redisstore.Options{FoldHotKeys: true})
-			return limiterAllow(l), func() {}, err
-		}},
-		{"redis_rate v10", func(c *redis.Client) (func(context.Context, string) error, func(), error) {
-			l := redis_rate.NewLimiter(c)
-			lim := redis_rate.Limit{Rate: 100, Burst: 1 << 27, Period: time.Second}
-			return func(ctx context.Context, key string) error {
-				_, err := l.Allow(ctx, key, lim)
-				return err
-			}, func() {}, nil
-		}},
-	}
-	impls = slices.DeleteFunc(impls, func(im impl) bool {
+	impls := slices.DeleteFunc(redisImpls(), func(im redisImpl) bool {
 		return im.name != "redis_rate v10" && !strings.Contains(im.name, cfg.impl)
 	})
+	rows, err := measureRedis(srv, cfg, impls, patterns)
+	if err != nil {
+		return nil, err
+	}
+	for i := range rows {
+		rows[i].ceiling = ceilSpread
+		if rows[i].hot {
+			rows[i].ceiling = ceilHot
+		}
+	}
+	fmt.Fprintf(out, "## Redis: Allow decisions per second\n\n")
+	fmt.Fprintf(out, "The ceiling is `redis-benchmark` running fleetrate's own take script with EVALSHA, 50 clients, pipelining 32: %.0f/s on one hot key, %.0f/s over %d keys (medians of %d runs; each row below is the median of %d runs of %v). The same load sent from Go (loadgen.Ceiling, the ceiling `fleetrate bench` reports) ran %.0f/s and %.0f/s.\n\n",
+		ceilHot, ceilSpread, workload.Keys, cfg.count, cfg.count, cfg.duration, goHot, goSpread)
+	printRedisRows(out, rows)
+	return rows, nil
+}
+
+// keyPatterns reads -keys: true for the hot key, false for the keyspace.
+func keyPatterns(s string) ([]bool, error) {
 	var patterns []bool
-	for _, p := range strings.Split(cfg.hot, ",") {
+	for _, p := range strings.Split(s, ",") {
 		switch strings.TrimSpace(p) {
 		case "hot":
 			patterns = append(patterns, true)
@@ -323,9 +343,52 @@ func redisTable(srv *redistest.Server, cfg config, out io.Writer) ([]redisRow, e
 			return nil, fmt.Errorf("-keys: unknown pattern %q (want hot or spread)", p)
 		}
 	}
-	// Each row is measured cfg.count times, the implementations taking
-	// turns so that a slow spell of the machine hits them all; the row
-	// reports the run with the median throughput.
+	return patterns, nil
+}
+
+// redisImpl is one way to decide an Allow on Redis: build returns the
+// call on key and what closes it.
+type redisImpl struct {
+	name  string
+	build func(c *redis.Client) (func(ctx context.Context, key string) error, func(), error)
+}
+
+// redisImpls are fleetrate's Redis configurations and redis_rate.
+func redisImpls() []redisImpl {
+	store := func(opts redisstore.Options) func(c *redis.Client) (func(context.Context, string) error, func(), error) {
+		return func(c *redis.Client) (func(context.Context, string) error, func(), error) {
+			l, err := fleetLimiter(c, opts)
+			return limiterAllow(l), func() {}, err
+		}
+	}
+	return []redisImpl{
+		{"fleetrate (default: batched)", store(redisstore.Options{})},
+		{"fleetrate unbatched", store(redisstore.Options{Unbatched: true})},
+		{"fleetrate unbatched + autopipeline", func(c *redis.Client) (func(context.Context, string) error, func(), error) {
+			ap, err := c.AutoPipeline()
+			if err != nil {
+				return nil, nil, err
+			}
+			l, err := fleetLimiter(ap, redisstore.Options{Unbatched: true})
+			return limiterAllow(l), func() { _ = ap.Close() }, err
+		}},
+		{"fleetrate + fold hot keys", store(redisstore.Options{FoldHotKeys: true})},
+		{"redis_rate v10", func(c *redis.Client) (func(context.Context, string) error, func(), error) {
+			l := redis_rate.NewLimiter(c)
+			lim := redis_rate.Limit{Rate: 100, Burst: 1 << 27, Period: time.Second}
+			return func(ctx context.Context, key string) error {
+				_, err := l.Allow(ctx, key, lim)
+				return err
+			}, func() {}, nil
+		}},
+	}
+}
+
+// measureRedis measures each implementation at each key pattern and
+// number of goroutines cfg.count times, the implementations taking turns
+// so that a slow spell of the machine hits them all; each row is the run
+// with the median throughput.
+func measureRedis(srv *redistest.Server, cfg config, impls []redisImpl, patterns []bool) ([]redisRow, error) {
 	var rows []redisRow
 	runs := map[int][]measurement{}
 	for rep := range cfg.count {
@@ -333,38 +396,46 @@ func redisTable(srv *redistest.Server, cfg config, out io.Writer) ([]redisRow, e
 		for _, hot := range patterns {
 			for _, g := range cfg.goroutines {
 				for _, im := range impls {
-					c := newClient(srv, g)
-					f, closeFn, err := im.build(c)
+					m, err := measureImpl(srv, cfg, im, hot, g)
 					if err != nil {
-						return nil, fmt.Errorf("%s: %w", im.name, err)
+						return nil, err
 					}
-					m := measure(g, cfg.duration, func(ctx context.Context, i int) error {
-						key := "hot"
-						if !hot {
-							key = workload.KeyNames[i%workload.Keys]
-						}
-						return f(ctx, key)
-					})
-					closeFn()
-					_ = c.Close()
 					runs[i] = append(runs[i], m)
 					fmt.Fprintf(os.Stderr, "redis %-26s hot=%-5v g=%-3d %9.0f/s p99 %v errors %d\n", im.name, hot, g, m.ops, m.p99, m.errors)
 					if rep == cfg.count-1 {
-						ceil := ceilSpread
-						if hot {
-							ceil = ceilHot
-						}
 						med := median(runs[i], func(m measurement) float64 { return m.ops })
-						rows = append(rows, redisRow{impl: im.name, hot: hot, g: g, m: med, ceiling: ceil})
+						rows = append(rows, redisRow{impl: im.name, hot: hot, g: g, m: med})
 					}
 					i++
 				}
 			}
 		}
 	}
-	fmt.Fprintf(out, "## Redis: Allow decisions per second\n\n")
-	fmt.Fprintf(out, "The ceiling is `redis-benchmark` running fleetrate's own take script with EVALSHA, 50 clients, pipelining 32: %.0f/s on one hot key, %.0f/s over %d keys (medians of %d runs; each row below is the median of %d runs of %v). The same load sent from Go (loadgen.Ceiling, the ceiling `fleetrate bench` reports) ran %.0f/s and %.0f/s.\n\n",
-		ceilHot, ceilSpread, workload.Keys, cfg.count, cfg.count, cfg.duration, goHot, goSpread)
+	return rows, nil
+}
+
+// measureImpl measures one implementation with a client of its own, from
+// g goroutines on the hot key or over the keyspace.
+func measureImpl(srv *redistest.Server, cfg config, im redisImpl, hot bool, g int) (measurement, error) {
+	c := newClient(srv, g)
+	defer c.Close()
+	f, closeFn, err := im.build(c)
+	if err != nil {
+		return measurement{}, fmt.Errorf("%s: %w", im.name, err)
+	}
+	defer closeFn()
+	return measure(g, cfg.duration, func(ctx context.Context, i int) error {
+		key := "hot"
+		if !hot {
+			key = workload.KeyNames[i%workload.Keys]
+		}
+		return f(ctx, key)
+	}), nil
+}
+
+// printRedisRows writes the Redis table, each row also as a multiple of
+// redis_rate's row of the same keys and goroutines.
+func printRedisRows(out io.Writer, rows []redisRow) {
 	fmt.Fprintf(out, "| keys | goroutines | implementation | decisions/s | × ceiling | × redis_rate | p50 | p99 | errors |\n|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {
 		var peer float64
@@ -381,7 +452,6 @@ func redisTable(srv *redistest.Server, cfg config, out io.Writer) ([]redisRow, e
 			r.m.p50.Round(time.Microsecond), r.m.p99.Round(time.Microsecond), r.m.errors)
 	}
 	fmt.Fprintln(out)
-	return rows, nil
 }
 
 func limiterAllow(l *fleetrate.Limiter) func(context.Context, string) error {
@@ -456,64 +526,78 @@ func waitTable(srv *redistest.Server, cfg config, out io.Writer) error {
 	fmt.Fprintf(out, "## Redis: Wait mode on one saturated bucket (1000/s, burst 10)\n\n")
 	fmt.Fprintf(out, "| waiters | grants | Redis calls per grant | utilisation | lateness min | lateness p50 | lateness p99 | reply delay p99 (grants with no wait) |\n|---|---|---|---|---|---|---|---|\n")
 	for _, waiters := range []int{10, 100} {
-		var calls atomic.Int64
-		c := newClient(srv, waiters)
-		c.AddHook(redistest.ScriptCounter{N: &calls})
-		s, err := redisstore.New(c, redisstore.Options{Timeout: 5 * time.Second})
+		w, err := measureWait(srv, cfg, waiters)
 		if err != nil {
 			return err
 		}
-		_ = s.LoadScripts(context.Background())
-		warmPool(c, waiters)
-		lim := fleetrate.PerSecond(1000, 10)
-		l, err := fleetrate.New(s, fleetrate.Config{Prefix: "fw:", Limits: []fleetrate.Limit{lim}, MaxWait: time.Minute})
-		if err != nil {
-			return err
-		}
-		key := "wait" + strconv.Itoa(waiters)
-		calls.Store(0)
-		var (
-			mu    sync.Mutex
-			late  []time.Duration // of the grants that slept until their slot
-			now   []time.Duration // of the grants with no wait
-			first = int64(1<<63 - 1)
-			last  int64
-			wg    sync.WaitGroup
-		)
-		finish := time.Now().Add(cfg.duration)
-		for range waiters {
-			wg.Go(func() {
-				for time.Now().Before(finish) {
-					res, err := l.WaitN(context.Background(), 1, key)
-					woke := time.Now()
-					if err != nil {
-						continue
-					}
-					booked := res.At.UnixNano() + int64(res.Wait)
-					mu.Lock()
-					if res.Wait > 0 {
-						late = append(late, woke.Sub(time.Unix(0, booked)))
-					} else {
-						now = append(now, woke.Sub(time.Unix(0, booked)))
-					}
-					first, last = min(first, booked), max(last, booked)
-					mu.Unlock()
-				}
-			})
-		}
-		wg.Wait()
-		_ = c.Close()
-		slices.Sort(late)
-		slices.Sort(now)
+		late, now := w.late, w.now
 		grants := len(late) + len(now)
-		span := time.Duration(last - first).Seconds()
-		util := float64(grants) / (float64(lim.Burst) + lim.Rate*span)
-		fmt.Fprintf(out, "| %d | %d | %.3f | %.4f | %v | %v | %v | %v (%d grants) |\n", waiters, grants, float64(calls.Load())/float64(grants), util,
+		span := time.Duration(w.last - w.first).Seconds()
+		util := float64(grants) / (float64(w.lim.Burst) + w.lim.Rate*span)
+		fmt.Fprintf(out, "| %d | %d | %.3f | %.4f | %v | %v | %v | %v (%d grants) |\n", waiters, grants, float64(w.calls)/float64(grants), util,
 			late[0].Round(time.Microsecond), late[len(late)/2].Round(time.Microsecond), late[len(late)*99/100].Round(time.Microsecond),
 			now[len(now)*99/100].Round(time.Microsecond), len(now))
 	}
 	fmt.Fprintf(out, "\nLateness is the time a waiter that slept woke after its booked slot: the Redis server's clock at the decision plus the booked wait (client and server share one clock here). A waiter times its slot from the store's decision, placed on its own clock by the fastest recent round trip (never early: the minimum is the check), so lateness is the local timer and scheduling, not the reply's trip back. Grants with no wait (the first burst, when every waiter starts at once) do not sleep; for them the last column gives the time from the decision to the caller holding the grant.\n\n")
 	return nil
+}
+
+// waitRun is what waiters calling WaitN on one bucket for a while saw.
+type waitRun struct {
+	lim         fleetrate.Limit
+	calls       int64           // script calls
+	late, now   []time.Duration // lateness of the grants that slept until their slot; delay of those with no wait (sorted)
+	first, last int64           // the earliest and latest booked slot, ns
+}
+
+// measureWait runs waiters goroutines calling WaitN on one saturated
+// bucket for cfg.duration, with a client of their own.
+func measureWait(srv *redistest.Server, cfg config, waiters int) (waitRun, error) {
+	var calls atomic.Int64
+	c := newClient(srv, waiters)
+	defer c.Close()
+	c.AddHook(redistest.ScriptCounter{N: &calls})
+	s, err := redisstore.New(c, redisstore.Options{Timeout: 5 * time.Second})
+	if err != nil {
+		return waitRun{}, err
+	}
+	_ = s.LoadScripts(context.Background())
+	warmPool(c, waiters)
+	w := waitRun{lim: fleetrate.PerSecond(1000, 10), first: 1<<63 - 1}
+	l, err := fleetrate.New(s, fleetrate.Config{Prefix: "fw:", Limits: []fleetrate.Limit{w.lim}, MaxWait: time.Minute})
+	if err != nil {
+		return waitRun{}, err
+	}
+	key := "wait" + strconv.Itoa(waiters)
+	calls.Store(0)
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	finish := time.Now().Add(cfg.duration)
+	for range waiters {
+		wg.Go(func() {
+			for time.Now().Before(finish) {
+				res, err := l.WaitN(context.Background(), 1, key)
+				woke := time.Now()
+				if err != nil {
+					continue
+				}
+				booked := res.At.UnixNano() + int64(res.Wait)
+				mu.Lock()
+				if res.Wait > 0 {
+					w.late = append(w.late, woke.Sub(time.Unix(0, booked)))
+				} else {
+					w.now = append(w.now, woke.Sub(time.Unix(0, booked)))
+				}
+				w.first, w.last = min(w.first, booked), max(w.last, booked)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	w.calls = calls.Load()
+	slices.Sort(w.late)
+	slices.Sort(w.now)
+	return w, nil
 }
 
 // warmPool opens n connections, as a client in service has them open, so
@@ -529,34 +613,56 @@ func warmPool(c *redis.Client, n int) {
 // memTable compares the in-memory store with x/time/rate and uber's
 // ratelimit using testing.Benchmark.
 func memTable(cfg config, out io.Writer) {
-	ctx := context.Background()
-	mem := func() *fleetrate.Limiter {
-		l, _ := fleetrate.New(memstore.New(memstore.Options{}), fleetrate.Config{Limits: []fleetrate.Limit{workload.Limit}})
-		return l
-	}
-	type row struct {
+	single := benchRows(cfg, memSingleRows())
+	parallel := benchRows(cfg, memParallelRows())
+	fmt.Fprintf(out, "## In memory: Allow\n\n| case | implementation | ns/op | allocs/op | × x/time/rate |\n|---|---|---|---|---|\n")
+	for _, set := range []struct {
 		name string
-		f    func(b *testing.B)
-		r    testing.BenchmarkResult
-	}
-	// bench runs the rows' benchmarks cfg.count times, taking turns so that
-	// a slow spell of the machine hits every implementation alike, and
-	// keeps each one's run with the median ns/op.
-	bench := func(rows []row) []row {
-		runs := make([][]testing.BenchmarkResult, len(rows))
-		for range cfg.count {
-			for i, r := range rows {
-				runs[i] = append(runs[i], testing.Benchmark(r.f))
-			}
+		rows []memRow
+	}{{"1 goroutine, 1 key", single}, {"all cores, 10,000 keys", parallel}} {
+		peer := float64(set.rows[1].r.NsPerOp())
+		for _, r := range set.rows {
+			ns := float64(r.r.NsPerOp())
+			fmt.Fprintf(out, "| %s | %s | %.1f | %d | %.2f (throughput %.2f×) |\n", set.name, r.name, ns, r.r.AllocsPerOp(), ns/peer, peer/ns)
 		}
-		for i := range rows {
-			rows[i].r = median(runs[i], testing.BenchmarkResult.NsPerOp)
-		}
-		return rows
 	}
-	single := bench([]row{
+	fmt.Fprintln(out)
+}
+
+// memRow is one in-memory implementation's benchmark and its result.
+type memRow struct {
+	name string
+	f    func(b *testing.B)
+	r    testing.BenchmarkResult
+}
+
+// benchRows runs the rows' benchmarks cfg.count times, taking turns so
+// that a slow spell of the machine hits every implementation alike, and
+// keeps each one's run with the median ns/op.
+func benchRows(cfg config, rows []memRow) []memRow {
+	runs := make([][]testing.BenchmarkResult, len(rows))
+	for range cfg.count {
+		for i, r := range rows {
+			runs[i] = append(runs[i], testing.Benchmark(r.f))
+		}
+	}
+	for i := range rows {
+		rows[i].r = median(runs[i], testing.BenchmarkResult.NsPerOp)
+	}
+	return rows
+}
+
+func memLimiter() *fleetrate.Limiter {
+	l, _ := fleetrate.New(memstore.New(memstore.Options{}), fleetrate.Config{Limits: []fleetrate.Limit{workload.Limit}})
+	return l
+}
+
+// memSingleRows take from one key in one goroutine; x/time/rate second.
+func memSingleRows() []memRow {
+	ctx := context.Background()
+	return []memRow{
 		{name: "fleetrate memstore", f: func(b *testing.B) {
-			l := mem()
+			l := memLimiter()
 			b.ReportAllocs()
 			for b.Loop() {
 				_, _ = l.Allow(ctx, "k")
@@ -576,10 +682,16 @@ func memTable(cfg config, out io.Writer) {
 				l.Take()
 			}
 		}},
-	})
-	parallel := bench([]row{
+	}
+}
+
+// memParallelRows take over the keyspace from all cores; x/time/rate
+// (a map of limiters under a mutex) second.
+func memParallelRows() []memRow {
+	ctx := context.Background()
+	return []memRow{
 		{name: "fleetrate memstore", f: func(b *testing.B) {
-			l := mem()
+			l := memLimiter()
 			var seq atomic.Int64
 			b.ReportAllocs()
 			b.RunParallel(func(pb *testing.PB) {
@@ -611,17 +723,5 @@ func memTable(cfg config, out io.Writer) {
 				}
 			})
 		}},
-	})
-	fmt.Fprintf(out, "## In memory: Allow\n\n| case | implementation | ns/op | allocs/op | × x/time/rate |\n|---|---|---|---|---|\n")
-	for _, set := range []struct {
-		name string
-		rows []row
-	}{{"1 goroutine, 1 key", single}, {"all cores, 10,000 keys", parallel}} {
-		peer := float64(set.rows[1].r.NsPerOp())
-		for _, r := range set.rows {
-			ns := float64(r.r.NsPerOp())
-			fmt.Fprintf(out, "| %s | %s | %.1f | %d | %.2f (throughput %.2f×) |\n", set.name, r.name, ns, r.r.AllocsPerOp(), ns/peer, peer/ns)
-		}
 	}
-	fmt.Fprintln(out)
 }

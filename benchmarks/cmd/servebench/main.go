@@ -16,6 +16,14 @@
 // gubernator (one node) keeps its buckets in memory, with the same limit.
 // The service's CPU time is read from /proc/<pid>/stat before and after
 // each measurement.
+//
+// With -baseline, a fleetrate binary built from another commit runs as two
+// more services (over the same Redis, and in memory) in the same rounds,
+// so that a change is measured against what it replaces on the same
+// machine at the same moments, with its ratios to the peers:
+//
+//	git archive <commit> | tar -x -C /tmp/base && (cd /tmp/base && go build -o /tmp/fleetrate-base ./cmd/fleetrate)
+//	go run ./cmd/servebench -ratelimit bin/ratelimit -gubernator bin/gubernator -baseline /tmp/fleetrate-base
 package main
 
 import (
@@ -79,27 +87,44 @@ type result struct {
 	errors    int64
 }
 
-func run(args []string, out io.Writer) error {
+// flags are servebench's command line.
+type flags struct {
+	ratelimit, gubernator, baseline, only string
+	duration                              time.Duration
+	rounds                                int
+	callers                               []int
+}
+
+func parseFlags(args []string) (flags, error) {
+	var f flags
 	fs := flag.NewFlagSet("servebench", flag.ContinueOnError)
-	ratelimit := fs.String("ratelimit", "", "envoyproxy/ratelimit binary built from source (required)")
-	gubernator := fs.String("gubernator", "", "gubernator v2.13.0 binary (see peers.sh); empty: not measured")
-	duration := fs.Duration("duration", 3*time.Second, "how long each measurement runs")
-	rounds := fs.Int("rounds", 3, "interleaved rounds; the table reports each round and the medians")
-	callersFlag := fs.String("callers", "1,16,64", "concurrent callers")
-	only := fs.String("only", "", "run only the services whose name contains this (the others' columns stay empty)")
+	fs.StringVar(&f.ratelimit, "ratelimit", "", "envoyproxy/ratelimit binary built from source (required)")
+	fs.StringVar(&f.gubernator, "gubernator", "", "gubernator v2.13.0 binary (see peers.sh); empty: not measured")
+	fs.StringVar(&f.baseline, "baseline", "", "a fleetrate binary built from another commit, measured as two more services (Redis, in memory) in the same rounds; empty: none")
+	fs.DurationVar(&f.duration, "duration", 3*time.Second, "how long each measurement runs")
+	fs.IntVar(&f.rounds, "rounds", 3, "interleaved rounds; the table reports each round")
+	callers := fs.String("callers", "1,16,64", "concurrent callers")
+	fs.StringVar(&f.only, "only", "", "run only the services whose name contains this (the others' columns stay empty)")
 	if err := fs.Parse(args); err != nil {
-		return err
+		return f, err
 	}
-	if *ratelimit == "" {
-		return errors.New("-ratelimit: give the envoyproxy/ratelimit binary (see benchmarks/peers.sh)")
+	if f.ratelimit == "" {
+		return f, errors.New("-ratelimit: give the envoyproxy/ratelimit binary (see benchmarks/peers.sh)")
 	}
-	var callers []int
-	for _, f := range strings.Split(*callersFlag, ",") {
-		c, err := strconv.Atoi(strings.TrimSpace(f))
+	for _, s := range strings.Split(*callers, ",") {
+		c, err := strconv.Atoi(strings.TrimSpace(s))
 		if err != nil || c < 1 {
-			return fmt.Errorf("-callers: %q is not a positive integer", f)
+			return f, fmt.Errorf("-callers: %q is not a positive integer", s)
 		}
-		callers = append(callers, c)
+		f.callers = append(f.callers, c)
+	}
+	return f, nil
+}
+
+func run(args []string, out io.Writer) error {
+	f, err := parseFlags(args)
+	if err != nil {
+		return err
 	}
 	dir, err := os.MkdirTemp("", "servebench-")
 	if err != nil {
@@ -112,102 +137,192 @@ func run(args []string, out io.Writer) error {
 	}
 	defer srv.Stop()
 	fleetrate := filepath.Join(dir, "fleetrate")
-	root, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/fleetrate/fleetrate").Output()
-	if err != nil {
-		return fmt.Errorf("finding the fleetrate module: %w", err)
-	}
-	build := exec.Command("go", "build", "-o", fleetrate, "./cmd/fleetrate")
-	build.Dir = strings.TrimSpace(string(root)) // its own module, with its own go.sum
-	if b, err := build.CombinedOutput(); err != nil {
-		return fmt.Errorf("building fleetrate: %v: %s", err, b)
-	}
-	cfgFile := filepath.Join(dir, "fleetrate.yaml")
-	rlDir := filepath.Join(dir, "runtime", "ratelimit", "config")
-	if err := os.MkdirAll(rlDir, 0o755); err != nil {
+	if err := buildFleetrate(fleetrate); err != nil {
 		return err
 	}
-	for _, p := range []string{cfgFile, filepath.Join(rlDir, "bench.yaml")} {
-		if err := os.WriteFile(p, []byte(config), 0o644); err != nil {
-			return err
-		}
+	if err := writeConfigs(dir); err != nil {
+		return err
 	}
-	fleet := func(store ...string) func(int) (*exec.Cmd, error) {
-		return func(port int) (*exec.Cmd, error) {
-			args := append([]string{"serve", "--config", cfgFile, "--grpc-addr", "127.0.0.1:" + strconv.Itoa(port), "--http-addr", "off", "--log-level", "warn"}, store...)
-			return startCmd(exec.Command(fleetrate, args...))
-		}
-	}
-	services := []service{
-		{"fleetrate serve, Redis", fleet("--redis", srv.URL()), rlsCall},
-		{"envoyproxy/ratelimit, Redis", func(port int) (*exec.Cmd, error) {
-			cmd := exec.Command(*ratelimit)
-			cmd.Env = append(os.Environ(),
-				"USE_STATSD=false", "DISABLE_STATS=true", "LOG_LEVEL=warn", "BACKEND_TYPE=redis",
-				"REDIS_SOCKET_TYPE=tcp", "REDIS_URL="+srv.Addr(),
-				"RUNTIME_ROOT="+filepath.Join(dir, "runtime"), "RUNTIME_SUBDIRECTORY=ratelimit", "RUNTIME_WATCH_ROOT=false",
-				"HOST=127.0.0.1", "PORT="+strconv.Itoa(freePort()), "DEBUG_HOST=127.0.0.1", "DEBUG_PORT="+strconv.Itoa(freePort()),
-				"GRPC_HOST=127.0.0.1", "GRPC_PORT="+strconv.Itoa(port))
-			return startCmd(cmd)
-		}, rlsCall},
-		{"fleetrate serve, in memory", fleet(), rlsCall},
-	}
-	if *gubernator != "" {
-		services = append(services, service{"gubernator v2.13.0, in memory", func(port int) (*exec.Cmd, error) {
-			ml := "127.0.0.1:" + strconv.Itoa(freePort())
-			cmd := exec.Command(*gubernator)
-			cmd.Env = append(os.Environ(),
-				"GUBER_GRPC_ADDRESS=127.0.0.1:"+strconv.Itoa(port), "GUBER_ADVERTISE_ADDRESS=127.0.0.1:"+strconv.Itoa(port),
-				"GUBER_HTTP_ADDRESS=127.0.0.1:"+strconv.Itoa(freePort()),
-				"GUBER_MEMBERLIST_ADDRESS="+ml, "GUBER_MEMBERLIST_BIND_ADDRESS="+ml, "GUBER_MEMBERLIST_KNOWN_NODES="+ml,
-				"GUBER_LOG_LEVEL=error", "OTEL_TRACES_EXPORTER=none")
-			cmd.Stdout, cmd.Stderr = io.Discard, io.Discard // it logs every memberlist event
-			return cmd, cmd.Start()
-		}, gubernatorCall})
-	}
-	services = slices.DeleteFunc(services, func(s service) bool { return !strings.Contains(s.name, *only) })
+	services := slices.DeleteFunc(allServices(f, dir, fleetrate, srv), func(s service) bool { return !strings.Contains(s.name, f.only) })
 	// results[service][callers] holds one result per round.
 	results := map[string]map[int][]result{}
 	for _, s := range services {
 		results[s.name] = map[int][]result{}
 	}
-	for range *rounds {
-		for _, c := range callers {
+	for range f.rounds {
+		for _, c := range f.callers {
 			for _, s := range services {
-				r, err := measureService(s, c, *duration)
+				r, err := measureService(s, c, f.duration)
 				if err != nil {
 					return fmt.Errorf("%s, %d callers: %w", s.name, c, err)
 				}
-				fmt.Fprintf(os.Stderr, "%-30s callers=%-3d %9.0f decisions/s %9.0f per CPU-s errors %d\n", s.name, c, r.decisions, r.perCPU, r.errors)
+				fmt.Fprintf(os.Stderr, "%-38s callers=%-3d %9.0f decisions/s %9.0f per CPU-s errors %d\n", s.name, c, r.decisions, r.perCPU, r.errors)
 				results[s.name][c] = append(results[s.name][c], r)
 			}
 		}
 	}
-	printTable(out, services, callers, results, *rounds, *duration)
+	printTable(out, services, f.callers, results, f.rounds, f.duration)
 	return nil
 }
 
+// buildFleetrate builds the fleetrate command of the module this one
+// replaces it with (its own module, with its own go.sum) into path.
+func buildFleetrate(path string) error {
+	root, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/fleetrate/fleetrate").Output()
+	if err != nil {
+		return fmt.Errorf("finding the fleetrate module: %w", err)
+	}
+	build := exec.Command("go", "build", "-o", path, "./cmd/fleetrate")
+	build.Dir = strings.TrimSpace(string(root))
+	if b, err := build.CombinedOutput(); err != nil {
+		return fmt.Errorf("building fleetrate: %v: %s", err, b)
+	}
+	return nil
+}
+
+// writeConfigs writes config where fleetrate (dir/fleetrate.yaml) and
+// envoyproxy/ratelimit (its runtime directory under dir) read it.
+func writeConfigs(dir string) error {
+	rlDir := filepath.Join(dir, "runtime", "ratelimit", "config")
+	if err := os.MkdirAll(rlDir, 0o755); err != nil {
+		return err
+	}
+	for _, p := range []string{filepath.Join(dir, "fleetrate.yaml"), filepath.Join(rlDir, "bench.yaml")} {
+		if err := os.WriteFile(p, []byte(config), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Names of the services whose ratios the table reports.
+const (
+	nameRedis      = "fleetrate serve, Redis"
+	nameMemory     = "fleetrate serve, in memory"
+	nameRatelimit  = "envoyproxy/ratelimit, Redis"
+	nameGubernator = "gubernator v2.13.0, in memory"
+	nameBaseRedis  = "fleetrate serve (baseline), Redis"
+	nameBaseMemory = "fleetrate serve (baseline), in memory"
+)
+
+// allServices lists the services f asks for: fleetrate (built at
+// fleetrate) over srv and in memory, envoyproxy/ratelimit, and gubernator
+// and the baseline fleetrate when given.
+func allServices(f flags, dir, fleetrate string, srv *redistest.Server) []service {
+	fleet := func(bin string, store ...string) func(int) (*exec.Cmd, error) {
+		return func(port int) (*exec.Cmd, error) {
+			args := append([]string{"serve", "--config", filepath.Join(dir, "fleetrate.yaml"), "--grpc-addr", "127.0.0.1:" + strconv.Itoa(port), "--http-addr", "off", "--log-level", "warn"}, store...)
+			return startCmd(exec.Command(bin, args...))
+		}
+	}
+	services := []service{
+		{nameRedis, fleet(fleetrate, "--redis", srv.URL()), rlsCall},
+		{nameRatelimit, ratelimitStart(f.ratelimit, dir, srv.Addr()), rlsCall},
+		{nameMemory, fleet(fleetrate), rlsCall},
+	}
+	if f.gubernator != "" {
+		services = append(services, service{nameGubernator, gubernatorStart(f.gubernator), gubernatorCall})
+	}
+	if f.baseline != "" {
+		services = append(services, service{nameBaseRedis, fleet(f.baseline, "--redis", srv.URL()), rlsCall},
+			service{nameBaseMemory, fleet(f.baseline), rlsCall})
+	}
+	return services
+}
+
+// ratelimitStart runs envoyproxy/ratelimit on Redis at addr, its stats
+// disabled, with the configuration under dir/runtime.
+func ratelimitStart(bin, dir, addr string) func(int) (*exec.Cmd, error) {
+	return func(port int) (*exec.Cmd, error) {
+		cmd := exec.Command(bin)
+		cmd.Env = append(os.Environ(),
+			"USE_STATSD=false", "DISABLE_STATS=true", "LOG_LEVEL=warn", "BACKEND_TYPE=redis",
+			"REDIS_SOCKET_TYPE=tcp", "REDIS_URL="+addr,
+			"RUNTIME_ROOT="+filepath.Join(dir, "runtime"), "RUNTIME_SUBDIRECTORY=ratelimit", "RUNTIME_WATCH_ROOT=false",
+			"HOST=127.0.0.1", "PORT="+strconv.Itoa(freePort()), "DEBUG_HOST=127.0.0.1", "DEBUG_PORT="+strconv.Itoa(freePort()),
+			"GRPC_HOST=127.0.0.1", "GRPC_PORT="+strconv.Itoa(port))
+		return startCmd(cmd)
+	}
+}
+
+// gubernatorStart runs gubernator as one node with its buckets in memory.
+func gubernatorStart(bin string) func(int) (*exec.Cmd, error) {
+	return func(port int) (*exec.Cmd, error) {
+		ml := "127.0.0.1:" + strconv.Itoa(freePort())
+		cmd := exec.Command(bin)
+		cmd.Env = append(os.Environ(),
+			"GUBER_GRPC_ADDRESS=127.0.0.1:"+strconv.Itoa(port), "GUBER_ADVERTISE_ADDRESS=127.0.0.1:"+strconv.Itoa(port),
+			"GUBER_HTTP_ADDRESS=127.0.0.1:"+strconv.Itoa(freePort()),
+			"GUBER_MEMBERLIST_ADDRESS="+ml, "GUBER_MEMBERLIST_BIND_ADDRESS="+ml, "GUBER_MEMBERLIST_KNOWN_NODES="+ml,
+			"GUBER_LOG_LEVEL=error", "OTEL_TRACES_EXPORTER=none")
+		cmd.Stdout, cmd.Stderr = io.Discard, io.Discard // it logs every memberlist event
+		return cmd, cmd.Start()
+	}
+}
+
+// ratios are the table's ratio columns: a ÷ b, per CPU-second.
+var ratios = []struct{ title, a, b string }{
+	{"fleetrate ÷ ratelimit, Redis", nameRedis, nameRatelimit},
+	{"fleetrate in memory ÷ ratelimit", nameMemory, nameRatelimit},
+	{"fleetrate in memory ÷ gubernator", nameMemory, nameGubernator},
+	{"baseline ÷ ratelimit, Redis", nameBaseRedis, nameRatelimit},
+	{"baseline in memory ÷ ratelimit", nameBaseMemory, nameRatelimit},
+	{"baseline in memory ÷ gubernator", nameBaseMemory, nameGubernator},
+	{"fleetrate ÷ baseline, Redis", nameRedis, nameBaseRedis},
+	{"fleetrate ÷ baseline, in memory", nameMemory, nameBaseMemory},
+}
+
+// printTable writes one row per number of callers and round, and a row of
+// the medians of each column over the rounds (the median of the ratios,
+// not the ratio of the medians).
 func printTable(out io.Writer, services []service, callers []int, results map[string]map[int][]result, rounds int, d time.Duration) {
+	has := func(name string) bool { _, ok := results[name]; return ok }
+	cols := slices.DeleteFunc(slices.Clone(ratios), func(r struct{ title, a, b string }) bool { return !has(r.a) || !has(r.b) })
 	fmt.Fprintf(out, "Decisions per CPU-second of the service process (decisions/s in brackets), %d interleaved rounds of %v, over %d keys:\n\n", rounds, d, workload.Keys)
 	fmt.Fprintf(out, "| callers | round |")
 	for _, s := range services {
 		fmt.Fprintf(out, " %s |", s.name)
 	}
-	fmt.Fprintf(out, " fleetrate ÷ ratelimit, Redis | fleetrate in memory ÷ ratelimit | fleetrate in memory ÷ gubernator |\n|---|---|%s---|---|---|\n", strings.Repeat("---|", len(services)))
+	for _, r := range cols {
+		fmt.Fprintf(out, " %s |", r.title)
+	}
+	fmt.Fprintf(out, "\n|---|---|%s\n", strings.Repeat("---|", len(services)+len(cols)))
 	for _, c := range callers {
+		perCol := make([][]float64, len(cols))
 		for i := range rounds {
 			fmt.Fprintf(out, "| %d | %d |", c, i+1)
-			per := map[string]float64{}
 			for _, s := range services {
 				r := results[s.name][c][i]
-				per[s.name] = r.perCPU
 				fmt.Fprintf(out, " %.0f (%.0f/s) |", r.perCPU, r.decisions)
 			}
-			rl := per["envoyproxy/ratelimit, Redis"]
-			fmt.Fprintf(out, " %s | %s | %s |\n", ratio(per["fleetrate serve, Redis"], rl), ratio(per["fleetrate serve, in memory"], rl),
-				ratio(per["fleetrate serve, in memory"], per["gubernator v2.13.0, in memory"]))
+			for j, r := range cols {
+				a, b := results[r.a][c][i].perCPU, results[r.b][c][i].perCPU
+				fmt.Fprintf(out, " %s |", ratio(a, b))
+				if a > 0 && b > 0 {
+					perCol[j] = append(perCol[j], a/b)
+				}
+			}
+			fmt.Fprintln(out)
 		}
+		fmt.Fprintf(out, "| %d | median |%s", c, strings.Repeat(" |", len(services)))
+		for _, v := range perCol {
+			fmt.Fprintf(out, " %s |", median(v))
+		}
+		fmt.Fprintln(out)
 	}
 	fmt.Fprintln(out)
+}
+
+func median(v []float64) string {
+	if len(v) == 0 {
+		return "—"
+	}
+	slices.Sort(v)
+	m := v[len(v)/2]
+	if len(v)%2 == 0 {
+		m = (v[len(v)/2-1] + m) / 2
+	}
+	return fmt.Sprintf("%.2f", m)
 }
 
 func ratio(a, b float64) string {
