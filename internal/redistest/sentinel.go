@@ -56,17 +56,7 @@ func StartSentinel(tb testing.TB) *Sentinel {
 		tb.Fatalf("redistest: replica: %v", err)
 	}
 	s.data = []*Server{master, replica}
-	err = waitFor(20*time.Second, 50*time.Millisecond, func() error {
-		repl, err := doString(replica.Addr(), nil, "info", "replication")
-		if err != nil {
-			return err
-		}
-		if got := infoField(repl, "master_link_status"); got != "up" {
-			return fmt.Errorf("replica %s: master_link_status %q", replica.Addr(), got)
-		}
-		return nil
-	})
-	if err != nil {
+	if err := waitFor(20*time.Second, 50*time.Millisecond, func() error { return linkUp(replica) }); err != nil {
 		tb.Fatalf("redistest: replica never synced: %v\nmaster log:\n%s\nreplica log:\n%s", err, master.Log(), replica.Log())
 	}
 	errs := make([]error, 3)
@@ -101,6 +91,18 @@ func StartSentinel(tb testing.TB) *Sentinel {
 	// servers stop.
 	tb.Cleanup(s.closeClients)
 	return s
+}
+
+// linkUp checks that replica's link to its master is up.
+func linkUp(replica *Server) error {
+	repl, err := doString(replica.Addr(), nil, "info", "replication")
+	if err != nil {
+		return err
+	}
+	if got := infoField(repl, "master_link_status"); got != "up" {
+		return fmt.Errorf("replica %s: master_link_status %q", replica.Addr(), got)
+	}
+	return nil
 }
 
 // known checks that every Sentinel sees the master up with one replica and
