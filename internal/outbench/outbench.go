@@ -228,9 +228,10 @@ func (o Options) withDefaults(d time.Duration) Options {
 // report fills r with what adv saw between from and to.
 func (r *Result) report(s Scenario, adv *mockota.Adversary, from, to time.Time) {
 	r.AdversaryReport = adv.Report(from, to)
-	r.Series = series(s.Name, s.Target, adv.Arrivals(), from, to)
+	arrivals := adv.Arrivals()
+	r.Series = series(s.Name, s.Target, arrivals, from, to)
 	if s.Upstream.RetryAfter == mockota.RetryHuge {
-		r.DuringCap = duringCap(adv.Arrivals(), from, to)
+		r.DuringCap = duringCap(arrivals, from, to)
 	}
 	if s.Target > 0 {
 		r.Share = r.AcceptedPerSecond / s.Target
