@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fleetrate/fleetrate"
@@ -190,11 +191,14 @@ const maxSoon = 2
 // admitted records an answer to a request of tg that was not a rate
 // limit: the 429s after it start a new row (see maxSoon).
 func (t *Transport) admitted(tg Target) {
+	if t.views.inRow.Load() == 0 {
+		return // no row to end: the common case costs one atomic load
+	}
 	t.views.mu.Lock()
 	defer t.views.mu.Unlock()
 	for _, name := range tg.drained() {
 		if v := t.views.m[name]; v != nil {
-			v.soon = 0
+			t.views.setSoon(v, 0)
 		}
 	}
 }
@@ -307,6 +311,20 @@ type view struct {
 type views struct {
 	mu sync.Mutex
 	m  map[string]*view
+	// inRow counts the views whose soon is above zero, so that an
+	// admitted request, when none is, costs no lock (see admitted).
+	inRow atomic.Int32
+}
+
+// setSoon sets v.soon to n, keeping inRow. vs.mu is held.
+func (vs *views) setSoon(v *view, n int) {
+	switch {
+	case v.soon == 0 && n > 0:
+		vs.inRow.Add(1)
+	case v.soon > 0 && n == 0:
+		vs.inRow.Add(-1)
+	}
+	v.soon = n
 }
 
 func (vs *views) get(key string) *view {
@@ -401,7 +419,7 @@ func (t *Transport) readClimbs(ctx context.Context, paced []fleetrate.Bucket) {
 		if climbs[i].start.After(v.climb.start) {
 			// Another process lowered the rate: its 429 ends this
 			// process's row of 429s blamed on pauses (see maxSoon).
-			v.soon = 0
+			t.views.setSoon(v, 0)
 		}
 		if now.Sub(v.decreased) > t.adaptive.Refresh || climbs[i].start.After(v.climb.start) {
 			// The store's climb, unless this process lowered the rate
@@ -549,14 +567,14 @@ func (t *Transport) pausedSince(paced []fleetrate.Bucket, at time.Time) bool {
 	return false
 }
 
-// decrease lowers the effective rate of the buckets a 429 on a request
-// sent at sent concerns, fleet-wide, by recording a new climb in their
+// decrease lowers the effective rate of the buckets the 429 lim concerns,
+// fleet-wide, by recording a new climb in their
 // markers, to begin when the pause ends at resume; resumed holds when each
 // bucket's previous pause ended. A request sent before this process last
 // lowered the rate reports what the lowered rate has already answered, so
 // it lowers nothing more. It reports whether a bucket was already at its
 // floor.
-func (t *Transport) decrease(ctx context.Context, tg Target, buckets []fleetrate.Bucket, sent, resume time.Time, resumed []time.Time, attrs []slog.Attr) (atFloor bool) {
+func (t *Transport) decrease(ctx context.Context, tg Target, buckets []fleetrate.Bucket, lim limited, resume time.Time, resumed []time.Time, attrs []slog.Attr) (atFloor bool) {
 	if t.adaptive.Off || tg.Fixed {
 		return false
 	}
@@ -564,7 +582,7 @@ func (t *Transport) decrease(ctx context.Context, tg Target, buckets []fleetrate
 	var changes []rateChange
 	t.views.mu.Lock()
 	for i, b := range buckets {
-		ch, floor, ok := t.lower(t.views.get(b.Key), b, now, sent, resume, resumed[i])
+		ch, floor, ok := t.lower(t.views.get(b.Key), b, now, lim.sent, resume, resumed[i], lim.soon)
 		atFloor = atFloor || floor
 		if ok {
 			changes = append(changes, ch)
@@ -605,12 +623,13 @@ type rateChange struct {
 
 // lower decides the new climb of bucket b (this process's view v) for a
 // 429 answered at now on a request sent at sent, the fleet paused until
-// resume and its previous pause over at resumed: ok when the rate is to
-// be lowered, and floor when the rate was at its floor already. t.views.mu
-// is held.
-func (t *Transport) lower(v *view, b fleetrate.Bucket, now, sent, resume, resumed time.Time) (ch rateChange, floor, ok bool) {
+// resume and its previous pause over at resumed, soon when the 429 came at
+// once after that pause (see Transport.limitedAtOnce): ok when the rate is
+// to be lowered, and floor when the rate was at its floor already.
+// t.views.mu is held.
+func (t *Transport) lower(v *view, b fleetrate.Bucket, now, sent, resume, resumed time.Time, soon bool) (ch rateChange, floor, ok bool) {
 	from := t.adaptive.factor(v.climb, now)
-	bound, soon := limitBound(from, from*paceRate(b), sent, resumed)
+	bound, _ := limitBound(from, from*paceRate(b), sent, resumed)
 	c := t.adaptive.lowered(v.climb, now, resume, bound)
 	to := t.adaptive.factor(c, resume)
 	if to == t.adaptive.Floor && !v.floored.IsZero() && sent.After(v.floored) {
@@ -626,10 +645,10 @@ func (t *Transport) lower(v *view, b fleetrate.Bucket, now, sent, resume, resume
 	if soon && v.soon < maxSoon {
 		// Limited at once after a pause: the pause was too short (the
 		// next one is longer; see pauseFor), the rate is not to blame.
-		v.soon++
+		t.views.setSoon(v, v.soon+1)
 		return ch, floor, false
 	}
-	v.soon = 0
+	t.views.setSoon(v, 0)
 	switch {
 	case to > t.adaptive.Floor:
 		v.floored = time.Time{} // climbed off the floor since

@@ -95,9 +95,12 @@ func TestAdmittedEndsTheRow(t *testing.T) {
 	tr := &Transport{}
 	tg := Target{Channel: "ota", Endpoint: "avail"}
 	key := EndpointBucket(tg.Channel, tg.Endpoint)
-	tr.views.get(key).soon = maxSoon
+	tr.views.setSoon(tr.views.get(key), maxSoon)
 	tr.admitted(tg)
 	if n := tr.views.get(key).soon; n != 0 {
 		t.Fatalf("after an admitted request the row is %d long, want 0", n)
+	}
+	if n := tr.views.inRow.Load(); n != 0 {
+		t.Fatalf("after the row ended %d views count as in a row, want 0", n)
 	}
 }

@@ -500,7 +500,8 @@ type limitInfo struct {
 // for the backoff of this attempt) and lowers the rate (see drain).
 func (t *Transport) onLimited(ctx context.Context, tg Target, resp *http.Response, sent time.Time, attempt int, attrs []slog.Attr) (limitInfo, error) {
 	ra, ok := ParseRetryAfter(resp.Header.Get(HeaderRetryAfter), time.Now(), t.maxRetryAfter)
-	li := limitInfo{limited: true, retryAfter: ra, pause: t.pauseFor(ra, tg, sent)}
+	lim := limited{sent: sent, soon: t.limitedAtOnce(tg, sent)}
+	li := limitInfo{limited: true, retryAfter: ra, pause: t.pauseFor(ra, tg, lim)}
 	t.m.rateLimited(tg, resp.StatusCode)
 	t.log.LogAttrs(ctx, slog.LevelWarn, "rate_limited", append(attrs,
 		slog.Int("status", resp.StatusCode),
@@ -509,7 +510,7 @@ func (t *Transport) onLimited(ctx context.Context, tg Target, resp *http.Respons
 		slog.Int64("pause_ms", li.pause.Milliseconds()),
 		slog.Int("attempt", attempt))...)
 	var err error
-	li.atFloor, err = t.drain(ctx, tg, li.pause, sent, attrs)
+	li.atFloor, err = t.drain(ctx, tg, li.pause, lim, attrs)
 	return li, err
 }
 
@@ -878,12 +879,12 @@ func (t *Transport) waitFailed(ctx context.Context, tg Target, attrs []slog.Attr
 
 // drain pauses the target's buckets and their pause markers for d across
 // the fleet (see Target.drained), after pausing this process's own
-// requests at once, and lowers their effective rates (see decrease) for a
-// 429 on a request sent at sent, before the pause is visible to the fleet,
+// requests at once, and lowers their effective rates (see decrease) for
+// the 429 lim, before the pause is visible to the fleet,
 // so that a process that learns of the pause reads the lowered rate. It
 // runs even if the caller's context has ended, since the whole fleet needs
 // it. It reports whether a bucket was at its floor rate already.
-func (t *Transport) drain(ctx context.Context, tg Target, d time.Duration, sent time.Time, attrs []slog.Attr) (atFloor bool, err error) {
+func (t *Transport) drain(ctx context.Context, tg Target, d time.Duration, lim limited, attrs []slog.Attr) (atFloor bool, err error) {
 	names := tg.drained()
 	paced := make([]fleetrate.Bucket, len(names))
 	keys := make([]string, len(names))
@@ -896,7 +897,7 @@ func (t *Transport) drain(ctx context.Context, tg Target, d time.Duration, sent 
 	}
 	resume := time.Now().Add(d)
 	resumed := t.pauseLocally(keys, resume)
-	atFloor = t.decrease(ctx, tg, paced, sent, resume, resumed, attrs)
+	atFloor = t.decrease(ctx, tg, paced, lim, resume, resumed, attrs)
 	// The buckets at their effective limits, and their pause markers.
 	// The markers first: from then on every take waits out the pause.
 	// Then the buckets start again from the pause, empty: the slots booked
@@ -931,21 +932,25 @@ func (t *Transport) drain(ctx context.Context, tg Target, d time.Duration, sent 
 	return atFloor, fmt.Errorf("transport: %s/%s: draining after a rate limit: %w", tg.Channel, tg.Endpoint, err)
 }
 
-// pauseFor returns how long a rate limit on a request sent at sent pauses
-// the fleet: the Retry-After when the upstream sent a usable one. Without
-// one, as long as the fleet's longest pause (at first the backoff's floor),
-// and twice that (up to the backoff's ceiling) when the request was sent
-// at once after that pause (see limitBound): an upstream that limits the
-// first request after a pause has a longer pause of its own.
-func (t *Transport) pauseFor(retryAfter time.Duration, tg Target, sent time.Time) time.Duration {
-	if retryAfter > 0 {
-		return retryAfter
-	}
+// limited is a rate limit on a request: when the request was sent, and
+// whether it came at once after the fleet's last pause (decided once, by
+// limitedAtOnce, for both the pause and the rate).
+type limited struct {
+	sent time.Time
+	soon bool
+}
+
+// limitedAtOnce reports whether a rate limit on tg's request sent at sent
+// came before the second slot after the fleet's last pause of tg's
+// endpoint, at the effective rate (see limitBound): then the pause was too
+// short, and the rate is not to blame.
+func (t *Transport) limitedAtOnce(tg Target, sent time.Time) bool {
 	key := EndpointBucket(tg.Channel, tg.Endpoint)
-	var rate float64
-	if b, err := t.lim.Bucket(key); err == nil {
-		rate = paceRate(b)
+	b, err := t.lim.Bucket(key)
+	if err != nil {
+		return false
 	}
+	rate := paceRate(b)
 	now := time.Now()
 	t.views.mu.Lock()
 	defer t.views.mu.Unlock()
@@ -953,8 +958,25 @@ func (t *Transport) pauseFor(retryAfter time.Duration, tg Target, sent time.Time
 	if !t.adaptive.Off && !tg.Fixed {
 		rate *= t.adaptive.factor(v.climb, now)
 	}
+	_, soon := limitBound(1, rate, sent, v.pauseUntil)
+	return soon
+}
+
+// pauseFor returns how long the rate limit lim pauses the fleet: the
+// Retry-After when the upstream sent a usable one. Without one, as long as
+// the fleet's longest pause (at first the backoff's floor), and twice that
+// (up to the backoff's ceiling) when the limit came at once after that
+// pause: an upstream that limits the first request after a pause has a
+// longer pause of its own.
+func (t *Transport) pauseFor(retryAfter time.Duration, tg Target, lim limited) time.Duration {
+	if retryAfter > 0 {
+		return retryAfter
+	}
+	t.views.mu.Lock()
+	defer t.views.mu.Unlock()
+	v := t.views.get(EndpointBucket(tg.Channel, tg.Endpoint))
 	d := min(max(t.backoffMin, v.lastPause), t.backoffMax)
-	if _, soon := limitBound(1, rate, sent, v.pauseUntil); soon && v.lastPause > 0 {
+	if lim.soon && v.lastPause > 0 {
 		d = min(2*v.lastPause, t.backoffMax)
 	}
 	v.lastPause = d
