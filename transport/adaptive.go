@@ -123,12 +123,15 @@ func (a Adaptive) factor(c climb, now time.Time) float64 {
 
 // lowered returns the climb after a 429 answered at now while the climb
 // was c, with the fleet paused until resume and the upstream's limit
-// known to lie below bound (see limitBound). w is the rate that drew the
+// known to lie below bound (see limitBound). The drop is Decrease, or
+// half as far when the 429 came within 10 % of the last one's rate (the
+// limit is known: probing it costs less). w is the rate that drew the
 // 429, or, below a bound that says more, halfway between the bound and
-// Decrease × the bound (CUBIC's fast convergence: the climb then flattens
-// under the limit rather than over it). The climb starts from Decrease ×
-// w, or from halfway between that and w when the 429 came within 10 % of
-// the last one's rate (the limit is known: probing it costs less).
+// the drop × the bound (CUBIC's fast convergence: the climb then flattens
+// under the limit rather than over it; near a known limit it steps half
+// as far below it, so that 429s from send jitter on a strict window do
+// not ratchet the rate down 7.5 % each). The climb starts from the drop
+// × w.
 func (a Adaptive) lowered(c climb, now, resume time.Time, bound float64) climb {
 	f := a.factor(c, now)
 	drop := a.Decrease
@@ -144,7 +147,7 @@ func (a Adaptive) lowered(c climb, now, resume time.Time, bound float64) climb {
 	start := later(resume.Add(-time.Duration(ahead*float64(a.Recovery))), c.start)
 	w := f
 	if bound < f {
-		w = bound * (1 + a.Decrease) / 2
+		w = bound * (1 + drop) / 2
 	}
 	return climb{w: max(w, a.Floor), start: start}
 }

@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -57,6 +58,9 @@ type Options struct {
 	// Latency and Jitter are the simulated upstream's (see Simulate): each
 	// call takes Latency plus a random share of Jitter.
 	Latency, Jitter time.Duration
+	// Logger, when set, receives the simulated transports' events (see
+	// Simulate): each 429, pause and rate change. Nil discards them.
+	Logger *slog.Logger
 }
 
 // Result is what the upstream saw, and the store calls the fleet made.

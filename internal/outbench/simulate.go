@@ -64,6 +64,10 @@ func Simulate(s Scenario, o Options, adaptive transport.Adaptive) (Result, error
 	if err != nil {
 		return Result{}, err
 	}
+	logger := o.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
 	start := time.Now()
 	until := start.Add(o.Duration)
 	res := Result{Scenario: s.Name}
@@ -76,7 +80,7 @@ func Simulate(s Scenario, o Options, adaptive transport.Adaptive) (Result, error
 		}
 		tr, err := transport.New(lim, classify, transport.Options{
 			Base: direct{h: adv, latency: o.Latency, jitter: o.Jitter}, MaxRetryAfter: maxRetryAfter, Adaptive: adaptive,
-			Logger: quietLog,
+			Logger: logger,
 		})
 		if err != nil {
 			return Result{}, err
@@ -94,5 +98,3 @@ func Simulate(s Scenario, o Options, adaptive transport.Adaptive) (Result, error
 	res.report(s, adv, start, until)
 	return res, nil
 }
-
-var quietLog = slog.New(slog.DiscardHandler)

@@ -2,6 +2,8 @@ package outbench
 
 import (
 	"flag"
+	"log/slog"
+	"os"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -17,6 +19,7 @@ var (
 	simDecrease = flag.Float64("outbench.decrease", 0, "the adaptive decrease (0: the default)")
 	simRecovery = flag.Duration("outbench.recovery", 0, "the adaptive recovery (0: the default)")
 	simChart    = flag.String("outbench.simchart", "", "write a PNG chart of the simulated runs to this file")
+	simLog      = flag.Bool("outbench.simlog", false, "print the simulated transports' warnings (429s, pauses, rate changes) to stderr")
 )
 
 // TestSimulatedFleet runs every scenario of the outbound benchmark in a
@@ -42,7 +45,11 @@ func TestSimulatedFleet(t *testing.T) {
 		var r Result
 		synctest.Test(t, func(t *testing.T) {
 			var err error
-			r, err = Simulate(s, Options{Duration: *simDuration, Latency: *simLatency, Jitter: *simJitter}, transport.Adaptive{Decrease: *simDecrease, Recovery: *simRecovery})
+			o := Options{Duration: *simDuration, Latency: *simLatency, Jitter: *simJitter}
+			if *simLog {
+				o.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+			}
+			r, err = Simulate(s, o, transport.Adaptive{Decrease: *simDecrease, Recovery: *simRecovery})
 			if err != nil {
 				t.Fatal(err)
 			}
