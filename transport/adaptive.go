@@ -718,37 +718,36 @@ func SetEffectiveFactor(ctx context.Context, store fleetrate.Store, b fleetrate.
 	return store.Drain(ctx, []fleetrate.Bucket{pm}, peak)
 }
 
-// lateSlack is how late after its slot a request may go out as booked.
+// lateSlack is how late after its slot a request may go out as booked:
+// the send jitter a limit of burst 1 is assumed to absorb (Go's timers and
+// the scheduler on an idle machine wake within it; see docs/OPERATIONS.md).
 const lateSlack = 2 * time.Millisecond
 
 // spread decides when a request whose slot began at due goes out, against
 // the requests of this process that went out before it. On time (within
-// lateSlack), at once. Later, it keeps one interval of its buckets' fastest
-// limits after the last one, so that the overdue requests of a process
-// that stalled go out spaced as booked rather than together; and one more
-// than two intervals late is void (booked again, once: voided reports it
-// was already), since spacing it would push it into later slots. It
-// returns how long to wait first, or void.
-func (t *Transport) spread(tk take, due time.Time, voided bool) (wait time.Duration, void bool) {
+// lateSlack), at once. A request may go out late only as far as its
+// buckets' bursts allow: with burst b, an interval is 1/rate and a slot
+// (b − 1) intervals + lateSlack late still keeps every window of the
+// upstream within b + rate × the window, whoever holds the next slots. So
+// a late request keeps one interval of its buckets' fastest limits after
+// the last one this process sent (so that the overdue requests of a
+// process that stalled go out spaced as booked rather than together), and
+// one later than its buckets tolerate is void: booked again, so that the
+// upstream never sees two requests closer than the limit allows because
+// a process woke late. It returns how long to wait first, or void.
+func (t *Transport) spread(tk take, due time.Time) (wait time.Duration, void bool) {
 	now := time.Now()
-	var gap time.Duration
-	for _, b := range tk.buckets[:tk.paced] {
-		d := time.Duration(1<<63 - 1)
-		for _, l := range b.Limits {
-			d = min(d, time.Duration(l.Interval()))
-		}
-		gap = max(gap, d)
-	}
+	gap, tolerance := spacing(tk.buckets[:tk.paced])
 	late := now.Sub(due)
 	t.views.mu.Lock()
 	defer t.views.mu.Unlock()
 	at := now
 	if late > lateSlack {
-		if late > 2*gap && !voided {
-			return 0, true
-		}
 		for _, b := range tk.buckets[:tk.paced] {
 			at = later(at, t.views.get(b.Key).sent.Add(gap))
+		}
+		if at.Sub(due) > tolerance {
+			return 0, true
 		}
 	}
 	for _, b := range tk.buckets[:tk.paced] {
@@ -756,4 +755,21 @@ func (t *Transport) spread(tk take, due time.Time, voided bool) (wait time.Durat
 		v.sent = later(v.sent, at)
 	}
 	return at.Sub(now), false
+}
+
+// spacing returns the interval of the buckets' fastest limits, and how
+// late after its slot a request of them may go out: the least, over their
+// limits, of (burst − 1) intervals + lateSlack.
+func spacing(paced []fleetrate.Bucket) (gap, tolerance time.Duration) {
+	tolerance = time.Duration(1<<63 - 1)
+	for _, b := range paced {
+		d := time.Duration(1<<63 - 1)
+		for _, l := range b.Limits {
+			iv := time.Duration(l.Interval())
+			d = min(d, iv)
+			tolerance = min(tolerance, time.Duration(l.Burst-1)*iv+lateSlack)
+		}
+		gap = max(gap, d)
+	}
+	return gap, tolerance
 }

@@ -37,6 +37,10 @@ const (
 	// MetricPersistent counts rate limits answered while the effective
 	// rate was already at its floor (see ErrPersistentLimit): alert on it.
 	MetricPersistent = "fleetrate_transport_persistent_limit_total"
+	// MetricLateRebooked counts requests booked again because their
+	// process woke later after their slot than their buckets' bursts
+	// tolerate (see Options): a sign of CPU starvation.
+	MetricLateRebooked = "fleetrate_transport_late_rebooked_total"
 )
 
 // waitBuckets are the histogram bounds in seconds, from a millisecond to
@@ -52,6 +56,7 @@ type metrics struct {
 	gaveUp       *prometheus.CounterVec
 	effective    *prometheus.GaugeVec
 	persist      *prometheus.CounterVec
+	rebook       *prometheus.CounterVec
 }
 
 // newMetrics registers the transport's collectors on reg. Transports that
@@ -97,6 +102,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if m.persist, err = counter(MetricPersistent, "Rate limits answered while the effective rate was at its floor."); err != nil {
 		return nil, err
 	}
+	if m.rebook, err = counter(MetricLateRebooked, "Requests booked again because their process woke too late after their slot."); err != nil {
+		return nil, err
+	}
 	return m, nil
 }
 
@@ -137,6 +145,12 @@ func (m *metrics) gaveUpOn(t Target) {
 func (m *metrics) effectiveRate(t Target, bucket string, limits []fleetrate.Limit) {
 	if m != nil && len(limits) > 0 {
 		m.effective.WithLabelValues(t.Channel, t.Endpoint, bucket).Set(limits[0].Rate)
+	}
+}
+
+func (m *metrics) rebooked(t Target) {
+	if m != nil {
+		m.rebook.WithLabelValues(t.Channel, t.Endpoint).Inc()
 	}
 }
 

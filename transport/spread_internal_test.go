@@ -7,40 +7,67 @@ import (
 	"github.com/fleetrate/fleetrate"
 )
 
-// TestSpreadLateWakers: requests of one process woken after their slots
-// (the process stalled) go out one interval apart, the one more than two
-// intervals late is booked again (once), and on-time requests go at once.
+// TestSpreadLateWakers: a request of a strict (burst 1) bucket woken
+// later after its slot than lateSlack is booked again, every time, since
+// whoever holds the next slot would follow it too closely; with a larger
+// burst, the requests of a process that stalled go out one interval apart
+// as long as each stays within (burst − 1) intervals + lateSlack of its
+// slot, and the one that would not is booked again.
 func TestSpreadLateWakers(t *testing.T) {
+	strict := fleetrate.Bucket{Key: "{ota}/avail", Limits: []fleetrate.Limit{fleetrate.PerSecond(10, 1)}}
+	tk := take{buckets: []fleetrate.Bucket{strict, pauseMarker(strict)}, paced: 1}
 	tr := &Transport{}
-	b := fleetrate.Bucket{Key: "{ota}/avail", Limits: []fleetrate.Limit{fleetrate.PerSecond(10, 1)}}
-	tk := take{buckets: []fleetrate.Bucket{b, pauseMarker(b)}, paced: 1}
 	now := time.Now()
+	if d, void := tr.spread(tk, now); d != 0 || void {
+		t.Fatalf("strict, on time: wait %v, void %v; want 0, false", d, void)
+	}
+	if d, void := tr.spread(tk, now.Add(-lateSlack/2)); d != 0 || void {
+		t.Fatalf("strict, within lateSlack: wait %v, void %v; want 0, false", d, void)
+	}
+	for range 3 {
+		if _, void := tr.spread(tk, now.Add(-10*time.Millisecond)); !void {
+			t.Fatalf("strict, 10 ms late: not booked again; the next slot, 100 ms after this one's, would follow it by 90 ms")
+		}
+	}
 
-	if d, void := tr.spread(tk, now, false); d != 0 || void {
-		t.Fatalf("on time: wait %v, void %v; want 0, false", d, void)
+	// Burst 4 at 10/s: a request may go out up to 302 ms after its slot.
+	loose := fleetrate.Bucket{Key: "{ota}/search", Limits: []fleetrate.Limit{fleetrate.PerSecond(10, 4)}}
+	tk = take{buckets: []fleetrate.Bucket{loose, pauseMarker(loose)}, paced: 1}
+	if d, void := tr.spread(tk, now); d != 0 || void {
+		t.Fatalf("burst 4, on time: wait %v, void %v; want 0, false", d, void)
 	}
-	// Three slots that passed while the process stalled: 130, 80 and 30 ms
-	// ago. Each goes one interval (100 ms) after the last.
-	var waits []time.Duration
-	for _, ago := range []time.Duration{130, 80, 30} {
-		d, void := tr.spread(tk, now.Add(-ago*time.Millisecond), false)
-		if void {
-			t.Fatalf("a request %v late was voided; only more than two intervals late is", ago)
-		}
-		waits = append(waits, d)
-	}
-	for i, d := range waits {
+	// Slots that passed while the process stalled, 130 and 80 ms ago: each
+	// goes one interval (100 ms) after the last.
+	for i, ago := range []time.Duration{130, 80} {
+		d, void := tr.spread(tk, now.Add(-ago*time.Millisecond))
 		want := time.Duration(i+1) * 100 * time.Millisecond
-		if d < want-5*time.Millisecond || d > want+5*time.Millisecond {
-			t.Errorf("late request %d waits %v, want about %v (spaced one interval apart)", i, d, want)
+		if void || d < want-5*time.Millisecond || d > want+5*time.Millisecond {
+			t.Errorf("burst 4, %v ms late: wait %v, void %v; want about %v, false (spaced one interval apart)", ago, d, void, want)
 		}
 	}
-	// 250 ms late: booked again, unless it was already once.
-	if _, void := tr.spread(tk, now.Add(-250*time.Millisecond), false); !void {
-		t.Errorf("a request two and a half intervals late was not voided")
+	// The next, 30 ms ago, would go out 330 ms after its slot: beyond the
+	// burst's 302 ms, so it is booked again.
+	if _, void := tr.spread(tk, now.Add(-30*time.Millisecond)); !void {
+		t.Errorf("burst 4: a request that would go out 330 ms after its slot was not booked again")
 	}
-	if _, void := tr.spread(tk, now.Add(-250*time.Millisecond), true); void {
-		t.Errorf("a request voided once was voided again")
+}
+
+func TestSpacing(t *testing.T) {
+	b := func(ls ...fleetrate.Limit) fleetrate.Bucket { return fleetrate.Bucket{Limits: ls} }
+	for _, c := range []struct {
+		name           string
+		paced          []fleetrate.Bucket
+		gap, tolerance time.Duration
+	}{
+		{"strict", []fleetrate.Bucket{b(fleetrate.PerSecond(20, 1))}, 50 * time.Millisecond, lateSlack},
+		{"burst 2", []fleetrate.Bucket{b(fleetrate.PerSecond(20, 2))}, 50 * time.Millisecond, 50*time.Millisecond + lateSlack},
+		{"the strictest limit of two buckets", []fleetrate.Bucket{b(fleetrate.PerSecond(20, 3)), b(fleetrate.PerSecond(10, 1), fleetrate.Limit{Name: "minute", Rate: 100.0 / 60, Burst: 50})},
+			100 * time.Millisecond, lateSlack},
+	} {
+		gap, tol := spacing(c.paced)
+		if gap != c.gap || tol != c.tolerance {
+			t.Errorf("%s: spacing = %v, %v; want %v, %v", c.name, gap, tol, c.gap, c.tolerance)
+		}
 	}
 }
 

@@ -629,9 +629,11 @@ type waiter struct {
 	paced   []fleetrate.Bucket
 	start   time.Time
 	maxWait time.Duration
-	// lateVoided is set once a booking was voided for lateness: a request
-	// is booked again for lateness once at most (see Transport.spread).
-	lateVoided bool
+	// lateAnswer is set once a booking whose slot had begun before its
+	// answer came was booked again for lateness: from then on, such a
+	// booking's lateness counts from its answer, so that a slow round
+	// trip to an idle bucket does not book it again and again.
+	lateAnswer bool
 }
 
 // outsidePause sits out a pause this process knows of (its own 429 sets
@@ -721,10 +723,21 @@ func (w *waiter) sleep(r *fleetrate.Reservation, tk take) (void bool, err error)
 	}
 	// A request woken well after its slot (a stalled process: CPU
 	// starvation, a GC pause) would go out together with the other overdue
-	// requests of its process: a burst the upstream sees.
-	switch d, late := t.spread(tk, r.Due(), w.lateVoided); {
-	case late:
-		w.lateVoided = true
+	// requests of its process, or too close to the next slot's, whichever
+	// process holds it: a burst the upstream sees. So would one whose
+	// booking's answer came back late (at a fleet's start, the first
+	// requests book at once and the next slots follow theirs). Booking
+	// again gives such a request a later slot when others were booked
+	// behind it, or the same late answer when none were: it is booked
+	// again once at most (see waiter.lateAnswer).
+	due := r.Due()
+	if !due.After(booked) && w.lateAnswer {
+		due = booked
+	}
+	switch d, void := t.spread(tk, due); {
+	case void:
+		w.lateAnswer = w.lateAnswer || !r.Due().After(booked)
+		t.m.rebooked(w.tg)
 		w.cancel(r)
 		return true, nil
 	case d > 0:

@@ -22,6 +22,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetrate/fleetrate"
@@ -119,6 +120,10 @@ type Outcomes struct {
 	// GaveUp and Backpressure count the transport's give-ups and
 	// backpressure errors.
 	GaveUp, Backpressure int
+	// Rebooked counts the requests the transports booked again because
+	// their process woke too late after their slots (a real fleet's
+	// scheduling; the simulation's fake clock is never late).
+	Rebooked int
 	// Errors are the first of the other errors, beside the run's end.
 	Errors []string
 }
@@ -188,10 +193,12 @@ func work(s spec) Outcomes {
 	if err != nil {
 		return Outcomes{Errors: []string{err.Error()}}
 	}
+	reg := prometheus.NewRegistry()
 	tr, err := transport.New(lim, classify, transport.Options{
 		Base:          &http.Transport{MaxIdleConnsPerHost: s.Goroutines},
 		Logger:        nil,
 		MaxRetryAfter: maxRetryAfter,
+		Registerer:    reg,
 	})
 	if err != nil {
 		return Outcomes{Errors: []string{err.Error()}}
@@ -212,6 +219,7 @@ func work(s spec) Outcomes {
 		wg.Go(func() { out.call(client, s.URL+"/avail", s.Until, newCtx, &mu) })
 	}
 	wg.Wait()
+	out.Rebooked = int(counted(reg, transport.MetricLateRebooked))
 	return out
 }
 
@@ -272,6 +280,7 @@ func Run(t testing.TB, addr string, s Scenario, o Options) Result {
 		}
 		res.GaveUp += out.GaveUp
 		res.Backpressure += out.Backpressure
+		res.Rebooked += out.Rebooked
 		res.Errors = append(res.Errors, out.Errors...)
 	})
 	calls := scriptCalls(t, addr) - callsBefore
@@ -292,18 +301,35 @@ func scriptCalls(t testing.TB, addr string) int64 {
 	return n
 }
 
+// counted sums the counter name's series in reg.
+func counted(reg *prometheus.Registry, name string) float64 {
+	mfs, err := reg.Gather()
+	if err != nil {
+		return 0
+	}
+	var n float64
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			for _, m := range mf.GetMetric() {
+				n += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return n
+}
+
 // Table formats results as the Markdown table docs/BENCHMARKS.md shows.
 func Table(rs []Result) string {
 	var b strings.Builder
-	b.WriteString("| upstream | accepted/s | of target | 429s | arrivals during an announced pause | worst overshoot (tokens) | store calls per request | gave up / backpressure |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| upstream | accepted/s | of target | 429s | arrivals during an announced pause | worst overshoot (tokens) | store calls per request | gave up / backpressure | booked again, late |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rs {
 		during := fmt.Sprint(r.DuringPause)
 		if r.DuringCap > 0 || strings.Contains(r.Scenario, "huge") {
 			during += fmt.Sprintf(" (%d within the %v cap)", r.DuringCap, maxRetryAfter)
 		}
-		fmt.Fprintf(&b, "| %s | %.1f | %.0f %% | %d (%.1f %%) | %s | %.2f | %.2f | %d / %d |\n",
-			r.Scenario, r.AcceptedPerSecond, 100*r.Share, r.Limited, 100*r.LimitedShare, during, r.Overshoot, r.CallsPerRequest, r.GaveUp, r.Backpressure)
+		fmt.Fprintf(&b, "| %s | %.1f | %.0f %% | %d (%.1f %%) | %s | %.2f | %.2f | %d / %d | %d |\n",
+			r.Scenario, r.AcceptedPerSecond, 100*r.Share, r.Limited, 100*r.LimitedShare, during, r.Overshoot, r.CallsPerRequest, r.GaveUp, r.Backpressure, r.Rebooked)
 	}
 	return b.String()
 }
