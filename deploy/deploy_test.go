@@ -149,6 +149,7 @@ func TestDashboardCoversWhatOperatorsNeed(t *testing.T) {
 		"fleetrate_decisions_total", "fleetrate_store_duration_seconds_bucket", "fleetrate_store_errors_total",
 		"fleetrate_breaker_open", "fleetrate_transport_rate_limited_total", "fleetrate_transport_wait_seconds_bucket",
 		"fleetrate_transport_gave_up_total", "fleetrate_transport_effective_rate", "fleetrate_transport_persistent_limit_total",
+		"fleetrate_transport_late_rebooked_total",
 	} {
 		if !strings.Contains(all, m) {
 			t.Errorf("the dashboard has no panel on %s", m)
