@@ -5,7 +5,10 @@
 // A limiter sits in front of every call, so a dead store must cost almost
 // nothing: after FailureThreshold consecutive failures the breaker opens
 // and calls stop reaching the store for CoolOff; then one call probes it,
-// and a success closes the breaker again. While the store is unavailable
+// and a success closes the breaker again. A failed call that began before
+// the store's latest answer does not count: the store was answering while
+// it waited, so its timeout says the caller was slow (a herd of callers
+// starved of CPU after an outage), not that the store is down. While the store is unavailable
 // the Policy decides:
 //
 //   - FailOpen allows every take and marks the result Degraded;
@@ -98,8 +101,9 @@ type Options struct {
 	// Fallback is the local store for LocalFallback. Default: a new
 	// memstore.
 	Fallback fleetrate.Store
-	// FailureThreshold is how many consecutive failures open the breaker.
-	// Default DefaultFailureThreshold (5).
+	// FailureThreshold is how many consecutive failures open the breaker:
+	// failed calls, each begun after the store's latest answer (see the
+	// package doc). Default DefaultFailureThreshold (5).
 	FailureThreshold int
 	// CoolOff is how long the open breaker keeps calls from the store
 	// before one probe. Default DefaultCoolOff (100 ms). It bounds how
@@ -150,6 +154,7 @@ type Store struct {
 	state     atomic.Int32
 	failures  atomic.Int32
 	openUntil atomic.Int64 // unix ns
+	answered  atomic.Int64 // unix ns: when the store last answered a call
 
 	gauge    prometheus.Gauge
 	failed   prometheus.Counter
@@ -262,6 +267,7 @@ func (s *Store) allow() bool {
 }
 
 func (s *Store) succeeded() {
+	s.answered.Store(s.opts.Clock().UnixNano())
 	s.failures.Store(0)
 	if s.state.Swap(closed) != closed {
 		s.gauge.Set(0)
@@ -340,7 +346,15 @@ func (s *Store) call(ctx context.Context, f func() error) (ok bool, err error) {
 	if !s.allow() {
 		return false, fmt.Errorf("%w: %w (%s)", fleetrate.ErrStoreUnavailable, ErrCircuitOpen, s.opts.Name)
 	}
+	start := s.opts.Clock().UnixNano()
 	err = f()
+	if storeFailure(ctx, err) && start < s.answered.Load() && s.state.Load() == closed {
+		// The store answered another call while this one waited: not
+		// an outage (see the package doc). The caller still gets the
+		// error; the breaker does not count it.
+		s.failed.Inc()
+		return false, err
+	}
 	if !storeFailure(ctx, err) {
 		if s.state.Load() == probing && err != nil {
 			s.state.CompareAndSwap(probing, open) // the probe proved nothing

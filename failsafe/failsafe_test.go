@@ -259,3 +259,77 @@ func TestCallerCancellationIsNotAStoreFailure(t *testing.T) {
 		t.Fatal("caller cancellations opened the breaker")
 	}
 }
+
+// gated is a store whose calls on the key "slow" fail once the gate
+// opens, after telling entered they began.
+type gated struct {
+	fleetrate.Store
+	entered chan struct{}
+	gate    chan struct{}
+}
+
+func (g *gated) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Result, error) {
+	if req.Buckets[0].Key == "slow" {
+		g.entered <- struct{}{}
+		<-g.gate
+		return fleetrate.Result{}, errors.Join(fleetrate.ErrStoreUnavailable, context.DeadlineExceeded)
+	}
+	return g.Store.Take(ctx, req)
+}
+
+// TestFailuresBegunBeforeAnAnswerDoNotOpen: calls that time out while the
+// store answers others (a herd starved of CPU after an outage) fail, but
+// do not open the breaker: the store is up. Failures begun after its last
+// answer still do.
+func TestFailuresBegunBeforeAnAnswerDoNotOpen(t *testing.T) {
+	t.Parallel()
+	clk := &clock{t: time.Unix(1_700_000_000, 0)}
+	primary := &gated{Store: memstore.New(memstore.Options{}), entered: make(chan struct{}, 16), gate: make(chan struct{})}
+	reg := prometheus.NewRegistry()
+	s, err := failsafe.New(primary, failsafe.Options{
+		Name: "redis", Policy: failsafe.FailClosed, FailureThreshold: 3, CoolOff: time.Second,
+		Registerer: reg, Clock: clk.now,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for range 8 {
+		wg.Go(func() {
+			_, err := s.Take(ctx, req("slow", 1))
+			errs <- err
+		})
+	}
+	for range 8 {
+		<-primary.entered
+	}
+	// The store answers another call while the 8 wait; then they fail.
+	clk.add(time.Millisecond)
+	if _, err := s.Take(ctx, req("fast", 1)); err != nil {
+		t.Fatal(err)
+	}
+	close(primary.gate)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if !errors.Is(err, fleetrate.ErrStoreUnavailable) {
+			t.Fatalf("a slow call returned %v, want its store error", err)
+		}
+	}
+	if s.Open() {
+		t.Fatalf("8 failures begun before the store's latest answer opened the breaker")
+	}
+	if got := metric(t, reg, "fleetrate_store_failures_total"); got != 8 {
+		t.Fatalf("failures counter %v, want 8 (counted, though not towards opening)", got)
+	}
+	// Begun after the last answer, three failures open it as before.
+	clk.add(time.Millisecond)
+	for range 3 {
+		_, _ = s.Take(ctx, req("slow", 1))
+	}
+	if !s.Open() {
+		t.Fatalf("3 failures begun after the store's latest answer did not open the breaker")
+	}
+}
