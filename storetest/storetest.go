@@ -736,34 +736,30 @@ func (m *modelRun) cancel() {
 // reports false when the model cannot follow (no StateReader).
 func (m *modelRun) refund(bs []fleetrate.Bucket) bool {
 	n := m.rng.Int64N(3)
-	if err := m.s.Refund(context.Background(), bs, n); err != nil {
-		m.t.Fatal(err)
-	}
-	if m.reader == nil {
-		return false
-	}
-	for _, b := range bs {
-		syncModel(m.t, m.reader, b, m.model[b.Key], func(now int64, st *gcra.State) {
-			gcra.Refund(now, b.Limits, st, n)
-		})
-	}
-	return true
+	return m.apply(bs, func() error { return m.s.Refund(context.Background(), bs, n) },
+		func(now int64, b fleetrate.Bucket, st *gcra.State) { gcra.Refund(now, b.Limits, st, n) })
 }
 
 // drain drains bs for a random time and follows it in the model. It
 // reports false when the model cannot follow (no StateReader).
 func (m *modelRun) drain(bs []fleetrate.Bucket) bool {
 	d := time.Duration(m.rng.Int64N(int64(5 * time.Millisecond)))
-	if err := m.s.Drain(context.Background(), bs, d); err != nil {
+	return m.apply(bs, func() error { return m.s.Drain(context.Background(), bs, d) },
+		func(now int64, b fleetrate.Bucket, st *gcra.State) { gcra.Drain(now, b.Limits, st, d) })
+}
+
+// apply runs call, a store operation on bs, then op on each bucket's model
+// at the time the store stamped it. It reports false when the model cannot
+// follow (no StateReader).
+func (m *modelRun) apply(bs []fleetrate.Bucket, call func() error, op func(int64, fleetrate.Bucket, *gcra.State)) bool {
+	if err := call(); err != nil {
 		m.t.Fatal(err)
 	}
 	if m.reader == nil {
 		return false
 	}
 	for _, b := range bs {
-		syncModel(m.t, m.reader, b, m.model[b.Key], func(now int64, st *gcra.State) {
-			gcra.Drain(now, b.Limits, st, d)
-		})
+		syncModel(m.t, m.reader, b, m.model[b.Key], func(now int64, st *gcra.State) { op(now, b, st) })
 	}
 	return true
 }
