@@ -348,12 +348,22 @@ func (s *Store) save(sh *shard, h uint64, key []byte, e *entry, st gcra.State) *
 
 // makeRoom evicts buckets from sh until it can take a new one, whose key
 // hashes to h, of size bytes within MaxKeys and MaxBytes, or until
-// evictTries evictions freed nothing more. The caller holds sh's lock.
+// evictTries evictions freed nothing more. At the key cap it evicts two
+// buckets from one sample, so that every other new bucket finds room
+// without sampling: eviction's cost is mostly the sample's cache misses.
+// The caller holds sh's lock.
 func (s *Store) makeRoom(sh *shard, h uint64, now, size int64) {
 	for range evictTries {
 		overKeys := s.shardCap > 0 && sh.t.n >= s.shardCap
 		overBytes := s.maxBytes > 0 && sh.t.bytes+size > s.maxBytes
-		if !overKeys && !overBytes || sh.t.n == 0 || !s.evict(sh, h, now) {
+		if !overKeys && !overBytes || sh.t.n == 0 {
+			return
+		}
+		n := 1
+		if overKeys && !overBytes && sh.t.n > 2 {
+			n = 2
+		}
+		if !s.evict(sh, h, now, n) {
 			return
 		}
 	}
@@ -395,9 +405,9 @@ func drop(sh *shard, e *entry, now int64, live bool) bool {
 	return ok
 }
 
-// evict makes room in a full shard: it drops the sampled bucket that
-// refills soonest (an expired one, if any), among evictScan. It reports
-// whether it dropped one.
+// evict makes room in a full shard: it drops the n (1 or 2) sampled
+// buckets that refill soonest (expired ones, if any), among evictScan. It
+// reports whether it dropped any.
 //
 // Eviction is what a flood of new keys pays on every take, so it touches
 // as little memory as it can. The sample is the entries of evictScan
@@ -407,23 +417,24 @@ func drop(sh *shard, e *entry, now int64, live bool) bool {
 // candidates; they are the youngest. Without a snapshot big enough, it
 // samples the map. The candidates' expiries are read without locking, in
 // a loop of independent loads whose cache misses overlap, and only the
-// victim is locked.
-func (s *Store) evict(sh *shard, h uint64, now int64) bool {
+// victims are locked.
+func (s *Store) evict(sh *shard, h uint64, now int64, n int) bool {
 	var cands [evictScan]*entry
 	if ro := sh.ro.Load(); ro != nil {
-		if n := ro.pick(h, cands[:]); n == evictScan && dropSoonest(sh, cands[:n], now) {
+		if got := ro.pick(h, cands[:]); got == evictScan && dropSoonest(sh, cands[:got], now, n) {
 			return true
 		}
 	}
 	// No snapshot, a small one, or one whose sample had left the table.
-	n := 0
-	sh.t.sample(evictScan, func(e *entry) bool { cands[n] = e; n++; return true })
-	return dropSoonest(sh, cands[:n], now)
+	got := 0
+	sh.t.sample(evictScan, func(e *entry) bool { cands[got] = e; got++; return true })
+	return dropSoonest(sh, cands[:got], now, n)
 }
 
-// dropSoonest drops, of cands, the entry still in sh's table that expires
-// first, and reports whether it did. The caller holds sh's lock.
-func dropSoonest(sh *shard, cands []*entry, now int64) bool {
+// dropSoonest drops, of cands, the n entries still in sh's table that
+// expire first, and reports whether it dropped any. The caller holds sh's
+// lock.
+func dropSoonest(sh *shard, cands []*entry, now int64, n int) bool {
 	var exps [evictScan]int64
 	for i, e := range cands {
 		exps[i] = e.expires.Load()
@@ -431,13 +442,21 @@ func dropSoonest(sh *shard, cands []*entry, now int64) bool {
 			exps[i] = math.MaxInt64
 		}
 	}
-	victim := -1
-	for i, exp := range exps[:len(cands)] {
-		if exp < math.MaxInt64 && (victim < 0 || exp < exps[victim]) {
-			victim = i
+	dropped := false
+	for range n {
+		victim := -1
+		for i, exp := range exps[:len(cands)] {
+			if exp < math.MaxInt64 && (victim < 0 || exp < exps[victim]) {
+				victim = i
+			}
 		}
+		if victim < 0 {
+			break
+		}
+		exps[victim] = math.MaxInt64
+		dropped = drop(sh, cands[victim], now, true) || dropped
 	}
-	return victim >= 0 && drop(sh, cands[victim], now, true)
+	return dropped
 }
 
 // Take implements fleetrate.Store.
