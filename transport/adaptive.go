@@ -734,9 +734,9 @@ const lateSlack = 2 * time.Millisecond
 // process that stalled go out spaced as booked rather than together), and
 // one later than its buckets tolerate is void: booked again, so that the
 // upstream never sees two requests closer than the limit allows because
-// a process woke late. It returns how long to wait first, or void.
-func (t *Transport) spread(tk take, due time.Time) (wait time.Duration, void bool) {
-	now := time.Now()
+// a process woke late. now is the time it would go out. It returns how
+// long to wait first, or void.
+func (t *Transport) spread(tk take, due, now time.Time) (wait time.Duration, void bool) {
 	gap, tolerance := spacing(tk.buckets[:tk.paced])
 	late := now.Sub(due)
 	t.views.mu.Lock()

@@ -18,14 +18,14 @@ func TestSpreadLateWakers(t *testing.T) {
 	tk := take{buckets: []fleetrate.Bucket{strict, pauseMarker(strict)}, paced: 1}
 	tr := &Transport{}
 	now := time.Now()
-	if d, void := tr.spread(tk, now); d != 0 || void {
+	if d, void := tr.spread(tk, now, now); d != 0 || void {
 		t.Fatalf("strict, on time: wait %v, void %v; want 0, false", d, void)
 	}
-	if d, void := tr.spread(tk, now.Add(-lateSlack/2)); d != 0 || void {
+	if d, void := tr.spread(tk, now.Add(-lateSlack/2), now); d != 0 || void {
 		t.Fatalf("strict, within lateSlack: wait %v, void %v; want 0, false", d, void)
 	}
 	for range 3 {
-		if _, void := tr.spread(tk, now.Add(-10*time.Millisecond)); !void {
+		if _, void := tr.spread(tk, now.Add(-10*time.Millisecond), now); !void {
 			t.Fatalf("strict, 10 ms late: not booked again; the next slot, 100 ms after this one's, would follow it by 90 ms")
 		}
 	}
@@ -33,13 +33,13 @@ func TestSpreadLateWakers(t *testing.T) {
 	// Burst 4 at 10/s: a request may go out up to 302 ms after its slot.
 	loose := fleetrate.Bucket{Key: "{ota}/search", Limits: []fleetrate.Limit{fleetrate.PerSecond(10, 4)}}
 	tk = take{buckets: []fleetrate.Bucket{loose, pauseMarker(loose)}, paced: 1}
-	if d, void := tr.spread(tk, now); d != 0 || void {
+	if d, void := tr.spread(tk, now, now); d != 0 || void {
 		t.Fatalf("burst 4, on time: wait %v, void %v; want 0, false", d, void)
 	}
 	// Slots that passed while the process stalled, 130 and 80 ms ago: each
 	// goes one interval (100 ms) after the last.
 	for i, ago := range []time.Duration{130, 80} {
-		d, void := tr.spread(tk, now.Add(-ago*time.Millisecond))
+		d, void := tr.spread(tk, now.Add(-ago*time.Millisecond), now)
 		want := time.Duration(i+1) * 100 * time.Millisecond
 		if void || d < want-5*time.Millisecond || d > want+5*time.Millisecond {
 			t.Errorf("burst 4, %v ms late: wait %v, void %v; want about %v, false (spaced one interval apart)", ago, d, void, want)
@@ -47,7 +47,7 @@ func TestSpreadLateWakers(t *testing.T) {
 	}
 	// The next, 30 ms ago, would go out 330 ms after its slot: beyond the
 	// burst's 302 ms, so it is booked again.
-	if _, void := tr.spread(tk, now.Add(-30*time.Millisecond)); !void {
+	if _, void := tr.spread(tk, now.Add(-30*time.Millisecond), now); !void {
 		t.Errorf("burst 4: a request that would go out 330 ms after its slot was not booked again")
 	}
 }

@@ -734,7 +734,7 @@ func (w *waiter) sleep(r *fleetrate.Reservation, tk take) (void bool, err error)
 	if !due.After(booked) && w.lateAnswer {
 		due = booked
 	}
-	switch d, void := t.spread(tk, due); {
+	switch d, void := t.spread(tk, due, time.Now()); {
 	case void:
 		w.lateAnswer = w.lateAnswer || !r.Due().After(booked)
 		t.m.rebooked(w.tg)
