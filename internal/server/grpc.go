@@ -64,6 +64,14 @@ func (s *Server) newGRPC() *grpc.Server {
 		// and 256 workers cost a lone caller on Redis about 1.4 times
 		// the CPU per decision of 8 (servebench -baseline, same rounds).
 		grpc.NumStreamWorkers(uint32(4 * runtime.GOMAXPROCS(0))),
+		// Fixed flow-control windows, as large as a request may be, turn
+		// off gRPC's bandwidth-delay estimation: with it, the server
+		// answers a lone caller's every request with a PING (and a
+		// WINDOW_UPDATE) and reads the caller's PING ack, a write, a read
+		// and a wake-up of its reader per decision, to size windows for
+		// bulk transfers an RLS call never makes.
+		grpc.StaticStreamWindowSize(streamWindow(s.opts.MaxRequestBytes)),
+		grpc.StaticConnWindowSize(connWindow),
 	}
 	if s.opts.TLS != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(s.opts.TLS)))
@@ -76,6 +84,20 @@ func (s *Server) newGRPC() *grpc.Server {
 	}
 	healthpb.RegisterHealthServer(g, s.health)
 	return g
+}
+
+// Bounds of the gRPC server's flow-control windows: gRPC's own initial
+// window, and the largest its bandwidth-delay estimation would reach.
+const (
+	minWindow  = 64 << 10
+	connWindow = 16 << 20
+)
+
+// streamWindow is the flow-control window of a gRPC stream: room for the
+// largest request (its message and gRPC's 5-byte prefix) without waiting
+// for a WINDOW_UPDATE, within minWindow and connWindow.
+func streamWindow(maxRequestBytes int64) int32 {
+	return int32(min(max(maxRequestBytes+5, minWindow), connWindow))
 }
 
 // setHealth reports the gRPC health status.
