@@ -35,14 +35,15 @@ const maxEntries = 32
 // plan is what one descriptor of a request will do.
 type plan struct {
 	rule     *config.Rule
-	limits   []fleetrate.Limit   // token limits; nil when no store call is needed
-	buckets  [1]fleetrate.Bucket // the bucket, as the store takes it (buckets[:]) with no copy
-	lim      *fleetrate.Limiter  // the rule's Limiter, nil for the store's Take
-	domain   string              // metric label
-	metric   string              // metric label
-	hits     int64               // tokens to take; 0 peeks
-	tooMany  bool                // hits exceed a burst: can never be granted
-	negative bool                // give hits back instead of taking them
+	limits   []fleetrate.Limit                    // token limits; nil when no store call is needed
+	buckets  [1]fleetrate.Bucket                  // the bucket, as the store takes it (buckets[:]) with no copy
+	lim      *fleetrate.Limiter                   // the rule's Limiter, nil for the store's Take
+	current  []*rlspb.RateLimitResponse_RateLimit // the rule's limits as statuses report them, shared; nil to build them
+	domain   string                               // metric label
+	metric   string                               // metric label
+	hits     int64                                // tokens to take; 0 peeks
+	tooMany  bool                                 // hits exceed a burst: can never be granted
+	negative bool                                 // give hits back instead of taking them
 	replaced bool
 }
 
@@ -284,7 +285,7 @@ func (s *Server) planDescriptor(rp *requestPlan, i int, d *rlcommon.RateLimitDes
 		}
 	} else if m.Rule != nil && !m.Rule.Unlimited && !m.Rule.Denies() {
 		rl := rp.st.rules[m.Rule]
-		p.limits, p.lim = rl.limits, rl.lim
+		p.limits, p.lim, p.current = rl.limits, rl.lim, rl.current
 	}
 	p.rule, p.metric = m.Rule, m.Metric
 	if m.Rule == nil {
@@ -525,7 +526,7 @@ func overLimit(st *rlspb.RateLimitResponse_DescriptorStatus) {
 	st.Code = rlspb.RateLimitResponse_OVER_LIMIT
 	st.LimitRemaining = 0
 	secs := max(headers.DelaySeconds(st.GetDurationUntilReset().AsDuration()), 1)
-	st.DurationUntilReset = durationpb.New(time.Duration(secs) * time.Second)
+	st.DurationUntilReset = seconds(secs)
 }
 
 // shadow turns an over-limit outcome of a shadow_mode rule into OK. Every
@@ -549,10 +550,10 @@ func (s *Server) shadow(p *plan, o *outcome) {
 func (s *Server) status(p *plan, res *fleetrate.Result) (*rlspb.RateLimitResponse_DescriptorStatus, *config.LimitSpec) {
 	// The rule's own spec, which the configuration keeps unchanged: the
 	// outcome points to it rather than to a copy of its own.
-	spec := &p.rule.Limits[0]
+	spec, idx := &p.rule.Limits[0], 0
 	for i := range p.limits {
 		if sameLimit(&p.limits[i], &res.Limit) && i < len(p.rule.Limits) {
-			spec = &p.rule.Limits[i]
+			spec, idx = &p.rule.Limits[i], i
 			break
 		}
 	}
@@ -560,12 +561,36 @@ func (s *Server) status(p *plan, res *fleetrate.Result) (*rlspb.RateLimitRespons
 	if !res.Allowed {
 		reset = res.RetryAfter
 	}
+	var cl *rlspb.RateLimitResponse_RateLimit
+	if idx < len(p.current) {
+		cl = p.current[idx]
+	} else {
+		cl = currentLimit(*spec)
+	}
 	return &rlspb.RateLimitResponse_DescriptorStatus{
 		Code:               rlspb.RateLimitResponse_OK,
-		CurrentLimit:       currentLimit(*spec),
+		CurrentLimit:       cl,
 		LimitRemaining:     uint32(min(max(res.Remaining, 0), math.MaxUint32)),
-		DurationUntilReset: durationpb.New(time.Duration(headers.DelaySeconds(reset)) * time.Second),
+		DurationUntilReset: seconds(headers.DelaySeconds(reset)),
 	}, spec
+}
+
+// sharedSeconds are the durations of 0 to 60 whole seconds, which the
+// statuses that report them share (a status's duration is replaced, never
+// changed), so that a decision allocates none.
+var sharedSeconds = func() (d [61]*durationpb.Duration) {
+	for i := range d {
+		d[i] = &durationpb.Duration{Seconds: int64(i)}
+	}
+	return d
+}()
+
+// seconds is a duration of secs whole seconds, shared when it can be.
+func seconds(secs int64) *durationpb.Duration {
+	if secs >= 0 && secs < int64(len(sharedSeconds)) {
+		return sharedSeconds[secs]
+	}
+	return durationpb.New(time.Duration(secs) * time.Second)
 }
 
 // sameLimit reports whether a store's result names limit l: the same

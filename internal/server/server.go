@@ -26,6 +26,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
@@ -195,6 +196,10 @@ type state struct {
 type ruleLimits struct {
 	limits []fleetrate.Limit
 	lim    *fleetrate.Limiter
+	// current are the rule's limits as a status's current_limit reports
+	// them, built once and shared by the responses (which never change
+	// them).
+	current []*rlspb.RateLimitResponse_RateLimit
 }
 
 func (s *Server) newState(cfg *config.Config) *state {
@@ -208,6 +213,9 @@ func (s *Server) newState(cfg *config.Config) *state {
 		d.Walk(func(r *config.Rule) {
 			if !r.Unlimited && !r.Denies() {
 				rl := ruleLimits{limits: r.TokenLimits()}
+				for _, spec := range r.Limits {
+					rl.current = append(rl.current, currentLimit(spec))
+				}
 				if s.opts.LocalCacheBytes <= 0 {
 					rl.lim, _ = fleetrate.New(s.opts.Store, fleetrate.Config{Prefix: s.opts.Prefix, Limits: rl.limits})
 				}
