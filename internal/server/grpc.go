@@ -61,10 +61,11 @@ func (s *Server) newGRPC() *grpc.Server {
 		// as the calls a busy Envoy fleet keeps in flight: with 8 workers,
 		// 64 callers still spent 8-12 % of the CPU growing the stacks of
 		// new goroutines in gRPC's receive path. Workers take streams in
-		// turn, so a lone caller's calls go round the pool; an idle
-		// worker's stack shrinks at a garbage collection and grows again
-		// on its next call, once per worker and collection, which a lone
-		// caller did not measurably pay (servebench, same rounds).
+		// turn, so a lone caller's calls go round the whole pool, on
+		// colder stacks: in memory it paid about a tenth more CPU per
+		// decision than with 8 workers, for 1.3 times the decisions per
+		// CPU-second at 64 callers (servebench -baseline,
+		// docs/BENCHMARKS.md).
 		grpc.NumStreamWorkers(streamWorkers),
 		// Fixed flow-control windows, as large as a request may be, turn
 		// off gRPC's bandwidth-delay estimation: with it, the server
