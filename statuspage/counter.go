@@ -165,8 +165,10 @@ func (c *Counter) record(buckets []fleetrate.Bucket, res fleetrate.Result, err e
 	}
 }
 
-// recordKey is record for a take of one bucket through a bound taker.
-func (c *Counter) recordKey(prefix, key string, res fleetrate.Result, err error) {
+// recordKey is record for a take of one bucket through a bound taker. It
+// takes the result by pointer so that the taker's frame holds no copy of
+// it.
+func (c *Counter) recordKey(prefix, key string, res *fleetrate.Result, err error) {
 	if err != nil {
 		c.errs.Add(1)
 		return
@@ -321,10 +323,10 @@ type countedTaker struct {
 }
 
 // TakeKey implements fleetrate.BoundTaker, counting every take but peeks.
-func (t *countedTaker) TakeKey(ctx context.Context, key string, n int64, maxWait time.Duration) (fleetrate.Result, error) {
-	res, err := t.t.TakeKey(ctx, key, n, maxWait)
+func (t *countedTaker) TakeKey(ctx context.Context, key string, n int64, maxWait time.Duration) (res fleetrate.Result, err error) {
+	res, err = t.t.TakeKey(ctx, key, n, maxWait)
 	if n > 0 {
-		t.c.recordKey(t.prefix, key, res, err)
+		t.c.recordKey(t.prefix, key, &res, err)
 	}
 	return res, err
 }

@@ -3,7 +3,6 @@ package server
 import (
 	"context"
 	"errors"
-	"runtime"
 	"runtime/debug"
 
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -56,14 +55,26 @@ func (s *Server) newGRPC() *grpc.Server {
 		grpc.UnaryInterceptor(s.grpcUnary),
 		// Streams run on a pool of long-lived goroutines, whose stacks
 		// have grown once, rather than on a new goroutine each, whose
-		// stack grew (copied) on every call: a quarter of the CPU of an
-		// in-memory decision (docs/BENCHMARKS.md). A stream that finds
-		// every worker busy gets a new goroutine. Workers take streams in
-		// turn (first waiting, first served), so a pool much larger than
-		// the calls in flight spreads few calls over many cold stacks: 32
-		// and 256 workers cost a lone caller on Redis about 1.4 times
-		// the CPU per decision of 8 (servebench -baseline, same rounds).
-		grpc.NumStreamWorkers(uint32(4 * runtime.GOMAXPROCS(0))),
+		// stack grows (is copied) on every call: a quarter of the CPU of
+		// an in-memory decision (docs/BENCHMARKS.md). A stream that finds
+		// every worker busy gets a new goroutine, so the pool is as large
+		// as the calls a busy Envoy fleet keeps in flight: with 8 workers,
+		// 64 callers still spent 8-12 % of the CPU growing the stacks of
+		// new goroutines in gRPC's receive path. Workers take streams in
+		// turn, so a lone caller's calls go round the whole pool, on
+		// colder stacks: in memory it paid about a tenth more CPU per
+		// decision than with 8 workers, for 1.3 times the decisions per
+		// CPU-second at 64 callers (servebench -baseline,
+		// docs/BENCHMARKS.md).
+		grpc.NumStreamWorkers(streamWorkers),
+		// Fixed flow-control windows, as large as a request may be, turn
+		// off gRPC's bandwidth-delay estimation: with it, the server
+		// answers a lone caller's every request with a PING (and a
+		// WINDOW_UPDATE) and reads the caller's PING ack, a write, a read
+		// and a wake-up of its reader per decision, to size windows for
+		// bulk transfers an RLS call never makes.
+		grpc.StaticStreamWindowSize(streamWindow(s.opts.MaxRequestBytes)),
+		grpc.StaticConnWindowSize(connWindow),
 	}
 	if s.opts.TLS != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(s.opts.TLS)))
@@ -76,6 +87,23 @@ func (s *Server) newGRPC() *grpc.Server {
 	}
 	healthpb.RegisterHealthServer(g, s.health)
 	return g
+}
+
+// streamWorkers is the size of the gRPC server's pool of stream workers.
+const streamWorkers = 64
+
+// Bounds of the gRPC server's flow-control windows: gRPC's own initial
+// window, and the largest its bandwidth-delay estimation would reach.
+const (
+	minWindow  = 64 << 10
+	connWindow = 16 << 20
+)
+
+// streamWindow is the flow-control window of a gRPC stream: room for the
+// largest request (its message and gRPC's 5-byte prefix) without waiting
+// for a WINDOW_UPDATE, within minWindow and connWindow.
+func streamWindow(maxRequestBytes int64) int32 {
+	return int32(min(max(maxRequestBytes+5, minWindow), connWindow))
 }
 
 // setHealth reports the gRPC health status.

@@ -135,9 +135,14 @@ func (m *metrics) decision(api, domain, descriptor, result string) {
 }
 
 func (s instrumented) observe(op string, start time.Time, err error) {
-	s.m.opTime[op]().Observe(time.Since(start).Seconds())
+	s.m.observe(op, start, err)
+}
+
+// observe records a store operation's latency, and its failure.
+func (m *metrics) observe(op string, start time.Time, err error) {
+	m.opTime[op]().Observe(time.Since(start).Seconds())
 	if isStoreFailure(err) {
-		s.m.storeErrs.WithLabelValues(op).Inc()
+		m.storeErrs.WithLabelValues(op).Inc()
 	}
 }
 

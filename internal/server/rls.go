@@ -35,13 +35,15 @@ const maxEntries = 32
 // plan is what one descriptor of a request will do.
 type plan struct {
 	rule     *config.Rule
-	limits   []fleetrate.Limit   // token limits; nil when no store call is needed
-	buckets  [1]fleetrate.Bucket // the bucket, as the store takes it (buckets[:]) with no copy
-	domain   string              // metric label
-	metric   string              // metric label
-	hits     int64               // tokens to take; 0 peeks
-	tooMany  bool                // hits exceed a burst: can never be granted
-	negative bool                // give hits back instead of taking them
+	limits   []fleetrate.Limit                    // token limits; nil when no store call is needed
+	buckets  [1]fleetrate.Bucket                  // the bucket, as the store takes it (buckets[:]) with no copy
+	lim      *fleetrate.Limiter                   // the rule's Limiter, nil for the store's Take
+	current  []*rlspb.RateLimitResponse_RateLimit // the rule's limits as statuses report them, shared; nil to build them
+	domain   string                               // metric label
+	metric   string                               // metric label
+	hits     int64                                // tokens to take; 0 peeks
+	tooMany  bool                                 // hits exceed a burst: can never be granted
+	negative bool                                 // give hits back instead of taking them
 	replaced bool
 }
 
@@ -75,31 +77,40 @@ func (s *Server) shouldRateLimit(ctx context.Context, req *rlspb.RateLimitReques
 	var one [1]outcome
 	outs := one[:]
 	if len(plans) == 1 {
-		outs[0] = s.decide(ctx, &plans[0])
+		s.decide(ctx, &plans[0], &outs[0])
 	} else {
 		outs = s.decideAll(ctx, plans)
 	}
+	return s.respond(ctx, req, plans, outs)
+}
 
+// respond builds the response to a request from its descriptors'
+// outcomes, gives back what a denied request took, and counts the
+// decisions. It is apart from shouldRateLimit so that its locals are not
+// on the stack while the store is called: a call's stack then seldom
+// grows (which copies it) on the way to the store.
+func (s *Server) respond(ctx context.Context, req *rlspb.RateLimitRequest, plans []plan, outs []outcome) (*rlspb.RateLimitResponse, error) {
 	resp := &rlspb.RateLimitResponse{OverallCode: s.overall(plans, outs), Statuses: make([]*rlspb.RateLimitResponse_DescriptorStatus, 0, len(outs))}
 	var failure error
-	for _, o := range outs {
-		if o.err != nil && failure == nil {
+	for i := range outs {
+		if o := &outs[i]; o.err != nil && failure == nil {
 			failure = o.err
 		}
-		resp.Statuses = append(resp.Statuses, o.status)
+		resp.Statuses = append(resp.Statuses, outs[i].status)
 	}
 	if failure != nil || resp.OverallCode == rlspb.RateLimitResponse_OVER_LIMIT {
 		// The request will not go through: give back what it took, so that
 		// a denial by one descriptor spends nothing from the others.
 		s.giveBack(ctx, plans, outs)
 	}
-	for i, o := range outs {
+	for i := range outs {
+		o, p := &outs[i], &plans[i]
 		result := o.result
 		if failure != nil {
 			result = resultError
 		}
-		s.metrics.decision(apiRLS, plans[i].domain, plans[i].metric, result)
-		if p := &plans[i]; failure == nil && o.hasRes && p.hits > 0 && !p.negative {
+		s.metrics.decision(apiRLS, p.domain, p.metric, result)
+		if failure == nil && o.hasRes && p.hits > 0 && !p.negative {
 			if n := nearLimitHits(o.res, p.hits, s.opts.NearLimitRatio); n > 0 {
 				s.metrics.nearLimit.WithLabelValues(p.domain, p.metric).Add(float64(n))
 			}
@@ -127,10 +138,10 @@ func (s *Server) decideAll(ctx context.Context, plans []plan) []outcome {
 	var wg sync.WaitGroup
 	for i := range plans {
 		if plans[i].limits == nil {
-			outs[i] = s.decide(ctx, &plans[i])
+			s.decide(ctx, &plans[i], &outs[i])
 			continue
 		}
-		wg.Go(func() { outs[i] = s.decide(ctx, &plans[i]) })
+		wg.Go(func() { s.decide(ctx, &plans[i], &outs[i]) })
 	}
 	wg.Wait()
 	return outs
@@ -273,7 +284,8 @@ func (s *Server) planDescriptor(rp *requestPlan, i int, d *rlcommon.RateLimitDes
 			return err
 		}
 	} else if m.Rule != nil && !m.Rule.Unlimited && !m.Rule.Denies() {
-		p.limits = rp.st.rules[m.Rule]
+		rl := rp.st.rules[m.Rule]
+		p.limits, p.lim, p.current = rl.limits, rl.lim, rl.current
 	}
 	p.rule, p.metric = m.Rule, m.Metric
 	if m.Rule == nil {
@@ -349,28 +361,40 @@ func overrideSpec(ov *rlcommon.RateLimitDescriptor_RateLimitOverride, field stri
 	return spec, nil
 }
 
-// decide applies one descriptor's plan.
-func (s *Server) decide(ctx context.Context, p *plan) outcome {
+// decide applies one descriptor's plan, its outcome in *o (which is
+// zero): the outcome is written in place rather than returned, so that
+// the frames of a decision stay small and a call's stack seldom has to
+// grow (copying it) on its way to the store.
+func (s *Server) decide(ctx context.Context, p *plan, o *outcome) {
 	switch {
 	case p.rule == nil:
-		return outcome{status: okStatus(), result: resultUnmatched}
+		*o = outcome{status: okStatus(), result: resultUnmatched}
+		return
 	case p.replaced:
-		return outcome{status: okStatus(), result: "replaced"}
+		*o = outcome{status: okStatus(), result: "replaced"}
+		return
 	case p.rule.Unlimited:
 		ok := okStatus()
 		ok.LimitRemaining = math.MaxUint32
-		return outcome{status: ok, result: resultUnlimited}
+		*o = outcome{status: ok, result: resultUnlimited}
+		return
 	case p.limits == nil: // requests_per_unit 0: deny everything
-		return s.deniesAll(p)
+		s.deniesAll(p, o)
+		return
 	case p.tooMany && !p.negative:
-		return s.exceedsBurst(p)
+		s.exceedsBurst(p, o)
+		return
 	}
 	sctx, cancel := s.storeCtx(ctx)
-	defer cancel()
 	if p.negative {
-		return s.giveHits(sctx, p)
+		s.giveHits(sctx, p, o)
+	} else {
+		s.take(sctx, p, o)
 	}
-	return s.take(sctx, p)
+	cancel()
+	if o.err == nil && !p.negative {
+		s.settle(p, o)
+	}
 }
 
 func okStatus() *rlspb.RateLimitResponse_DescriptorStatus {
@@ -378,7 +402,7 @@ func okStatus() *rlspb.RateLimitResponse_DescriptorStatus {
 }
 
 // deniesAll is the outcome of a rule with a limit of requests_per_unit 0.
-func (s *Server) deniesAll(p *plan) outcome {
+func (s *Server) deniesAll(p *plan, o *outcome) {
 	spec := p.rule.Limits[0]
 	for _, l := range p.rule.Limits {
 		if l.Denies() {
@@ -387,12 +411,13 @@ func (s *Server) deniesAll(p *plan) outcome {
 	}
 	st := &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OVER_LIMIT, CurrentLimit: currentLimit(spec),
 		DurationUntilReset: durationpb.New(spec.Period())}
-	return s.shadow(p, outcome{status: st, over: true, result: resultOverLimit, spec: &spec})
+	*o = outcome{status: st, over: true, result: resultOverLimit, spec: &spec}
+	s.shadow(p, o)
 }
 
 // exceedsBurst is the outcome of hits that exceed a burst of the rule:
 // never granted, reported against the smallest burst.
-func (s *Server) exceedsBurst(p *plan) outcome {
+func (s *Server) exceedsBurst(p *plan, o *outcome) {
 	spec := p.rule.Limits[0]
 	for _, l := range p.rule.Limits {
 		if l.Burst < spec.Burst {
@@ -401,47 +426,71 @@ func (s *Server) exceedsBurst(p *plan) outcome {
 	}
 	st := &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OVER_LIMIT, CurrentLimit: currentLimit(spec),
 		DurationUntilReset: durationpb.New(fillTime(spec))}
-	return s.shadow(p, outcome{status: st, over: true, result: resultOverLimit, spec: &spec})
+	*o = outcome{status: st, over: true, result: resultOverLimit, spec: &spec}
+	s.shadow(p, o)
 }
 
 // giveHits gives a negative descriptor's hits back to its bucket, then
 // peeks at it for the status.
-func (s *Server) giveHits(ctx context.Context, p *plan) outcome {
+func (s *Server) giveHits(ctx context.Context, p *plan, o *outcome) {
 	if p.hits > 0 {
 		if err := s.store.Refund(ctx, p.buckets[:], min(p.hits, fleetrate.MaxBurst)); err != nil {
-			return outcome{err: err}
+			o.err = err
+			return
 		}
 	}
-	res, err := s.store.Take(ctx, fleetrate.Request{Buckets: p.buckets[:]})
-	if err != nil {
-		return outcome{err: err}
+	if o.res, o.err = s.store.Take(ctx, fleetrate.Request{Buckets: p.buckets[:]}); o.err != nil {
+		o.res = fleetrate.Result{}
+		return
 	}
-	st, spec := s.status(p, res)
-	return outcome{status: st, result: resultRefunded, spec: spec, res: res, hasRes: true}
+	o.hasRes, o.result = true, resultRefunded
+	o.status, o.spec = s.status(p, &o.res)
 }
 
-// take takes a descriptor's hits from its bucket (or, for 0 hits, peeks).
-func (s *Server) take(ctx context.Context, p *plan) outcome {
-	res, err := s.store.Take(ctx, fleetrate.Request{Buckets: p.buckets[:], N: p.hits})
-	if err != nil {
-		return outcome{err: err}
+// take takes a descriptor's hits from its bucket (or, for 0 hits, peeks):
+// the store's answer in o.res, or its error in o.err. It goes through the
+// rule's Limiter when the key can name one of its buckets, and times the
+// call as the store's own (instrumented) calls are timed.
+func (s *Server) take(ctx context.Context, p *plan, o *outcome) {
+	key := p.buckets[0].Key
+	if p.lim == nil || key == "" || len(key) > fleetrate.MaxNameLen {
+		s.takeStore(ctx, p, o)
+		return
 	}
-	allowed := res.Allowed
-	if p.hits == 0 && allowed && res.Remaining < 1 {
+	start := time.Now()
+	o.res, o.err = p.lim.AllowN(ctx, p.hits, key)
+	s.metrics.observe(storeOpTake, start, o.err)
+	if o.err != nil {
+		o.res = fleetrate.Result{}
+	}
+}
+
+// takeStore is take through the store's Take.
+func (s *Server) takeStore(ctx context.Context, p *plan, o *outcome) {
+	if o.res, o.err = s.store.Take(ctx, fleetrate.Request{Buckets: p.buckets[:], N: p.hits}); o.err != nil {
+		o.res = fleetrate.Result{}
+	}
+}
+
+// settle makes the outcome of a take the store answered (o.res).
+func (s *Server) settle(p *plan, o *outcome) {
+	res := &o.res
+	o.hasRes = true
+	if p.hits == 0 && res.Allowed && res.Remaining < 1 {
 		// A peek asks whether one more hit would pass now: it would after
 		// the next token.
-		allowed = false
 		res.Allowed, res.RetryAfter = false, max(res.RetryAfter, time.Duration(res.Limit.Interval())-res.ResetAfter%time.Duration(res.Limit.Interval()))
 	}
-	st, spec := s.status(p, res)
-	if allowed {
-		o := outcome{status: st, result: resultAllowed, spec: spec, res: res, hasRes: true}
+	o.status, o.spec = s.status(p, res)
+	if res.Allowed {
+		o.result = resultAllowed
 		if p.hits > 0 {
 			o.consumed = p.hits
 		}
-		return o
+		return
 	}
-	return s.shadow(p, outcome{status: st, over: true, result: resultOverLimit, spec: spec, res: res, hasRes: true})
+	o.over, o.result = true, resultOverLimit
+	s.shadow(p, o)
 }
 
 // DefaultNearLimitRatio is the default of Options.NearLimitRatio, as
@@ -477,13 +526,13 @@ func overLimit(st *rlspb.RateLimitResponse_DescriptorStatus) {
 	st.Code = rlspb.RateLimitResponse_OVER_LIMIT
 	st.LimitRemaining = 0
 	secs := max(headers.DelaySeconds(st.GetDurationUntilReset().AsDuration()), 1)
-	st.DurationUntilReset = durationpb.New(time.Duration(secs) * time.Second)
+	st.DurationUntilReset = seconds(secs)
 }
 
 // shadow turns an over-limit outcome of a shadow_mode rule into OK. Every
 // over-limit outcome passes through it, so it also shapes the status as
 // Envoy needs it.
-func (s *Server) shadow(p *plan, o outcome) outcome {
+func (s *Server) shadow(p *plan, o *outcome) {
 	if o.over {
 		overLimit(o.status)
 	}
@@ -492,20 +541,19 @@ func (s *Server) shadow(p *plan, o outcome) outcome {
 		o.status.Code = rlspb.RateLimitResponse_OK
 		o.result = resultShadow
 	}
-	return o
 }
 
 // status reports a store result as an OK descriptor status: the limit
 // that decided, the tokens left, and the time until the request would pass
 // (when over limit) or until the bucket is full again (when under), in
 // whole seconds rounded up, since Envoy reads only the seconds.
-func (s *Server) status(p *plan, res fleetrate.Result) (*rlspb.RateLimitResponse_DescriptorStatus, *config.LimitSpec) {
+func (s *Server) status(p *plan, res *fleetrate.Result) (*rlspb.RateLimitResponse_DescriptorStatus, *config.LimitSpec) {
 	// The rule's own spec, which the configuration keeps unchanged: the
 	// outcome points to it rather than to a copy of its own.
-	spec := &p.rule.Limits[0]
-	for i, l := range p.limits {
-		if l == res.Limit && i < len(p.rule.Limits) {
-			spec = &p.rule.Limits[i]
+	spec, idx := &p.rule.Limits[0], 0
+	for i := range p.limits {
+		if sameLimit(&p.limits[i], &res.Limit) && i < len(p.rule.Limits) {
+			spec, idx = &p.rule.Limits[i], i
 			break
 		}
 	}
@@ -513,12 +561,42 @@ func (s *Server) status(p *plan, res fleetrate.Result) (*rlspb.RateLimitResponse
 	if !res.Allowed {
 		reset = res.RetryAfter
 	}
+	var cl *rlspb.RateLimitResponse_RateLimit
+	if idx < len(p.current) {
+		cl = p.current[idx]
+	} else {
+		cl = currentLimit(*spec)
+	}
 	return &rlspb.RateLimitResponse_DescriptorStatus{
 		Code:               rlspb.RateLimitResponse_OK,
-		CurrentLimit:       currentLimit(*spec),
+		CurrentLimit:       cl,
 		LimitRemaining:     uint32(min(max(res.Remaining, 0), math.MaxUint32)),
-		DurationUntilReset: durationpb.New(time.Duration(headers.DelaySeconds(reset)) * time.Second),
+		DurationUntilReset: seconds(headers.DelaySeconds(reset)),
 	}, spec
+}
+
+// sharedSeconds are the durations of 0 to 60 whole seconds, which the
+// statuses that report them share (a status's duration is replaced, never
+// changed), so that a decision allocates none.
+var sharedSeconds = func() (d [61]*durationpb.Duration) {
+	for i := range d {
+		d[i] = &durationpb.Duration{Seconds: int64(i)}
+	}
+	return d
+}()
+
+// seconds is a duration of secs whole seconds, shared when it can be.
+func seconds(secs int64) *durationpb.Duration {
+	if secs >= 0 && secs < int64(len(sharedSeconds)) {
+		return sharedSeconds[secs]
+	}
+	return durationpb.New(time.Duration(secs) * time.Second)
+}
+
+// sameLimit reports whether a store's result names limit l: the same
+// name, rate and burst (a bound taker may pass back its own copy).
+func sameLimit(l, r *fleetrate.Limit) bool {
+	return l.Name == r.Name && l.Rate == r.Rate && l.Burst == r.Burst
 }
 
 func currentLimit(spec config.LimitSpec) *rlspb.RateLimitResponse_RateLimit {

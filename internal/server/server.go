@@ -26,6 +26,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
@@ -181,11 +182,28 @@ type Server struct {
 type state struct {
 	cfg     *config.Config
 	buckets map[string]fleetrate.Bucket
-	rules   map[*config.Rule][]fleetrate.Limit
+	rules   map[*config.Rule]ruleLimits
+}
+
+// ruleLimits are the token limits of a rule that takes tokens, and a
+// Limiter of them over Options.Store (nil with the over-limit cache, whose
+// Take every take goes through, or if the Limiter refused the limits:
+// the store then says why). An RLS take through the Limiter takes from
+// its store's bound taker when the store binds one (fleetrate.Binder),
+// without building a request, and gives the store limits it checked once:
+// the store's check of each take is then a comparison. The server times
+// these takes itself, as instrumented times the others.
+type ruleLimits struct {
+	limits []fleetrate.Limit
+	lim    *fleetrate.Limiter
+	// current are the rule's limits as a status's current_limit reports
+	// them, built once and shared by the responses (which never change
+	// them).
+	current []*rlspb.RateLimitResponse_RateLimit
 }
 
 func (s *Server) newState(cfg *config.Config) *state {
-	st := &state{cfg: cfg, buckets: map[string]fleetrate.Bucket{}, rules: map[*config.Rule][]fleetrate.Limit{}}
+	st := &state{cfg: cfg, buckets: map[string]fleetrate.Bucket{}, rules: map[*config.Rule]ruleLimits{}}
 	for _, b := range cfg.Buckets {
 		fb := fleetrate.Bucket{Prefix: s.opts.Prefix, Key: b.Key, Limits: b.TokenLimits()}
 		st.buckets[b.Name] = fb
@@ -194,7 +212,14 @@ func (s *Server) newState(cfg *config.Config) *state {
 	for _, d := range cfg.Domains {
 		d.Walk(func(r *config.Rule) {
 			if !r.Unlimited && !r.Denies() {
-				st.rules[r] = r.TokenLimits()
+				rl := ruleLimits{limits: r.TokenLimits()}
+				for _, spec := range r.Limits {
+					rl.current = append(rl.current, currentLimit(spec))
+				}
+				if s.opts.LocalCacheBytes <= 0 {
+					rl.lim, _ = fleetrate.New(s.opts.Store, fleetrate.Config{Prefix: s.opts.Prefix, Limits: rl.limits})
+				}
+				st.rules[r] = rl
 			}
 		})
 	}
