@@ -45,10 +45,8 @@ type batcher[R comparable] struct {
 	queues map[R]*batchQueue
 	spare  *batchQueue // a queue no longer in use, for the next one
 
-	// idle are the runners waiting for a run, the one idle last at the
-	// end (see startRun).
-	idleMu sync.Mutex
-	idle   []chan runJob[R]
+	// runners send the queued calls.
+	runners runners
 }
 
 // sharer is a batcher of any route type: what the store calls.
@@ -330,8 +328,13 @@ func (b *batcher[R]) finish(r R, q *batchQueue) {
 // the size of its last call: under load a queue empties for a moment after
 // each call, and the next call that joins one a caller sends alone should
 // still wait for half as many takes (see wait), or calls shrink to a take
-// or two. b.mu is held.
+// or two. The only queue stays where it is, idle: a lone caller (or a
+// store whose takes all share one queue) then claims it without touching
+// the map. b.mu is held.
 func (b *batcher[R]) retire(r R, q *batchQueue) {
+	if len(b.queues) == 1 {
+		return
+	}
 	delete(b.queues, r)
 	b.spare = q
 }

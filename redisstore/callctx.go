@@ -92,11 +92,12 @@ func boundCall(parent context.Context, d time.Duration) *callCtx {
 	if c.unbounded = d < 0; c.unbounded {
 		return c
 	}
-	c.deadline = time.Now().Add(d)
+	now := time.Now()
+	c.deadline = now.Add(d)
 	if pd, ok := parent.Deadline(); ok && pd.Before(c.deadline) {
-		c.deadline = pd
+		c.deadline, d = pd, pd.Sub(now)
 	}
-	c.timer.Reset(time.Until(c.deadline))
+	c.timer.Reset(d)
 	if parent.Done() != nil {
 		if err := parent.Err(); err != nil {
 			c.end(err)

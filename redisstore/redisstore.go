@@ -168,9 +168,10 @@ type Store struct {
 	sc redis.Scripter
 	fo *failover
 	// direct is true when the client itself gives up at the context's
-	// deadline (ContextTimeoutEnabled); otherwise each call runs in a
-	// goroutine that the store stops waiting for at the deadline.
-	direct bool
+	// deadline (ContextTimeoutEnabled); otherwise each call runs on one of
+	// runners, which the store stops waiting for at the deadline.
+	direct  bool
+	runners runners
 	// cluster is true for a Cluster client, where the keys of one call must
 	// share a hash slot.
 	cluster bool
@@ -242,14 +243,15 @@ func respectsContext(c Client) bool {
 }
 
 // bounded runs f within ctx's deadline, whatever the client's own
-// settings: when the client would not give up in time, f runs in a
-// goroutine that is abandoned at the deadline.
+// settings: when the client would not give up in time, f runs on a runner
+// that is abandoned at the deadline (and runs no other call until f
+// returns).
 func (s *Store) bounded(ctx context.Context, f func(context.Context) error) error {
 	if s.direct {
 		return f(ctx)
 	}
 	done := make(chan error, 1)
-	go func() { done <- f(ctx) }()
+	s.runners.start(func() { done <- f(ctx) })
 	select {
 	case err := <-done:
 		return err
