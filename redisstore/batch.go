@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -32,8 +33,10 @@ import (
 // (Options.FoldHotKeys) queues identical takes only (foldRoute).
 type batcher[R comparable] struct {
 	s *Store
-	// route names the queue of a take.
-	route func(req *fleetrate.Request) R
+	// route names the queue of a take of n tokens, booked up to wait
+	// ahead, whose first store key is key; req is the take's request
+	// when it names several buckets, nil when it names one.
+	route func(key string, n int64, wait time.Duration, req *fleetrate.Request) R
 	// maxTakes and maxInflight bound the takes of one call and the calls
 	// of one queue in flight at once.
 	maxTakes, maxInflight int
@@ -42,10 +45,8 @@ type batcher[R comparable] struct {
 	queues map[R]*batchQueue
 	spare  *batchQueue // a queue no longer in use, for the next one
 
-	// idle are the runners waiting for a run, the one idle last at the
-	// end (see startRun).
-	idleMu sync.Mutex
-	idle   []chan runJob[R]
+	// runners send the queued calls.
+	runners runners
 }
 
 // sharer is a batcher of any route type: what the store calls.
@@ -187,19 +188,21 @@ const (
 func newBatcher(s *Store) sharer {
 	switch s.c.(type) {
 	case *redis.Client, *redis.AutoPipeliner:
-		return newQueues(s, maxBatch, batchInflight, func(*fleetrate.Request) oneRoute { return oneRoute{} })
+		return newQueues(s, maxBatch, batchInflight, func(string, int64, time.Duration, *fleetrate.Request) oneRoute {
+			return oneRoute{}
+		})
 	case *redis.ClusterClient:
-		return newQueues(s, maxBatch, batchInflight, func(req *fleetrate.Request) slotRoute {
-			return slotRoute(Slot(req.Buckets[0].StoreKey()))
+		return newQueues(s, maxBatch, batchInflight, func(key string, _ int64, _ time.Duration, _ *fleetrate.Request) slotRoute {
+			return slotRoute(Slot(key))
 		})
 	default:
-		return newQueues(s, maxBatch, batchInflight, func(req *fleetrate.Request) keyRoute {
-			return keyRoute(req.Buckets[0].StoreKey())
+		return newQueues(s, maxBatch, batchInflight, func(key string, _ int64, _ time.Duration, _ *fleetrate.Request) keyRoute {
+			return keyRoute(key)
 		})
 	}
 }
 
-func newQueues[R comparable](s *Store, maxTakes, maxInflight int, route func(*fleetrate.Request) R) *batcher[R] {
+func newQueues[R comparable](s *Store, maxTakes, maxInflight int, route func(key string, n int64, wait time.Duration, req *fleetrate.Request) R) *batcher[R] {
 	return &batcher[R]{s: s, route: route, maxTakes: maxTakes, maxInflight: maxInflight, queues: map[R]*batchQueue{}}
 }
 
@@ -209,7 +212,11 @@ func (b *batcher[R]) take(ctx context.Context, req fleetrate.Request) (fleetrate
 	if err := ctx.Err(); err != nil {
 		return fleetrate.Result{}, fmt.Errorf("redisstore: take: %w", err)
 	}
-	r := b.route(&req)
+	var several *fleetrate.Request
+	if len(req.Buckets) > 1 {
+		several = &req
+	}
+	r := b.route(req.Buckets[0].StoreKey(), req.N, req.MaxWait, several)
 	if q := b.claimIdle(r); q != nil {
 		res, err := b.s.takeOne(ctx, req) // checks the keys' slots
 		b.finish(r, q)
@@ -240,38 +247,41 @@ func (b *batcher[R]) takeKey(ctx context.Context, bk fleetrate.Bucket, key strin
 	if err := ctx.Err(); err != nil {
 		return fleetrate.Result{}, fmt.Errorf("redisstore: take: %w", err)
 	}
-	r := b.route(&req)
+	key = bk.StoreKey()
+	r := b.route(key, n, maxWait, nil)
 	if q := b.claimIdle(r); q != nil {
-		res, err := b.s.takeOneBound(ctx, req, largs)
+		res, err := b.s.takeOneBound(ctx, bk, n, maxWait, key, largs)
 		b.finish(r, q)
 		return res, err
 	}
 	c := newBatchCall()
 	c.bucket[0] = bk
 	c.req = fleetrate.Request{Buckets: c.bucket[:], N: n, MaxWait: maxWait}
+	c.key[0] = key
+	c.keys = c.key[:]
 	c.largs = largs
 	c.deadline, _ = ctx.Deadline()
 	return b.wait(ctx, r, c)
 }
 
-// takeOneBound is takeOne for a bound taker's take from one bucket, whose
-// limits' script arguments largs were boxed once, at Bind: a take boxes
-// none again. One bucket is never split across a migrating slot.
-func (s *Store) takeOneBound(ctx context.Context, req fleetrate.Request, largs []any) (fleetrate.Result, error) {
-	sctx, cancel := s.ctx(ctx)
-	defer cancel()
-	reply, err := s.runTake(sctx, storeKeys(req.Buckets), boundArgs(req.N, req.MaxWait, largs))
-	if err != nil {
-		return fleetrate.Result{}, failed(ctx, "take", err)
-	}
-	return decodeTake(req, reply)
+// takeOneBound is takeOne for a bound taker's take of n tokens, booked
+// up to maxWait ahead, from bk, whose store key is key and whose limits'
+// script arguments largs were boxed once, at Bind: a take boxes none
+// again.
+func (s *Store) takeOneBound(ctx context.Context, bk fleetrate.Bucket, n int64, maxWait time.Duration, key string, largs []any) (fleetrate.Result, error) {
+	c := s.boundCall(ctx)
+	c.key[0] = key
+	c.bucket[0] = bk
+	c.args = appendBoundArgs(c.args, n, maxWait, largs)
+	return s.sendTake(ctx, c, fleetrate.Request{Buckets: c.bucket[:], N: n, MaxWait: maxWait}, c.key[:])
 }
 
-// boundArgs is takeArgs for a take of n tokens, booked up to maxWait
-// ahead, from one bucket whose limits (and reserve) are largs.
-func boundArgs(n int64, maxWait time.Duration, largs []any) []any {
-	args := make([]any, 3, 3+len(largs))
-	args[0], args[1], args[2] = n, int64(maxWait), 1
+// appendBoundArgs appends to args the take script's arguments for a take
+// of n tokens, booked up to maxWait ahead, from one bucket whose limits
+// (and reserve) are largs: takeArgs for that bucket.
+func appendBoundArgs(args []any, n int64, maxWait time.Duration, largs []any) []any {
+	args = slices.Grow(args, 3+len(largs))
+	args = append(args, n, int64(maxWait), 1)
 	return append(args, largs...)
 }
 
@@ -318,8 +328,13 @@ func (b *batcher[R]) finish(r R, q *batchQueue) {
 // the size of its last call: under load a queue empties for a moment after
 // each call, and the next call that joins one a caller sends alone should
 // still wait for half as many takes (see wait), or calls shrink to a take
-// or two. b.mu is held.
+// or two. The only queue stays where it is, idle: a lone caller (or a
+// store whose takes all share one queue) then claims it without touching
+// the map. b.mu is held.
 func (b *batcher[R]) retire(r R, q *batchQueue) {
+	if len(b.queues) == 1 {
+		return
+	}
 	delete(b.queues, r)
 	b.spare = q
 }
@@ -572,21 +587,23 @@ func sameShape(s, c *batchCall) bool {
 	return sameLimits(s.req, c.req)
 }
 
-// sharedCtx bounds a call shared by calls: by the store's timeout, or for
-// a store without one (a negative Timeout) by DefaultTimeout or, if later,
-// the latest deadline of the calls' callers, so that the call lives as
-// long as its most patient caller may wait, and no longer.
-func (s *Store) sharedCtx(calls []*batchCall) (context.Context, context.CancelFunc) {
-	if s.timeout >= 0 {
-		return context.WithTimeout(context.Background(), s.timeout)
-	}
-	d := time.Now().Add(DefaultTimeout)
-	for _, c := range calls {
-		if c.deadline.After(d) {
-			d = c.deadline
+// sharedCall bounds a call shared by calls: by the store's timeout, or
+// for a store without one (a negative Timeout) by DefaultTimeout or, if
+// later, the latest deadline of the calls' callers, so that the call lives
+// as long as its most patient caller may wait, and no longer.
+func (s *Store) sharedCall(calls []*batchCall) *callCtx {
+	d := s.timeout
+	if d < 0 {
+		now := time.Now()
+		last := now.Add(DefaultTimeout)
+		for _, c := range calls {
+			if c.deadline.After(last) {
+				last = c.deadline
+			}
 		}
+		d = last.Sub(now)
 	}
-	return context.WithDeadline(context.Background(), d)
+	return boundCall(context.Background(), d)
 }
 
 // send runs one batch call and hands each caller its decision.
@@ -614,13 +631,13 @@ func (s *Store) send(batch []*batchCall) {
 	// bound rather than any caller's context: a caller that gives up
 	// sooner is refunded what the call grants it (see below), which needs
 	// the reply.
-	ctx, cancel := s.sharedCtx(kept)
+	call := s.sharedCall(kept)
 	var reply []int64
-	err := s.bounded(ctx, func(ctx context.Context) (err error) {
+	err := s.bounded(call, func(ctx context.Context) (err error) {
 		reply, err = s.eval(ctx, batchScript, keys, args...).Int64Slice()
 		return err
 	})
-	cancel()
+	call.release()
 	if err != nil {
 		// reply is not read: an abandoned call may still be writing it.
 		err = unavailable("take", err)

@@ -285,9 +285,9 @@ func TestBoundArgs(t *testing.T) {
 		largs := appendTakeLimits(nil, []fleetrate.Bucket{b})
 		for _, n := range []int64{0, 1, 300} {
 			for _, wait := range []time.Duration{0, time.Second} {
-				got, want := boundArgs(n, wait, largs), takeArgs(n, wait, []fleetrate.Bucket{b})
+				got, want := appendBoundArgs(nil, n, wait, largs), takeArgs(n, wait, []fleetrate.Bucket{b})
 				if !reflect.DeepEqual(got, want) {
-					t.Errorf("limits %v, n %d, wait %v: boundArgs %v, takeArgs %v", limits, n, wait, got, want)
+					t.Errorf("limits %v, n %d, wait %v: appendBoundArgs %v, takeArgs %v", limits, n, wait, got, want)
 				}
 			}
 		}

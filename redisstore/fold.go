@@ -3,6 +3,7 @@ package redisstore
 import (
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/fleetrate/fleetrate"
 )
@@ -23,10 +24,11 @@ func newFolder(s *Store) sharer {
 	return newQueues(s, maxFold, 1, fold)
 }
 
-// fold names the queue of takes that fold with req's (see foldRoute).
-func fold(req *fleetrate.Request) foldRoute {
-	if len(req.Buckets) == 1 {
-		return foldRoute{key: req.Buckets[0].StoreKey(), n: req.N, wait: req.MaxWait}
+// fold names the queue of takes that fold with a take (see foldRoute and
+// batcher.route).
+func fold(key string, n int64, wait time.Duration, req *fleetrate.Request) foldRoute {
+	if req == nil {
+		return foldRoute{key: key, n: n, wait: wait}
 	}
 	return foldRoute{key: identity(*req), several: true}
 }

@@ -77,12 +77,17 @@ func TakeScriptArgs(n int64, limits []fleetrate.Limit) []any {
 // takeArgs returns the ARGV of the take script for one take of n tokens
 // from buckets (with their reserves), booked up to maxWait ahead.
 func takeArgs(n int64, maxWait time.Duration, buckets []fleetrate.Bucket) []any {
-	size := 3
+	return appendTakeArgs(nil, n, maxWait, buckets)
+}
+
+// appendTakeArgs appends takeArgs(n, maxWait, buckets) to args.
+func appendTakeArgs(args []any, n int64, maxWait time.Duration, buckets []fleetrate.Bucket) []any {
+	size := len(args) + 3
 	for _, b := range buckets {
 		size += 2 + 2*len(b.Limits) // count, limits, reserve
 	}
-	args := make([]any, 3, size)
-	args[0], args[1], args[2] = n, int64(maxWait), 1
+	args = slices.Grow(args, size-len(args))
+	args = append(args, n, int64(maxWait), 1)
 	return appendTakeLimits(args, buckets)
 }
 
@@ -163,9 +168,10 @@ type Store struct {
 	sc redis.Scripter
 	fo *failover
 	// direct is true when the client itself gives up at the context's
-	// deadline (ContextTimeoutEnabled); otherwise each call runs in a
-	// goroutine that the store stops waiting for at the deadline.
-	direct bool
+	// deadline (ContextTimeoutEnabled); otherwise each call runs on one of
+	// runners, which the store stops waiting for at the deadline.
+	direct  bool
+	runners runners
 	// cluster is true for a Cluster client, where the keys of one call must
 	// share a hash slot.
 	cluster bool
@@ -237,14 +243,15 @@ func respectsContext(c Client) bool {
 }
 
 // bounded runs f within ctx's deadline, whatever the client's own
-// settings: when the client would not give up in time, f runs in a
-// goroutine that is abandoned at the deadline.
+// settings: when the client would not give up in time, f runs on a runner
+// that is abandoned at the deadline (and runs no other call until f
+// returns).
 func (s *Store) bounded(ctx context.Context, f func(context.Context) error) error {
 	if s.direct {
 		return f(ctx)
 	}
 	done := make(chan error, 1)
-	go func() { done <- f(ctx) }()
+	s.runners.start(func() { done <- f(ctx) })
 	select {
 	case err := <-done:
 		return err
@@ -481,13 +488,32 @@ func (t *bound) TakeKey(ctx context.Context, key string, n int64, maxWait time.D
 // takeOne runs one take of an already validated request in one call of
 // the take script.
 func (s *Store) takeOne(ctx context.Context, req fleetrate.Request) (fleetrate.Result, error) {
-	keys, args := storeKeys(req.Buckets), takeArgs(req.N, req.MaxWait, req.Buckets)
-	if err := s.sameSlot(keys); err != nil {
-		return fleetrate.Result{}, err
+	c := s.boundCall(ctx)
+	keys := c.key[:]
+	if len(req.Buckets) == 1 {
+		c.key[0] = req.Buckets[0].StoreKey()
+	} else {
+		keys = storeKeys(req.Buckets)
+		if err := s.sameSlot(keys); err != nil {
+			c.release()
+			return fleetrate.Result{}, err
+		}
 	}
-	sctx, cancel := s.ctx(ctx)
-	defer cancel()
-	reply, err := s.runTake(sctx, keys, args)
+	c.args = appendTakeArgs(c.args, req.N, req.MaxWait, req.Buckets)
+	return s.sendTake(ctx, c, req, keys)
+}
+
+// boundCall returns the context, bounded by the store's timeout, and the
+// scratch of one call made for a caller whose context is ctx.
+func (s *Store) boundCall(ctx context.Context) *callCtx {
+	return boundCall(ctx, s.timeout)
+}
+
+// sendTake sends one call of the take script for req, with c's
+// arguments and keys, and releases c.
+func (s *Store) sendTake(ctx context.Context, c *callCtx, req fleetrate.Request, keys []string) (fleetrate.Result, error) {
+	defer c.release() // after the decision: req may be in c's scratch
+	reply, err := s.runTake(c.context(), keys, c.args)
 	if err != nil {
 		return fleetrate.Result{}, failed(ctx, "take", err)
 	}
@@ -497,6 +523,9 @@ func (s *Store) takeOne(ctx context.Context, req fleetrate.Request) (fleetrate.R
 // runTake runs the take script once within ctx. The reply is read only
 // on success: an abandoned call (see bounded) may still write it.
 func (s *Store) runTake(ctx context.Context, keys []string, args []any) ([]int64, error) {
+	if s.direct {
+		return s.eval(ctx, takeScript, keys, args...).Int64Slice()
+	}
 	var reply []int64
 	err := s.bounded(ctx, func(ctx context.Context) (err error) {
 		reply, err = s.eval(ctx, takeScript, keys, args...).Int64Slice()

@@ -2,58 +2,61 @@ package redisstore
 
 import (
 	"slices"
+	"sync"
 	"time"
 )
 
-// Runners: the goroutines that send a batcher's queued calls (run). A new
-// goroutine for every run started on a small stack and grew it, copying it
+// runners are goroutines kept for work handed off the caller's goroutine:
+// a batcher's queued calls (batcher.run) and, for a client that does not
+// give up at the context's deadline, every call (Store.bounded). A new
+// goroutine for each started on a small stack and grew it, copying it
 // each time, down go-redis's call path: a tenth of the CPU of `fleetrate
-// serve` on Redis at 16 callers went to growing stacks. A runner that
-// finishes waits a while for the next run instead, and the runner idle
-// last is the one reused, so that the few a light load needs keep warm,
-// grown stacks.
+// serve` on Redis at 16 callers went to growing stacks, and a lone caller
+// on such a client ran at half redis_rate's rate. A runner that finishes
+// waits a while for the next job instead, and the runner idle last is the
+// one reused, so that the few a light load needs keep warm, grown stacks.
+type runners struct {
+	mu sync.Mutex
+	// idle are the runners waiting for a job, the one idle last at the
+	// end.
+	idle []chan func()
+}
+
 const (
-	// maxIdleRunners bounds the runners waiting for a run, per batcher.
+	// maxIdleRunners bounds the runners waiting for a job, per pool.
 	maxIdleRunners = 8
-	// runnerIdle is how long a runner waits for a run before it ends.
+	// runnerIdle is how long a runner waits for a job before it ends.
 	runnerIdle = time.Second
 )
 
-// runJob is one run: the queue q of route r.
-type runJob[R comparable] struct {
-	r R
-	q *batchQueue
-}
-
-// startRun runs the queue q of route r on an idle runner, or on a new one.
-func (b *batcher[R]) startRun(r R, q *batchQueue) {
-	job := runJob[R]{r: r, q: q}
-	b.idleMu.Lock()
-	if n := len(b.idle); n > 0 {
-		ch := b.idle[n-1]
-		b.idle = b.idle[:n-1]
-		b.idleMu.Unlock()
+// start runs job on an idle runner, or on a new one.
+func (p *runners) start(job func()) {
+	p.mu.Lock()
+	if n := len(p.idle); n > 0 {
+		ch := p.idle[n-1]
+		p.idle = p.idle[:n-1]
+		p.mu.Unlock()
 		ch <- job // never blocks: room for one, and the runner is off the list
 		return
 	}
-	b.idleMu.Unlock()
-	go b.runner(job)
+	p.mu.Unlock()
+	go p.runner(job)
 }
 
-// runner runs job, then the runs startRun hands it, until it has waited
+// runner runs job, then the jobs start hands it, until it has waited
 // runnerIdle for one or maxIdleRunners others are waiting already.
-func (b *batcher[R]) runner(job runJob[R]) {
-	ch := make(chan runJob[R], 1)
+func (p *runners) runner(job func()) {
+	ch := make(chan func(), 1)
 	var t *time.Timer
 	for {
-		b.run(job.r, job.q)
-		b.idleMu.Lock()
-		if len(b.idle) >= maxIdleRunners {
-			b.idleMu.Unlock()
+		job()
+		p.mu.Lock()
+		if len(p.idle) >= maxIdleRunners {
+			p.mu.Unlock()
 			return
 		}
-		b.idle = append(b.idle, ch)
-		b.idleMu.Unlock()
+		p.idle = append(p.idle, ch)
+		p.mu.Unlock()
 		if t == nil {
 			t = time.NewTimer(runnerIdle)
 		} else {
@@ -65,15 +68,20 @@ func (b *batcher[R]) runner(job runJob[R]) {
 			continue
 		case <-t.C:
 		}
-		b.idleMu.Lock()
-		i := slices.Index(b.idle, ch)
+		p.mu.Lock()
+		i := slices.Index(p.idle, ch)
 		if i >= 0 {
-			b.idle = slices.Delete(b.idle, i, i+1)
+			p.idle = slices.Delete(p.idle, i, i+1)
 		}
-		b.idleMu.Unlock()
+		p.mu.Unlock()
 		if i >= 0 {
 			return
 		}
-		job = <-ch // taken off the list by startRun as the timer fired: its run is on the way
+		job = <-ch // taken off the list by start as the timer fired: its job is on the way
 	}
+}
+
+// startRun runs the queue q of route r on a runner.
+func (b *batcher[R]) startRun(r R, q *batchQueue) {
+	b.runners.start(func() { b.run(r, q) })
 }

@@ -58,6 +58,10 @@ type config struct {
 	hot        string
 	doc        string // -doc: the markdown file to write the tables into
 	cpuprofile string
+	// plain: the Redis table's clients keep go-redis's defaults
+	// (ContextTimeoutEnabled off), as a client built without
+	// redisstore.ClientOptions does.
+	plain bool
 }
 
 func run(args []string, out io.Writer) error {
@@ -121,6 +125,7 @@ func parseFlags(args []string) (config, error) {
 	fs.StringVar(&cfg.impl, "impl", "", "measure only the Redis implementations whose name contains this (redis_rate always runs)")
 	fs.StringVar(&cfg.hot, "keys", "hot,spread", "Redis key patterns: hot (one key), spread (10,000 keys), or both")
 	fs.StringVar(&cfg.cpuprofile, "cpuprofile", "", "write a CPU profile of this process to this file")
+	fs.BoolVar(&cfg.plain, "plain-client", false, "Redis table: clients with go-redis's default options (ContextTimeoutEnabled off) for every implementation")
 	only := fs.String("only", "redis,wait,mem", "which tables to measure: any of redis, wait, mem, script")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
@@ -275,6 +280,15 @@ func newClient(srv *redistest.Server, g int) *redis.Client {
 	return redis.NewClient(&redis.Options{Addr: srv.Addr(), PoolSize: g + 4, ContextTimeoutEnabled: true})
 }
 
+// newImplClient is newClient for the Redis table: with -plain-client, a
+// client with go-redis's default options.
+func newImplClient(srv *redistest.Server, cfg config, g int) *redis.Client {
+	if cfg.plain {
+		return redis.NewClient(&redis.Options{Addr: srv.Addr(), PoolSize: g + 4})
+	}
+	return newClient(srv, g)
+}
+
 func fleetLimiter(c redisstore.Client, opts redisstore.Options) (*fleetrate.Limiter, error) {
 	opts.Timeout = 5 * time.Second
 	s, err := redisstore.New(c, opts)
@@ -417,7 +431,7 @@ func measureRedis(srv *redistest.Server, cfg config, impls []redisImpl, patterns
 // measureImpl measures one implementation with a client of its own, from
 // g goroutines on the hot key or over the keyspace.
 func measureImpl(srv *redistest.Server, cfg config, im redisImpl, hot bool, g int) (measurement, error) {
-	c := newClient(srv, g)
+	c := newImplClient(srv, cfg, g)
 	defer c.Close()
 	f, closeFn, err := im.build(c)
 	if err != nil {
