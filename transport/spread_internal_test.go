@@ -30,7 +30,7 @@ func TestSpreadLateWakers(t *testing.T) {
 		}
 	}
 
-	// Burst 4 at 10/s: a request may go out up to 302 ms after its slot.
+	// Burst 4 at 10/s: a request may go out up to 305 ms after its slot.
 	loose := fleetrate.Bucket{Key: "{ota}/search", Limits: []fleetrate.Limit{fleetrate.PerSecond(10, 4)}}
 	tk = take{buckets: []fleetrate.Bucket{loose, pauseMarker(loose)}, paced: 1}
 	if d, void := tr.spread(tk, now, now); d != 0 || void {
@@ -46,7 +46,7 @@ func TestSpreadLateWakers(t *testing.T) {
 		}
 	}
 	// The next, 30 ms ago, would go out 330 ms after its slot: beyond the
-	// burst's 302 ms, so it is booked again.
+	// burst's 305 ms, so it is booked again.
 	if _, void := tr.spread(tk, now.Add(-30*time.Millisecond), now); !void {
 		t.Errorf("burst 4: a request that would go out 330 ms after its slot was not booked again")
 	}
