@@ -305,10 +305,18 @@ func (s *Store) toEmpty(bs []fleetrate.Bucket) []fleetrate.Bucket {
 	return out
 }
 
-func (s *Store) failedWith(err error) {
+// failedWith counts a failed call that began at start (unix ns) and opens
+// the breaker when the failures say the store is down. A call that began
+// before the store's latest answer does not count towards opening it: the
+// store answered another call while this one waited (see the package
+// doc). The caller gets its error either way.
+func (s *Store) failedWith(err error, start int64) {
 	s.failed.Inc()
-	n := s.failures.Add(1)
 	st := s.state.Load()
+	if st == closed && start < s.answered.Load() {
+		return
+	}
+	n := s.failures.Add(1)
 	if st == probing || (st == closed && n >= int32(s.opts.FailureThreshold)) {
 		s.openUntil.Store(s.opts.Clock().Add(s.opts.CoolOff).UnixNano())
 		if s.state.Swap(open) == closed {
@@ -348,13 +356,6 @@ func (s *Store) call(ctx context.Context, f func() error) (ok bool, err error) {
 	}
 	start := s.opts.Clock().UnixNano()
 	err = f()
-	if storeFailure(ctx, err) && start < s.answered.Load() && s.state.Load() == closed {
-		// The store answered another call while this one waited: not
-		// an outage (see the package doc). The caller still gets the
-		// error; the breaker does not count it.
-		s.failed.Inc()
-		return false, err
-	}
 	if !storeFailure(ctx, err) {
 		if s.state.Load() == probing && err != nil {
 			s.state.CompareAndSwap(probing, open) // the probe proved nothing
@@ -363,7 +364,7 @@ func (s *Store) call(ctx context.Context, f func() error) (ok bool, err error) {
 		}
 		return true, err
 	}
-	s.failedWith(err)
+	s.failedWith(err, start)
 	return false, err
 }
 

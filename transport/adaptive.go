@@ -571,8 +571,8 @@ func (t *Transport) pausedSince(paced []fleetrate.Bucket, at time.Time) bool {
 }
 
 // decrease lowers the effective rate of the buckets the 429 lim concerns,
-// fleet-wide, by recording a new climb in their
-// markers, to begin when the pause ends at resume; resumed holds when each
+// fleet-wide, by recording a new climb in their markers, to begin when
+// the pause ends at resume; resumed holds when each
 // bucket's previous pause ended. A request sent before this process last
 // lowered the rate reports what the lowered rate has already answered, so
 // it lowers nothing more. It reports whether a bucket was already at its

@@ -731,12 +731,13 @@ func (w *waiter) sleep(r *fleetrate.Reservation, tk take) (void bool, err error)
 	// behind it, or the same late answer when none were: it is booked
 	// again once at most (see waiter.lateAnswer).
 	due := r.Due()
-	if !due.After(booked) && w.lateAnswer {
+	begunBefore := !due.After(booked) // the slot had begun before the answer came
+	if begunBefore && w.lateAnswer {
 		due = booked
 	}
 	switch d, void := t.spread(tk, due, time.Now()); {
 	case void:
-		w.lateAnswer = w.lateAnswer || !r.Due().After(booked)
+		w.lateAnswer = w.lateAnswer || begunBefore
 		t.m.rebooked(w.tg)
 		w.cancel(r)
 		return true, nil
