@@ -123,21 +123,24 @@ func (a Adaptive) factor(c climb, now time.Time) float64 {
 
 // lowered returns the climb after a 429 answered at now while the climb
 // was c, with the fleet paused until resume and the upstream's limit
-// known to lie below bound (see limitBound). The drop is Decrease, or
-// half as far when the 429 came within 10 % of the last one's rate (the
-// limit is known: probing it costs less). w is the rate that drew the
-// 429, or, below a bound that says more, halfway between the bound and
-// the drop × the bound (CUBIC's fast convergence: the climb then flattens
-// under the limit rather than over it; near a known limit it steps half
-// as far below it, so that 429s from send jitter on a strict window do
-// not ratchet the rate down 7.5 % each). The climb starts from the drop
-// × w.
-func (a Adaptive) lowered(c climb, now, resume time.Time, bound float64) climb {
+// known to lie in [low, high] (see limitRange). The drop is Decrease, or
+// half as far when the 429 came within 10 % of the last one's rate, or
+// low is within 10 % of the rate (the limit is known: probing it costs
+// less). w is the rate that drew the
+// 429, or, below a high bound that says more, halfway between the bound
+// and the drop × the bound (CUBIC's fast convergence: the climb then
+// flattens under the limit rather than over it; near a known limit it
+// steps half as far below it), but never below low: a 429 after many
+// admitted requests is send jitter on a strict window, or a limit just
+// under the rate, and lowering w for it would ratchet the rate down with
+// every such 429. The climb starts from the drop × w.
+func (a Adaptive) lowered(c climb, now, resume time.Time, low, high float64) climb {
 	f := a.factor(c, now)
 	drop := a.Decrease
-	if !c.start.IsZero() && f >= 0.9*c.w && f <= 1.1*c.w {
-		// Near the rate of the last 429: the limit is where it was found,
-		// so back off half as far.
+	if !c.start.IsZero() && f >= 0.9*c.w && f <= 1.1*c.w || low >= 0.9*f {
+		// Near the rate of the last 429, or after so many admitted
+		// requests that the limit lies within 10 % under the rate: the
+		// limit is where it was found, so back off half as far.
 		drop = 1 - (1-a.Decrease)/2
 	}
 	// A shallower drop is the same curve begun part of the way up, but
@@ -146,33 +149,56 @@ func (a Adaptive) lowered(c climb, now, resume time.Time, bound float64) climb {
 	ahead := 1 - math.Cbrt((1-drop)/(1-a.Decrease))
 	start := later(resume.Add(-time.Duration(ahead*float64(a.Recovery))), c.start)
 	w := f
-	if bound < f {
-		w = bound * (1 + drop) / 2
+	if high < f {
+		w = max(high*(1+drop)/2, min(low, high))
 	}
 	return climb{w: max(w, a.Floor), start: start}
 }
 
-// limitBound reads what a 429 on a request sent at sent tells of the
+// hiddenBurst is the largest burst limitRange assumes of an upstream's
+// limit when it reads how far below the fleet's rate the limit can lie.
+// A limit with a larger burst is still found, in more steps (each 429
+// lowers the rate by Decrease at least).
+const hiddenBurst = 4
+
+// limitRange reads what a 429 on a request sent at sent tells of the
 // upstream's limit, when the fleet resumed from its last pause at resumed
 // and has since paced at rate (requests per second; f of the documented
 // rate). The fleet sent k = rate × (sent − resumed) requests in between,
-// and the upstream admitted the k − 1 before this one: a token bucket
+// and the upstream admitted the k − 1 before this one. A token bucket
 // that held at least one token at the resume (it refilled during the
 // pause) and admits them at h per second with a burst of b ≥ 1 has
-// b + h·k/rate < k, so h < rate × (1 − 1/k), the bound it returns, as a
-// fraction of the documented rate. Before the second request's slot (k <
-// 2) the 429 says the pause was too short, not the rate too high: soon.
-// Without a resume to count from it returns f.
-func limitBound(f, rate float64, sent, resumed time.Time) (bound float64, soon bool) {
+// b + h·k/rate < k, so h < rate × (1 − 1/k): the high bound it returns,
+// as a fraction of the documented rate. One that admitted the k − 1 with
+// b ≤ hiddenBurst has b + h·(k − 1)/rate ≥ k − 1, so h ≥ rate × (1 −
+// hiddenBurst/(k − 1)): the low bound (0 when that is negative), close
+// to the rate after many requests. Before the second request's slot (k <
+// 2) the 429 says the pause was too short, not the rate too high: soon;
+// before minBounding requests it bounds nothing. Without a resume to count
+// from it returns 0 and f.
+func limitRange(f, rate float64, sent, resumed time.Time) (low, high float64, soon bool) {
 	if resumed.IsZero() || !resumed.Before(sent) {
-		return f, false
+		return 0, f, false
 	}
 	k := rate * sent.Sub(resumed).Seconds()
-	if k < 2 {
-		return f, true
+	switch {
+	case k < 2:
+		return 0, f, true
+	case k < minBounding:
+		return 0, f, false
 	}
-	return f * (1 - 1/k), false
+	return max(f*(1-hiddenBurst/(k-1)), 0), f * (1 - 1/k), false
 }
+
+// minBounding is how many requests since the last pause a 429 must come
+// after for limitRange to bound the limit by them. The first requests
+// after a pause go out with the jitter of a fleet that resumes at once:
+// one late, the next on its slot, and a strict window refuses the second
+// though the rate is well under the limit. Read as a bound, such a 429
+// after 3 or 4 requests would cut the rate by a third or a half; a limit
+// that low is found all the same, a Decrease per 429 until the 429s come
+// late enough to bound it.
+const minBounding = 5
 
 // paceRate returns the rate a bucket paces requests at over a second or
 // more: its slowest limit's.
@@ -185,7 +211,7 @@ func paceRate(b fleetrate.Bucket) float64 {
 }
 
 // maxSoon is how many 429s in a row a bucket takes as a pause too short
-// (see limitBound) before it lowers the rate all the same: an upstream
+// (see limitRange) before it lowers the rate all the same: an upstream
 // that limits every request lowers it to the floor, and is reported.
 // "In a row" is for this process: an answer other than a rate limit ends
 // the row (see admitted), and so does a decrease by any process.
@@ -632,8 +658,8 @@ type rateChange struct {
 // t.views.mu is held.
 func (t *Transport) lower(v *view, b fleetrate.Bucket, now, sent, resume, resumed time.Time, soon bool) (ch rateChange, floor, ok bool) {
 	from := t.adaptive.factor(v.climb, now)
-	bound, _ := limitBound(from, from*paceRate(b), sent, resumed)
-	c := t.adaptive.lowered(v.climb, now, resume, bound)
+	low, high, _ := limitRange(from, from*paceRate(b), sent, resumed)
+	c := t.adaptive.lowered(v.climb, now, resume, low, high)
 	to := t.adaptive.factor(c, resume)
 	if to == t.adaptive.Floor && !v.floored.IsZero() && sent.After(v.floored) {
 		// Sent after a 429 had brought the rate to its floor, and
@@ -757,6 +783,28 @@ func (t *Transport) spread(tk take, due, now time.Time) (wait time.Duration, voi
 		v.sent = later(v.sent, at)
 	}
 	return at.Sub(now), false
+}
+
+// maxSpin bounds how long before its slot a request of a burst-1 bucket
+// wakes to wait out the rest without a timer (see waiter.wakeEarly).
+const maxSpin = 1500 * time.Microsecond
+
+// spinLead returns how long before its slot a request of the paced buckets
+// wakes to wait out the rest without a timer: when a limit of theirs has
+// burst 1 (its slots tolerate lateSlack, no more), maxSpin or an eighth
+// of the limit's interval, whichever is less, so that a fast bucket spends
+// at most an eighth of a processor on it; otherwise 0 (a burst absorbs a
+// timer's lateness).
+func spinLead(paced []fleetrate.Bucket) time.Duration {
+	var lead time.Duration
+	for _, b := range paced {
+		for _, l := range b.Limits {
+			if l.Burst == 1 {
+				lead = max(lead, min(maxSpin, time.Duration(l.Interval())/8))
+			}
+		}
+	}
+	return lead
 }
 
 // spacing returns the interval of the buckets' fastest limits, and how

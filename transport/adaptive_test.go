@@ -276,7 +276,7 @@ func TestBackpressureReportsTheBudgetLeft(t *testing.T) {
 // the upstream's own pause is longer, not that the rate is too high: the
 // next pause is twice as long and the rate stays where the first 429 put
 // it. A 429 after the upstream admitted requests again lowers the rate,
-// to below what the fleet had sent since the pause (see limitBound).
+// to below what the fleet had sent since the pause (see limitRange).
 func TestRateLimitRightAfterAPauseLengthensThePause(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const pause = 500 * time.Millisecond

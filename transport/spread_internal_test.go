@@ -71,29 +71,58 @@ func TestSpacing(t *testing.T) {
 	}
 }
 
-// TestLimitBound: what a 429 tells of the limit, from the requests the
+// TestLimitRange: what a 429 tells of the limit, from the requests the
 // fleet sent at its rate since its last pause.
-func TestLimitBound(t *testing.T) {
+func TestLimitRange(t *testing.T) {
 	resumed := time.Unix(1000, 0)
 	for _, c := range []struct {
-		name     string
-		f, rate  float64
-		sent     time.Time
-		resumed  time.Time
-		bound    float64
-		wantSoon bool
+		name      string
+		f, rate   float64
+		sent      time.Time
+		resumed   time.Time
+		low, high float64
+		wantSoon  bool
 	}{
-		{"no pause to count from", 0.8, 8, resumed, time.Time{}, 0.8, false},
-		{"sent before the resume", 0.8, 8, resumed.Add(-time.Second), resumed, 0.8, false},
-		{"first request after the pause", 0.8, 8, resumed.Add(130 * time.Millisecond), resumed, 0.8, true},
-		{"second request", 0.8, 8, resumed.Add(250 * time.Millisecond), resumed, 0.4, false},
-		{"after 8 intervals", 0.8, 8, resumed.Add(time.Second), resumed, 0.7, false},
-		{"long after", 0.8, 8, resumed.Add(100 * time.Second), resumed, 0.799, false},
+		{"no pause to count from", 0.8, 8, resumed, time.Time{}, 0, 0.8, false},
+		{"sent before the resume", 0.8, 8, resumed.Add(-time.Second), resumed, 0, 0.8, false},
+		{"first request after the pause", 0.8, 8, resumed.Add(130 * time.Millisecond), resumed, 0, 0.8, true},
+		{"second request: jitter, as likely", 0.8, 8, resumed.Add(250 * time.Millisecond), resumed, 0, 0.8, false},
+		{"fifth request", 0.8, 8, resumed.Add(625 * time.Millisecond), resumed, 0, 0.64, false},
+		{"after 8 intervals", 0.8, 8, resumed.Add(time.Second), resumed, 0.8 * (1 - 4.0/7), 0.7, false},
+		{"long after", 0.8, 8, resumed.Add(100 * time.Second), resumed, 0.8 * (1 - 4.0/799), 0.799, false},
 	} {
-		bound, soon := limitBound(c.f, c.rate, c.sent, c.resumed)
-		if soon != c.wantSoon || bound < c.bound-0.001 || bound > c.bound+0.001 {
-			t.Errorf("%s: limitBound = %v, %v; want %v, %v", c.name, bound, soon, c.bound, c.wantSoon)
+		low, high, soon := limitRange(c.f, c.rate, c.sent, c.resumed)
+		if soon != c.wantSoon || high < c.high-0.001 || high > c.high+0.001 || low < c.low-0.001 || low > c.low+0.001 {
+			t.Errorf("%s: limitRange = %v, %v, %v; want %v, %v, %v", c.name, low, high, soon, c.low, c.high, c.wantSoon)
 		}
+	}
+}
+
+// TestLoweredAfterManyAdmitted: a 429 that came after hundreds of admitted
+// requests (send jitter on a strict window, or a limit just under the
+// rate) lowers where the climb flattens only to what the admitted
+// requests prove the limit is at least, so that a fleet that draws such a
+// 429 every minute does not ratchet its rate down; one after a few
+// admitted requests still lowers it below them.
+func TestLoweredAfterManyAdmitted(t *testing.T) {
+	a, _ := Adaptive{}.withDefaults()
+	start := time.Unix(1000, 0)
+	c := climb{w: 1, start: start}
+	now := start.Add(60 * time.Second)
+	f := a.factor(c, now)
+	resumed := start.Add(-2 * time.Second)
+	rate := 19 * f
+	low, high, _ := limitRange(f, rate, now, resumed) // about 1,170 admitted
+	got := a.lowered(c, now, now.Add(2*time.Second), low, high)
+	if got.w < low || got.w > f {
+		t.Fatalf("after ~1,170 admitted requests w = %v, want in [%v, %v]", got.w, low, f)
+	}
+	if to := a.factor(got, now.Add(2*time.Second)); to >= f {
+		t.Fatalf("the rate after the 429 = %v, want below %v", to, f)
+	}
+	low, high, _ = limitRange(f, rate, resumed.Add(400*time.Millisecond), resumed) // about 7 admitted
+	if got := a.lowered(c, now, now.Add(2*time.Second), low, high); got.w > high {
+		t.Fatalf("after ~7 admitted requests w = %v, want below the bound %v", got.w, high)
 	}
 }
 
@@ -105,7 +134,7 @@ func TestLoweredKeepsTheMarkersOrder(t *testing.T) {
 	start := time.Unix(1000, 0)
 	c := climb{w: 0.7, start: start}
 	now := start.Add(3 * time.Second) // near w: a shallow drop
-	got := a.lowered(c, now, now.Add(2*time.Second), 1)
+	got := a.lowered(c, now, now.Add(2*time.Second), 0, 1)
 	if got.start.Before(start) {
 		t.Fatalf("lowered climb starts %v before the last one", start.Sub(got.start))
 	}

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	"runtime"
 	"strings"
 	"sync"
 	"time"
@@ -636,17 +637,28 @@ type waiter struct {
 	lateAnswer bool
 }
 
+// resumeLead is how long before a pause this process knows of ends its
+// waiting requests book. The pause drained the buckets until its end, so
+// their slots still begin at the end at the earliest; booked that early,
+// the answers come before the slots do, and the first requests after the
+// pause go out on time rather than as late answers of a fleet that woke
+// and booked at once (whose first request would go out late, and the
+// next on its slot: too close to it for a strict window).
+const resumeLead = 100 * time.Millisecond
+
 // outsidePause sits out a pause this process knows of (its own 429 sets
 // it before the drain returns), or fails at once when the pause, or the
 // queue this process's last booking left, outlasts the budget. It reports
 // whether it slept (the caller then looks again).
 func (w *waiter) outsidePause() (slept bool, err error) {
-	if until, _ := w.t.pausedUntil(w.paced, time.Time{}); until.After(time.Now()) {
+	if until, _ := w.t.pausedUntil(w.paced, time.Time{}); until.After(time.Now().Add(resumeLead)) {
 		d := time.Until(until)
 		if d > w.remaining() {
 			return false, w.backpressure(d, fleetrate.Result{})
 		}
-		if err := sleep(w.ctx, d); err != nil {
+		// Book resumeLead before the pause ends: the drained bucket gives
+		// the first slot at its end, and its answer comes before it.
+		if err := sleep(w.ctx, d-resumeLead); err != nil {
 			return false, w.failed("waiting out a pause", err)
 		}
 		return true, nil
@@ -711,6 +723,7 @@ func (w *waiter) book() (*fleetrate.Reservation, take, error) {
 func (w *waiter) sleep(r *fleetrate.Reservation, tk take) (void bool, err error) {
 	t := w.t
 	booked := time.Now()
+	w.wakeEarly(r.Due(), tk)
 	if err := r.Sleep(w.ctx); err != nil {
 		// Sleep gave the booking back: only what no later booking relies
 		// on returns, and nothing while a 429's drain has moved the bucket
@@ -735,7 +748,8 @@ func (w *waiter) sleep(r *fleetrate.Reservation, tk take) (void bool, err error)
 	if begunBefore && w.lateAnswer {
 		due = booked
 	}
-	switch d, void := t.spread(tk, due, time.Now()); {
+	d, void := t.spread(tk, due, time.Now())
+	switch {
 	case void:
 		w.lateAnswer = w.lateAnswer || begunBefore
 		t.m.rebooked(w.tg)
@@ -762,11 +776,55 @@ func (w *waiter) sleep(r *fleetrate.Reservation, tk take) (void bool, err error)
 	if until, _ := t.pausedUntil(w.paced, time.Time{}); until.After(time.Now()) || t.pausedSince(w.paced, booked) {
 		// Paused, or a pause began after this booking: the 429 that drew
 		// it voided every booking made before it (see drain), so book
-		// again behind it, at the rate it may have lowered.
+		// again behind it, at the rate it may have lowered. A slot that
+		// came before the end of a pause this process knows of (booked
+		// resumeLead ahead, on a clock a little off the store's) books
+		// again once the pause is over, not at once.
 		w.cancel(r)
+		if d := time.Until(until); d > 0 {
+			if d > w.remaining() {
+				return false, w.backpressure(d, fleetrate.Result{})
+			}
+			if err := sleep(w.ctx, d); err != nil {
+				return false, w.failed("waiting out a pause", err)
+			}
+		}
 		return true, nil
 	}
 	return false, nil
+}
+
+// wakeEarly sleeps until shortly before due, then yields the processor
+// until due comes, when the request's buckets tolerate little send jitter
+// (see spinLead): Go's timers wake a sleeper up to about 1 ms late (the
+// runtime's poller sleeps in whole milliseconds), which is a third of the
+// margin of a fleet paced at 95 % of a strict burst-1 window. It leaves
+// the deadline, a cancel and the slot itself to Reservation.Sleep.
+func (w *waiter) wakeEarly(due time.Time, tk take) {
+	lead := spinLead(tk.buckets[:tk.paced])
+	if lead <= 0 {
+		return
+	}
+	if dl, ok := w.ctx.Deadline(); ok && due.After(dl) {
+		return // past the deadline: Reservation.Sleep says so at once
+	}
+	if d := time.Until(due) - lead; d > 0 {
+		if sleep(w.ctx, d) != nil {
+			return // cancelled: Reservation.Sleep gives the booking back
+		}
+	}
+	var last time.Time
+	for w.ctx.Err() == nil {
+		now := time.Now()
+		if !now.Before(due) || now.Equal(last) {
+			// Due, or a clock that stood still while this goroutine ran
+			// (a coarse clock source, or testing/synctest's, which moves
+			// only when every goroutine blocks): the timer does the rest.
+			return
+		}
+		last = now
+		runtime.Gosched()
+	}
 }
 
 // remaining returns what is left of the wait budget.
@@ -956,7 +1014,7 @@ type limited struct {
 
 // limitedAtOnce reports whether a rate limit on tg's request sent at sent
 // came before the second slot after the fleet's last pause of tg's
-// endpoint, at the effective rate (see limitBound): then the pause was too
+// endpoint, at the effective rate (see limitRange): then the pause was too
 // short, and the rate is not to blame.
 func (t *Transport) limitedAtOnce(tg Target, sent time.Time) bool {
 	key := EndpointBucket(tg.Channel, tg.Endpoint)
@@ -972,7 +1030,7 @@ func (t *Transport) limitedAtOnce(tg Target, sent time.Time) bool {
 	if !t.adaptive.Off && !tg.Fixed {
 		rate *= t.adaptive.factor(v.climb, now)
 	}
-	_, soon := limitBound(1, rate, sent, v.pauseUntil)
+	_, _, soon := limitRange(1, rate, sent, v.pauseUntil)
 	return soon
 }
 

@@ -91,7 +91,15 @@ type AdversaryArrival struct {
 	// DuringPause marks a request that arrived while a pause announced to
 	// the client (in seconds or as a date) was in force.
 	DuringPause bool
+	// Wire is how long after the time in its SentHeader (Unix
+	// nanoseconds) the request arrived; 0 without one.
+	Wire time.Duration
 }
+
+// SentHeader is the request header a client may stamp with the time it
+// handed the request to its connection, in Unix nanoseconds, so that an
+// Adversary's log tells the wire's delay from the client's.
+const SentHeader = "X-Sent-Unix-Nano"
 
 // bucket is an exact token bucket in float64 tokens.
 type bucket struct {
@@ -151,6 +159,9 @@ func (a *Adversary) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	a.mu.Lock()
 	now := a.cfg.Now()
 	arr := AdversaryArrival{At: now, Status: http.StatusOK}
+	if ns, err := strconv.ParseInt(r.Header.Get(SentHeader), 10, 64); err == nil {
+		arr.Wire = now.Sub(time.Unix(0, ns))
+	}
 	a.doc.refill(now)
 	if a.hid.rate > 0 {
 		a.hid.refill(now)

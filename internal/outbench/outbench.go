@@ -17,6 +17,11 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -34,6 +39,11 @@ import (
 )
 
 const workerEnv = "FLEETRATE_OUTBENCH_WORKER"
+
+// LogEnv names the environment variable that, when it holds a directory,
+// has each worker process write its transport's events (each 429, pause
+// and rate change) there, to worker-<pid>.log.
+const LogEnv = "FLEETRATE_OUTBENCH_LOG"
 
 // Scenario is one upstream and how the fleet is configured against it.
 type Scenario struct {
@@ -83,6 +93,9 @@ type Result struct {
 	// arrivals within maxRetryAfter (the transport's cap) of a 429 that
 	// began a pause: the capped pause, honoured fleet-wide, admits none.
 	DuringCap int
+	// Around shows, for each 429 that began a pause, when it came and the
+	// gaps between the arrivals before and after it (see around).
+	Around string
 }
 
 // maxRetryAfter caps the fleet's transports' pauses (Options.MaxRetryAfter).
@@ -106,6 +119,45 @@ func duringCap(arrivals []mockota.AdversaryArrival, from, to time.Time) int {
 		}
 	}
 	return n
+}
+
+// around describes each 429 between from and to that began a pause (the
+// first after an admitted request): its time into the run, and the gaps
+// in milliseconds between the six arrivals before it, it and the three
+// after, each gap marked "!" when the arrival that ends it was refused,
+// and followed by that arrival's time on the wire (see
+// mockota.SentHeader) in brackets.
+func around(arrivals []mockota.AdversaryArrival, from, to time.Time) string {
+	var b strings.Builder
+	var wire []time.Duration
+	for _, a := range arrivals {
+		if !a.At.Before(from) && !a.At.After(to) && a.Wire > 0 {
+			wire = append(wire, a.Wire)
+		}
+	}
+	if n := len(wire); n > 0 {
+		slices.Sort(wire)
+		over := n - sort.Search(n, func(i int) bool { return wire[i] > 2*time.Millisecond })
+		fmt.Fprintf(&b, "on the wire: p50 %v, p99 %v, max %v; %d of %d over 2ms\n",
+			wire[n/2].Round(10*time.Microsecond), wire[n*99/100].Round(10*time.Microsecond), wire[n-1].Round(10*time.Microsecond), over, n)
+	}
+	for i, a := range arrivals {
+		if a.At.Before(from) || a.At.After(to) || a.Status != http.StatusTooManyRequests ||
+			i == 0 || arrivals[i-1].Status == http.StatusTooManyRequests {
+			continue
+		}
+		fmt.Fprintf(&b, "at %6.2fs:", a.At.Sub(from).Seconds())
+		for j := max(i-6, 1); j <= min(i+3, len(arrivals)-1); j++ {
+			mark := ""
+			if arrivals[j].Status != http.StatusOK {
+				mark = "!"
+			}
+			fmt.Fprintf(&b, " %.1f%s[%.1f]", float64(arrivals[j].At.Sub(arrivals[j-1].At).Microseconds())/1000, mark,
+				float64(arrivals[j].Wire.Microseconds())/1000)
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
 }
 
 type spec struct {
@@ -184,6 +236,14 @@ func work(s spec) Outcomes {
 	if err != nil {
 		return Outcomes{Errors: []string{err.Error()}}
 	}
+	// As the README shows: dial and load the scripts before the first
+	// booking, whose answer would otherwise come late.
+	wctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	err = store.Warm(wctx)
+	cancel()
+	if err != nil {
+		return Outcomes{Errors: []string{err.Error()}}
+	}
 	up := upstreamOf(s.Scenario)
 	lim, err := fleetrate.New(store, fleetrate.Config{Prefix: s.Prefix, Buckets: up.Buckets()})
 	if err != nil {
@@ -194,9 +254,18 @@ func work(s spec) Outcomes {
 		return Outcomes{Errors: []string{err.Error()}}
 	}
 	reg := prometheus.NewRegistry()
+	var logger *slog.Logger
+	if dir := os.Getenv(LogEnv); dir != "" {
+		f, err := os.Create(filepath.Join(dir, fmt.Sprintf("worker-%d.log", os.Getpid())))
+		if err != nil {
+			return Outcomes{Errors: []string{err.Error()}}
+		}
+		defer f.Close()
+		logger = slog.New(slog.NewTextHandler(f, nil))
+	}
 	tr, err := transport.New(lim, classify, transport.Options{
-		Base:          &http.Transport{MaxIdleConnsPerHost: s.Goroutines},
-		Logger:        nil,
+		Base:          stamped{&http.Transport{MaxIdleConnsPerHost: s.Goroutines}},
+		Logger:        logger,
 		MaxRetryAfter: maxRetryAfter,
 		Registerer:    reg,
 	})
@@ -223,6 +292,17 @@ func work(s spec) Outcomes {
 	return out
 }
 
+// stamped stamps each request with the time it is handed to the
+// connection (mockota.SentHeader), so that the upstream's log tells how
+// long the wire took from how late the transport sent it.
+type stamped struct{ base http.RoundTripper }
+
+func (s stamped) RoundTrip(req *http.Request) (*http.Response, error) {
+	req = req.Clone(req.Context())
+	req.Header.Set(mockota.SentHeader, strconv.FormatInt(time.Now().UnixNano(), 10))
+	return s.base.RoundTrip(req)
+}
+
 // withDefaults fills the zero fields: 4 processes × 16 goroutines for d.
 func (o Options) withDefaults(d time.Duration) Options {
 	if o.Processes == 0 {
@@ -242,6 +322,7 @@ func (r *Result) report(s Scenario, adv *mockota.Adversary, from, to time.Time) 
 	r.AdversaryReport = adv.Report(from, to)
 	arrivals := adv.Arrivals()
 	r.Series = series(s.Name, s.Target, arrivals, from, to)
+	r.Around = around(arrivals, from, to)
 	if s.Upstream.RetryAfter == mockota.RetryHuge {
 		r.DuringCap = duringCap(arrivals, from, to)
 	}

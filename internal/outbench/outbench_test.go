@@ -20,6 +20,7 @@ var (
 	only     = flag.String("outbench.only", "", "run only the scenarios whose name contains this")
 	chart    = flag.String("outbench.chart", "", "write a PNG chart of the runs to this file")
 	perSec   = flag.Bool("outbench.series", false, "log each run's accepted and limited requests second by second")
+	aroundFl = flag.Bool("outbench.around", false, "log the gaps between the arrivals around each 429 that began a pause")
 )
 
 // BenchmarkOutbound runs every scenario with 4 processes × 16 goroutines
@@ -40,6 +41,9 @@ func BenchmarkOutbound(b *testing.B) {
 			}
 			if *perSec {
 				b.Logf("%s, accepted/limited per second: %s", s.Name, r.Series)
+			}
+			if *aroundFl {
+				b.Logf("%s, arrivals around each 429:\n%s", s.Name, r.Around)
 			}
 			rs = append(rs, r)
 		}
