@@ -173,32 +173,18 @@ const hiddenBurst = 4
 // b ≤ hiddenBurst has b + h·(k − 1)/rate ≥ k − 1, so h ≥ rate × (1 −
 // hiddenBurst/(k − 1)): the low bound (0 when that is negative), close
 // to the rate after many requests. Before the second request's slot (k <
-// 2) the 429 says the pause was too short, not the rate too high: soon;
-// before minBounding requests it bounds nothing. Without a resume to count
-// from it returns 0 and f.
+// 2) the 429 says the pause was too short, not the rate too high: soon.
+// Without a resume to count from it returns 0 and f.
 func limitRange(f, rate float64, sent, resumed time.Time) (low, high float64, soon bool) {
 	if resumed.IsZero() || !resumed.Before(sent) {
 		return 0, f, false
 	}
 	k := rate * sent.Sub(resumed).Seconds()
-	switch {
-	case k < 2:
+	if k < 2 {
 		return 0, f, true
-	case k < minBounding:
-		return 0, f, false
 	}
 	return max(f*(1-hiddenBurst/(k-1)), 0), f * (1 - 1/k), false
 }
-
-// minBounding is how many requests since the last pause a 429 must come
-// after for limitRange to bound the limit by them. The first requests
-// after a pause go out with the jitter of a fleet that resumes at once:
-// one late, the next on its slot, and a strict window refuses the second
-// though the rate is well under the limit. Read as a bound, such a 429
-// after 3 or 4 requests would cut the rate by a third or a half; a limit
-// that low is found all the same, a Decrease per 429 until the 429s come
-// late enough to bound it.
-const minBounding = 5
 
 // paceRate returns the rate a bucket paces requests at over a second or
 // more: its slowest limit's.

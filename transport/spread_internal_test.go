@@ -86,7 +86,7 @@ func TestLimitRange(t *testing.T) {
 		{"no pause to count from", 0.8, 8, resumed, time.Time{}, 0, 0.8, false},
 		{"sent before the resume", 0.8, 8, resumed.Add(-time.Second), resumed, 0, 0.8, false},
 		{"first request after the pause", 0.8, 8, resumed.Add(130 * time.Millisecond), resumed, 0, 0.8, true},
-		{"second request: jitter, as likely", 0.8, 8, resumed.Add(250 * time.Millisecond), resumed, 0, 0.8, false},
+		{"second request", 0.8, 8, resumed.Add(250 * time.Millisecond), resumed, 0, 0.4, false},
 		{"fifth request", 0.8, 8, resumed.Add(625 * time.Millisecond), resumed, 0, 0.64, false},
 		{"after 8 intervals", 0.8, 8, resumed.Add(time.Second), resumed, 0.8 * (1 - 4.0/7), 0.7, false},
 		{"long after", 0.8, 8, resumed.Add(100 * time.Second), resumed, 0.8 * (1 - 4.0/799), 0.799, false},
@@ -158,5 +158,27 @@ func TestAdmittedEndsTheRow(t *testing.T) {
 	}
 	if n := tr.views.inRow.Load(); n != 0 {
 		t.Fatalf("after the row ended %d views count as in a row, want 0", n)
+	}
+}
+
+// TestSpinLead: only a burst-1 limit's requests wake early to wait out the
+// rest of their slot without a timer, by at most maxSpin and at most an
+// eighth of the limit's interval.
+func TestSpinLead(t *testing.T) {
+	bucket := func(ls ...fleetrate.Limit) fleetrate.Bucket { return fleetrate.Bucket{Key: "{ota}/avail", Limits: ls} }
+	for _, c := range []struct {
+		name  string
+		paced []fleetrate.Bucket
+		want  time.Duration
+	}{
+		{"19/s burst 1", []fleetrate.Bucket{bucket(fleetrate.PerSecond(19, 1))}, maxSpin},
+		{"1000/s burst 1", []fleetrate.Bucket{bucket(fleetrate.PerSecond(1000, 1))}, 125 * time.Microsecond},
+		{"20/s burst 2", []fleetrate.Bucket{bucket(fleetrate.PerSecond(20, 2))}, 0},
+		{"endpoint burst 2, credential burst 1", []fleetrate.Bucket{
+			bucket(fleetrate.PerSecond(20, 2)), bucket(fleetrate.PerSecond(4000, 1))}, 31250 * time.Nanosecond},
+	} {
+		if got := spinLead(c.paced); got != c.want {
+			t.Errorf("%s: spinLead = %v, want %v", c.name, got, c.want)
+		}
 	}
 }

@@ -230,7 +230,7 @@ func upstreamOf(s Scenario) transport.Upstream {
 }
 
 func work(s spec) Outcomes {
-	c := redis.NewClient(&redis.Options{Addr: s.Addr, PoolSize: s.Goroutines + 4})
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, PoolSize: s.Goroutines + 4, MinIdleConns: s.Goroutines})
 	defer c.Close()
 	store, err := redisstore.New(c, redisstore.Options{Timeout: 2 * time.Second})
 	if err != nil {
