@@ -62,10 +62,11 @@ func (s *Server) newGRPC() *grpc.Server {
 		// 64 callers still spent 8-12 % of the CPU growing the stacks of
 		// new goroutines in gRPC's receive path. Workers take streams in
 		// turn, so a lone caller's calls go round the whole pool, on
-		// colder stacks: in memory it paid about a tenth more CPU per
-		// decision than with 8 workers, for 1.3 times the decisions per
-		// CPU-second at 64 callers (servebench -baseline,
-		// docs/BENCHMARKS.md).
+		// colder stacks: one measurement put its cost at about a tenth
+		// more CPU per decision than with 8 workers, a second found none
+		// (8 workers: 0.93 and 0.97 times the decisions per CPU-second of
+		// 64 at 1 caller, 0.70 and 0.91 at 64 callers, on Redis and in
+		// memory; servebench -baseline, docs/BENCHMARKS.md).
 		grpc.NumStreamWorkers(streamWorkers),
 		// Fixed flow-control windows, as large as a request may be, turn
 		// off gRPC's bandwidth-delay estimation: with it, the server

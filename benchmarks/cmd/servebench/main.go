@@ -352,7 +352,15 @@ func measureService(s service, callers int, d time.Duration) (result, error) {
 			<-done
 		}
 	}()
-	conn, err := grpc.NewClient("127.0.0.1:"+strconv.Itoa(port), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient("127.0.0.1:"+strconv.Itoa(port), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		// Fixed windows, Envoy's defaults (256 MiB), as Envoy calls a
+		// rate-limit service: a grpc-go client with its default windows
+		// estimates the bandwidth-delay product and sends a PING after
+		// the responses it reads, which every service (all grpc-go) then
+		// reads and answers, a read and a write per decision that Envoy
+		// never causes. Fixed windows turn that estimation off; the same
+		// client calls every service.
+		grpc.WithStaticStreamWindowSize(envoyWindow), grpc.WithStaticConnWindowSize(envoyWindow))
 	if err != nil {
 		return result{}, err
 	}
@@ -387,6 +395,11 @@ func measureService(s service, callers int, d time.Duration) (result, error) {
 	}
 	return result{decisions: float64(ok) / took.Seconds(), perCPU: float64(ok) / cpu, errors: errs}, nil
 }
+
+// envoyWindow is Envoy's default HTTP/2 stream and connection window
+// (its Http2ProtocolOptions initial_stream_window_size and
+// initial_connection_window_size).
+const envoyWindow = 256 << 20
 
 // load runs callers goroutines calling call until d has passed and returns
 // the successful calls, the failed ones and the time taken.
