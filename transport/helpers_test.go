@@ -105,7 +105,13 @@ func bookingCom(rate float64) transport.Upstream {
 // bubble, if any) and a transport over base.
 func setup(t *testing.T, up transport.Upstream, base http.RoundTripper, opts transport.Options) (*transport.Transport, *fleetrate.Limiter) {
 	t.Helper()
-	lim, err := fleetrate.New(memstore.New(memstore.Options{}), fleetrate.Config{Buckets: up.Buckets()})
+	return setupOn(t, memstore.New(memstore.Options{}), up, base, opts)
+}
+
+// setupOn is setup over store.
+func setupOn(t *testing.T, store fleetrate.Store, up transport.Upstream, base http.RoundTripper, opts transport.Options) (*transport.Transport, *fleetrate.Limiter) {
+	t.Helper()
+	lim, err := fleetrate.New(store, fleetrate.Config{Buckets: up.Buckets()})
 	if err != nil {
 		t.Fatalf("fleetrate.New: %v", err)
 	}

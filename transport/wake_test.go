@@ -78,20 +78,8 @@ func (b *bookings) Take(ctx context.Context, req fleetrate.Request) (fleetrate.R
 func TestRequestsBookBeforeAKnownPauseEnds(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		srv := &upstream{script: []reply{{http.StatusTooManyRequests, "1"}}}
-		up := bookingCom(10)
 		store := &bookings{Store: memstore.New(memstore.Options{})}
-		lim, err := fleetrate.New(store, fleetrate.Config{Buckets: up.Buckets()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		classify, err := up.Classifier()
-		if err != nil {
-			t.Fatal(err)
-		}
-		tr, err := transport.New(lim, classify, transport.Options{Base: inMemory(srv), Logger: quiet, MaxAttempts: 1})
-		if err != nil {
-			t.Fatal(err)
-		}
+		tr, _ := setupOn(t, store, bookingCom(10), inMemory(srv), transport.Options{MaxAttempts: 1})
 		defer tr.Close()
 		limited := time.Now()
 		if resp, err := get(t, t.Context(), tr, "/availability"); err == nil {
