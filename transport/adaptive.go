@@ -150,7 +150,7 @@ func (a Adaptive) lowered(c climb, now, resume time.Time, low, high float64) cli
 	start := later(resume.Add(-time.Duration(ahead*float64(a.Recovery))), c.start)
 	w := f
 	if high < f {
-		w = max(high*(1+drop)/2, min(low, high))
+		w = max(high*(1+drop)/2, low) // low ≤ high (see limitRange)
 	}
 	return climb{w: max(w, a.Floor), start: start}
 }
@@ -172,7 +172,7 @@ const hiddenBurst = 4
 // as a fraction of the documented rate. One that admitted the k − 1 with
 // b ≤ hiddenBurst has b + h·(k − 1)/rate ≥ k − 1, so h ≥ rate × (1 −
 // hiddenBurst/(k − 1)): the low bound (0 when that is negative), close
-// to the rate after many requests. Before the second request's slot (k <
+// to the rate after many requests, and never above the high one. Before the second request's slot (k <
 // 2) the 429 says the pause was too short, not the rate too high: soon.
 // Without a resume to count from it returns 0 and f.
 func limitRange(f, rate float64, sent, resumed time.Time) (low, high float64, soon bool) {

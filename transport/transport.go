@@ -652,14 +652,10 @@ const resumeLead = 100 * time.Millisecond
 // whether it slept (the caller then looks again).
 func (w *waiter) outsidePause() (slept bool, err error) {
 	if until, _ := w.t.pausedUntil(w.paced, time.Time{}); until.After(time.Now().Add(resumeLead)) {
-		d := time.Until(until)
-		if d > w.remaining() {
-			return false, w.backpressure(d, fleetrate.Result{})
-		}
 		// Book resumeLead before the pause ends: the drained bucket gives
 		// the first slot at its end, and its answer comes before it.
-		if err := sleep(w.ctx, d-resumeLead); err != nil {
-			return false, w.failed("waiting out a pause", err)
+		if err := w.sitOut(until, resumeLead); err != nil {
+			return false, err
 		}
 		return true, nil
 	}
@@ -669,6 +665,20 @@ func (w *waiter) outsidePause() (slept bool, err error) {
 		return false, w.backpressure(d, fleetrate.Result{})
 	}
 	return false, nil
+}
+
+// sitOut sleeps until lead before until, the end of a pause this process
+// knows of, or fails at once with backpressure when the pause outlasts
+// the wait budget.
+func (w *waiter) sitOut(until time.Time, lead time.Duration) error {
+	d := time.Until(until)
+	if d > w.remaining() {
+		return w.backpressure(d, fleetrate.Result{})
+	}
+	if err := sleep(w.ctx, d-lead); err != nil {
+		return w.failed("waiting out a pause", err)
+	}
+	return nil
 }
 
 // book books the request's turn (see Transport.wait). It returns
@@ -781,12 +791,9 @@ func (w *waiter) sleep(r *fleetrate.Reservation, tk take) (void bool, err error)
 		// resumeLead ahead, on a clock a little off the store's) books
 		// again once the pause is over, not at once.
 		w.cancel(r)
-		if d := time.Until(until); d > 0 {
-			if d > w.remaining() {
-				return false, w.backpressure(d, fleetrate.Result{})
-			}
-			if err := sleep(w.ctx, d); err != nil {
-				return false, w.failed("waiting out a pause", err)
+		if until.After(time.Now()) {
+			if err := w.sitOut(until, 0); err != nil {
+				return false, err
 			}
 		}
 		return true, nil
