@@ -314,8 +314,9 @@ type view struct {
 	lastPause time.Duration
 	// soon counts the 429s in a row taken as a pause too short.
 	soon int
-	// sent is when this process last let a request of the bucket go.
-	sent time.Time
+	// sent is when this process last let a request of the bucket go, and
+	// began when it let its first go.
+	sent, began time.Time
 	// next is when the bucket's next token was free, as the last booking
 	// this process made left it (local clock): a request whose wait budget
 	// ends sooner fails with backpressure without asking the store.
@@ -638,12 +639,19 @@ type rateChange struct {
 
 // lower decides the new climb of bucket b (this process's view v) for a
 // 429 answered at now on a request sent at sent, the fleet paused until
-// resume and its previous pause over at resumed, soon when the 429 came at
+// resume and its previous pause over at resumed (zero when it knows of
+// none: then counted from its first request), soon when the 429 came at
 // once after that pause (see Transport.limitedAtOnce): ok when the rate is
 // to be lowered, and floor when the rate was at its floor already.
 // t.views.mu is held.
 func (t *Transport) lower(v *view, b fleetrate.Bucket, now, sent, resume, resumed time.Time, soon bool) (ch rateChange, floor, ok bool) {
 	from := t.adaptive.factor(v.climb, now)
+	if resumed.IsZero() {
+		// No pause yet: the fleet has sent at its rate at least since
+		// this process's first request, and a first 429 after hundreds of
+		// admitted ones bounds the limit as closely as one after a pause.
+		resumed = v.began
+	}
 	low, high, _ := limitRange(from, from*paceRate(b), sent, resumed)
 	c := t.adaptive.lowered(v.climb, now, resume, low, high)
 	to := t.adaptive.factor(c, resume)
@@ -731,17 +739,39 @@ func SetEffectiveFactor(ctx context.Context, store fleetrate.Store, b fleetrate.
 }
 
 // lateSlack is how late after its slot a request may go out as booked:
-// the send jitter a limit of burst 1 is assumed to absorb. Idle, 1 in 120
-// of the outbound benchmark's requests woke more than 2 ms late, and 1 in
-// 1,100 more than 5 ms; under load 4, about 1 in 20 more than 10 ms (see
-// docs/BENCHMARKS.md).
+// the send jitter a limit is assumed to absorb. Idle, 1 in 120 of the
+// outbound benchmark's requests woke more than 2 ms late, and 1 in 1,100
+// more than 5 ms; under load 4, about 1 in 20 more than 10 ms (see
+// docs/BENCHMARKS.md). A limit of burst 1 absorbs less (see strictSlack).
 const lateSlack = 5 * time.Millisecond
+
+// strictShare and minStrictSlack set how late a request of a burst-1
+// limit may go out: an interval / strictShare, at least minStrictSlack
+// and at most lateSlack. A fleet paced at 95 % of a strict window (as the
+// README paces one) has 5 % of an interval of margin, 2.6 ms at 19/s: a
+// request that goes out more than half of it late, followed by one on its
+// slot, leaves the upstream's jitter too little. Booking it again costs
+// its slot, which the upstream's pause after a 429 costs some 40 times.
+const (
+	strictShare    = 40
+	minStrictSlack = time.Millisecond
+)
+
+// slack returns how late after its slot a request of l may go out as
+// booked: lateSlack, or for burst 1 l's interval / strictShare, within
+// [minStrictSlack, lateSlack].
+func slack(l fleetrate.Limit) time.Duration {
+	if l.Burst > 1 {
+		return lateSlack
+	}
+	return min(max(time.Duration(l.Interval())/strictShare, minStrictSlack), lateSlack)
+}
 
 // spread decides when a request whose slot began at due goes out, against
 // the requests of this process that went out before it. On time (within
-// lateSlack), at once. A request may go out late only as far as its
+// its limits' slack), at once. A request may go out late only as far as its
 // buckets' bursts allow: with burst b, an interval is 1/rate and a slot
-// (b − 1) intervals + lateSlack late still keeps every window of the
+// (b − 1) intervals + slack late still keeps every window of the
 // upstream within b + rate × the window, whoever holds the next slots. So
 // a late request keeps one interval of its buckets' fastest limits after
 // the last one this process sent (so that the overdue requests of a
@@ -751,12 +781,12 @@ const lateSlack = 5 * time.Millisecond
 // a process woke late. now is the time it would go out. It returns how
 // long to wait first, or void.
 func (t *Transport) spread(tk take, due, now time.Time) (wait time.Duration, void bool) {
-	gap, tolerance := spacing(tk.buckets[:tk.paced])
+	gap, tolerance, onTime := spacing(tk.buckets[:tk.paced])
 	late := now.Sub(due)
 	t.views.mu.Lock()
 	defer t.views.mu.Unlock()
 	at := now
-	if late > lateSlack {
+	if late > onTime {
 		for _, b := range tk.buckets[:tk.paced] {
 			at = later(at, t.views.get(b.Key).sent.Add(gap))
 		}
@@ -767,6 +797,9 @@ func (t *Transport) spread(tk take, due, now time.Time) (wait time.Duration, voi
 	for _, b := range tk.buckets[:tk.paced] {
 		v := t.views.get(b.Key)
 		v.sent = later(v.sent, at)
+		if v.began.IsZero() {
+			v.began = at
+		}
 	}
 	return at.Sub(now), false
 }
@@ -793,19 +826,21 @@ func spinLead(paced []fleetrate.Bucket) time.Duration {
 	return lead
 }
 
-// spacing returns the interval of the buckets' fastest limits, and how
-// late after its slot a request of them may go out: the least, over their
-// limits, of (burst − 1) intervals + lateSlack.
-func spacing(paced []fleetrate.Bucket) (gap, tolerance time.Duration) {
-	tolerance = time.Duration(1<<63 - 1)
+// spacing returns the interval of the buckets' fastest limits, how late
+// after its slot a request of them may go out (the least, over their
+// limits, of (burst − 1) intervals + slack), and how late it may go out
+// as booked, unspaced: the least slack of their limits.
+func spacing(paced []fleetrate.Bucket) (gap, tolerance, onTime time.Duration) {
+	tolerance, onTime = time.Duration(1<<63-1), lateSlack
 	for _, b := range paced {
 		d := time.Duration(1<<63 - 1)
 		for _, l := range b.Limits {
 			iv := time.Duration(l.Interval())
 			d = min(d, iv)
-			tolerance = min(tolerance, time.Duration(l.Burst-1)*iv+lateSlack)
+			tolerance = min(tolerance, time.Duration(l.Burst-1)*iv+slack(l))
+			onTime = min(onTime, slack(l))
 		}
 		gap = max(gap, d)
 	}
-	return gap, tolerance
+	return gap, tolerance, onTime
 }

@@ -8,25 +8,26 @@ import (
 )
 
 // TestSpreadLateWakers: a request of a strict (burst 1) bucket woken
-// later after its slot than lateSlack is booked again, every time, since
-// whoever holds the next slot would follow it too closely; with a larger
-// burst, the requests of a process that stalled go out one interval apart
-// as long as each stays within (burst − 1) intervals + lateSlack of its
-// slot, and the one that would not is booked again.
+// later after its slot than its slack (an interval / strictShare: 1.25 ms
+// at 20/s) is booked again, every time, since whoever holds the next slot
+// would follow it too closely; with a larger burst, the requests of a
+// process that stalled go out one interval apart as long as each stays
+// within (burst − 1) intervals + lateSlack of its slot, and the one that
+// would not is booked again.
 func TestSpreadLateWakers(t *testing.T) {
-	strict := fleetrate.Bucket{Key: "{ota}/avail", Limits: []fleetrate.Limit{fleetrate.PerSecond(10, 1)}}
+	strict := fleetrate.Bucket{Key: "{ota}/avail", Limits: []fleetrate.Limit{fleetrate.PerSecond(20, 1)}}
 	tk := take{buckets: []fleetrate.Bucket{strict, pauseMarker(strict)}, paced: 1}
 	tr := &Transport{}
 	now := time.Now()
 	if d, void := tr.spread(tk, now, now); d != 0 || void {
 		t.Fatalf("strict, on time: wait %v, void %v; want 0, false", d, void)
 	}
-	if d, void := tr.spread(tk, now.Add(-lateSlack/2), now); d != 0 || void {
-		t.Fatalf("strict, within lateSlack: wait %v, void %v; want 0, false", d, void)
+	if d, void := tr.spread(tk, now.Add(-time.Millisecond), now); d != 0 || void {
+		t.Fatalf("strict, 1 ms late (within its 1.25 ms): wait %v, void %v; want 0, false", d, void)
 	}
-	for range 3 {
-		if _, void := tr.spread(tk, now.Add(-10*time.Millisecond), now); !void {
-			t.Fatalf("strict, 10 ms late: not booked again; the next slot, 100 ms after this one's, would follow it by 90 ms")
+	for _, late := range []time.Duration{2 * time.Millisecond, 4 * time.Millisecond, 10 * time.Millisecond} {
+		if _, void := tr.spread(tk, now.Add(-late), now); !void {
+			t.Fatalf("strict, %v late: not booked again; the next slot, 50 ms after this one's, would follow it by %v, and a fleet paced at 95 %% has 2.6 ms of margin", late, 50*time.Millisecond-late)
 		}
 	}
 
@@ -55,18 +56,20 @@ func TestSpreadLateWakers(t *testing.T) {
 func TestSpacing(t *testing.T) {
 	b := func(ls ...fleetrate.Limit) fleetrate.Bucket { return fleetrate.Bucket{Limits: ls} }
 	for _, c := range []struct {
-		name           string
-		paced          []fleetrate.Bucket
-		gap, tolerance time.Duration
+		name                   string
+		paced                  []fleetrate.Bucket
+		gap, tolerance, onTime time.Duration
 	}{
-		{"strict", []fleetrate.Bucket{b(fleetrate.PerSecond(20, 1))}, 50 * time.Millisecond, lateSlack},
-		{"burst 2", []fleetrate.Bucket{b(fleetrate.PerSecond(20, 2))}, 50 * time.Millisecond, 50*time.Millisecond + lateSlack},
+		{"strict", []fleetrate.Bucket{b(fleetrate.PerSecond(20, 1))}, 50 * time.Millisecond, 1250 * time.Microsecond, 1250 * time.Microsecond},
+		{"strict and fast: at least minStrictSlack", []fleetrate.Bucket{b(fleetrate.PerSecond(4000, 1))}, 250 * time.Microsecond, minStrictSlack, minStrictSlack},
+		{"strict and slow: at most lateSlack", []fleetrate.Bucket{b(fleetrate.PerSecond(1, 1))}, time.Second, lateSlack, lateSlack},
+		{"burst 2", []fleetrate.Bucket{b(fleetrate.PerSecond(20, 2))}, 50 * time.Millisecond, 50*time.Millisecond + lateSlack, lateSlack},
 		{"the strictest limit of two buckets", []fleetrate.Bucket{b(fleetrate.PerSecond(20, 3)), b(fleetrate.PerSecond(10, 1), fleetrate.Limit{Name: "minute", Rate: 100.0 / 60, Burst: 50})},
-			100 * time.Millisecond, lateSlack},
+			100 * time.Millisecond, 2500 * time.Microsecond, 2500 * time.Microsecond},
 	} {
-		gap, tol := spacing(c.paced)
-		if gap != c.gap || tol != c.tolerance {
-			t.Errorf("%s: spacing = %v, %v; want %v, %v", c.name, gap, tol, c.gap, c.tolerance)
+		gap, tol, onTime := spacing(c.paced)
+		if gap != c.gap || tol != c.tolerance || onTime != c.onTime {
+			t.Errorf("%s: spacing = %v, %v, %v; want %v, %v, %v", c.name, gap, tol, onTime, c.gap, c.tolerance, c.onTime)
 		}
 	}
 }
@@ -180,5 +183,29 @@ func TestSpinLead(t *testing.T) {
 		if got := spinLead(c.paced); got != c.want {
 			t.Errorf("%s: spinLead = %v, want %v", c.name, got, c.want)
 		}
+	}
+}
+
+// TestFirst429CountsFromTheFirstRequest: a 429 after hundreds of admitted
+// requests and no pause before it (send jitter on a strict window, the
+// most common first 429 there) bounds the limit as one after a pause does:
+// the rate drops half as far, not by Decrease, since the process counts
+// the requests since its first; a process that sent nothing before it
+// knows nothing of the limit and drops by Decrease.
+func TestFirst429CountsFromTheFirstRequest(t *testing.T) {
+	a, _ := Adaptive{}.withDefaults()
+	tr := &Transport{adaptive: a}
+	b := fleetrate.Bucket{Key: "{ota}/avail", Limits: []fleetrate.Limit{fleetrate.PerSecond(19, 1)}}
+	start := time.Unix(1000, 0)
+	now := start.Add(49 * time.Second) // about 930 admitted
+	resume := now.Add(2 * time.Second)
+	ch, _, ok := tr.lower(&view{began: start}, b, now, now, resume, time.Time{}, false)
+	half := 1 - (1-a.Decrease)/2
+	if !ok || ch.at < half-0.01 {
+		t.Fatalf("first 429 after ~930 admitted: rate %v (ok %v), want about %v (half the drop)", ch.at, ok, half)
+	}
+	ch, _, ok = tr.lower(&view{}, b, now, now, resume, time.Time{}, false)
+	if !ok || ch.at > a.Decrease+0.01 {
+		t.Fatalf("first 429 of a process that sent nothing before: rate %v (ok %v), want %v", ch.at, ok, a.Decrease)
 	}
 }

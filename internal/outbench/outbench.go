@@ -126,7 +126,8 @@ func duringCap(arrivals []mockota.AdversaryArrival, from, to time.Time) int {
 // in milliseconds between the six arrivals before it, it and the three
 // after, each gap marked "!" when the arrival that ends it was refused,
 // and followed by that arrival's time on the wire (see
-// mockota.SentHeader) in brackets.
+// mockota.SentHeader) in brackets; the first bracket, before the gaps, is
+// the time on the wire of the arrival that begins the first gap.
 func around(arrivals []mockota.AdversaryArrival, from, to time.Time) string {
 	var b strings.Builder
 	var wire []time.Duration
@@ -146,8 +147,9 @@ func around(arrivals []mockota.AdversaryArrival, from, to time.Time) string {
 			i == 0 || arrivals[i-1].Status == http.StatusTooManyRequests {
 			continue
 		}
-		fmt.Fprintf(&b, "at %6.2fs:", a.At.Sub(from).Seconds())
-		for j := max(i-6, 1); j <= min(i+3, len(arrivals)-1); j++ {
+		first := max(i-6, 1)
+		fmt.Fprintf(&b, "at %6.2fs: [%.1f]", a.At.Sub(from).Seconds(), float64(arrivals[first-1].Wire.Microseconds())/1000)
+		for j := first; j <= min(i+3, len(arrivals)-1); j++ {
 			mark := ""
 			if arrivals[j].Status != http.StatusOK {
 				mark = "!"
