@@ -640,19 +640,25 @@ type rateChange struct {
 // lower decides the new climb of bucket b (this process's view v) for a
 // 429 answered at now on a request sent at sent, the fleet paused until
 // resume and its previous pause over at resumed (zero when it knows of
-// none: then counted from its first request), soon when the 429 came at
-// once after that pause (see Transport.limitedAtOnce): ok when the rate is
+// none: then the lower bound counts from its first request), soon when the
+// 429 came at once after that pause (see Transport.limitedAtOnce): ok when the rate is
 // to be lowered, and floor when the rate was at its floor already.
 // t.views.mu is held.
 func (t *Transport) lower(v *view, b fleetrate.Bucket, now, sent, resume, resumed time.Time, soon bool) (ch rateChange, floor, ok bool) {
 	from := t.adaptive.factor(v.climb, now)
+	var low, high float64
 	if resumed.IsZero() {
 		// No pause yet: the fleet has sent at its rate at least since
-		// this process's first request, and a first 429 after hundreds of
-		// admitted ones bounds the limit as closely as one after a pause.
-		resumed = v.began
+		// this process's first request, so a first 429 after hundreds of
+		// admitted ones bounds the limit from below as closely as one
+		// after a pause. Not from above: the upstream's bucket need not
+		// have been full at the start (another client, the fleet's last
+		// run).
+		low, _, _ = limitRange(from, from*paceRate(b), sent, v.began)
+		high = from
+	} else {
+		low, high, _ = limitRange(from, from*paceRate(b), sent, resumed)
 	}
-	low, high, _ := limitRange(from, from*paceRate(b), sent, resumed)
 	c := t.adaptive.lowered(v.climb, now, resume, low, high)
 	to := t.adaptive.factor(c, resume)
 	if to == t.adaptive.Floor && !v.floored.IsZero() && sent.After(v.floored) {

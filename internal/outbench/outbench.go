@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httptrace"
 	"os"
 	"path/filepath"
 	"slices"
@@ -24,6 +25,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -257,16 +259,21 @@ func work(s spec) Outcomes {
 	}
 	reg := prometheus.NewRegistry()
 	var logger *slog.Logger
+	var sends *slog.Logger
 	if dir := os.Getenv(LogEnv); dir != "" {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return Outcomes{Errors: []string{err.Error()}}
+		}
 		f, err := os.Create(filepath.Join(dir, fmt.Sprintf("worker-%d.log", os.Getpid())))
 		if err != nil {
 			return Outcomes{Errors: []string{err.Error()}}
 		}
 		defer f.Close()
 		logger = slog.New(slog.NewTextHandler(f, nil))
+		sends = logger
 	}
 	tr, err := transport.New(lim, classify, transport.Options{
-		Base:          stamped{&http.Transport{MaxIdleConnsPerHost: s.Goroutines}},
+		Base:          stamped{base: &http.Transport{MaxIdleConnsPerHost: s.Goroutines}, log: sends},
 		Logger:        logger,
 		MaxRetryAfter: maxRetryAfter,
 		Registerer:    reg,
@@ -296,13 +303,41 @@ func work(s spec) Outcomes {
 
 // stamped stamps each request with the time it is handed to the
 // connection (mockota.SentHeader), so that the upstream's log tells how
-// long the wire took from how late the transport sent it.
-type stamped struct{ base http.RoundTripper }
+// long the wire took from how late the transport sent it. With a log, it
+// also logs each send that took a new connection or whose write ended
+// more than slowWrite after the stamp (event slow_send): the client's own
+// share of the wire.
+type stamped struct {
+	base http.RoundTripper
+	log  *slog.Logger
+}
+
+// slowWrite is how long after its stamp a request's write may end before
+// stamped logs it.
+const slowWrite = time.Millisecond
 
 func (s stamped) RoundTrip(req *http.Request) (*http.Response, error) {
 	req = req.Clone(req.Context())
-	req.Header.Set(mockota.SentHeader, strconv.FormatInt(time.Now().UnixNano(), 10))
-	return s.base.RoundTrip(req)
+	stamp := time.Now()
+	req.Header.Set(mockota.SentHeader, strconv.FormatInt(stamp.UnixNano(), 10))
+	if s.log == nil {
+		return s.base.RoundTrip(req)
+	}
+	var got, wrote atomic.Int64
+	var reused atomic.Bool
+	req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
+		GotConn: func(i httptrace.GotConnInfo) {
+			got.Store(int64(time.Since(stamp)))
+			reused.Store(i.Reused)
+		},
+		WroteRequest: func(httptrace.WroteRequestInfo) { wrote.Store(int64(time.Since(stamp))) },
+	}))
+	resp, err := s.base.RoundTrip(req)
+	if w := time.Duration(wrote.Load()); w > slowWrite || !reused.Load() {
+		s.log.Info("slow_send", slog.Time("stamp", stamp), slog.Bool("reused", reused.Load()),
+			slog.Duration("got_conn", time.Duration(got.Load())), slog.Duration("wrote", w))
+	}
+	return resp, err
 }
 
 // withDefaults fills the zero fields: 4 processes × 16 goroutines for d.
