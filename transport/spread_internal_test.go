@@ -8,26 +8,26 @@ import (
 )
 
 // TestSpreadLateWakers: a request of a strict (burst 1) bucket woken
-// later after its slot than its slack (an interval / strictShare: 1.25 ms
-// at 20/s) is booked again, every time, since whoever holds the next slot
-// would follow it too closely; with a larger burst, the requests of a
-// process that stalled go out one interval apart as long as each stays
-// within (burst − 1) intervals + lateSlack of its slot, and the one that
-// would not is booked again.
+// later after its slot than lateSlack is booked again, every time, since
+// whoever holds the next slot would follow it too closely; with a larger
+// burst, the requests of a process that stalled go out one interval apart
+// as long as each stays within (burst − 1) intervals + lateSlack of its
+// slot, and the one that would not is booked again.
 func TestSpreadLateWakers(t *testing.T) {
-	strict := fleetrate.Bucket{Key: "{ota}/avail", Limits: []fleetrate.Limit{fleetrate.PerSecond(20, 1)}}
+	strict := fleetrate.Bucket{Key: "{ota}/avail", Limits: []fleetrate.Limit{fleetrate.PerSecond(10, 1)}}
 	tk := take{buckets: []fleetrate.Bucket{strict, pauseMarker(strict)}, paced: 1}
 	tr := &Transport{}
 	now := time.Now()
+	tr.views.get(strict.Key).sends = coldSends // see TestSpreadColdRequests
 	if d, void := tr.spread(tk, now, now); d != 0 || void {
 		t.Fatalf("strict, on time: wait %v, void %v; want 0, false", d, void)
 	}
-	if d, void := tr.spread(tk, now.Add(-time.Millisecond), now); d != 0 || void {
-		t.Fatalf("strict, 1 ms late (within its 1.25 ms): wait %v, void %v; want 0, false", d, void)
+	if d, void := tr.spread(tk, now.Add(-lateSlack/2), now); d != 0 || void {
+		t.Fatalf("strict, within lateSlack: wait %v, void %v; want 0, false", d, void)
 	}
-	for _, late := range []time.Duration{2 * time.Millisecond, 4 * time.Millisecond, 10 * time.Millisecond} {
-		if _, void := tr.spread(tk, now.Add(-late), now); !void {
-			t.Fatalf("strict, %v late: not booked again; the next slot, 50 ms after this one's, would follow it by %v, and a fleet paced at 95 %% has 2.6 ms of margin", late, 50*time.Millisecond-late)
+	for range 3 {
+		if _, void := tr.spread(tk, now.Add(-10*time.Millisecond), now); !void {
+			t.Fatalf("strict, 10 ms late: not booked again; the next slot, 100 ms after this one's, would follow it by 90 ms")
 		}
 	}
 
@@ -53,21 +53,51 @@ func TestSpreadLateWakers(t *testing.T) {
 	}
 }
 
+// TestSpreadColdRequests: a process's first coldSends requests of a
+// burst-1 bucket go out as booked only within coldSlack of their slot
+// (1.25 ms at 20/s), since they are the ones that go out late (code run
+// for the first time, new connections) at a fleet's start; later ones
+// within lateSlack. A request booked again does not count as sent.
+func TestSpreadColdRequests(t *testing.T) {
+	strict := fleetrate.Bucket{Key: "{ota}/avail", Limits: []fleetrate.Limit{fleetrate.PerSecond(20, 1)}}
+	tk := take{buckets: []fleetrate.Bucket{strict, pauseMarker(strict)}, paced: 1}
+	tr := &Transport{}
+	now := time.Now()
+	for range 3 {
+		if _, void := tr.spread(tk, now.Add(-2*time.Millisecond), now); !void {
+			t.Fatalf("a process's first request, 2 ms late: not booked again (cold slack 1.25 ms)")
+		}
+	}
+	for i := range coldSends {
+		now = now.Add(50 * time.Millisecond)
+		if d, void := tr.spread(tk, now.Add(-time.Millisecond), now); d != 0 || void {
+			t.Fatalf("cold request %d, 1 ms late: wait %v, void %v; want 0, false", i, d, void)
+		}
+	}
+	now = now.Add(50 * time.Millisecond)
+	if d, void := tr.spread(tk, now.Add(-3*time.Millisecond), now); d != 0 || void {
+		t.Fatalf("after %d sends, 3 ms late (within lateSlack): wait %v, void %v; want 0, false", coldSends, d, void)
+	}
+}
+
 func TestSpacing(t *testing.T) {
 	b := func(ls ...fleetrate.Limit) fleetrate.Bucket { return fleetrate.Bucket{Limits: ls} }
 	for _, c := range []struct {
 		name                   string
 		paced                  []fleetrate.Bucket
+		cold                   bool
 		gap, tolerance, onTime time.Duration
 	}{
-		{"strict", []fleetrate.Bucket{b(fleetrate.PerSecond(20, 1))}, 50 * time.Millisecond, 1250 * time.Microsecond, 1250 * time.Microsecond},
-		{"strict and fast: at least minStrictSlack", []fleetrate.Bucket{b(fleetrate.PerSecond(4000, 1))}, 250 * time.Microsecond, minStrictSlack, minStrictSlack},
-		{"strict and slow: at most lateSlack", []fleetrate.Bucket{b(fleetrate.PerSecond(1, 1))}, time.Second, lateSlack, lateSlack},
-		{"burst 2", []fleetrate.Bucket{b(fleetrate.PerSecond(20, 2))}, 50 * time.Millisecond, 50*time.Millisecond + lateSlack, lateSlack},
+		{"strict", []fleetrate.Bucket{b(fleetrate.PerSecond(20, 1))}, false, 50 * time.Millisecond, lateSlack, lateSlack},
+		{"strict, cold", []fleetrate.Bucket{b(fleetrate.PerSecond(20, 1))}, true, 50 * time.Millisecond, 1250 * time.Microsecond, 1250 * time.Microsecond},
+		{"strict, fast and cold: at least 1 ms", []fleetrate.Bucket{b(fleetrate.PerSecond(4000, 1))}, true, 250 * time.Microsecond, time.Millisecond, time.Millisecond},
+		{"strict, slow and cold: at most lateSlack", []fleetrate.Bucket{b(fleetrate.PerSecond(1, 1))}, true, time.Second, lateSlack, lateSlack},
+		{"burst 2", []fleetrate.Bucket{b(fleetrate.PerSecond(20, 2))}, false, 50 * time.Millisecond, 50*time.Millisecond + lateSlack, lateSlack},
+		{"burst 2, cold: as warm", []fleetrate.Bucket{b(fleetrate.PerSecond(20, 2))}, true, 50 * time.Millisecond, 50*time.Millisecond + lateSlack, lateSlack},
 		{"the strictest limit of two buckets", []fleetrate.Bucket{b(fleetrate.PerSecond(20, 3)), b(fleetrate.PerSecond(10, 1), fleetrate.Limit{Name: "minute", Rate: 100.0 / 60, Burst: 50})},
-			100 * time.Millisecond, 2500 * time.Microsecond, 2500 * time.Microsecond},
+			false, 100 * time.Millisecond, lateSlack, lateSlack},
 	} {
-		gap, tol, onTime := spacing(c.paced)
+		gap, tol, onTime := spacing(c.paced, c.cold)
 		if gap != c.gap || tol != c.tolerance || onTime != c.onTime {
 			t.Errorf("%s: spacing = %v, %v, %v; want %v, %v, %v", c.name, gap, tol, onTime, c.gap, c.tolerance, c.onTime)
 		}

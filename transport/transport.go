@@ -730,10 +730,21 @@ func (w *waiter) book() (*fleetrate.Reservation, take, error) {
 // sleep sleeps until the booked slot, then checks that it still holds. It
 // reports whether the booking was void (given back: the caller books
 // again).
+//
+// The markers' store read (see PauseCheckAge) happens before the slot
+// when the request wakes early for it (see sleepUntil), so that its round
+// trip does not make the request late; the lateness check (spread) comes
+// after everything but the send.
 func (w *waiter) sleep(r *fleetrate.Reservation, tk take) (void bool, err error) {
 	t := w.t
 	booked := time.Now()
-	w.wakeEarly(r.Due(), tk)
+	lead := spinLead(tk.buckets[:tk.paced])
+	if w.sleepUntil(r.Due(), lead) {
+		if void, err := w.checkPauses(r, tk, booked); err != nil || void {
+			return void, err
+		}
+		w.spin(r.Due())
+	}
 	if err := r.Sleep(w.ctx); err != nil {
 		// Sleep gave the booking back: only what no later booking relies
 		// on returns, and nothing while a 429's drain has moved the bucket
@@ -743,6 +754,11 @@ func (w *waiter) sleep(r *fleetrate.Reservation, tk take) (void bool, err error)
 			return false, w.backpressure(bp.RetryAfter, bp.Result)
 		}
 		return false, w.failed("waiting for the bucket", err)
+	}
+	if lead <= 0 {
+		if void, err := w.checkPauses(r, tk, booked); err != nil || void {
+			return void, err
+		}
 	}
 	// A request woken well after its slot (a stalled process: CPU
 	// starvation, a GC pause) would go out together with the other overdue
@@ -771,18 +787,6 @@ func (w *waiter) sleep(r *fleetrate.Reservation, tk take) (void bool, err error)
 			return false, w.failed("spacing a late request", err)
 		}
 	}
-	slept := r.Result.Wait > 0
-	if _, fresh := t.pausedUntil(w.paced, time.Now().Add(-t.pauseCheckAge)); slept && !fresh && !t.listening(booked) {
-		drained, err := t.readPauses(w.ctx, tk, r.Booking())
-		if err != nil {
-			w.cancel(r)
-			return false, t.waitFailed(w.ctx, w.tg, w.attrs, err)
-		}
-		if drained {
-			w.cancel(r)
-			return true, nil
-		}
-	}
 	if until, _ := t.pausedUntil(w.paced, time.Time{}); until.After(time.Now()) || t.pausedSince(w.paced, booked) {
 		// Paused, or a pause began after this booking: the 429 that drew
 		// it voided every booking made before it (see drain), so book
@@ -801,25 +805,53 @@ func (w *waiter) sleep(r *fleetrate.Reservation, tk take) (void bool, err error)
 	return false, nil
 }
 
-// wakeEarly sleeps until shortly before due, then yields the processor
-// until due comes, when the request's buckets tolerate little send jitter
-// (see spinLead): Go's timers wake a sleeper up to about 1 ms late (the
-// runtime's poller sleeps in whole milliseconds), which is a third of the
-// margin of a fleet paced at 95 % of a strict burst-1 window. It leaves
-// the deadline, a cancel and the slot itself to Reservation.Sleep.
-func (w *waiter) wakeEarly(due time.Time, tk take) {
-	lead := spinLead(tk.buckets[:tk.paced])
+// checkPauses reads the buckets' pause markers once more, when the request
+// slept on its booking and this process has not read them within
+// PauseCheckAge nor listens to announcements since it booked: a pause
+// drained after the booking voids it (given back: the caller books again).
+func (w *waiter) checkPauses(r *fleetrate.Reservation, tk take, booked time.Time) (void bool, err error) {
+	t := w.t
+	slept := r.Result.Wait > 0
+	if _, fresh := t.pausedUntil(w.paced, time.Now().Add(-t.pauseCheckAge)); !slept || fresh || t.listening(booked) {
+		return false, nil
+	}
+	drained, err := t.readPauses(w.ctx, tk, r.Booking())
+	if err != nil {
+		w.cancel(r)
+		return false, t.waitFailed(w.ctx, w.tg, w.attrs, err)
+	}
+	if drained {
+		w.cancel(r)
+		return true, nil
+	}
+	return false, nil
+}
+
+// sleepUntil sleeps until lead before due, when the request's buckets
+// tolerate little send jitter (lead, from spinLead, is above 0): Go's
+// timers wake a sleeper up to about 1 ms late (the runtime's poller sleeps
+// in whole milliseconds), which is a third of the margin of a fleet paced
+// at 95 % of a strict burst-1 window, so such a request wakes early and
+// waits out the rest in spin. It reports whether it woke so; otherwise
+// (no lead, a slot past the context's deadline, a context that ended) it
+// leaves the wait, the deadline and a cancel to Reservation.Sleep.
+func (w *waiter) sleepUntil(due time.Time, lead time.Duration) bool {
 	if lead <= 0 {
-		return
+		return false
 	}
 	if dl, ok := w.ctx.Deadline(); ok && due.After(dl) {
-		return // past the deadline: Reservation.Sleep says so at once
+		return false // past the deadline: Reservation.Sleep says so at once
 	}
 	if d := time.Until(due) - lead; d > 0 {
 		if sleep(w.ctx, d) != nil {
-			return // cancelled: Reservation.Sleep gives the booking back
+			return false // cancelled: Reservation.Sleep gives the booking back
 		}
 	}
+	return w.ctx.Err() == nil
+}
+
+// spin yields the processor until due comes.
+func (w *waiter) spin(due time.Time) {
 	var last time.Time
 	for w.ctx.Err() == nil {
 		now := time.Now()

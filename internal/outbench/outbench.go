@@ -371,6 +371,29 @@ func (r *Result) report(s Scenario, adv *mockota.Adversary, from, to time.Time) 
 	}
 }
 
+// warmPath is a path of the mock upstream's server that the adversary
+// does not see: warm's requests go there.
+const warmPath = "/warm"
+
+// warm sends n requests, each on a connection of its own, to url: the
+// mock server's first requests run its code for the first time (accepting
+// a connection, its goroutine and buffers) and reached the adversary 2-4
+// ms late, a cold start of the benchmark's own process that an upstream
+// in service does not have, and that a strict window then turned into a
+// 429 on the fleet's second request. The fleet's own first requests stay
+// cold.
+func warm(t testing.TB, url string, n int) {
+	t.Helper()
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 5 * time.Second}
+	for range n {
+		resp, err := client.Get(url)
+		if err != nil {
+			t.Fatalf("warming the mock upstream: %v", err)
+		}
+		resp.Body.Close()
+	}
+}
+
 // Run runs the scenario against a fresh mock upstream and the Redis at
 // addr, and reports what the upstream saw.
 func Run(t testing.TB, addr string, s Scenario, o Options) Result {
@@ -380,8 +403,12 @@ func Run(t testing.TB, addr string, s Scenario, o Options) Result {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(adv)
+	mux := http.NewServeMux()
+	mux.Handle("/", adv)
+	mux.HandleFunc("GET "+warmPath, func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
+	srv := httptest.NewServer(mux)
 	defer srv.Close()
+	warm(t, srv.URL+warmPath, o.Processes)
 	callsBefore := scriptCalls(t, addr)
 	start := time.Now().Add(1500 * time.Millisecond)
 	sp := spec{Scenario: s, Addr: addr, URL: srv.URL, Prefix: fmt.Sprintf("fleetrate:outbench:%d:", time.Now().UnixNano()),
