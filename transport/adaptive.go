@@ -777,7 +777,7 @@ func coldSlack(l fleetrate.Limit) time.Duration {
 
 // spread decides when a request whose slot began at due goes out, against
 // the requests of this process that went out before it. On time (within
-// lateSlack), at once. A request may go out late only as far as its
+// lateSlack; coldSlack for a process's first requests at burst 1), at once. A request may go out late only as far as its
 // buckets' bursts allow: with burst b, an interval is 1/rate and a slot
 // (b − 1) intervals + lateSlack late still keeps every window of the
 // upstream within b + rate × the window, whoever holds the next slots. So
