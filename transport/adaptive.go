@@ -647,18 +647,18 @@ type rateChange struct {
 // t.views.mu is held.
 func (t *Transport) lower(v *view, b fleetrate.Bucket, now, sent, resume, resumed time.Time, soon bool) (ch rateChange, floor, ok bool) {
 	from := t.adaptive.factor(v.climb, now)
-	var low, high float64
+	// With no pause yet, the fleet has sent at its rate at least since
+	// this process's first request, so a first 429 after hundreds of
+	// admitted ones bounds the limit from below as closely as one after a
+	// pause. Not from above: the upstream's bucket need not have been
+	// full at the start (another client, the fleet's last run).
+	since := resumed
+	if since.IsZero() {
+		since = v.began
+	}
+	low, high, _ := limitRange(from, from*paceRate(b), sent, since)
 	if resumed.IsZero() {
-		// No pause yet: the fleet has sent at its rate at least since
-		// this process's first request, so a first 429 after hundreds of
-		// admitted ones bounds the limit from below as closely as one
-		// after a pause. Not from above: the upstream's bucket need not
-		// have been full at the start (another client, the fleet's last
-		// run).
-		low, _, _ = limitRange(from, from*paceRate(b), sent, v.began)
 		high = from
-	} else {
-		low, high, _ = limitRange(from, from*paceRate(b), sent, resumed)
 	}
 	c := t.adaptive.lowered(v.climb, now, resume, low, high)
 	to := t.adaptive.factor(c, resume)

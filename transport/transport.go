@@ -738,8 +738,8 @@ func (w *waiter) book() (*fleetrate.Reservation, take, error) {
 func (w *waiter) sleep(r *fleetrate.Reservation, tk take) (void bool, err error) {
 	t := w.t
 	booked := time.Now()
-	lead := spinLead(tk.buckets[:tk.paced])
-	if w.sleepUntil(r.Due(), lead) {
+	woke := w.sleepUntil(r.Due(), spinLead(tk.buckets[:tk.paced]))
+	if woke {
 		if void, err := w.checkPauses(r, tk, booked); err != nil || void {
 			return void, err
 		}
@@ -755,7 +755,7 @@ func (w *waiter) sleep(r *fleetrate.Reservation, tk take) (void bool, err error)
 		}
 		return false, w.failed("waiting for the bucket", err)
 	}
-	if lead <= 0 {
+	if !woke { // else read before the spin
 		if void, err := w.checkPauses(r, tk, booked); err != nil || void {
 			return void, err
 		}

@@ -259,7 +259,6 @@ func work(s spec) Outcomes {
 	}
 	reg := prometheus.NewRegistry()
 	var logger *slog.Logger
-	var sends *slog.Logger
 	if dir := os.Getenv(LogEnv); dir != "" {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return Outcomes{Errors: []string{err.Error()}}
@@ -270,10 +269,9 @@ func work(s spec) Outcomes {
 		}
 		defer f.Close()
 		logger = slog.New(slog.NewTextHandler(f, nil))
-		sends = logger
 	}
 	tr, err := transport.New(lim, classify, transport.Options{
-		Base:          stamped{base: &http.Transport{MaxIdleConnsPerHost: s.Goroutines}, log: sends},
+		Base:          stamped{base: &http.Transport{MaxIdleConnsPerHost: s.Goroutines}, log: logger},
 		Logger:        logger,
 		MaxRetryAfter: maxRetryAfter,
 		Registerer:    reg,
