@@ -5,6 +5,8 @@ import (
 	"errors"
 	"testing"
 	"time"
+
+	"github.com/fleetrate/fleetrate"
 )
 
 type ctxKey struct{}
@@ -98,5 +100,32 @@ func TestCallCtxRecycled(t *testing.T) {
 		default:
 		}
 		n.release()
+	}
+}
+
+// lateCtx is a context whose deadline has passed but whose Err does not
+// say so yet: the moment between a call's own timer, set to the caller's
+// deadline, firing and the caller's context's.
+type lateCtx struct {
+	context.Context
+	deadline time.Time
+}
+
+func (c lateCtx) Deadline() (time.Time, bool) { return c.deadline, true }
+
+// TestFailedBlamesAPassedDeadlineOnTheCaller: a call that failed once the
+// caller's deadline had passed reports the caller's context error, not an
+// unavailable store, even before the caller's context says it ended (a
+// failure policy would otherwise count the caller's deadline as an
+// outage); one that failed before the deadline is the store's.
+func TestFailedBlamesAPassedDeadlineOnTheCaller(t *testing.T) {
+	late := lateCtx{Context: context.Background(), deadline: time.Now().Add(-time.Millisecond)}
+	err := failed(late, "take", context.DeadlineExceeded)
+	if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, fleetrate.ErrStoreUnavailable) {
+		t.Fatalf("failed after the caller's deadline = %v; want the caller's context.DeadlineExceeded, not ErrStoreUnavailable", err)
+	}
+	ahead := lateCtx{Context: context.Background(), deadline: time.Now().Add(time.Hour)}
+	if err := failed(ahead, "take", context.DeadlineExceeded); !errors.Is(err, fleetrate.ErrStoreUnavailable) {
+		t.Fatalf("failed before the caller's deadline = %v; want ErrStoreUnavailable (the store's own timeout)", err)
 	}
 }

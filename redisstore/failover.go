@@ -217,7 +217,7 @@ func (f *failover) take(ctx context.Context, s *Store, req fleetrate.Request, ta
 			f.record(req.Buckets, res)
 			return res, nil
 		}
-		if ctx.Err() == nil && tctx.Err() != nil && !errors.Is(err, fleetrate.ErrStoreUnavailable) {
+		if ended(ctx) == nil && ended(tctx) != nil && !errors.Is(err, fleetrate.ErrStoreUnavailable) {
 			// The store's own bound, not the caller's: an unavailable store.
 			return res, unavailable("take", err)
 		}

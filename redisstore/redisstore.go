@@ -287,10 +287,24 @@ func (s *Store) ctx(ctx context.Context) (context.Context, context.CancelFunc) {
 // that errors.Is(err, context.Canceled) holds and failure policies do not
 // count the caller's choice as an outage.
 func failed(caller context.Context, op string, err error) error {
-	if cerr := caller.Err(); cerr != nil {
+	if cerr := ended(caller); cerr != nil {
 		return fmt.Errorf("redisstore: %s: %w", op, cerr)
 	}
 	return unavailable(op, err)
+}
+
+// ended returns ctx's error, or context.DeadlineExceeded once its deadline
+// has passed even if ctx does not say so yet: a call bounded by that
+// deadline has a timer of its own (see boundCall), which may fire, and
+// fail the call, before the context's does.
+func ended(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) {
+		return context.DeadlineExceeded
+	}
+	return nil
 }
 
 func unavailable(op string, err error) error {
