@@ -152,6 +152,10 @@ func (a Adaptive) lowered(c climb, now, resume time.Time, low, high float64) cli
 	if high < f {
 		w = max(high*(1+drop)/2, low) // low ≤ high (see limitRange)
 	}
+	// A limit proven above the rate (by the stretch before the last
+	// pause: see view.proven) keeps w there: the 429 was jitter, or the
+	// limit fell, which the next 429 shows.
+	w = min(max(w, low), 1)
 	return climb{w: max(w, a.Floor), start: start}
 }
 
@@ -318,6 +322,15 @@ type view struct {
 	// began when it let its first go, and sends how many it let go.
 	sent, began time.Time
 	sends       int
+	// proven is the least the upstream's limit was shown to be, as a
+	// fraction of the documented rate, by the fleet's requests between its
+	// last two pauses (or from this process's first request to its first
+	// pause): the low bound of limitRange, 0 when that stretch was short.
+	// A 429 soon after a resume says little of the limit from below, and
+	// jitter on a strict window (a request late on the wire, the next on
+	// time) would otherwise cut the rate to what the few requests since
+	// the resume allow; the proof is used for that one 429 (see lower).
+	proven float64
 	// next is when the bucket's next token was free, as the last booking
 	// this process made left it (local clock): a request whose wait budget
 	// ends sooner fails with backpressure without asking the store.
@@ -467,7 +480,7 @@ func readClimb(ctx context.Context, store fleetrate.Store, b fleetrate.Bucket) (
 // without a Retry-After (see Transport.pauseFor): the fleet's last pause.
 // t.views.mu is held.
 func (v *view) paused(until time.Time) (unknown bool) {
-	if until.After(v.pauseUntil.Add(time.Second)) {
+	if v.unknownPause(until) {
 		now := time.Now()
 		v.read = time.Time{}
 		v.pauseAt = now
@@ -476,6 +489,32 @@ func (v *view) paused(until time.Time) (unknown bool) {
 	}
 	v.pauseUntil = later(v.pauseUntil, until)
 	return unknown
+}
+
+// unknownPause reports whether a pause until until is news to this
+// process: it ends over a second after the one it knows.
+func (v *view) unknownPause(until time.Time) bool {
+	return until.After(v.pauseUntil.Add(time.Second))
+}
+
+// endStretch records in v.proven what the fleet's requests since its last
+// pause ended (or since this process's first request) prove of the
+// upstream's limit, for a pause that began after end, the fleet pacing at
+// rate until then. A stretch that ended at once after a pause (the pause
+// was too short) or during it proves nothing new and keeps the last proof.
+// t.views.mu is held.
+func (t *Transport) endStretch(v *view, rate float64, end time.Time) {
+	since := v.pauseUntil
+	if since.IsZero() {
+		since = v.began
+	}
+	if since.IsZero() || !since.Before(end) {
+		return
+	}
+	low, _, soon := limitRange(t.adaptive.factor(v.climb, end), rate, end, since)
+	if !soon {
+		v.proven = low
+	}
 }
 
 // learn reads a take's booking, which holds every limit's debt after the
@@ -502,7 +541,11 @@ func (t *Transport) learn(tk take, b fleetrate.Booking, at time.Time) (unknownPa
 		}
 		v := t.views.get(bk.Key)
 		v.next = at.Add(next)
-		if pause := state(b.Debts[off]); pause > 0 && v.paused(at.Add(pause)) {
+		if pause := state(b.Debts[off]); pause > 0 && v.unknownPause(at.Add(pause)) {
+			// A 429 elsewhere ended the stretch, after this process's
+			// last take that saw no pause.
+			t.endStretch(v, paceRate(bk), v.seen)
+			v.paused(at.Add(pause))
 			unknown = true
 		}
 		v.seen = at
@@ -660,7 +703,11 @@ func (t *Transport) lower(v *view, b fleetrate.Bucket, now, sent, resume, resume
 	if resumed.IsZero() {
 		high = from
 	}
-	c := t.adaptive.lowered(v.climb, now, resume, low, high)
+	// What the stretch before the last pause proved holds unless this
+	// 429 shows the limit fell: the next one, after a short stretch
+	// again, does (this stretch's proof replaces it below).
+	proven := max(low, v.proven)
+	c := t.adaptive.lowered(v.climb, now, resume, proven, max(high, proven))
 	to := t.adaptive.factor(c, resume)
 	if to == t.adaptive.Floor && !v.floored.IsZero() && sent.After(v.floored) {
 		// Sent after a 429 had brought the rate to its floor, and
@@ -688,6 +735,7 @@ func (t *Transport) lower(v *view, b fleetrate.Bucket, now, sent, resume, resume
 	// This process wrote the climb: no need to read it back (the drain
 	// that follows would otherwise peek it).
 	v.climb, v.decreased, v.read = c, now, now
+	v.proven = low
 	return rateChange{b: b, c: c, from: from, at: to}, floor, true
 }
 

@@ -239,3 +239,79 @@ func TestFirst429CountsFromTheFirstRequest(t *testing.T) {
 		t.Fatalf("first 429 of a process that sent nothing before: rate %v (ok %v), want %v", ch.at, ok, a.Decrease)
 	}
 }
+
+// TestProvenLimitOutlastsAShortStretch: run H's strict window drew a 429
+// 150 ms after a resume (a request 13.6 ms late on the wire, the next on
+// time), after a minute that had proven the limit at the rate: the few
+// requests since the resume bounded the limit at two thirds of the rate,
+// and the fleet paced at 60 % of the documented limit for the rest of the
+// run. What the stretch before the pause proved now holds for that one
+// 429; a second one after another short stretch shows the limit fell.
+func TestProvenLimitOutlastsAShortStretch(t *testing.T) {
+	a, _ := Adaptive{}.withDefaults()
+	tr := &Transport{adaptive: a}
+	b := fleetrate.Bucket{Key: "{ota}/avail", Limits: []fleetrate.Limit{fleetrate.PerSecond(19, 1)}}
+	start := time.Unix(1000, 0)
+	v := &view{began: start}
+
+	// A long stretch, then a 429 learned from another process's pause.
+	end := start.Add(30 * time.Second) // about 570 admitted
+	tr.endStretch(v, 19, end)
+	if v.proven < 0.99 {
+		t.Fatalf("proven after ~570 admitted = %v, want ≥ 0.99", v.proven)
+	}
+	resumed := end.Add(2 * time.Second)
+	v.paused(resumed)
+	// The pause ended; the first three requests go out, the third is
+	// limited: a short stretch.
+	sent := resumed.Add(150 * time.Millisecond)
+	ch, _, ok := tr.lower(v, b, sent, sent, sent.Add(2*time.Second), resumed, false)
+	if !ok || ch.c.w < 0.99 {
+		t.Fatalf("429 150ms after the resume: w = %v (ok %v), want the proven %v", ch.c.w, ok, 0.99)
+	}
+	half := 1 - (1-a.Decrease)/2
+	if ch.at < half-0.01 {
+		t.Fatalf("429 150ms after the resume: rate %v, want the half drop %v", ch.at, half)
+	}
+	if v.proven != 0 {
+		t.Fatalf("proven after a short stretch = %v, want 0 (used once)", v.proven)
+	}
+
+	// Another short stretch: the limit fell, and the bound from above
+	// says so.
+	resumed2 := sent.Add(2 * time.Second)
+	v.pauseUntil = resumed2
+	sent2 := resumed2.Add(150 * time.Millisecond)
+	from := a.factor(v.climb, sent2)
+	ch, _, ok = tr.lower(v, b, sent2, sent2, sent2.Add(2*time.Second), resumed2, false)
+	if !ok || ch.c.w > 0.75*from {
+		t.Fatalf("second 429 after a short stretch: w = %v (ok %v), want at most %v", ch.c.w, ok, 0.75*from)
+	}
+}
+
+// TestEndStretch: a stretch proves the limit only when it was long enough
+// to bound it; one that ended during a pause, or at once after it,
+// keeps the last proof.
+func TestEndStretch(t *testing.T) {
+	a, _ := Adaptive{}.withDefaults()
+	tr := &Transport{adaptive: a}
+	start := time.Unix(1000, 0)
+	v := &view{pauseUntil: start, proven: 0.5}
+	tr.endStretch(v, 19, start.Add(-time.Second))
+	if v.proven != 0.5 {
+		t.Fatalf("a stretch that ended during the pause: proven = %v, want 0.5 kept", v.proven)
+	}
+	tr.endStretch(v, 19, start.Add(50*time.Millisecond))
+	if v.proven != 0.5 {
+		t.Fatalf("a stretch of one slot: proven = %v, want 0.5 kept", v.proven)
+	}
+	tr.endStretch(v, 19, start.Add(time.Second)) // 19 sent: low = 1 − 4/18
+	if want := 1 - 4.0/18; v.proven < want-0.01 || v.proven > want+0.01 {
+		t.Fatalf("a stretch of 19 slots: proven = %v, want %v", v.proven, want)
+	}
+	none := &view{}
+	tr.endStretch(none, 19, start)
+	if none.proven != 0 {
+		t.Fatalf("no start known: proven = %v, want 0", v.proven)
+	}
+}
