@@ -285,9 +285,12 @@ func state(debt int64) time.Duration {
 }
 
 // decodeClimb reads a climb from the states of a bucket's #rate and #peak
-// markers, read at now.
+// markers, read at now. The two are read one after the other, and both
+// states fall with time: a climb with w = 1 (a 429 at the documented rate,
+// whose markers hold equal states) reads a #peak state a little below the
+// #rate one, which is w = 1 still, not the absence of a climb.
 func decodeClimb(rate, peak time.Duration, now time.Time) climb {
-	if rate <= 0 || peak < rate {
+	if rate <= 0 {
 		return climb{}
 	}
 	w := 1 - float64(peak-rate)/float64(peakScale)

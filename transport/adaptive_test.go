@@ -322,3 +322,42 @@ func TestRateLimitRightAfterAPauseLengthensThePause(t *testing.T) {
 		}
 	})
 }
+
+// TestClimbAtTheDocumentedRateReadsAsLowered: a 429 at the documented
+// rate records a climb whose #rate and #peak markers hold equal states.
+// They are written one after the other and read one after the other, and
+// both states fall with time: when more time passes between the two reads
+// than between the two writes, the #peak state reads a little below the
+// #rate one. That climb was taken for no climb at all, so the processes
+// that read it went on at the documented rate (seen in the benchmark's
+// worker logs, about half the times). The store's clock here moves a
+// little more at each call, so the reads are always the further apart.
+func TestClimbAtTheDocumentedRateReadsAsLowered(t *testing.T) {
+	var mu sync.Mutex
+	now, step := time.Unix(1000, 0), time.Duration(0)
+	clock := func() time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		step += time.Microsecond
+		now = now.Add(step)
+		return now
+	}
+	store := memstore.New(memstore.Options{Clock: clock})
+	lim, err := fleetrate.New(store, fleetrate.Config{Buckets: bookingCom(10).Buckets()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := lim.Bucket(transport.EndpointBucket("booking_com", "availability"))
+	a := transport.Adaptive{}
+	for _, want := range []float64{0.95, 0.9, 0.86, 0.5} {
+		if err := transport.SetEffectiveFactor(t.Context(), store, b, a, want); err != nil {
+			t.Fatal(err)
+		}
+		got, err := transport.EffectiveFactor(t.Context(), store, b, a)
+		// Read on the local clock, a little before the store's: the
+		// factor is the set one, or a step of 1/128 above it.
+		if err != nil || got < want-0.01 || got > want+0.02 {
+			t.Errorf("effective factor set to %v reads %v, %v", want, got, err)
+		}
+	}
+}
