@@ -500,13 +500,27 @@ func (v *view) unknownPause(until time.Time) bool {
 	return until.After(v.pauseUntil.Add(time.Second))
 }
 
+// learnPause records a pause of bucket key until until, learned from the
+// store or an announcement, in its view v: v.paused, after endStretch when
+// the pause is news (a 429 elsewhere ended the stretch, after this process
+// last saw no pause). t.views.mu is held.
+func (t *Transport) learnPause(v *view, key string, until time.Time) (unknown bool) {
+	if v.unknownPause(until) {
+		if b, err := t.lim.Bucket(key); err == nil {
+			t.endStretch(v, paceRate(b), v.seen)
+		}
+	}
+	return v.paused(until)
+}
+
 // endStretch records in v.proven what the fleet's requests since its last
 // pause ended (or since this process's first request) prove of the
-// upstream's limit, for a pause that began after end, the fleet pacing at
-// rate until then. A stretch that ended at once after a pause (the pause
+// upstream's limit, for a pause that began after end, the fleet pacing
+// until then at its effective rate: the climb's factor of documented (the
+// bucket's pace, requests per second). A stretch that ended at once after a pause (the pause
 // was too short) or during it proves nothing new and keeps the last proof.
 // t.views.mu is held.
-func (t *Transport) endStretch(v *view, rate float64, end time.Time) {
+func (t *Transport) endStretch(v *view, documented float64, end time.Time) {
 	since := v.pauseUntil
 	if since.IsZero() {
 		since = v.began
@@ -514,7 +528,8 @@ func (t *Transport) endStretch(v *view, rate float64, end time.Time) {
 	if since.IsZero() || !since.Before(end) {
 		return
 	}
-	low, _, soon := limitRange(t.adaptive.factor(v.climb, end), rate, end, since)
+	f := t.adaptive.factor(v.climb, end)
+	low, _, soon := limitRange(f, f*documented, end, since)
 	if !soon {
 		v.proven = low
 	}
@@ -544,11 +559,7 @@ func (t *Transport) learn(tk take, b fleetrate.Booking, at time.Time) (unknownPa
 		}
 		v := t.views.get(bk.Key)
 		v.next = at.Add(next)
-		if pause := state(b.Debts[off]); pause > 0 && v.unknownPause(at.Add(pause)) {
-			// A 429 elsewhere ended the stretch, after this process's
-			// last take that saw no pause.
-			t.endStretch(v, paceRate(bk), v.seen)
-			v.paused(at.Add(pause))
+		if pause := state(b.Debts[off]); pause > 0 && t.learnPause(v, bk.Key, at.Add(pause)) {
 			unknown = true
 		}
 		v.seen = at

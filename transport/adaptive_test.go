@@ -361,3 +361,48 @@ func TestClimbAtTheDocumentedRateReadsAsLowered(t *testing.T) {
 		}
 	}
 }
+
+// TestProvenLimitIsLearnedFleetWide: a strict window's jitter 429 soon
+// after a resume, drawn by another process than the one whose 429 caused
+// the pause, keeps the limit the minute before it proved: every process
+// records that proof when it learns of a pause (see view.proven), so the
+// rate falls by the half drop, not to what the three requests since the
+// resume allow (about 0.6 of it, as run H's strict window did).
+func TestProvenLimitIsLearnedFleetWide(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		script := make([]reply, 0, 210)
+		for range 200 {
+			script = append(script, reply{200, ""})
+		}
+		script = append(script,
+			reply{http.StatusTooManyRequests, "1"}, // process 0, after 200 admitted
+			reply{200, ""}, reply{200, ""}, // process 1, after the pause
+			reply{http.StatusTooManyRequests, "1"}, // process 1's third: jitter
+		)
+		srv := &upstream{script: script}
+		trs, store := fleetOf(t, 2, bookingCom(10), inMemory(srv), transport.Options{Backoff: fixedBackoff(0), MaxAttempts: 1})
+		for range 100 {
+			for _, tr := range trs {
+				if _, err := get(t, t.Context(), tr, "/availability"); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		_, _ = get(t, t.Context(), trs[0], "/availability") // the first 429
+		for range 3 {
+			_, _ = get(t, t.Context(), trs[1], "/availability")
+		}
+		if n := len(srv.got()); n != 204 {
+			t.Fatalf("upstream got %d requests, want 204", n)
+		}
+		lim, _ := fleetrate.New(store, fleetrate.Config{Buckets: bookingCom(10).Buckets()})
+		b, _ := lim.Bucket(transport.EndpointBucket("booking_com", "availability"))
+		time.Sleep(time.Second) // the second 429's pause: its climb begins
+		f, err := transport.EffectiveFactor(t.Context(), store, b, transport.Adaptive{})
+		// Half drop (0.925) of the limit proven by ~200 admitted at 10/s
+		// (at least 10 × (1 − 4/199)).
+		if want := 0.925 * (1 - 4.0/199); err != nil || f < want-0.01 {
+			t.Fatalf("effective factor after a jitter 429 three requests after a resume = %v, %v; want about %v (half the drop below the proven limit)", f, err, want)
+		}
+	})
+}

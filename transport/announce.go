@@ -152,7 +152,7 @@ func (t *Transport) heard(msg string) {
 		}
 		t.views.mu.Lock()
 		v := t.views.get(key)
-		v.paused(now.Add(time.Duration(d)))
+		t.learnPause(v, key, now.Add(time.Duration(d)))
 		// Announced once the bucket was reset: any slot booked before now
 		// may be from before the reset, so it is void.
 		v.pauseAt = now

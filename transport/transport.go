@@ -949,10 +949,10 @@ func (t *Transport) readPauses(ctx context.Context, tk take, bk fleetrate.Bookin
 	defer t.views.mu.Unlock()
 	for _, b := range paced {
 		v := t.views.get(b.Key)
-		v.seen = now
 		if !res.Allowed {
-			v.paused(now.Add(res.RetryAfter))
+			t.learnPause(v, b.Key, now.Add(res.RetryAfter))
 		}
+		v.seen = now
 		if drained {
 			v.read = time.Time{} // the 429 may have lowered the rate
 		}
