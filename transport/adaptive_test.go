@@ -376,7 +376,7 @@ func TestProvenLimitIsLearnedFleetWide(t *testing.T) {
 		}
 		script = append(script,
 			reply{http.StatusTooManyRequests, "1"}, // process 0, after 200 admitted
-			reply{200, ""}, reply{200, ""}, // process 1, after the pause
+			reply{200, ""}, reply{200, ""},         // process 1, after the pause
 			reply{http.StatusTooManyRequests, "1"}, // process 1's third: jitter
 		)
 		srv := &upstream{script: script}
