@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -270,8 +271,15 @@ func work(s spec) Outcomes {
 		defer f.Close()
 		logger = slog.New(slog.NewTextHandler(f, nil))
 	}
+	base := &http.Transport{MaxIdleConnsPerHost: s.Goroutines}
+	// As the README advises against a strict window: open the connection
+	// to the upstream before the first request, with one it does not
+	// count, or that request goes out over a new connection, late.
+	if err := warmConn(base, s.URL+warmPath); err != nil {
+		return Outcomes{Errors: []string{err.Error()}}
+	}
 	tr, err := transport.New(lim, classify, transport.Options{
-		Base:          stamped{base: &http.Transport{MaxIdleConnsPerHost: s.Goroutines}, log: logger},
+		Base:          stamped{base: base, log: logger},
 		Logger:        logger,
 		MaxRetryAfter: maxRetryAfter,
 		Registerer:    reg,
@@ -367,6 +375,23 @@ func (r *Result) report(s Scenario, adv *mockota.Adversary, from, to time.Time) 
 	if r.Requests > 0 {
 		r.LimitedShare = float64(r.Limited) / float64(r.Requests)
 	}
+}
+
+// warmConn sends one request to url over base, whose pool keeps the
+// connection for the next request.
+func warmConn(base http.RoundTripper, url string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := base.RoundTrip(req)
+	if err != nil {
+		return fmt.Errorf("warming the connection to the upstream: %w", err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	return resp.Body.Close()
 }
 
 // warmPath is a path of the mock upstream's server that the adversary
