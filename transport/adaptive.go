@@ -44,11 +44,6 @@ var ErrPersistentLimit = errors.New("transport: still rate limited at the floor 
 // that comes before the rate is back at w means the limit itself fell:
 // the next w is set halfway between the new rate and the old one
 // (CUBIC's fast convergence). The climb starts when the 429's pause ends.
-// A 429 at once after a pause, or on a process's first two slots, blames
-// the pause or the upstream's state at the start instead, and lowers
-// nothing (twice in a row at most); the 429s a resume's first few
-// requests draw keep w at what the stretch before the pause proved (see
-// limitRange): a limit that fell shows with the second.
 //
 // The rate is kept in the shared store beside the bucket, so every process
 // of the fleet paces at the same rate and learns from any one's 429.

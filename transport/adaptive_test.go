@@ -66,20 +66,17 @@ func gaps(got []arrival, from time.Time) []time.Duration {
 // Refresh), and the rate then climbs back linearly to the documented one.
 func TestAdaptiveLowersTheRateFleetWide(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		// The 429 on the third request: on a process's first two slots
-		// it would be blamed on the upstream's state at the start, not
-		// the rate (see TestFirstSlotsLimitedLowerNothing).
-		srv := &upstream{script: []reply{{200, ""}, {200, ""}, {http.StatusTooManyRequests, "1"}}}
+		srv := &upstream{script: []reply{{200, ""}, {http.StatusTooManyRequests, "1"}}}
 		reg := prometheus.NewRegistry()
 		a := transport.Adaptive{Decrease: 0.5, Recovery: 20 * time.Second, Refresh: time.Second}
 		trs, store := fleetOf(t, 2, bookingCom(10), inMemory(srv), transport.Options{Adaptive: a, Backoff: fixedBackoff(0), Registerer: reg})
 		// Process 0 gets the 429.
-		for range 3 {
+		for range 2 {
 			if _, err := get(t, t.Context(), trs[0], "/availability"); err != nil {
 				t.Fatal(err)
 			}
 		}
-		limitedAt := srv.got()[2].at
+		limitedAt := srv.got()[1].at
 		lim, _ := fleetrate.New(store, fleetrate.Config{Buckets: bookingCom(10).Buckets()})
 		b, _ := lim.Bucket(transport.EndpointBucket("booking_com", "availability"))
 		f, err := transport.EffectiveFactor(t.Context(), store, b, a)
@@ -129,10 +126,7 @@ func TestPersistentLimitAtTheFloor(t *testing.T) {
 		srv := &upstream{always: &reply{http.StatusTooManyRequests, "1"}}
 		reg := prometheus.NewRegistry()
 		tr, _ := setup(t, bookingCom(10), inMemory(srv), transport.Options{
-			// Two 429s on the first slots and right after the pause
-			// lower nothing (see maxSoon); the third lowers the rate to
-			// the floor, the fourth is answered there.
-			Adaptive: transport.Adaptive{Decrease: 0.5, Floor: 0.5}, Backoff: fixedBackoff(0), MaxAttempts: 4, Registerer: reg,
+			Adaptive: transport.Adaptive{Decrease: 0.5, Floor: 0.5}, Backoff: fixedBackoff(0), MaxAttempts: 3, Registerer: reg,
 		})
 		_, err := get(t, t.Context(), tr, "/availability")
 		var gu *transport.GaveUpError
@@ -287,7 +281,7 @@ func TestRateLimitRightAfterAPauseLengthensThePause(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const pause = 500 * time.Millisecond
 		srv := &upstream{script: []reply{
-			{200, ""}, {200, ""}, {http.StatusTooManyRequests, ""}, // lowers the rate, pauses 500 ms
+			{200, ""}, {http.StatusTooManyRequests, ""}, // lowers the rate, pauses 500 ms
 			{http.StatusTooManyRequests, ""}, // at once after the pause: pauses 1 s
 			{200, ""}, {200, ""}, {200, ""}, {200, ""}, {200, ""}, {200, ""}, {200, ""},
 			{http.StatusTooManyRequests, ""}, // after 7 admitted: lowers the rate again
@@ -303,7 +297,7 @@ func TestRateLimitRightAfterAPauseLengthensThePause(t *testing.T) {
 			}
 			return f
 		}
-		for range 3 {
+		for range 2 {
 			_, _ = get(t, t.Context(), tr, "/availability")
 		}
 		first := factor()
@@ -318,7 +312,7 @@ func TestRateLimitRightAfterAPauseLengthensThePause(t *testing.T) {
 			_, _ = get(t, t.Context(), tr, "/availability")
 		}
 		got := srv.got()
-		if gap := got[4].at.Sub(got[3].at); gap < 2*pause {
+		if gap := got[3].at.Sub(got[2].at); gap < 2*pause {
 			t.Errorf("the request after the second 429 went %v after it, want the doubled pause %v", gap, 2*pause)
 		}
 		// 7 admitted since the pause at 8.5/s, then a 429: the limit is
@@ -409,33 +403,6 @@ func TestProvenLimitIsLearnedFleetWide(t *testing.T) {
 		// (at least 10 × (1 − 4/199)).
 		if want := 0.925 * (1 - 4.0/199); err != nil || f < want-0.01 {
 			t.Fatalf("effective factor after a jitter 429 three requests after a resume = %v, %v; want about %v (half the drop below the proven limit)", f, err, want)
-		}
-	})
-}
-
-// TestFirstSlotsLimitedLowerNothing: a 429 on a process's first two slots
-// (the fleet's start: the upstream's bucket may not have been full, a
-// first request goes out over a new connection) pauses the fleet but
-// lowers no rate, as a 429 right after a pause does; the strict window's
-// benchmark drew one at the start in about half its runs, and its full
-// drop cost the rest of the minute.
-func TestFirstSlotsLimitedLowerNothing(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		srv := &upstream{script: []reply{{http.StatusTooManyRequests, "1"}}}
-		trs, store := fleetOf(t, 2, bookingCom(10), inMemory(srv), transport.Options{Backoff: fixedBackoff(0), MaxAttempts: 1})
-		start := time.Now()
-		_, _ = get(t, t.Context(), trs[0], "/availability")
-		if _, err := get(t, t.Context(), trs[1], "/availability"); err != nil {
-			t.Fatal(err)
-		}
-		got := srv.got()
-		if len(got) != 2 || got[1].at.Sub(start) < time.Second {
-			t.Fatalf("arrivals %v, want process 1's after the 1 s pause", got)
-		}
-		lim, _ := fleetrate.New(store, fleetrate.Config{Buckets: bookingCom(10).Buckets()})
-		b, _ := lim.Bucket(transport.EndpointBucket("booking_com", "availability"))
-		if f, err := transport.EffectiveFactor(t.Context(), store, b, transport.Adaptive{}); err != nil || f != 1 {
-			t.Fatalf("effective factor after a 429 on the first slot = %v, %v; want 1", f, err)
 		}
 	})
 }

@@ -1054,8 +1054,7 @@ type limited struct {
 // limitedAtOnce reports whether a rate limit on tg's request sent at sent
 // came before the second slot after the fleet's last pause of tg's
 // endpoint, at the effective rate (see limitRange): then the pause was too
-// short, and the rate is not to blame. With no pause known, the same
-// holds of this process's first two slots.
+// short, and the rate is not to blame.
 func (t *Transport) limitedAtOnce(tg Target, sent time.Time) bool {
 	key := EndpointBucket(tg.Channel, tg.Endpoint)
 	b, err := t.lim.Bucket(key)
@@ -1069,13 +1068,6 @@ func (t *Transport) limitedAtOnce(tg Target, sent time.Time) bool {
 	v := t.views.get(key)
 	if !t.adaptive.Off && !tg.Fixed {
 		rate *= t.adaptive.factor(v.climb, now)
-	}
-	if v.pauseUntil.IsZero() {
-		// No pause known: the fleet's start is like a resume. A limit on
-		// this process's first two slots says the upstream's bucket was
-		// not full when it began (another client, the fleet's last run)
-		// or a first request went out slow, over a new connection.
-		return !v.began.IsZero() && sent.Sub(v.began).Seconds()*rate < 2
 	}
 	_, _, soon := limitRange(1, rate, sent, v.pauseUntil)
 	return soon
