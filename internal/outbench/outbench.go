@@ -403,8 +403,8 @@ const warmPath = "/warm"
 // a connection, its goroutine and buffers) and reached the adversary 2-4
 // ms late, a cold start of the benchmark's own process that an upstream
 // in service does not have, and that a strict window then turned into a
-// 429 on the fleet's second request. The fleet's own first requests stay
-// cold.
+// 429 on the fleet's second request. Each worker then opens its own
+// connection to the server (warmConn), as the README advises a user to.
 func warm(t testing.TB, url string, n int) {
 	t.Helper()
 	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 5 * time.Second}
