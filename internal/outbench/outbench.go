@@ -86,8 +86,12 @@ type Result struct {
 	// LimitedShare is the 429s over the requests.
 	LimitedShare float64
 	// CallsPerRequest is the store's script calls (INFO commandstats) per
-	// request the upstream received.
+	// request the upstream received, over the whole run.
 	CallsPerRequest float64
+	// SteadyCallsPerRequest is the same over the middle two thirds of the
+	// run: the steady state, without the start's first bookings and
+	// reads nor the end's bookings never sent. Zero when not measured.
+	SteadyCallsPerRequest float64
 	// Outcomes count what the callers got instead of a response.
 	Outcomes
 	// Series is the upstream's arrivals second by second, for a chart.
@@ -441,6 +445,24 @@ func Run(t testing.TB, addr string, s Scenario, o Options) Result {
 		specs[p] = sp
 	}
 	res := Result{Scenario: s.Name}
+	// The steady state: the script calls over the middle two thirds of
+	// the run, away from the start (every goroutine's first booking, the
+	// climbs' first reads) and the end (bookings whose requests are never
+	// sent when the run stops).
+	from, to := start.Add(o.Duration/6), start.Add(o.Duration*5/6)
+	steady := make(chan [2]int64, 1)
+	go func() {
+		var n [2]int64
+		var err error
+		for i, at := range []time.Time{from, to} {
+			time.Sleep(time.Until(at))
+			if n[i], err = redistest.ScriptCalls(addr); err != nil {
+				n = [2]int64{}
+				break
+			}
+		}
+		steady <- n
+	}()
 	workerproc.Run(t, workerEnv, specs, func(_ int, out Outcomes, err error) {
 		if err != nil {
 			res.Errors = append(res.Errors, err.Error())
@@ -456,7 +478,23 @@ func Run(t testing.TB, addr string, s Scenario, o Options) Result {
 	if res.Requests > 0 {
 		res.CallsPerRequest = float64(calls) / float64(res.Requests)
 	}
+	if n := <-steady; n[1] > n[0] {
+		if got := arrivalsBetween(adv.Arrivals(), from, to); got > 0 {
+			res.SteadyCallsPerRequest = float64(n[1]-n[0]) / float64(got)
+		}
+	}
 	return res
+}
+
+// arrivalsBetween counts the arrivals in [from, to).
+func arrivalsBetween(arrivals []mockota.AdversaryArrival, from, to time.Time) int {
+	n := 0
+	for _, a := range arrivals {
+		if !a.At.Before(from) && a.At.Before(to) {
+			n++
+		}
+	}
+	return n
 }
 
 // scriptCalls is redistest.ScriptCalls for a test.
@@ -489,15 +527,19 @@ func counted(reg *prometheus.Registry, name string) float64 {
 // Table formats results as the Markdown table docs/BENCHMARKS.md shows.
 func Table(rs []Result) string {
 	var b strings.Builder
-	b.WriteString("| upstream | accepted/s | of target | 429s | arrivals during an announced pause | worst overshoot (tokens) | store calls per request | gave up / backpressure | booked again, late |\n")
+	b.WriteString("| upstream | accepted/s | of target | 429s | arrivals during an announced pause | worst overshoot (tokens) | store calls per request: steady (whole run) | gave up / backpressure | booked again, late |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rs {
 		during := fmt.Sprint(r.DuringPause)
 		if r.DuringCap > 0 || strings.Contains(r.Scenario, "huge") {
 			during += fmt.Sprintf(" (%d within the %v cap)", r.DuringCap, maxRetryAfter)
 		}
-		fmt.Fprintf(&b, "| %s | %.1f | %.0f %% | %d (%.1f %%) | %s | %.2f | %.2f | %d / %d | %d |\n",
-			r.Scenario, r.AcceptedPerSecond, 100*r.Share, r.Limited, 100*r.LimitedShare, during, r.Overshoot, r.CallsPerRequest, r.GaveUp, r.Backpressure, r.Rebooked)
+		calls := fmt.Sprintf("%.2f", r.CallsPerRequest)
+		if r.SteadyCallsPerRequest > 0 {
+			calls = fmt.Sprintf("%.2f (%s)", r.SteadyCallsPerRequest, calls)
+		}
+		fmt.Fprintf(&b, "| %s | %.1f | %.0f %% | %d (%.1f %%) | %s | %.2f | %s | %d / %d | %d |\n",
+			r.Scenario, r.AcceptedPerSecond, 100*r.Share, r.Limited, 100*r.LimitedShare, during, r.Overshoot, calls, r.GaveUp, r.Backpressure, r.Rebooked)
 	}
 	return b.String()
 }
