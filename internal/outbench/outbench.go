@@ -382,7 +382,7 @@ func (r *Result) report(s Scenario, adv *mockota.Adversary, from, to time.Time) 
 }
 
 // warmConn sends one request to url over base, whose pool keeps the
-// connection for the next request.
+// connection for the next request (unless base disables keep-alives).
 func warmConn(base http.RoundTripper, url string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -411,13 +411,11 @@ const warmPath = "/warm"
 // connection to the server (warmConn), as the README advises a user to.
 func warm(t testing.TB, url string, n int) {
 	t.Helper()
-	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 5 * time.Second}
+	base := &http.Transport{DisableKeepAlives: true}
 	for range n {
-		resp, err := client.Get(url)
-		if err != nil {
+		if err := warmConn(base, url); err != nil {
 			t.Fatalf("warming the mock upstream: %v", err)
 		}
-		resp.Body.Close()
 	}
 }
 
