@@ -516,18 +516,25 @@ func (t *Transport) learnPause(v *view, key string, until time.Time) (unknown bo
 	return v.paused(until)
 }
 
+// stretchFrom returns when the fleet's stretch of requests that a 429
+// ends began: at resumed, the end of the last pause, or, with none known,
+// at this process's first request (zero if it sent none).
+func (v *view) stretchFrom(resumed time.Time) time.Time {
+	if resumed.IsZero() {
+		return v.began
+	}
+	return resumed
+}
+
 // endStretch records in v.proven what the fleet's requests since its last
 // pause ended (or since this process's first request) prove of the
 // upstream's limit, for a pause that began after end, the fleet pacing
 // until then at its effective rate: the climb's factor of documented (the
-// bucket's pace, requests per second). A stretch that ended at once after a pause (the pause
-// was too short) or during it proves nothing new and keeps the last proof.
-// t.views.mu is held.
+// bucket's pace, requests per second). A stretch that ended at once after
+// a pause (the pause was too short) or during it proves nothing new and
+// keeps the last proof. t.views.mu is held.
 func (t *Transport) endStretch(v *view, documented float64, end time.Time) {
-	since := v.pauseUntil
-	if since.IsZero() {
-		since = v.began
-	}
+	since := v.stretchFrom(v.pauseUntil)
 	if since.IsZero() || !since.Before(end) {
 		return
 	}
@@ -712,11 +719,7 @@ func (t *Transport) lower(v *view, b fleetrate.Bucket, now, sent, resume, resume
 	// admitted ones bounds the limit from below as closely as one after a
 	// pause. Not from above: the upstream's bucket need not have been
 	// full at the start (another client, the fleet's last run).
-	since := resumed
-	if since.IsZero() {
-		since = v.began
-	}
-	low, high, _ := limitRange(from, from*paceRate(b), sent, since)
+	low, high, _ := limitRange(from, from*paceRate(b), sent, v.stretchFrom(resumed))
 	if resumed.IsZero() {
 		high = from
 	}
