@@ -146,7 +146,7 @@ func serveCommand(getenv func(string) string) *cobra.Command {
 	f.String("auth-token-file", "", "file of bearer tokens, one per line; when set, the APIs need one")
 	f.String("tls-cert-file", "", "TLS certificate (PEM); with --tls-key-file, serves HTTPS and gRPC over TLS")
 	f.String("tls-key-file", "", "TLS private key (PEM)")
-	f.String("tls-client-ca-file", "", "CA bundle (PEM) to require and verify client certificates (mTLS)")
+	f.String("tls-client-ca-file", "", "CA bundle (PEM) to require and verify client certificates (mTLS); needs --tls-cert-file and --tls-key-file")
 	f.String("log-format", "text", "log format: text or json")
 	f.String("log-level", "info", "log level: debug, info, warn or error")
 	f.Bool("response-headers", false, "add the IETF draft's RateLimit-Policy and RateLimit fields to RLS responses")
@@ -362,6 +362,13 @@ func (st *serveSettings) check() error {
 	}
 	if (st.tlsCertFile == "") != (st.tlsKeyFile == "") {
 		return errors.New("give both tls-cert-file and tls-key-file, or neither")
+	}
+	if st.tlsClientCAFile != "" && st.tlsCertFile == "" {
+		// Client certificates are verified in the TLS handshake: without
+		// a server certificate there is none, and serving plain text
+		// would leave clients unauthenticated while the operator
+		// believes they are.
+		return errors.New("tls-client-ca-file needs tls-cert-file and tls-key-file: client certificates are verified only over TLS")
 	}
 	switch st.logFormat {
 	case "text", "json":

@@ -121,6 +121,7 @@ func TestServeSettingsErrors(t *testing.T) {
 		{"bad env duration", []string{"--config", good}, map[string]string{"FLEETRATE_MAX_WAIT": "soon"}, `--max-wait / FLEETRATE_MAX_WAIT: invalid value "soon"`},
 		{"bad env bool", []string{"--config", good}, map[string]string{"FLEETRATE_STORE_API": "maybe"}, `FLEETRATE_STORE_API: invalid value "maybe"`},
 		{"half TLS", []string{"--config", good, "--tls-cert-file", "x.pem"}, nil, "tls-cert-file and tls-key-file"},
+		{"client CA without TLS", []string{"--config", good, "--tls-client-ca-file", "ca.pem"}, nil, "tls-client-ca-file needs tls-cert-file and tls-key-file"},
 		{"log format", []string{"--config", good, "--log-format", "xml"}, nil, "log-format must be text or json"},
 		{"nothing to serve", []string{"--config", good, "--http-addr", "off", "--grpc-addr", "off"}, nil, "nothing to serve"},
 		{"missing token file", []string{"--config", good, "--auth-token-file", "/nonexistent/tokens"}, nil, "auth token file"},
