@@ -181,7 +181,7 @@ func runBench(ctx context.Context, cfg benchConfig, stdout, stderr io.Writer) (e
 	r := &benchRun{cfg: cfg, c: c, progress: stderr}
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if err := c.Ping(pctx).Err(); err != nil {
+	if err := pingRedis(pctx, c); err != nil {
 		return fmt.Errorf("--redis %s: %w", name, err)
 	}
 	if err := r.checkUnused(ctx); err != nil {

@@ -46,7 +46,7 @@ type demoOptions struct {
 func (o demoOptions) validate() error {
 	switch {
 	case o.duration <= 0 || o.duration > maxDemoDuration:
-		return fmt.Errorf("--duration must be between 0 and %v, got %v", maxDemoDuration, o.duration)
+		return fmt.Errorf("--duration must be above 0 and at most %v, got %v", maxDemoDuration, o.duration)
 	case o.workers < 1 || o.workers > maxDemoWorkers:
 		return fmt.Errorf("--workers must be between 1 and %d, got %d", maxDemoWorkers, o.workers)
 	case o.processes < 1 || o.processes > o.workers:
@@ -196,6 +196,15 @@ func startFleetOTA(mode string) (*demoFleet, error) {
 func runDemo(ctx context.Context, o demoOptions, stdout, stderr io.Writer) error {
 	if err := o.validate(); err != nil {
 		return err
+	}
+	if o.redis != "" {
+		// Reach Redis before the fleets start, rather than fail after a
+		// whole run of the naive fleet, which needs none.
+		_, closeRedis, err := openRedis(ctx, o.redis)
+		if err != nil {
+			return err
+		}
+		closeRedis()
 	}
 	if !isTerminal(stderr) {
 		stderr = &lockedWriter{w: stderr}

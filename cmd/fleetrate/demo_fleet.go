@@ -14,8 +14,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/fleetrate/fleetrate"
 	"github.com/fleetrate/fleetrate/internal/mockota"
 	"github.com/fleetrate/fleetrate/memstore"
@@ -429,21 +427,22 @@ func classifyOutcome(resp *http.Response, err error, sent bool) string {
 	return outcomeError
 }
 
-// openRedis connects to the Redis at url and returns a store over it.
+// openRedis connects to the Redis at url (any URL "fleetrate serve"
+// takes) and returns a store over it. Errors name the URL without its
+// password.
 func openRedis(ctx context.Context, url string) (*redisstore.Store, func(), error) {
-	opts, err := redis.ParseURL(url)
+	client, name, err := newServeRedisClient(url)
 	if err != nil {
-		return nil, nil, fmt.Errorf("--redis %q: %w", url, err)
+		return nil, nil, fmt.Errorf("--redis: %w", err)
 	}
 	redisstore.SetLogger(slog.Default()) // go-redis's own lines: structured, one a second
-	client := redis.NewClient(opts)
 	pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
-	if err := client.Ping(pctx).Err(); err != nil {
+	if err := pingRedis(pctx, client); err != nil {
 		client.Close()
-		return nil, nil, fmt.Errorf("--redis %q: %w: %w", url, fleetrate.ErrStoreUnavailable, err)
+		return nil, nil, fmt.Errorf("--redis %s: %w: %w", name, fleetrate.ErrStoreUnavailable, err)
 	}
-	store, err := redisstore.New(client, redisstore.Options{Timeout: time.Second})
+	store, err := redisstore.New(client, serveStoreOptions(url, true, time.Second))
 	if err != nil {
 		client.Close()
 		return nil, nil, err

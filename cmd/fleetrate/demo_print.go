@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net/url"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -40,7 +41,10 @@ func printHeader(w io.Writer, o demoOptions) {
 // storeName names the store the shared fleets and the priority runs use.
 func (o demoOptions) storeName() string {
 	if o.redis != "" {
-		return "Redis at " + o.redis
+		if u, err := url.Parse(o.redis); err == nil {
+			return "Redis at " + u.Redacted() // without its password
+		}
+		return "Redis"
 	}
 	return "the in-memory store"
 }

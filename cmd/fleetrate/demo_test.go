@@ -198,8 +198,8 @@ func TestDemoFlagErrors(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--duration", "0s"}, "--duration must be between 0 and 10m0s, got 0s"},
-		{[]string{"--duration", "1h"}, "--duration must be between"},
+		{[]string{"--duration", "0s"}, "--duration must be above 0 and at most 10m0s, got 0s"},
+		{[]string{"--duration", "1h"}, "--duration must be above 0 and at most 10m0s, got 1h0m0s"},
 		{[]string{"--workers", "0"}, "--workers must be between 1 and 1000, got 0"},
 		{[]string{"--processes", "0"}, "--processes must be between 1 and --workers (6), got 0"},
 		{[]string{"--processes", "7"}, "--processes must be between 1 and --workers (6), got 7"},
@@ -208,7 +208,8 @@ func TestDemoFlagErrors(t *testing.T) {
 		{[]string{"--rate", "NaN"}, "--rate must be above 0"},
 		{[]string{"--share", "1.5"}, "--share must be above 0 and at most 1, got 1.5"},
 		{[]string{"--share", "-0.1"}, "--share must be above 0"},
-		{[]string{"--redis", "http://127.0.0.1:1"}, `--redis "http://127.0.0.1:1"`},
+		{[]string{"--redis", "http://127.0.0.1:1"}, `--redis: redis URL http://127.0.0.1:1: scheme must be`},
+		{[]string{"--redis", "redis://:s3cret@127.0.0.1:1/0"}, `--redis redis://:xxxxx@127.0.0.1:1/0: fleetrate: store unavailable: no answer in time: dial tcp 127.0.0.1:1: connect: connection refused`},
 		{[]string{"extra"}, `unknown command "extra"`},
 	}
 	for _, tc := range tests {
@@ -443,5 +444,15 @@ func TestFleetCountsMatchASlowOTA(t *testing.T) {
 				t.Errorf("workers: sent %d, ok %d; OTA: sent %d, ok %d (outcomes %v)", report.Sends, report.Outcomes[outcomeOK], sent, ok, report.Outcomes)
 			}
 		})
+	}
+}
+
+// TestDemoStoreNameHidesThePassword: the header names the Redis URL
+// without its password, as bench and serve do.
+func TestDemoStoreNameHidesThePassword(t *testing.T) {
+	t.Parallel()
+	got := demoOptions{redis: "redis://user:s3cret@127.0.0.1:6379/0"}.storeName()
+	if want := "Redis at redis://user:xxxxx@127.0.0.1:6379/0"; got != want {
+		t.Errorf("storeName() = %q, want %q", got, want)
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/url"
@@ -105,10 +106,34 @@ func openServeRedis(ctx context.Context, raw string, batch bool, timeout time.Du
 	}
 	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	if err := c.Ping(pctx).Err(); err != nil {
+	if err := pingRedis(pctx, c); err != nil {
 		log.Warn("redis does not answer yet; starting anyway (/readyz fails until it does)", "redis", name, "error", err.Error())
 	} else if err := st.LoadScripts(pctx); err != nil {
 		log.Warn("loading the Lua scripts into redis failed; they load on first use", "redis", name, "error", err.Error())
 	}
 	return serveStore{store: st, name: name, close: c.Close}, nil
+}
+
+// pingRedis pings c within ctx. go-redis retries a failed dial until the
+// context ends and then reports only the context's deadline, so a ping
+// that timed out on a standalone server dials it once more to name the
+// cause: connection refused, no such host, a timeout.
+func pingRedis(ctx context.Context, c redis.UniversalClient) error {
+	err := c.Ping(ctx).Err()
+	if err == nil || !errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	cl, ok := c.(*redis.Client)
+	if !ok {
+		return err
+	}
+	o := cl.Options()
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	conn, derr := o.Dialer(dctx, o.Network, o.Addr)
+	if derr != nil {
+		return fmt.Errorf("no answer in time: %w", derr)
+	}
+	conn.Close()
+	return fmt.Errorf("connected to %s, but it did not answer PING in time: %w", o.Addr, err)
 }
