@@ -62,8 +62,14 @@ pipeline); and the settings it recommends for your case.
 
 It writes only keys under its own prefix, fleetrate:bench:<random>:, refuses
 to start if any of them exists, and deletes them at the end, also when
-interrupted (Ctrl-C). The buckets it writes have a 15-day TTL in case the
-cleanup cannot reach Redis.
+interrupted (Ctrl-C). Should the cleanup not reach Redis, the buckets it
+wrote expire by themselves once full again: a take adds 10 ms to a bucket's
+debt, so within minutes (15 days at the very most).
+
+A measurement in which a tenth of the calls or more failed stops the run:
+the report then shows what was measured before it, marked as stopped, with
+no recommendations, and the command fails. Decisions per second count
+successful calls only.
 
 Progress goes to stderr; stdout has the report (--json for JSON).
 --redis takes the same URLs as "fleetrate serve" (standalone, rediss://,
@@ -158,6 +164,9 @@ type benchReport struct {
 	Rows            []benchRow     `json:"rows"`
 	Recommendations []benchAdvice  `json:"recommendations"`
 	KeysDeleted     int64          `json:"keys_deleted"`
+	// Stopped is the error that ended the run early, if one did: the
+	// rows are then the measurements made before it.
+	Stopped string `json:"stopped,omitempty"`
 }
 
 // benchRun is one run's client, keys and progress.
@@ -189,16 +198,29 @@ func runBench(ctx context.Context, cfg benchConfig, stdout, stderr io.Writer) (e
 	}
 	rep := benchReport{Redis: name, Prefix: cfg.prefix, Duration: cfg.duration.String(), PoolSize: poolSize(c)}
 	defer func() {
-		n, cerr := r.cleanup(ctx)
+		budget := 30 * time.Second
+		if err != nil && !errors.Is(err, context.Canceled) {
+			budget = 5 * time.Second // Redis failed the run: it may not answer a DEL either
+		}
+		n, cerr := r.cleanup(ctx, budget)
 		rep.KeysDeleted = n
-		if err == nil && cerr != nil {
-			err = cerr
+		if err != nil {
+			// What was measured before the failure is still printed,
+			// marked as stopped, and without recommendations.
+			rep.Stopped, rep.Recommendations = err.Error(), nil
+		}
+		if len(rep.Ceilings) > 0 && !errors.Is(err, context.Canceled) {
+			if perr := printBench(stdout, rep, cfg.json); err == nil {
+				err = perr
+			}
 		}
 		switch {
 		case err == nil:
-			err = printBench(stdout, rep, cfg.json)
+			err = cerr
 		case errors.Is(err, context.Canceled) && cerr == nil:
 			err = fmt.Errorf("interrupted; deleted the %d bench keys: %w", n, err)
+		default:
+			err = errors.Join(err, cerr)
 		}
 	}()
 	r.steps = len(cfg.keys) * (1 + 3*len(cfg.concurrency))
@@ -275,8 +297,8 @@ func (r *benchRun) checkUnused(ctx context.Context) error {
 // interrupt it waits out the calls still in flight (a batched call and
 // the cancel of a take whose caller gave up end within the store's
 // timeout and a second), then deletes again.
-func (r *benchRun) cleanup(ctx context.Context) (int64, error) {
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+func (r *benchRun) cleanup(ctx context.Context, budget time.Duration) (int64, error) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), budget)
 	defer cancel()
 	del := func() (int64, error) {
 		return r.perKey(cctx, func(p redis.Pipeliner, k string) *redis.IntCmd { return p.Del(cctx, k) })
@@ -353,10 +375,12 @@ func (r *benchRun) measureAll(ctx context.Context, ceilings []benchCeiling) ([]b
 					mode, conf = "wait", best.Config
 				}
 				row, err := r.cell(ctx, mode, conf, g, names, ceil)
+				if row.Mode != "" {
+					rows = append(rows, row)
+				}
 				if err != nil {
 					return rows, err
 				}
-				rows = append(rows, row)
 				if mode == "allow" && row.PerSecond > best.PerSecond {
 					best = row
 				}
@@ -364,10 +388,12 @@ func (r *benchRun) measureAll(ctx context.Context, ceilings []benchCeiling) ([]b
 		}
 		if n == 1 {
 			row, err := r.cell(ctx, "allow", "lease", slices.Max(r.cfg.concurrency), names, ceil)
+			if row.Mode != "" {
+				rows = append(rows, row)
+			}
 			if err != nil {
 				return rows, err
 			}
-			rows = append(rows, row)
 		}
 	}
 	return rows, nil
@@ -422,8 +448,20 @@ func (r *benchRun) cell(ctx context.Context, mode, conf string, g int, names []s
 	r.step++
 	r.logf("[%d/%d] %s %s callers=%d keys=%d: %.0f/s p50 %v p99 %v errors %d", r.step, r.steps, mode, conf, g, len(names),
 		m.Ops, m.P50.Round(time.Microsecond), m.P99.Round(time.Microsecond), m.Errors)
+	if m.Errors > 0 && m.Errors*maxFailedShare >= m.Calls {
+		// Not a measurement of the store but of its failure: the rest
+		// of the run would measure the same, and advice built on it
+		// would be wrong.
+		return row, fmt.Errorf("%s %s at %d callers over %d keys: %d of %d calls failed (first: %v); stopped measuring",
+			mode, conf, g, len(names), m.Errors, m.Calls, m.FirstErr)
+	}
 	return row, nil
 }
+
+// maxFailedShare: a measurement in which one call in maxFailedShare or
+// more failed stops the run. A few timeouts at high concurrency are a
+// finding (see adviseTimeout); this many mean Redis is not answering.
+const maxFailedShare = 10
 
 func micros(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
 

@@ -181,6 +181,9 @@ func printBench(w io.Writer, rep benchReport, asJSON bool) error {
 		return enc.Encode(rep)
 	}
 	fmt.Fprintf(w, "fleetrate bench on %s, %s per measurement, keys under %s (%d deleted)\n\n", rep.Redis, rep.Duration, rep.Prefix, rep.KeysDeleted)
+	if rep.Stopped != "" {
+		fmt.Fprintf(w, "STOPPED EARLY: %s\nBelow is what was measured before; nothing is recommended.\n\n", rep.Stopped)
+	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(tw, "take script ceiling (%d clients, %d per pipeline)\tkeys\ttakes/s\t\n", loadgen.CeilingClients, loadgen.CeilingDepth)
 	for _, c := range rep.Ceilings {
@@ -195,7 +198,10 @@ func printBench(w io.Writer, rep benchReport, asJSON bool) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "\nWait rows run with the faster Allow config; the limit never runs out, so no call sleeps.\n\nRecommended:\n")
+	fmt.Fprintf(w, "\nWait rows run with the faster Allow config; the limit never runs out, so no call sleeps.\n")
+	if len(rep.Recommendations) > 0 {
+		fmt.Fprintf(w, "\nRecommended:\n")
+	}
 	for _, a := range rep.Recommendations {
 		fmt.Fprintf(w, "  %s: %s\n      (%s)\n", a.Setting, a.Value, a.Why)
 	}

@@ -213,6 +213,35 @@ func TestBenchInterruptedCleansUp(t *testing.T) {
 	checkForeign(t, c)
 }
 
+// TestBenchStopsWhenRedisDies: a Redis killed during the run stops it at
+// the first measurement whose calls fail, rather than measuring failures
+// for the rest of the run; the report shows what was measured before,
+// marked as stopped, with no advice built on failures, and the command
+// fails.
+func TestBenchStopsWhenRedisDies(t *testing.T) {
+	srv := redistest.Start(t)
+	// Kill Redis once the ceilings are measured, before the first Allow.
+	stderr := &onLine{want: "[2/", do: srv.Kill}
+	var stdout bytes.Buffer
+	args := append([]string{"bench", "--redis", srv.URL()}, benchShort...)
+	err := run(context.Background(), args, func(string) string { return "" }, &stdout, stderr)
+	if err == nil || !strings.Contains(err.Error(), "calls failed") || !strings.Contains(err.Error(), "stopped measuring") {
+		t.Fatalf("got %v, want the failed measurement named\nstderr:\n%s", err, stderr.String())
+	}
+	out := stdout.String()
+	for _, want := range []string{"STOPPED EARLY: allow unbatched", "take script ceiling"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("report lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "Recommended:") {
+		t.Errorf("a stopped run recommended settings:\n%s", out)
+	}
+	if n := strings.Count(stderr.String(), "fleetrate bench: ["); n != 3 {
+		t.Errorf("got %d progress lines, want 3 (two ceilings and the failed measurement):\n%s", n, stderr.String())
+	}
+}
+
 // onLine is an io.Writer that calls do once when want is written.
 type onLine struct {
 	mu   sync.Mutex

@@ -22,7 +22,8 @@ import (
 
 // Measurement is what Measure saw.
 type Measurement struct {
-	// Ops is completed calls per second, failed ones included.
+	// Ops is successful calls per second: a failed call decided nothing,
+	// so it is counted in Errors only.
 	Ops float64
 	// Calls and Errors count the calls made and those that failed.
 	Calls, Errors int64
@@ -69,7 +70,8 @@ func Measure(ctx context.Context, g int, d time.Duration, f func(ctx context.Con
 	wg.Wait()
 	el := time.Since(start)
 	slices.Sort(lat)
-	m := Measurement{Ops: float64(len(lat)) / el.Seconds(), Calls: int64(len(lat)), Errors: errs.Load(), FirstErr: firstErr}
+	m := Measurement{Calls: int64(len(lat)), Errors: errs.Load(), FirstErr: firstErr}
+	m.Ops = float64(m.Calls-m.Errors) / el.Seconds()
 	if len(lat) > 0 {
 		m.P50, m.P99 = lat[len(lat)/2], lat[len(lat)*99/100]
 	}
