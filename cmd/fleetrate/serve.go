@@ -357,6 +357,14 @@ func (st *serveSettings) check() error {
 	if st.maxWait > fleetrate.MaxWaitCap {
 		return fmt.Errorf("max wait must be at most %v, got %v", fleetrate.MaxWaitCap, st.maxWait)
 	}
+	// The service reads a zero as its default: refuse one given here
+	// rather than replace it silently.
+	if st.maxWait == 0 {
+		return fmt.Errorf("max wait must be above 0, got 0 (the default is %v)", server.DefaultMaxWait)
+	}
+	if st.storeTimeout == 0 {
+		return fmt.Errorf("store timeout must be above 0, got 0 (the default is %v)", server.DefaultStoreTimeout)
+	}
 	if st.httpAddr == "off" && st.grpcAddr == "off" {
 		return errors.New("http-addr and grpc-addr are both off: nothing to serve")
 	}

@@ -68,6 +68,9 @@ func runSimulate(w io.Writer, cfg simulate.Config, out string, noBoundary bool) 
 	if out != "" && format != "png" && format != "svg" {
 		return fmt.Errorf("--out %q: the chart is written as .png or .svg", out)
 	}
+	if err := checkSimulateFlags(cfg); err != nil {
+		return err
+	}
 	if cfg.CronClients == 0 {
 		cfg.CronClients = -1 // the flag's 0 means none; the Config's means the default
 	}
@@ -93,6 +96,28 @@ func runSimulate(w io.Writer, cfg simulate.Config, out string, noBoundary bool) 
 	}
 	_, err = fmt.Fprintf(w, "\nchart written to %s\n", out)
 	return err
+}
+
+// checkSimulateFlags refuses the zero values the flags cannot mean: a
+// zero Config field means its default, which the flags show already, so
+// a 0 given on the command line would be replaced silently.
+func checkSimulateFlags(cfg simulate.Config) error {
+	for _, f := range []struct {
+		name string
+		zero bool
+	}{
+		{"duration", cfg.Duration == 0}, {"window", cfg.Window == 0}, {"quota", cfg.Quota == 0},
+		{"burst", cfg.Burst == 0}, {"cron-batch", cfg.CronBatch == 0}, {"boundary", cfg.Boundary == 0},
+		{"boundary-span", cfg.BoundarySpan == 0}, {"span", cfg.Span == 0},
+	} {
+		if f.zero {
+			return fmt.Errorf("--%s must be above 0, got 0", f.name)
+		}
+	}
+	if cfg.CronClients < 0 {
+		return fmt.Errorf("--cron-clients must be 0 (none) or more, got %d", cfg.CronClients)
+	}
+	return nil
 }
 
 func printReport(w io.Writer, r *simulate.Report) error {
