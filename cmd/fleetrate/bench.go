@@ -288,7 +288,7 @@ func (r *benchRun) checkUnused(ctx context.Context) error {
 		return fmt.Errorf("checking that the bench keys are unused: %w", err)
 	}
 	if n > 0 {
-		return fmt.Errorf("--prefix %s: %d keys under it exist already; bench writes only keys of its own (leave --prefix unset for a random one)", r.cfg.prefix, n)
+		return fmt.Errorf("--prefix %q: %d of the keys bench would write under it exist already; bench writes only keys of its own (leave --prefix unset for a random one)", r.cfg.prefix, n)
 	}
 	return nil
 }

@@ -370,13 +370,17 @@ func showProgress(w io.Writer, start, until time.Time, fleets []*demoFleet) (sto
 	wg.Go(func() {
 		tick := time.NewTicker(every)
 		defer tick.Stop()
+		last := ""
 		for {
 			select {
 			case <-done:
-				fmt.Fprintf(w, "%s\n", line())
+				if l := line(); l != last || end == "" {
+					fmt.Fprintf(w, "%s\n", l) // unless the last tick printed it
+				}
 				return
 			case <-tick.C:
-				fmt.Fprint(w, line()+end)
+				last = line()
+				fmt.Fprint(w, last+end)
 			}
 		}
 	})

@@ -172,7 +172,7 @@ func printVerdict(w io.Writer, rs []modeResult) {
 	var parts []string
 	for _, r := range rs {
 		if n := r.documented(); n > 0 {
-			parts = append(parts, fmt.Sprintf("%s broke documented limits (%d 429s)", r.mode, n))
+			parts = append(parts, fmt.Sprintf("%s broke documented limits (%s)", r.mode, plural(n, "429")))
 		} else {
 			parts = append(parts, fmt.Sprintf("%s broke none", r.mode))
 		}
@@ -190,4 +190,12 @@ func percentile(ds []time.Duration, p int) time.Duration {
 	slices.Sort(s)
 	rank := int(math.Ceil(float64(p) / 100 * float64(len(s))))
 	return s[min(max(rank, 1), len(s))-1]
+}
+
+// plural is n and what, with an s unless n is 1: "1 429", "3 429s".
+func plural(n int, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return fmt.Sprintf("%d %ss", n, what)
 }

@@ -48,6 +48,7 @@ func main() {
 }
 
 type config struct {
+	repro      string // the flags that reproduce the run (see reproArgs)
 	count      int
 	duration   time.Duration
 	goroutines []int
@@ -83,8 +84,8 @@ func run(args []string, out io.Writer) error {
 		}
 		out = io.MultiWriter(out, &tables)
 	}
-	fmt.Fprintf(out, "Measured %s by `cd benchmarks && go run ./cmd/fleetbench -duration %v -count %d`; redis-server on loopback, %d CPU cores shared by client and server.\n\n",
-		time.Now().UTC().Format("2006-01-02"), cfg.duration, cfg.count, nproc())
+	fmt.Fprintf(out, "Measured %s by `cd benchmarks && go run ./cmd/fleetbench %s`; redis-server on loopback, %d CPU cores shared by client and server.\n\n",
+		time.Now().UTC().Format("2006-01-02"), cfg.repro, nproc())
 	// The in-memory table is measured first, before any redis-server runs
 	// (one expiring thousands of keys takes CPU time from the process)
 	// and while this process's heap is fresh, and printed last.
@@ -130,6 +131,7 @@ func parseFlags(args []string) (config, error) {
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}
+	cfg.repro = reproArgs(fs)
 	for _, f := range strings.Split(*gs, ",") {
 		g, err := strconv.Atoi(strings.TrimSpace(f))
 		if err != nil || g < 1 {
@@ -738,4 +740,27 @@ func memParallelRows() []memRow {
 			})
 		}},
 	}
+}
+
+// reproArgs is the command line that reproduces a run: every flag it was
+// given (those that narrowed it, such as -only, -goroutines and -keys,
+// included) but those that only say where to write its output, and
+// -duration and -count even when left at their defaults.
+func reproArgs(fs *flag.FlagSet) string {
+	var out []string
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) {
+		set[f.Name] = true
+		switch f.Name {
+		case "doc", "chart", "cpuprofile":
+			return
+		}
+		out = append(out, "-"+f.Name+"="+f.Value.String())
+	})
+	for _, name := range []string{"duration", "count"} {
+		if !set[name] {
+			out = append(out, "-"+name+"="+fs.Lookup(name).Value.String())
+		}
+	}
+	return strings.Join(out, " ")
 }
