@@ -113,7 +113,9 @@ func (l Limit) Named(name string) Limit {
 
 // String formats the limit as "20/s burst 40".
 func (l Limit) String() string {
-	s := fmt.Sprintf("%g/s burst %d", l.Rate, l.Burst)
+	// Six significant digits: a rate of 100 a minute reads 1.66667/s,
+	// not 1.6666666666666667/s.
+	s := fmt.Sprintf("%.6g/s burst %d", l.Rate, l.Burst)
 	if l.Name != "" {
 		s = l.Name + " " + s
 	}

@@ -128,3 +128,18 @@ func TestCompiledLimitFollowsChanges(t *testing.T) {
 		t.Fatalf("plain() = %+v, want the limit as callers built it", p)
 	}
 }
+
+func TestLimitString(t *testing.T) {
+	for _, tc := range []struct {
+		l    Limit
+		want string
+	}{
+		{PerSecond(20, 40), "20/s burst 40"},
+		{PerSecond(100.0/60, 3), "1.66667/s burst 3"},
+		{PerSecond(0.5, 1).Named("slow"), "slow 0.5/s burst 1"},
+	} {
+		if got := tc.l.String(); got != tc.want {
+			t.Errorf("String() = %q, want %q", got, tc.want)
+		}
+	}
+}

@@ -28,6 +28,7 @@ import (
 func main() {
 	redisURL := flag.String("redis", "", "Redis URL; empty means the in-memory store")
 	flag.Parse()
+	log.SetFlags(0) // the lines as the README shows them, without a timestamp
 	ctx := context.Background()
 
 	// One process: the in-memory store.
