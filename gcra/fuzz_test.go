@@ -70,3 +70,62 @@ func FuzzDecide(f *testing.F) {
 		}
 	})
 }
+
+// FuzzConfigurationsInTurn takes from one bucket under two configurations
+// of its limit in an arbitrary order (two processes configured apart, a
+// reload and its revert, an override beside its rule), as a store does:
+// a take that books nothing writes nothing. Together they must never grant
+// more in a window than the looser of the two allows alone.
+func FuzzConfigurationsInTurn(f *testing.F) {
+	// Burst 100 emptied, then two takes at burst 10 a second apart, then
+	// burst 100 again (TestConfigurationsInTurn's cycle).
+	cycle := []byte{}
+	for range 13 {
+		cycle = append(cycle, 0, 7) // eight takes under the first, now
+	}
+	cycle = append(cycle, 201, 200, 201, 200, 200, 199) // a second later each
+	for range 12 {
+		cycle = append(cycle, 0, 7)
+	}
+	f.Add(uint16(10), uint16(100), uint16(10), uint16(10), cycle)
+	f.Add(uint16(10), uint16(100), uint16(10), uint16(10), []byte{0, 0, 0, 50, 1, 50, 1, 50, 0, 0})
+	f.Add(uint16(5), uint16(10), uint16(20), uint16(40), []byte{1, 9, 0, 200, 1, 3})
+	f.Fuzz(func(t *testing.T, r1, b1, r2, b2 uint16, ops []byte) {
+		cfgs := [2]fleetrate.Limit{
+			fleetrate.PerSecond(float64(r1%1000+1), int64(b1%500+1)),
+			fleetrate.PerSecond(float64(r2%1000+1), int64(b2%500+1)),
+		}
+		for _, l := range cfgs {
+			if l.Validate() != nil {
+				return
+			}
+		}
+		var st State
+		now := int64(1_700_000_000_000_000)
+		var grants []int64 // ns
+		for i := 0; i+1 < len(ops); i += 2 {
+			c := cfgs[ops[i]&1]
+			now += int64(ops[i]>>1) * int64(ops[i+1]) * 50 // µs, up to about 1.6 s
+			for range 1 + int(ops[i+1]%8) {
+				cp := st.Clone()
+				var res fleetrate.Result
+				if DecideOne(now, []fleetrate.Limit{c}, 1, 0, &cp, &res) {
+					st = cp
+					grants = append(grants, now*1000)
+				}
+			}
+		}
+		for j := range grants {
+			for k := j; k < len(grants); k++ {
+				w := float64(grants[k]-grants[j]) / 1e9
+				bound := 0.0
+				for _, l := range cfgs {
+					bound = max(bound, float64(l.Burst)+l.Rate*w)
+				}
+				if float64(k-j+1) > bound+1e-9 {
+					t.Fatalf("%v and %v in turn: %d grants in %.6f s, bound %.3f", cfgs[0], cfgs[1], k-j+1, w, bound)
+				}
+			}
+		}
+	})
+}

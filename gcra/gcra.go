@@ -21,6 +21,7 @@ package gcra
 
 import (
 	"math"
+	"slices"
 	"time"
 	"unsafe"
 
@@ -48,40 +49,184 @@ type State struct {
 	// the fraction of the bucket in use is kept. Nil (a state written before
 	// fills were kept, or debts a store already converted) converts nothing.
 	Fills []int64
+	// Anchor is, for a state written under limits of a shorter fill time
+	// than the state it replaced (a reload that shortened a limit, or two
+	// configurations of one key side by side), the stamp of that state
+	// (µs); 0 otherwise. A limit of a longer fill time that reads the state
+	// next refills it from the anchor, not from Stamp: the shorter limit's
+	// own refills since (a fraction of a bucket refills at 1/fill per ns)
+	// are not the longer one's to spend (see Elapse). Kept across the
+	// shorter limits' writes for at most MaxAnchorAge.
+	Anchor int64
 }
 
+// MaxAnchorAge is how long, in µs, a state keeps its Anchor: a week, far
+// beyond the fill time a configuration read in turn with another has, and
+// short enough that a debt and the time since the anchor stay below 2^53
+// ns, exact in the Lua mirror's doubles.
+const MaxAnchorAge = int64(7*24*time.Hour) / 1000
+
 // Elapse advances s to now (µs), refilling every limit by the elapsed time,
-// and converts the debt of every limit whose fill time changed (see
-// Convert). A clock that went backwards refills nothing. A state whose
-// number of debts does not match limits is replaced by a full bucket.
+// and carries each limit's debt over when the limits changed (see
+// carried): a limit kept, even at another position, keeps its debt; a
+// limit whose fill time changed keeps the fraction of the bucket it had in
+// use (see Convert and refill); an added limit starts full. A clock that
+// went backwards refills nothing. A state without fill times (written
+// before they were kept) and with another number of debts is a full
+// bucket. It sets Anchor for the state's next write (see State.Anchor).
 func (s *State) Elapse(now int64, limits []fleetrate.Limit) {
 	m := len(limits)
-	if len(s.Debts) != m {
-		// One allocation for the debts and the fills.
-		buf := make([]int64, 2*m)
-		s.Debts, s.Fills = buf[:m:m], buf[m:]
-		for i := range limits {
-			s.Fills[i] = fill(&limits[i])
-		}
-		s.Stamp = now
-		return
-	}
+	el := int64(0)
 	if now > s.Stamp {
-		el := min(now-s.Stamp, MaxElapse) * 1000
+		el = min(now-s.Stamp, MaxElapse) * 1000
+	}
+	read := s.Stamp
+	s.Stamp = now
+	if s.Anchor != 0 && now-s.Anchor > MaxAnchorAge {
+		s.Anchor = 0
+	}
+	if !s.Converts(limits) {
+		if len(s.Debts) != m {
+			// Absent, or written before fills were kept for another
+			// number of limits: a full bucket.
+			buf := make([]int64, 2*m) // one allocation for debts and fills
+			s.Debts, s.Fills, s.Anchor = buf[:m:m], buf[m:], 0
+			for i := range limits {
+				s.Fills[i] = fill(&limits[i])
+			}
+			return
+		}
+		// The same limits, or debts without fills (written before fills
+		// were kept, or a store's replay of debts already converted).
 		for i, d := range s.Debts {
 			s.Debts[i] = max(d-el, 0)
 		}
+		return
 	}
-	s.Stamp = now
-	if len(s.Fills) != m {
-		return // written before fills were kept, or a store's replay of debts already converted
+	oldDebts, oldFills, anchor := s.Debts, s.Fills, s.Anchor
+	buf := make([]int64, 2*m)
+	s.Debts, s.Fills = buf[:m:m], buf[m:]
+	for j := range limits {
+		s.Fills[j] = fill(&limits[j])
 	}
-	for i := range limits {
-		if f := fill(&limits[i]); s.Fills[i] != f {
-			s.Debts[i] = Convert(s.Debts[i], s.Fills[i], f)
-			s.Fills[i] = f
+	shorter, longer := false, false
+	for j, i := range carried(oldFills, s.Fills) {
+		switch {
+		case i < 0:
+			continue
+		case oldFills[i] > s.Fills[j]:
+			shorter = true
+		case oldFills[i] < s.Fills[j]:
+			longer = true
+			if anchor != 0 && anchor < read {
+				// Refill from the anchor: what the shorter limits
+				// refilled since is theirs, not this limit's.
+				d := oldDebts[i] + (read-anchor)*1000
+				s.Debts[j] = refill(d, oldFills[i], s.Fills[j], max(min(now-anchor, MaxElapse), 0)*1000)
+				continue
+			}
+		}
+		s.Debts[j] = refill(oldDebts[i], oldFills[i], s.Fills[j], el)
+	}
+	switch {
+	case shorter && anchor == 0:
+		s.Anchor = read // anchored at the longer limits' state
+	case longer && !shorter:
+		s.Anchor = 0 // written under the longer limits now
+	}
+}
+
+// carried returns, for each limit of fill time fills[j], the index of the
+// limit of a state written for limits of fill times old whose debt it
+// carries over, or -1 for none (it starts full): first the limit of the
+// same fill time (the same limit, perhaps moved by a reordered
+// configuration), then, in order, the limits left on either side (a limit
+// whose value changed). A limit added beside unchanged ones so starts
+// full: giving it the fraction another limit had in use would lock a key
+// that had emptied a 10/s limit out of a daily limit added beside it, for
+// hours. The Lua mirror matches the same way.
+func carried(old, fills []int64) []int {
+	idx := make([]int, len(fills))
+	used := make([]bool, len(old))
+	for j, f := range fills {
+		idx[j] = -1
+		if j < len(old) && old[j] == f && !used[j] {
+			idx[j], used[j] = j, true
+			continue
+		}
+		for i, g := range old {
+			if g == f && !used[i] {
+				idx[j], used[i] = i, true
+				break
+			}
 		}
 	}
+	next := 0
+	for j := range fills {
+		if idx[j] >= 0 {
+			continue
+		}
+		for next < len(old) && used[next] {
+			next++
+		}
+		if next == len(old) {
+			break
+		}
+		idx[j], used[next] = next, true
+	}
+	return idx
+}
+
+// refill returns the debt, under a limit of fill time to, of a bucket
+// that owed debt under a limit of fill time from el ns ago: refilled by el
+// in the terms of the slower of the two to refill (the longer fill time),
+// and converted (see Convert). A fraction of a bucket refills at 1/fill
+// per ns: refilling in the faster limit's terms would grant the slower
+// one what only the faster refills. Two configurations of one key taking
+// in turn so never refill it faster than either does alone (the slower
+// one converts what the faster one wrote before it refills).
+func refill(debt, from, to, el int64) int64 {
+	if from >= to {
+		return Convert(max(debt-el, 0), from, to)
+	}
+	return max(Convert(debt, from, to)-el, 0)
+}
+
+// Converts reports whether Elapse would carry s's debts over to other
+// limits (see carried): a limit's fill time changed, or s was written for
+// another number of limits. A store that writes nothing for a decision that books nothing
+// (a peek, a denial) must not keep such a conversion either, as the Lua
+// mirror keeps none: a configuration that peeks a key in turn with
+// another that takes would otherwise convert the bucket back and forth at
+// every peek.
+func (s *State) Converts(limits []fleetrate.Limit) bool {
+	if len(s.Debts) == 0 {
+		return false // full: nothing to convert
+	}
+	if len(s.Debts) != len(limits) {
+		return len(s.Fills) == len(s.Debts)
+	}
+	if len(s.Fills) != len(limits) {
+		return false
+	}
+	for i := range limits {
+		if s.Fills[i] != fill(&limits[i]) {
+			return true
+		}
+	}
+	return false
+}
+
+// Clone returns a copy of s with debts and fills of its own.
+func (s *State) Clone() State {
+	c := State{Stamp: s.Stamp, Anchor: s.Anchor}
+	if s.Debts != nil {
+		c.Debts = slices.Clone(s.Debts)
+	}
+	if s.Fills != nil {
+		c.Fills = slices.Clone(s.Fills)
+	}
+	return c
 }
 
 // fill is a limit's fill time in ns, burst × interval (below 2^53: see

@@ -336,3 +336,83 @@ func TestDecidingLimit(t *testing.T) {
 		t.Errorf("refusal: allowed %v, limit %d, next token in %v; want false, 1, 1m0s", res.Allowed, res.LimitIndex, res.NextToken)
 	}
 }
+
+// TestConfigurationsInTurn drives one bucket from two configurations of
+// its limits, as two processes configured apart during a rolling reload:
+// the same 10/s with bursts 100 and 10. Neither may grant more than the
+// looser allows alone (burst + rate × time): takes under the short fill
+// with idle time between them refill the bucket at the short fill's pace,
+// which must not be the long one's to spend (a whole burst every cycle,
+// before: see State.Anchor).
+func TestConfigurationsInTurn(t *testing.T) {
+	long := []fleetrate.Limit{fleetrate.PerSecond(10, 100)}
+	short := []fleetrate.Limit{fleetrate.PerSecond(10, 10)}
+	var st State
+	now := int64(1_000_000_000)
+	take := func(limits []fleetrate.Limit) bool {
+		var res fleetrate.Result
+		cp := st.Clone()
+		if DecideOne(now, limits, 1, 0, &cp, &res) {
+			st = cp // a take that books nothing writes nothing
+			return true
+		}
+		return false
+	}
+	start, granted := now, 0
+	for range 100 {
+		if take(long) {
+			granted++
+		}
+	}
+	for range 5 {
+		// Two takes under the short fill, a second apart: the second
+		// refills the bucket at the short fill's pace, its own.
+		for range 2 {
+			now += 1_000_000
+			if take(short) {
+				granted++
+			}
+		}
+		now += 1_000_000
+		for range 120 {
+			if take(long) {
+				granted++
+			}
+		}
+	}
+	el := float64(now-start) / 1e6
+	if bound := 100 + 10*el; float64(granted) > bound {
+		t.Fatalf("granted %d in %.0f s, want at most %.0f (burst 100 + 10/s)", granted, el, bound)
+	}
+}
+
+// TestLimitsCarriedOver: a limit kept keeps its debt wherever it moves in
+// the list, a limit added starts full, and a state written for other
+// limits is never read as a full bucket.
+func TestLimitsCarriedOver(t *testing.T) {
+	sec := fleetrate.PerSecond(10, 10)
+	day := fleetrate.PerPeriod(1000, 24*time.Hour)
+	now := int64(1_000_000_000)
+	st := State{}
+	st.Elapse(now, []fleetrate.Limit{sec, day})
+	st.Debts[0], st.Debts[1] = 500_000_000, 86_400_000_000 // half of sec, a tenth of day
+	for _, tc := range []struct {
+		name   string
+		limits []fleetrate.Limit
+		want   []int64
+	}{
+		{"reordered", []fleetrate.Limit{day, sec}, []int64{86_400_000_000, 500_000_000}},
+		{"day removed", []fleetrate.Limit{sec}, []int64{500_000_000}},
+		{"sec halved: the same fraction", []fleetrate.Limit{fleetrate.PerSecond(5, 10), day}, []int64{1_000_000_000, 86_400_000_000}},
+		{"a limit added starts full", []fleetrate.Limit{sec, fleetrate.PerPeriod(100, time.Minute), day}, []int64{500_000_000, 0, 86_400_000_000}},
+	} {
+		got := st.Clone()
+		got.Elapse(now, tc.limits)
+		if !slices.Equal(got.Debts, tc.want) {
+			t.Errorf("%s: debts %v, want %v", tc.name, got.Debts, tc.want)
+		}
+		if got.Converts(tc.limits) {
+			t.Errorf("%s: still converts after Elapse", tc.name)
+		}
+	}
+}

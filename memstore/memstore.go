@@ -111,10 +111,7 @@ type entry struct {
 func (e *entry) keepInline() {
 	st := &e.state
 	m := len(st.Debts)
-	if m == 0 || 2*m > len(e.inline) || len(st.Fills) != m {
-		return
-	}
-	if &st.Debts[0] == &e.inline[0] && &st.Fills[0] == &e.inline[m] {
+	if m == 0 || 2*m > len(e.inline) || len(st.Fills) != m || e.inlined() {
 		return
 	}
 	var tmp [4]int64
@@ -122,6 +119,13 @@ func (e *entry) keepInline() {
 	copy(tmp[m:], st.Fills)
 	e.inline = tmp
 	st.Debts, st.Fills = e.inline[:m:m], e.inline[m:2*m:2*m]
+}
+
+// inlined reports whether e's debts and fills are in its inline array.
+func (e *entry) inlined() bool {
+	m := len(e.state.Debts)
+	return m > 0 && 2*m <= len(e.inline) && len(e.state.Fills) == m &&
+		&e.state.Debts[0] == &e.inline[0] && &e.state.Fills[0] == &e.inline[m]
 }
 
 // is reports whether e is the entry of the bucket prefix+name.
@@ -214,7 +218,7 @@ func (e *entry) live(now int64) (gcra.State, int64) {
 func (e *entry) elapse(now int64) int64 {
 	if e.expires.Load() <= now {
 		clear(e.state.Debts)
-		e.state.Stamp = now
+		e.state.Stamp, e.state.Anchor = now, 0
 		return now
 	}
 	return max(now, e.state.Stamp)
@@ -491,8 +495,14 @@ func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Resu
 		return res, nil
 	}
 	var res fleetrate.Result
-	s.atomically(req.Buckets, func(now int64, states []gcra.State) {
-		res, _ = gcra.Decide(now, req, states)
+	s.atomically(req.Buckets, func(now int64, states []gcra.State) bool {
+		// As in takeEntry: a take that books nothing writes nothing.
+		for i := range states {
+			states[i] = states[i].Clone()
+		}
+		var changed bool
+		res, changed = gcra.Decide(now, req, states)
+		return changed
 	})
 	return res, nil
 }
@@ -503,9 +513,9 @@ func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Resu
 // latest of the clock and the states' stamps: see entry.live) and the
 // states, and saves them back. f may change the states in place: gcra's
 // functions refill them in place, so they are saved even when f decides
-// nothing. The entries stay locked (and so are never evicted) until they
-// are saved.
-func (s *Store) atomically(buckets []fleetrate.Bucket, f func(now int64, states []gcra.State)) {
+// nothing, unless f reports false: then nothing is saved. The entries
+// stay locked (and so are never evicted) until they are saved.
+func (s *Store) atomically(buckets []fleetrate.Bucket, f func(now int64, states []gcra.State) (save bool)) {
 	var (
 		stateBuf [4]gcra.State
 		entryBuf [4]*entry
@@ -521,7 +531,14 @@ func (s *Store) atomically(buckets []fleetrate.Bucket, f func(now int64, states 
 		e, st, t := s.load(s.shardOf(hs[i]), hs[i], k, now)
 		states, entries, at = append(states, st), append(entries, e), max(at, t)
 	}
-	f(at, states)
+	if !f(at, states) {
+		for _, e := range entries {
+			if e != nil {
+				e.mu.Unlock()
+			}
+		}
+		return
+	}
 	for i, k := range keys {
 		s.save(s.shardOf(hs[i]), hs[i], k, entries[i], states[i])
 	}
@@ -592,8 +609,12 @@ func (s *Store) takeOne(prefix, name string, limits []fleetrate.Limit, n int64, 
 	now := s.now()
 	sh.mu.Lock()
 	e, st, at := s.load(sh, h, key, now)
-	gcra.DecideOne(at, limits, n, maxWait, &st, res)
-	e = s.save(sh, h, key, e, st)
+	// As in takeEntry: a take that books nothing writes nothing.
+	if st = st.Clone(); gcra.DecideOne(at, limits, n, maxWait, &st, res) {
+		e = s.save(sh, h, key, e, st)
+	} else if e != nil {
+		e.mu.Unlock()
+	}
 	sh.refresh()
 	sh.mu.Unlock()
 	return e
@@ -610,11 +631,31 @@ func (s *Store) takeEntry(e *entry, limits []fleetrate.Limit, n int64, maxWait t
 		e.mu.Unlock()
 		return false
 	}
-	// Decide on e.state itself: its debts are e's inline array already
-	// (a copy of the state in and out cost a third of an Allow).
 	at := e.elapse(now)
-	gcra.DecideOne(at, limits, n, maxWait, &e.state, res)
-	e.settle() // a full bucket stays, as good as absent, until swept
+	// A take that books nothing (a peek, a denial) writes nothing, as the
+	// Lua scripts write nothing for one: a decision's refill, and its
+	// conversion of a bucket written for other limits, are in the terms
+	// of the limits that decided, and another configuration reading the
+	// bucket next must refill it in its own (see gcra.State.Elapse). One
+	// that peeks in turn with another that takes would otherwise refill
+	// the bucket at its own pace, for the other to spend.
+	if !e.inlined() || e.state.Converts(limits) {
+		if st := e.state.Clone(); gcra.DecideOne(at, limits, n, maxWait, &st, res) {
+			e.apply(st)
+		}
+		e.mu.Unlock()
+		return true
+	}
+	// Decide on e.state itself, its debts in e's inline array (a copy of
+	// the state in and out cost a third of an Allow), and put the array
+	// back if the take booked nothing: it holds no pointer, so keeping it
+	// costs less than copying a State.
+	inline, stamp, anchor := e.inline, e.state.Stamp, e.state.Anchor
+	if gcra.DecideOne(at, limits, n, maxWait, &e.state, res) {
+		e.settle()
+	} else {
+		e.inline, e.state.Stamp, e.state.Anchor = inline, stamp, anchor
+	}
 	e.mu.Unlock()
 	return true
 }
@@ -659,10 +700,11 @@ func (s *Store) update(ctx context.Context, buckets []fleetrate.Bucket, apply fu
 	if err := fleetrate.ValidateBuckets(buckets); err != nil {
 		return err
 	}
-	s.atomically(buckets, func(now int64, states []gcra.State) {
+	s.atomically(buckets, func(now int64, states []gcra.State) bool {
 		for i, b := range buckets {
 			apply(now, b, &states[i])
 		}
+		return true
 	})
 	return nil
 }
@@ -728,5 +770,5 @@ func (s *Store) State(_ context.Context, key string) (st gcra.State, ok bool, er
 	if e.expires.Load() <= s.now() {
 		return st, false, nil
 	}
-	return gcra.State{Stamp: e.state.Stamp, Debts: slices.Clone(e.state.Debts)}, true, nil
+	return e.state.Clone(), true, nil
 }

@@ -103,7 +103,7 @@ func TestBatchMatchesSequentialModel(t *testing.T) {
 			}
 			states := make([]gcra.State, len(c.req.Buckets))
 			for j, b := range c.req.Buckets {
-				states[j] = gcra.State{Stamp: model[b.Key].Stamp, Debts: slices.Clone(model[b.Key].Debts), Fills: slices.Clone(model[b.Key].Fills)}
+				states[j] = model[b.Key].Clone()
 			}
 			// Like the stores, the model keeps a state only when the take
 			// changed it (a take under other limits that books nothing

@@ -24,6 +24,30 @@ func oneLimitValue(stamp, debt, fill int64) string {
 	return string(b)
 }
 
+// anchoredValue is the binary value of an anchored one-limit bucket.
+func anchoredValue(stamp, debt, fill, anchor int64) string {
+	b := []byte(anchoredTag)
+	for _, v := range []int64{stamp, debt, fill, anchor} {
+		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(float64(v)))
+	}
+	return string(b)
+}
+
+// TestAnchoredValuesAreRead: both encodings of an anchored state (see
+// gcra.State.Anchor) read back with their anchor.
+func TestAnchoredValuesAreRead(t *testing.T) {
+	for _, raw := range []string{
+		anchoredValue(1_796_000_000_000_000, 5_000_000, 2_000_000_000, 1_795_999_000_000_000),
+		"1796000000000000 5000000 -2000000000 1795999000000000",
+		"1796000000000000 5000000 -2000000000 7 -9 1795999000000000",
+	} {
+		st, ok := parseState(raw)
+		if !ok || st.Anchor != 1_795_999_000_000_000 || st.Debts[0] != 5_000_000 || st.Fills[0] != 2_000_000_000 {
+			t.Errorf("parseState(%q) = %+v, %v; want anchor 1795999000000000", raw, st, ok)
+		}
+	}
+}
+
 // TestEveryValueEncodingIsRead writes a one-limit bucket in each encoding a
 // version of the store has written (binary; text with fill times; text
 // without), for the take's own limit and for another one (converted), then
@@ -83,12 +107,18 @@ func TestEveryValueEncodingIsRead(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if !strings.HasPrefix(raw, oneLimitTag) {
-					t.Fatalf("value after the take = %q, want the binary one-limit form", raw)
+				// Binary; anchored after a limit of a longer fill time
+				// (see gcra.State.Anchor).
+				tag := oneLimitTag
+				if model[0].Anchor != 0 {
+					tag = anchoredTag
+				}
+				if !strings.HasPrefix(raw, tag) {
+					t.Fatalf("value after the take = %q, want the binary one-limit form %q", raw, tag)
 				}
 				st, ok := parseState(raw)
-				if !ok || st.Stamp != got.At.UnixMicro() || !reflect.DeepEqual(st.Debts, model[0].Debts) || st.Fills[0] != fill {
-					t.Fatalf("state after the take = %+v (ok %v), want stamp %d, debts %v, fill %d", st, ok, got.At.UnixMicro(), model[0].Debts, fill)
+				if !ok || st.Stamp != got.At.UnixMicro() || !reflect.DeepEqual(st.Debts, model[0].Debts) || st.Fills[0] != fill || st.Anchor != model[0].Anchor {
+					t.Fatalf("state after the take = %+v (ok %v), want stamp %d, debts %v, fill %d, anchor %d", st, ok, got.At.UnixMicro(), model[0].Debts, fill, model[0].Anchor)
 				}
 			})
 		}
@@ -149,6 +179,8 @@ func FuzzParseState(f *testing.F) {
 	f.Add("1796000000000000 5000000 -2000000000 7 -9")
 	f.Add("1796000000000000 5000000")
 	f.Add("g #")
+	f.Add(anchoredValue(1_796_000_000_000_000, 5_000_000, 2_000_000_000, 1_795_999_000_000_000))
+	f.Add("1796000000000000 5000000 -2000000000 7 -9 1795999000000000")
 	f.Fuzz(func(t *testing.T, raw string) {
 		st, ok := parseState(raw)
 		if !ok {
@@ -164,6 +196,11 @@ func FuzzParseState(f *testing.F) {
 		}
 		if strings.HasPrefix(raw, oneLimitTag) && len(raw) == len(oneLimitTag)+24 {
 			if back := oneLimitValue(st.Stamp, st.Debts[0], st.Fills[0]); back != raw {
+				t.Fatalf("%q read as %+v, written back as %q", raw, st, back)
+			}
+		}
+		if strings.HasPrefix(raw, anchoredTag) && len(raw) == len(anchoredTag)+32 {
+			if back := anchoredValue(st.Stamp, st.Debts[0], st.Fills[0], st.Anchor); back != raw {
 				t.Fatalf("%q read as %+v, written back as %q", raw, st, back)
 			}
 		}

@@ -770,6 +770,10 @@ func parseState(raw string) (gcra.State, bool) {
 	}
 	st := gcra.State{Stamp: nums[0]}
 	vals := nums[1:]
+	if len(vals) >= 3 && len(vals)%2 == 1 && vals[1] < 0 && vals[len(vals)-1] > 0 {
+		// "<stamp> <debt> -<fill> ... <anchor>": anchored.
+		st.Anchor, vals = vals[len(vals)-1], vals[:len(vals)-1]
+	}
 	if len(vals)%2 == 0 && vals[1] < 0 {
 		for i := 0; i < len(vals); i += 2 {
 			if vals[i] < 0 || vals[i+1] >= 0 {
@@ -789,19 +793,28 @@ func parseState(raw string) (gcra.State, bool) {
 }
 
 // oneLimitTag starts the binary value of a one-limit bucket (see
-// scripts/take_one.lua).
-const oneLimitTag = "g #"
+// scripts/take_one.lua), anchoredTag that of an anchored one (a fourth
+// double, the anchor: see gcra.State.Anchor).
+const (
+	oneLimitTag = "g #"
+	anchoredTag = "g $"
+)
 
 // parseOneLimit reads the binary value of a one-limit bucket. bin reports
 // whether raw is one (by its tag and length); ok, whether it holds a
-// valid state: three integers below 2^53, the stamp and debt not negative
-// and the fill time positive.
+// valid state: three integers below 2^53 (four when anchored), the stamp
+// and debt not negative and the fill time positive.
 func parseOneLimit(raw string) (st gcra.State, ok, bin bool) {
-	if len(raw) != len(oneLimitTag)+24 || !strings.HasPrefix(raw, oneLimitTag) {
+	var v [4]int64
+	n := 3
+	switch {
+	case len(raw) == len(oneLimitTag)+24 && strings.HasPrefix(raw, oneLimitTag):
+	case len(raw) == len(anchoredTag)+32 && strings.HasPrefix(raw, anchoredTag):
+		n = 4
+	default:
 		return st, false, false
 	}
-	var v [3]int64
-	for i := range v {
+	for i := range n {
 		f := math.Float64frombits(binary.LittleEndian.Uint64([]byte(raw[len(oneLimitTag)+8*i:])))
 		if f != math.Trunc(f) || f < 0 || f >= 1<<53 {
 			return st, false, true
@@ -811,5 +824,5 @@ func parseOneLimit(raw string) (st gcra.State, ok, bin bool) {
 	if v[2] == 0 {
 		return st, false, true
 	}
-	return gcra.State{Stamp: v[0], Debts: []int64{v[1]}, Fills: []int64{v[2]}}, true, true
+	return gcra.State{Stamp: v[0], Debts: []int64{v[1]}, Fills: []int64{v[2]}, Anchor: v[3]}, true, true
 }

@@ -383,8 +383,31 @@ func limitsChanged(t *testing.T, s fleetrate.Store, key func(string) string) {
 	b := fleetrate.Every(time.Hour, 10)
 	k := key("c")
 	mustTake(t, s, one(k, 3, 0, a))
-	if res := mustTake(t, s, one(k, 1, 0, a, b)); !res.Allowed || res.Remaining != 2 {
-		t.Fatalf("after adding a limit: %+v, want a fresh bucket", res)
+	// The limit kept keeps its debt, at another position too; the limit
+	// added starts full (it was not in use).
+	for _, limits := range [][]fleetrate.Limit{{a, b}, {b, a}} {
+		res := mustTake(t, s, one(k, 1, 0, limits...))
+		if res.Allowed || res.Limit.Rate != a.Rate || res.RetryAfter > time.Minute || res.RetryAfter < 50*time.Second {
+			t.Fatalf("after adding a limit %v: %+v, want denied by %v for about a minute", limits, res, a)
+		}
+	}
+	// A configuration with the added limit taking in turn with one
+	// without never finds the bucket full again: the two together take
+	// what the limit they share allows (3 tokens of a a minute), not a
+	// fresh bucket at every turn.
+	k2 := key("c2")
+	granted := 0
+	for i := range 40 {
+		limits := []fleetrate.Limit{a}
+		if i%2 == 1 {
+			limits = []fleetrate.Limit{b, a}
+		}
+		if mustTake(t, s, one(k2, 1, 0, limits...)).Allowed {
+			granted++
+		}
+	}
+	if granted > 3 {
+		t.Fatalf("two configurations in turn were granted %d takes, want at most a's burst, 3", granted)
 	}
 }
 
@@ -603,6 +626,12 @@ func matchesModel(t *testing.T, s fleetrate.Store, key func(string) string) {
 		{Key: key("{m}/b"), Limits: []fleetrate.Limit{fleetrate.PerSecond(700, 3), fleetrate.PerSecond(3, 7)}},
 		{Key: key("{m}/c"), Limits: []fleetrate.Limit{fleetrate.PerSecond(1e6, 4), fleetrate.PerSecond(333, 9)}},
 	}
+	a, b, c := m.buckets[0].Key, m.buckets[1].Key, m.buckets[2].Key
+	m.alts = map[string][][]fleetrate.Limit{
+		a: {{fleetrate.PerSecond(2000, 3)}, {fleetrate.PerSecond(2000, 5), fleetrate.PerSecond(50, 9)}},
+		b: {{fleetrate.PerSecond(3, 7), fleetrate.PerSecond(700, 3)}, {fleetrate.PerSecond(700, 5), fleetrate.PerSecond(3, 7)}, {fleetrate.PerSecond(3, 7)}},
+		c: {{fleetrate.PerSecond(1e6, 4)}, {fleetrate.PerSecond(333, 9), fleetrate.PerSecond(1e5, 4)}},
+	}
 	for _, b := range m.buckets {
 		m.model[b.Key] = &gcra.State{}
 	}
@@ -640,6 +669,9 @@ type modelRun struct {
 	buckets  []fleetrate.Bucket
 	model    map[string]*gcra.State
 	bookings []modelBooking
+	// alts holds other configurations of each bucket's limits, which
+	// some takes use (see take).
+	alts map[string][][]fleetrate.Limit
 }
 
 // modelBooking is a take's booking, kept for a later cancel.
@@ -667,6 +699,14 @@ func (m *modelRun) pick() []fleetrate.Bucket {
 // and checks the store's result and booking against the model's.
 func (m *modelRun) take(step int, bs []fleetrate.Bucket) {
 	t, rng := m.t, m.rng
+	for i := range bs {
+		// Another configuration of the bucket, as two processes configured
+		// apart, a reload or an override take it: a limit changed, moved,
+		// added or removed.
+		if alts := m.alts[bs[i].Key]; len(alts) > 0 && rng.IntN(3) == 0 {
+			bs[i].Limits = alts[rng.IntN(len(alts))]
+		}
+	}
 	req := fleetrate.Request{Buckets: bs, N: rng.Int64N(4), MaxWait: time.Duration(rng.Int64N(int64(20 * time.Millisecond)))}
 	if rng.IntN(3) == 0 {
 		req.MaxWait = 0
@@ -695,9 +735,12 @@ func (m *modelRun) take(step int, bs []fleetrate.Bucket) {
 	if req.Booking != nil {
 		mreq.Booking = &want
 	}
-	wantRes, _ := gcra.Decide(res.At.UnixMicro(), mreq, states)
-	for i, b := range bs {
-		*m.model[b.Key] = states[i]
+	wantRes, changed := gcra.Decide(res.At.UnixMicro(), mreq, states)
+	if changed {
+		// A take that books nothing writes nothing (see fleetrate.Store).
+		for i, b := range bs {
+			*m.model[b.Key] = states[i]
+		}
 	}
 	if res != wantRes {
 		t.Fatalf("step %d: store decided\n%+v\nmodel decided\n%+v", step, res, wantRes)
@@ -809,6 +852,4 @@ func compareState(t *testing.T, step int, r StateReader, b fleetrate.Bucket, m g
 	}
 }
 
-func cloneState(s gcra.State) gcra.State {
-	return gcra.State{Stamp: s.Stamp, Debts: slices.Clone(s.Debts), Fills: slices.Clone(s.Fills)}
-}
+func cloneState(s gcra.State) gcra.State { return s.Clone() }

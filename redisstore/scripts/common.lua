@@ -20,6 +20,7 @@
 if redis.replicate_commands then redis.replicate_commands() end
 
 local MAX_ELAPSE_US = 7776000000000 -- (MaxFillTime + MaxWaitCap) in µs
+local MAX_ANCHOR_AGE_US = 604800000000 -- gcra.MaxAnchorAge
 local TTL_SLACK_MS = 1000
 
 -- '%d' formats an integral double exactly and faster than '%.0f' where
@@ -64,19 +65,67 @@ local function convert(debt, from, to)
   return math.min(math.ceil(debt / from * to), to)
 end
 
+-- refill returns the debt, under a limit of fill time to, of a bucket
+-- that owed debt under a limit of fill time from el ns ago: refilled in
+-- the terms of the slower of the two (the longer fill time), and
+-- converted. Mirrors gcra's refill.
+local function refill(debt, from, to, el)
+  if from >= to then return convert(math.max(debt - el, 0), from, to) end
+  return math.max(convert(debt, from, to) - el, 0)
+end
+
+-- carried returns, for each limit j of fill time fills[j] (1..m), the
+-- index of the limit of fill time old[i] (1..k) whose debt it carries
+-- over, or 0 for none (it starts full): first the limit of the same fill
+-- time, then, in order, the limits left on either side. Mirrors gcra's
+-- carried.
+local function carried(old, k, fills, m)
+  local idx, used = {}, {}
+  for j = 1, m do
+    idx[j] = 0
+    if j <= k and old[j] == fills[j] and not used[j] then
+      idx[j], used[j] = j, true
+    else
+      for i = 1, k do
+        if old[i] == fills[j] and not used[i] then
+          idx[j], used[i] = i, true
+          break
+        end
+      end
+    end
+  end
+  local nx = 1
+  for j = 1, m do
+    if idx[j] == 0 then
+      while nx <= k and used[nx] do nx = nx + 1 end
+      if nx > k then break end
+      idx[j], used[nx] = nx, true
+    end
+  end
+  return idx
+end
+
 -- parse returns the debts held in raw (a bucket key's value, or false when
 -- the key is missing) refilled up to now and converted to lims (see
--- gcra.State.Elapse). A missing key, or one written for a different number
--- of limits, is a full bucket. The debts table also keeps the limits' fill
--- times in d.f, which save writes beside the debts.
+-- gcra.State.Elapse). A missing key is a full bucket; one written for
+-- other limits carries each limit's debt over (see carried); one without
+-- fill times and of another number of limits is a full bucket. The debts
+-- table also keeps the limits' fill times in d.f and the anchor to write
+-- (gcra.State.Anchor, 0 for none) in d.a, which save writes beside them.
 local function parse(raw, lims, m, now)
   local d = {}
+  local anchor = 0
   if raw then
     local stamp, vals, n
     if #raw == 27 and string.sub(raw, 1, 3) == 'g #' then
       -- One limit, binary: read as the text "stamp debt -fill".
       local debt, fill
       stamp, debt, fill = struct.unpack('<ddd', raw, 4)
+      vals, n = { debt, -fill }, 2
+    elseif #raw == 35 and string.sub(raw, 1, 3) == 'g $' then
+      -- One limit, binary, anchored: "stamp debt -fill anchor".
+      local debt, fill
+      stamp, debt, fill, anchor = struct.unpack('<dddd', raw, 4)
       vals, n = { debt, -fill }, 2
     else
       local sp = string.find(raw, ' ', 1, true)
@@ -88,29 +137,61 @@ local function parse(raw, lims, m, now)
         vals[n] = tonumber(string.sub(raw, sp + 1, (nx or 0) - 1))
         sp = nx
       end
+      if n >= 3 and n % 2 == 1 and vals[2] < 0 and vals[n] > 0 then
+        -- "stamp d1 -f1 ... anchor": anchored.
+        anchor, vals[n], n = vals[n], nil, n - 1
+      end
     end
     local el = 0
     if stamp and now > stamp then el = math.min(now - stamp, MAX_ELAPSE_US) * 1000 end
-    local fills = n == 2 * m
+    if anchor ~= 0 and now - anchor > MAX_ANCHOR_AGE_US then anchor = 0 end
+    local fills = n > 0 and n % 2 == 0
     for i = 2, n, 2 do
       if not fills then break end
       fills = vals[i] < 0 and vals[i - 1] >= 0
     end
     if fills then
       -- "stamp d1 -f1 d2 -f2 ...": debts with their limits' fill times.
+      local k = n / 2
+      local od, of = {}, {}
+      for i = 1, k do
+        od[i], of[i] = vals[2 * i - 1], -vals[2 * i]
+      end
       local f = {}
-      for i = 1, m do
-        d[i] = math.max(vals[2 * i - 1] - el, 0)
-        f[i] = -vals[2 * i]
-        local to = lims[2 * i] * lims[2 * i - 1]
-        if f[i] ~= to then
-          d[i] = convert(d[i], f[i], to)
-          f[i] = to
+      local same = k == m
+      for j = 1, m do
+        f[j] = lims[2 * j] * lims[2 * j - 1]
+        if f[j] ~= of[j] then same = false end
+      end
+      if same then
+        for j = 1, m do d[j] = math.max(od[j] - el, 0) end
+      else
+        local idx = carried(of, k, f, m)
+        local shorter, longer = false, false
+        for j = 1, m do
+          local i = idx[j]
+          d[j] = 0
+          if i > 0 then
+            if of[i] > f[j] then shorter = true elseif of[i] < f[j] then longer = true end
+            if of[i] < f[j] and anchor ~= 0 and anchor < stamp then
+              -- Refill from the anchor (see gcra.State.Elapse).
+              local ael = math.max(math.min(now - anchor, MAX_ELAPSE_US), 0) * 1000
+              d[j] = refill(od[i] + (stamp - anchor) * 1000, of[i], f[j], ael)
+            else
+              d[j] = refill(od[i], of[i], f[j], el)
+            end
+          end
+        end
+        if shorter and anchor == 0 then
+          anchor = stamp
+        elseif longer and not shorter then
+          anchor = 0
         end
       end
-      d.f = f
+      d.f, d.a = f, anchor
       return d
     end
+    anchor = 0
     local legacy = n == m
     for i = 1, n do
       if vals[i] < 0 then legacy = false end
@@ -123,7 +204,7 @@ local function parse(raw, lims, m, now)
   for i = #d + 1, m do d[i] = 0 end
   local f = {}
   for i = 1, m do f[i] = lims[2 * i] * lims[2 * i - 1] end
-  d.f = f
+  d.f, d.a = f, 0
   return d
 end
 
@@ -132,28 +213,36 @@ local function load(key, lims, m, now)
   return parse(redis.call('GET', key), lims, m, now)
 end
 
--- save writes the debts, each with its limit's fill time (binary for one
--- limit; as text, negated, so that a value is never mistaken for one
--- without them, for several), with a TTL of the time
--- until the bucket is full again plus slack; a full bucket is simply
--- deleted. absent says the key was read as missing (see below).
-local function save(key, now, d, absent)
+-- encode returns the value that holds the debts d at now, each with its
+-- limit's fill time (binary for one limit; as text, negated, so that a
+-- value is never mistaken for one without them, for several), and the
+-- anchor d.a when there is one; and the largest debt (ns). A full bucket
+-- has no value (nil).
+local function encode(now, d)
   local mx = 0
   for i = 1, #d do
     if d[i] > mx then mx = d[i] end
   end
-  if mx <= 0 then
+  if mx <= 0 then return nil, 0 end
+  local f, a = d.f, d.a or 0
+  if #d == 1 then
+    if a ~= 0 then return 'g $' .. struct.pack('<dddd', now, d[1], f[1], a), mx end
+    return 'g #' .. struct.pack('<ddd', now, d[1], f[1]), mx
+  end
+  local parts = { string.format(INT, now) }
+  for i = 1, #d do parts[i + 1] = string.format(INT2, d[i], -f[i]) end
+  if a ~= 0 then parts[#d + 2] = string.format(INT, a) end
+  return table.concat(parts, ' '), mx
+end
+
+-- save writes the debts (see encode) with a TTL of the time until the
+-- bucket is full again plus slack; a full bucket is simply deleted. absent
+-- says the key was read as missing (see below).
+local function save(key, now, d, absent)
+  local v, mx = encode(now, d)
+  if not v then
     redis.call('DEL', key)
     return
-  end
-  local v
-  local f = d.f
-  if #d == 1 then
-    v = 'g #' .. struct.pack('<ddd', now, d[1], f[1])
-  else
-    local parts = { string.format(INT, now) }
-    for i = 1, #d do parts[i + 1] = string.format(INT2, d[i], -f[i]) end
-    v = table.concat(parts, ' ')
   end
   local ttl = math.ceil(mx / 1000000) + TTL_SLACK_MS
   if absent then

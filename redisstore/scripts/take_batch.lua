@@ -45,40 +45,26 @@ for t = pos, #ARGV do
       d = parse(raws[kpos], lims, m, now)
       d.m, d.absent = m, not raws[kpos]
       cache[key] = d
-    elseif d.m ~= m then
-      -- Run alone, an earlier take that booked would have written the key
-      -- for a different number of limits, which this take reads as full;
-      -- one that booked nothing would have left the key as it is.
-      if d.dirty then
-        save(key, now, d, d.absent)
-        d = { f = {} }
-        for i = 1, m do d[i], d.f[i] = 0, lims[2 * i] * lims[2 * i - 1] end
-      else
-        d = load(key, lims, m, now)
-      end
-      d.m = m
-      cache[key] = d
     else
+      local same = d.m == m
       for i = 1, m do
-        if d.f[i] ~= lims[2 * i] * lims[2 * i - 1] then
-          -- Other limits for the same key (another limiter's config): run
-          -- alone, this take would read what the last take that booked
-          -- wrote, or the stored value, and convert it, and keep the
-          -- conversion only if it booked.
-          if d.dirty then
-            local cp = { f = {}, m = m, absent = d.absent, dirty = true }
-            for j = 1, m do
-              local to = lims[2 * j] * lims[2 * j - 1]
-              cp[j], cp.f[j] = convert(d[j], d.f[j], to), to
-            end
-            copies[b] = key
-            d = cp
-          else
-            d = load(key, lims, m, now)
-            d.m = m
-            cache[key] = d
-          end
-          break
+        if not same then break end
+        same = d.f[i] == lims[2 * i] * lims[2 * i - 1]
+      end
+      if not same then
+        -- Other limits for the same key (another limiter's config): run
+        -- alone, this take would read what the last take that booked
+        -- wrote, or the stored value, and carry it over (see parse), and
+        -- keep that only if it booked.
+        if d.dirty then
+          local cp = parse(encode(now, d) or false, lims, m, now)
+          cp.m, cp.absent, cp.dirty = m, d.absent, true
+          copies[b] = key
+          d = cp
+        else
+          d = load(key, lims, m, now)
+          d.m = m
+          cache[key] = d
         end
       end
     end
