@@ -318,11 +318,21 @@ func (l *Limiter) take(ctx context.Context, n int64, names []string) (Result, *[
 // topClass reports whether a take under ctx is of the top class on every
 // bucket, so that it may use a bound taker.
 func (l *Limiter) topClass(ctx context.Context) bool {
-	return !l.prioritized || PriorityFrom(ctx) == ""
+	if !l.prioritized && !priorityUsed.Load() {
+		return true
+	}
+	return PriorityFrom(ctx) == "" // else classify reports a class no bucket has
 }
+
+// errNilContext is what every call given a nil context returns, rather
+// than panicking in the store.
+var errNilContext = fmt.Errorf("%w: ctx is nil (give context.Background() or a request's context)", ErrInvalid)
 
 // takeNow is take for the calls that keep nothing.
 func (l *Limiter) takeNow(ctx context.Context, n int64, names []string) (res Result, err error) {
+	if ctx == nil {
+		return Result{}, errNilContext
+	}
 	if len(names) == 1 && l.topClass(ctx) {
 		if t := l.taker(names[0]); t != nil {
 			res, err = t.TakeKey(ctx, names[0], n, 0)
@@ -340,6 +350,9 @@ func (l *Limiter) takeNow(ctx context.Context, n int64, names []string) (res Res
 // Allow takes one token from the named bucket if it has one now. A denial
 // is a Result with Allowed false; an error means the store failed.
 func (l *Limiter) Allow(ctx context.Context, name string) (res Result, err error) {
+	if ctx == nil {
+		return Result{}, errNilContext
+	}
 	if t := l.taker(name); t != nil && l.topClass(ctx) {
 		// takeNow's bound path, inline on the hottest path.
 		res, err = t.TakeKey(ctx, name, 1, 0)
@@ -455,6 +468,9 @@ func (l *Limiter) ReserveN(ctx context.Context, n int64, names ...string) (*Rese
 
 // reserve is ReserveN with a max wait.
 func (l *Limiter) reserve(ctx context.Context, n int64, maxWait time.Duration, names []string) (*Reservation, error) {
+	if ctx == nil {
+		return nil, errNilContext
+	}
 	bs, err := l.buckets(names)
 	if err != nil {
 		return nil, err
@@ -474,6 +490,9 @@ func (l *Limiter) reserve(ctx context.Context, n int64, maxWait time.Duration, n
 // the longest wait to book (0: only now), at most the limiter's max wait;
 // req.Booking is ignored (see Reservation.Booking).
 func (l *Limiter) Book(ctx context.Context, req Request) (*Reservation, error) {
+	if ctx == nil {
+		return nil, errNilContext
+	}
 	if req.MaxWait > l.maxWait {
 		return nil, fmt.Errorf("%w: max wait %v exceeds the limiter's max wait %v", ErrInvalid, req.MaxWait, l.maxWait)
 	}
@@ -524,6 +543,9 @@ func (l *Limiter) Wait(ctx context.Context, name string) (Result, error) {
 // blocks is the max wait, or less when ctx's deadline is sooner, plus the
 // store's round trips.
 func (l *Limiter) WaitN(ctx context.Context, n int64, names ...string) (Result, error) {
+	if ctx == nil {
+		return Result{}, errNilContext
+	}
 	if err := ctx.Err(); err != nil {
 		return Result{}, err
 	}
@@ -546,6 +568,9 @@ func (l *Limiter) WaitN(ctx context.Context, n int64, names ...string) (Result, 
 // done. It is not for a booking made ahead (Reserve, Wait): tokens booked
 // after it may rely on it, so give a reservation back with its Cancel.
 func (l *Limiter) Refund(ctx context.Context, n int64, names ...string) error {
+	if ctx == nil {
+		return errNilContext
+	}
 	if n < 0 {
 		return fmt.Errorf("%w: refund n must be >= 0, got %d", ErrInvalid, n)
 	}
@@ -561,6 +586,9 @@ func (l *Limiter) Refund(ctx context.Context, n int64, names ...string) error {
 // then the buckets refill from empty, so a fleet resumes smoothly rather
 // than in a burst. The outbound transport drains on a 429's Retry-After.
 func (l *Limiter) Drain(ctx context.Context, d time.Duration, names ...string) error {
+	if ctx == nil {
+		return errNilContext
+	}
 	if d < 0 || d > MaxWaitCap {
 		return fmt.Errorf("%w: drain duration must be between 0 and %v, got %v", ErrInvalid, MaxWaitCap, d)
 	}
@@ -580,6 +608,9 @@ func (l *Limiter) DrainUntil(ctx context.Context, t time.Time, names ...string) 
 
 // Reset deletes the named buckets, leaving them full.
 func (l *Limiter) Reset(ctx context.Context, names ...string) error {
+	if ctx == nil {
+		return errNilContext
+	}
 	bs, err := l.buckets(names)
 	if err != nil {
 		return err

@@ -376,3 +376,30 @@ func TestWaitCountsFromTheAnswerWithSeveralClocks(t *testing.T) {
 		}
 	})
 }
+
+// TestNilContextIsAnError: every call given a nil context returns an
+// error wrapping ErrInvalid instead of panicking in the store.
+func TestNilContextIsAnError(t *testing.T) {
+	l := newLimiter(t, fleetrate.Config{Limits: []fleetrate.Limit{fleetrate.PerSecond(10, 10)}})
+	var nilCtx context.Context
+	calls := map[string]func() error{
+		"Allow":   func() error { _, err := l.Allow(nilCtx, "k"); return err },
+		"AllowN":  func() error { _, err := l.AllowN(nilCtx, 1, "k"); return err },
+		"Peek":    func() error { _, err := l.Peek(nilCtx, "k"); return err },
+		"Reserve": func() error { _, err := l.Reserve(nilCtx, "k"); return err },
+		"Wait":    func() error { _, err := l.Wait(nilCtx, "k"); return err },
+		"Refund":  func() error { return l.Refund(nilCtx, 1, "k") },
+		"Drain":   func() error { return l.Drain(nilCtx, time.Second, "k") },
+		"Reset":   func() error { return l.Reset(nilCtx, "k") },
+		"Book": func() error {
+			b, _ := l.Bucket("k")
+			_, err := l.Book(nilCtx, fleetrate.Request{Buckets: []fleetrate.Bucket{b}, N: 1})
+			return err
+		},
+	}
+	for name, call := range calls {
+		if err := call(); !errors.Is(err, fleetrate.ErrInvalid) || !strings.Contains(err.Error(), "ctx is nil") {
+			t.Errorf("%s(nil): %v, want ErrInvalid naming ctx", name, err)
+		}
+	}
+}

@@ -3,6 +3,7 @@ package fleetrate
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"time"
 )
 
@@ -50,8 +51,16 @@ type priorityKey struct{}
 // the Limiter configures is an error wrapping ErrInvalid. An empty name
 // is the top class.
 func WithPriority(ctx context.Context, class string) context.Context {
+	if class != "" {
+		priorityUsed.Store(true)
+	}
 	return context.WithValue(ctx, priorityKey{}, class)
 }
+
+// priorityUsed records that WithPriority named a class: until then, a
+// Limiter that configures no class skips looking for one in the context
+// of every take (a context's Value walks its whole chain).
+var priorityUsed atomic.Bool
 
 // PriorityFrom returns the priority class set on ctx by WithPriority, or
 // "" (the top class).
@@ -102,6 +111,11 @@ func findPriority(ps []Priority, name string) (Priority, bool) {
 // to use.
 func (l *Limiter) classify(ctx context.Context, bs []Bucket, maxWait time.Duration) (time.Duration, error) {
 	if !l.prioritized {
+		if priorityUsed.Load() {
+			if class := PriorityFrom(ctx); class != "" {
+				return 0, fmt.Errorf("%w: priority %q: this limiter configures no priority classes", ErrInvalid, class)
+			}
+		}
 		return maxWait, nil
 	}
 	class := PriorityFrom(ctx)

@@ -191,3 +191,28 @@ func TestPriorityConfigErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestPriorityOnALimiterWithoutClasses: a class named on a limiter that
+// configures none is an error, on the fast paths too, as on one that
+// configures others.
+func TestPriorityOnALimiterWithoutClasses(t *testing.T) {
+	l := newLimiter(t, fleetrate.Config{Limits: []fleetrate.Limit{fleetrate.PerSecond(10, 10)}})
+	ctx := fleetrate.WithPriority(context.Background(), "nope")
+	calls := map[string]func() error{
+		"Allow": func() error { _, err := l.Allow(ctx, "k"); return err },
+		"Peek":  func() error { _, err := l.Peek(ctx, "k"); return err },
+		"Wait":  func() error { _, err := l.Wait(ctx, "k"); return err },
+		"Reserve": func() error {
+			_, err := l.Reserve(ctx, "k")
+			return err
+		},
+	}
+	for name, call := range calls {
+		if err := call(); !errors.Is(err, fleetrate.ErrInvalid) || !strings.Contains(err.Error(), `"nope"`) {
+			t.Errorf("%s with an unknown class: %v, want ErrInvalid naming it", name, err)
+		}
+	}
+	if _, err := l.Allow(fleetrate.WithPriority(context.Background(), ""), "k"); err != nil {
+		t.Errorf("Allow as top class: %v", err)
+	}
+}

@@ -288,6 +288,12 @@ func ValidateCancel(buckets []Bucket, n int64, b Booking) error {
 	m := 0
 	for _, bk := range buckets {
 		m += len(bk.Limits)
+		for _, l := range bk.Limits {
+			if n > l.Burst {
+				// No take of more than a burst books anything.
+				return fmt.Errorf("%w: cancel n must be at most the burst of every limit (a take of more books nothing), got %d for %s", ErrInvalid, n, l)
+			}
+		}
 	}
 	if len(b.Debts) != m {
 		return fmt.Errorf("%w: cancel booking: %d debts for %d limits (a booking from another take?)", ErrInvalid, len(b.Debts), m)

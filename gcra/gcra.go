@@ -493,7 +493,13 @@ func Cancel(now int64, limits []fleetrate.Limit, s *State, n, stamp int64, booke
 	changed := false
 	for i := range limits {
 		if d := s.Debts[i]; d > 0 && d+el == booked[i] {
-			s.Debts[i] = max(d-n*limits[i].Interval(), 0)
+			// Compare before multiplying, as Refund does: n*T can
+			// overflow for a huge n.
+			if iv := limits[i].Interval(); n > d/iv {
+				s.Debts[i] = 0
+			} else {
+				s.Debts[i] = d - n*iv
+			}
 			changed = true
 		}
 	}

@@ -416,3 +416,17 @@ func TestLimitsCarriedOver(t *testing.T) {
 		}
 	}
 }
+
+// TestCancelHugeN: giving back more tokens than were booked empties the
+// debt, and never overflows n × interval into a debt of centuries.
+func TestCancelHugeN(t *testing.T) {
+	lim := []fleetrate.Limit{fleetrate.PerSecond(1, 2)}
+	now := int64(1_000_000_000)
+	var st State
+	var res fleetrate.Result
+	DecideOne(now, lim, 1, 0, &st, &res)
+	booked := slices.Clone(st.Debts)
+	if !Cancel(now, lim, &st, fleetrate.MaxBurst, now, booked) || st.Debts[0] != 0 {
+		t.Fatalf("after cancelling MaxBurst tokens: debts %v, want 0", st.Debts)
+	}
+}

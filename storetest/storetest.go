@@ -493,7 +493,7 @@ func cancelBooking(t *testing.T, s fleetrate.Store, key func(string) string) {
 	if err := s.Cancel(ctx, b, 1, secondBk); err != nil {
 		t.Fatal(err)
 	}
-	fifth, _ := reserve(1)
+	fifth, fifthBk := reserve(1)
 	if got, want := slot(fifth), slot(fourth).Add(iv); !got.Equal(want) {
 		t.Fatalf("after cancelling a relied-on booking the next slot is %v, want %v", got, want)
 	}
@@ -503,6 +503,11 @@ func cancelBooking(t *testing.T, s fleetrate.Store, key func(string) string) {
 	}
 	if err := s.Cancel(ctx, b, -1, secondBk); !errors.Is(err, fleetrate.ErrInvalid) {
 		t.Fatalf("cancel of -1 tokens: %v, want ErrInvalid", err)
+	}
+	// More tokens than a burst: no take booked them (and n × interval
+	// overflowed into a lockout of centuries in memstore).
+	if err := s.Cancel(ctx, b, fleetrate.MaxBurst, fifthBk); !errors.Is(err, fleetrate.ErrInvalid) || !strings.Contains(err.Error(), "cancel n") {
+		t.Fatalf("cancel of MaxBurst tokens: %v, want ErrInvalid naming n", err)
 	}
 }
 

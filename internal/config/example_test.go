@@ -34,7 +34,7 @@ descriptors:
 	fmt.Println(m.Rule.ID, m.Rule.Limits[0].Limit())
 	// Output:
 	// messaging.message_type_marketing.to_number 5/day rls:messaging:message_type=marketing|to_number=2061111111
-	// messaging.to_number 100/minute burst 10 1.6666666666666667/s burst 10
+	// messaging.to_number 100/minute burst 10 1.66667/s burst 10
 }
 
 // Errors name the file, the line and the field.
