@@ -362,6 +362,9 @@ func (st *serveSettings) check() error {
 	if st.maxWait == 0 {
 		return fmt.Errorf("max wait must be above 0, got 0 (the default is %v)", server.DefaultMaxWait)
 	}
+	if st.prefix == "" {
+		return fmt.Errorf("prefix must not be empty (the default is %q): every key of a shared Redis would be the service's", server.DefaultPrefix)
+	}
 	if st.storeTimeout == 0 {
 		return fmt.Errorf("store timeout must be above 0, got 0 (the default is %v)", server.DefaultStoreTimeout)
 	}

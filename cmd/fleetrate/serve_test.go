@@ -124,6 +124,7 @@ func TestServeSettingsErrors(t *testing.T) {
 		{"client CA without TLS", []string{"--config", good, "--tls-client-ca-file", "ca.pem"}, nil, "tls-client-ca-file needs tls-cert-file and tls-key-file"},
 		{"zero max wait", []string{"--config", good, "--max-wait", "0"}, nil, "max wait must be above 0, got 0 (the default is 5s)"},
 		{"zero store timeout", []string{"--config", good}, map[string]string{"FLEETRATE_STORE_TIMEOUT": "0s"}, "store timeout must be above 0, got 0 (the default is 1s)"},
+		{"empty prefix", []string{"--config", good, "--prefix", ""}, nil, `prefix must not be empty (the default is "fleetrate:")`},
 		{"log format", []string{"--config", good, "--log-format", "xml"}, nil, "log-format must be text or json"},
 		{"nothing to serve", []string{"--config", good, "--http-addr", "off", "--grpc-addr", "off"}, nil, "nothing to serve"},
 		{"missing token file", []string{"--config", good, "--auth-token-file", "/nonexistent/tokens"}, nil, "auth token file"},

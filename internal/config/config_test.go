@@ -255,6 +255,8 @@ func TestErrors(t *testing.T) {
 		{"missing domain", "descriptors:\n  - key: k\n", `domain: must not be empty`},
 		{"duplicate descriptor", "domain: d\ndescriptors:\n  - key: k\n  - key: k\n",
 			`test.yaml:4: descriptors[1]: duplicate descriptor "d.k" (first on line 3)`},
+		{"duplicate limit name", "domain: d\ndescriptors:\n  - key: k\n    rate_limits:\n      - {name: sec, unit: second, requests_per_unit: 5}\n      - {name: sec, unit: minute, requests_per_unit: 50}\n",
+			`test.yaml:6: descriptors[0].rate_limits[1].name: duplicate limit name "sec" (first in rate_limits[0])`},
 		{"negative rpu", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: -1}\n",
 			`descriptors[0].rate_limit.requests_per_unit: must be between 0 and 4294967295, got -1`},
 		{"unit with unlimited", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unlimited: true, unit: second}\n",

@@ -529,8 +529,21 @@ func (p *parser) limits(at *yaml.Node, f string, rl, rls *yaml.Node, r *Rule, en
 		return true
 	}
 	good := true
+	names := map[string]int{} // a limit's name: the index that gave it first
 	for j, item := range p.sequence(rls, join(f, "rate_limits")) {
+		n := len(r.Limits)
 		good = p.rateLimit(item, fmt.Sprintf("%s.rate_limits[%d]", f, j), r, false) && good
+		if len(r.Limits) == n || r.Limits[n].Name == "" {
+			continue
+		}
+		// Headers and metrics name a limit by its name: two of one name
+		// would be told apart by nothing (httplimit refuses them too).
+		if first, dup := names[r.Limits[n].Name]; dup {
+			p.errorf(item, fmt.Sprintf("%s.rate_limits[%d].name", f, j), "duplicate limit name %q (first in rate_limits[%d])", r.Limits[n].Name, first)
+			good = false
+			continue
+		}
+		names[r.Limits[n].Name] = j
 	}
 	if good && len(r.Limits) == 0 {
 		p.errorf(rls, join(f, "rate_limits"), "must list at least one limit")
