@@ -66,7 +66,7 @@ interrupted (Ctrl-C). Should the cleanup not reach Redis, the buckets it
 wrote expire by themselves once full again: a take adds 10 ms to a bucket's
 debt, so within minutes (15 days at the very most).
 
-A measurement in which a tenth of the calls or more failed stops the run:
+A measurement in which every call failed (Redis is not answering) stops the run:
 the report then shows what was measured before it, marked as stopped, with
 no recommendations, and the command fails. Decisions per second count
 successful calls only.
@@ -448,20 +448,16 @@ func (r *benchRun) cell(ctx context.Context, mode, conf string, g int, names []s
 	r.step++
 	r.logf("[%d/%d] %s %s callers=%d keys=%d: %.0f/s p50 %v p99 %v errors %d", r.step, r.steps, mode, conf, g, len(names),
 		m.Ops, m.P50.Round(time.Microsecond), m.P99.Round(time.Microsecond), m.Errors)
-	if m.Errors > 0 && m.Errors*maxFailedShare >= m.Calls {
-		// Not a measurement of the store but of its failure: the rest
-		// of the run would measure the same, and advice built on it
-		// would be wrong.
-		return row, fmt.Errorf("%s %s at %d callers over %d keys: %d of %d calls failed (first: %v); stopped measuring",
-			mode, conf, g, len(names), m.Errors, m.Calls, m.FirstErr)
+	if m.Errors > 0 && m.Errors == m.Calls {
+		// Not a measurement of the store but of its failure: Redis is
+		// not answering, the rest of the run would measure the same, and
+		// advice built on it would be wrong. Some calls failing (timeouts
+		// on a loaded machine) is a finding instead (see adviseTimeout).
+		return row, fmt.Errorf("%s %s at %d callers over %d keys: all %d calls failed (first: %v); stopped measuring",
+			mode, conf, g, len(names), m.Calls, m.FirstErr)
 	}
 	return row, nil
 }
-
-// maxFailedShare: a measurement in which one call in maxFailedShare or
-// more failed stops the run. A few timeouts at high concurrency are a
-// finding (see adviseTimeout); this many mean Redis is not answering.
-const maxFailedShare = 10
 
 func micros(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
 
