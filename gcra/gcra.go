@@ -56,8 +56,14 @@ type State struct {
 	// next refills it from the anchor, not from Stamp: the shorter limit's
 	// own refills since (a fraction of a bucket refills at 1/fill per ns)
 	// are not the longer one's to spend (see Elapse). Kept across the
-	// shorter limits' writes for at most MaxAnchorAge.
+	// shorter limits' writes until Horizon, for at most MaxAnchorAge.
 	Anchor int64
+	// Horizon is, for an anchored state, when the state it replaced would
+	// have been full again (µs): until then the state is not full, even
+	// when its own debts are (a store keeps it that long), so that a
+	// longer limit never reads as full a bucket that only a shorter one
+	// refilled.
+	Horizon int64
 }
 
 // MaxAnchorAge is how long, in µs, a state keeps its Anchor: a week, far
@@ -82,15 +88,20 @@ func (s *State) Elapse(now int64, limits []fleetrate.Limit) {
 	}
 	read := s.Stamp
 	s.Stamp = now
-	if s.Anchor != 0 && now-s.Anchor > MaxAnchorAge {
-		s.Anchor = 0
+	if s.Anchor != 0 && (now >= s.Horizon || now-s.Anchor > MaxAnchorAge) {
+		s.Anchor, s.Horizon = 0, 0
+	}
+	if s.Anchor == 0 && refilled(s.Debts, el) {
+		// Full in its own terms: a store holds no such state (it expired),
+		// so it converts to full whatever it was written for.
+		clear(s.Debts)
 	}
 	if !s.Converts(limits) {
 		if len(s.Debts) != m {
 			// Absent, or written before fills were kept for another
 			// number of limits: a full bucket.
 			buf := make([]int64, 2*m) // one allocation for debts and fills
-			s.Debts, s.Fills, s.Anchor = buf[:m:m], buf[m:], 0
+			s.Debts, s.Fills, s.Anchor, s.Horizon = buf[:m:m], buf[m:], 0, 0
 			for i := range limits {
 				s.Fills[i] = fill(&limits[i])
 			}
@@ -129,11 +140,24 @@ func (s *State) Elapse(now int64, limits []fleetrate.Limit) {
 		s.Debts[j] = refill(oldDebts[i], oldFills[i], s.Fills[j], el)
 	}
 	switch {
-	case shorter && anchor == 0:
-		s.Anchor = read // anchored at the longer limits' state
+	case shorter && anchor == 0 && !refilled(oldDebts, el):
+		// Anchored at the longer limits' state, until it would have been
+		// full again.
+		s.Anchor, s.Horizon = read, read+(slices.Max(oldDebts)+999)/1000
 	case longer && !shorter:
-		s.Anchor = 0 // written under the longer limits now
+		s.Anchor, s.Horizon = 0, 0 // written under the longer limits now
 	}
+}
+
+// refilled reports whether debts, refilled by el ns, are all paid: the
+// bucket is full.
+func refilled(debts []int64, el int64) bool {
+	for _, d := range debts {
+		if d > el {
+			return false
+		}
+	}
+	return true
 }
 
 // carried returns, for each limit of fill time fills[j], the index of the
@@ -219,7 +243,7 @@ func (s *State) Converts(limits []fleetrate.Limit) bool {
 
 // Clone returns a copy of s with debts and fills of its own.
 func (s *State) Clone() State {
-	c := State{Stamp: s.Stamp, Anchor: s.Anchor}
+	c := State{Stamp: s.Stamp, Anchor: s.Anchor, Horizon: s.Horizon}
 	if s.Debts != nil {
 		c.Debts = slices.Clone(s.Debts)
 	}

@@ -345,6 +345,15 @@ func TestDecidingLimit(t *testing.T) {
 // which must not be the long one's to spend (a whole burst every cycle,
 // before: see State.Anchor).
 func TestConfigurationsInTurn(t *testing.T) {
+	// Two takes a second apart under the short fill, the second refilling
+	// at its own pace; and one take followed by two idle seconds, after
+	// which the short fill's bucket is full (a store would hold no state).
+	for _, idle := range [][]int64{{1_000_000, 1_000_000}, {2_000_000}} {
+		configurationsInTurn(t, idle)
+	}
+}
+
+func configurationsInTurn(t *testing.T, idle []int64) {
 	long := []fleetrate.Limit{fleetrate.PerSecond(10, 100)}
 	short := []fleetrate.Limit{fleetrate.PerSecond(10, 10)}
 	var st State
@@ -365,13 +374,12 @@ func TestConfigurationsInTurn(t *testing.T) {
 		}
 	}
 	for range 5 {
-		// Two takes under the short fill, a second apart: the second
-		// refills the bucket at the short fill's pace, its own.
-		for range 2 {
+		for _, d := range idle {
 			now += 1_000_000
 			if take(short) {
 				granted++
 			}
+			now += d - 1_000_000
 		}
 		now += 1_000_000
 		for range 120 {
@@ -382,7 +390,7 @@ func TestConfigurationsInTurn(t *testing.T) {
 	}
 	el := float64(now-start) / 1e6
 	if bound := 100 + 10*el; float64(granted) > bound {
-		t.Fatalf("granted %d in %.0f s, want at most %.0f (burst 100 + 10/s)", granted, el, bound)
+		t.Fatalf("idle %v: granted %d in %.0f s, want at most %.0f (burst 100 + 10/s)", idle, granted, el, bound)
 	}
 }
 

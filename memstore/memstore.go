@@ -195,10 +195,13 @@ func (e *entry) settle() {
 // expiry is when a bucket in state st is full again, in µs: from then on
 // it is as good as absent.
 func expiry(st gcra.State) int64 {
+	exp := st.Stamp
 	if ttl := st.TTL(); ttl > 0 {
-		return st.Stamp + int64(ttl/time.Microsecond) + 1
+		exp += int64(ttl/time.Microsecond) + 1
 	}
-	return st.Stamp
+	// An anchored state is not full before its horizon (see
+	// gcra.State.Horizon).
+	return max(exp, st.Horizon)
 }
 
 // live returns e's state, or a full state when it has expired (reusing
@@ -218,7 +221,7 @@ func (e *entry) live(now int64) (gcra.State, int64) {
 func (e *entry) elapse(now int64) int64 {
 	if e.expires.Load() <= now {
 		clear(e.state.Debts)
-		e.state.Stamp, e.state.Anchor = now, 0
+		e.state.Stamp, e.state.Anchor, e.state.Horizon = now, 0, 0
 		return now
 	}
 	return max(now, e.state.Stamp)
@@ -650,11 +653,11 @@ func (s *Store) takeEntry(e *entry, limits []fleetrate.Limit, n int64, maxWait t
 	// the state in and out cost a third of an Allow), and put the array
 	// back if the take booked nothing: it holds no pointer, so keeping it
 	// costs less than copying a State.
-	inline, stamp, anchor := e.inline, e.state.Stamp, e.state.Anchor
+	inline, stamp, anchor, horizon := e.inline, e.state.Stamp, e.state.Anchor, e.state.Horizon
 	if gcra.DecideOne(at, limits, n, maxWait, &e.state, res) {
 		e.settle()
 	} else {
-		e.inline, e.state.Stamp, e.state.Anchor = inline, stamp, anchor
+		e.inline, e.state.Stamp, e.state.Anchor, e.state.Horizon = inline, stamp, anchor, horizon
 	}
 	e.mu.Unlock()
 	return true

@@ -25,9 +25,9 @@ func oneLimitValue(stamp, debt, fill int64) string {
 }
 
 // anchoredValue is the binary value of an anchored one-limit bucket.
-func anchoredValue(stamp, debt, fill, anchor int64) string {
+func anchoredValue(stamp, debt, fill, anchor, horizon int64) string {
 	b := []byte(anchoredTag)
-	for _, v := range []int64{stamp, debt, fill, anchor} {
+	for _, v := range []int64{stamp, debt, fill, anchor, horizon} {
 		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(float64(v)))
 	}
 	return string(b)
@@ -37,13 +37,13 @@ func anchoredValue(stamp, debt, fill, anchor int64) string {
 // gcra.State.Anchor) read back with their anchor.
 func TestAnchoredValuesAreRead(t *testing.T) {
 	for _, raw := range []string{
-		anchoredValue(1_796_000_000_000_000, 5_000_000, 2_000_000_000, 1_795_999_000_000_000),
-		"1796000000000000 5000000 -2000000000 1795999000000000",
-		"1796000000000000 5000000 -2000000000 7 -9 1795999000000000",
+		anchoredValue(1_796_000_000_000_000, 5_000_000, 2_000_000_000, 1_795_999_000_000_000, 1_796_000_500_000_000),
+		"1796000000000000 5000000 -2000000000 1795999000000000 1796000500000000",
+		"1796000000000000 5000000 -2000000000 7 -9 1795999000000000 1796000500000000",
 	} {
 		st, ok := parseState(raw)
-		if !ok || st.Anchor != 1_795_999_000_000_000 || st.Debts[0] != 5_000_000 || st.Fills[0] != 2_000_000_000 {
-			t.Errorf("parseState(%q) = %+v, %v; want anchor 1795999000000000", raw, st, ok)
+		if !ok || st.Anchor != 1_795_999_000_000_000 || st.Horizon != 1_796_000_500_000_000 || st.Debts[0] != 5_000_000 || st.Fills[0] != 2_000_000_000 {
+			t.Errorf("parseState(%q) = %+v, %v; want anchor 1795999000000000, horizon 1796000500000000", raw, st, ok)
 		}
 	}
 }
@@ -117,8 +117,8 @@ func TestEveryValueEncodingIsRead(t *testing.T) {
 					t.Fatalf("value after the take = %q, want the binary one-limit form %q", raw, tag)
 				}
 				st, ok := parseState(raw)
-				if !ok || st.Stamp != got.At.UnixMicro() || !reflect.DeepEqual(st.Debts, model[0].Debts) || st.Fills[0] != fill || st.Anchor != model[0].Anchor {
-					t.Fatalf("state after the take = %+v (ok %v), want stamp %d, debts %v, fill %d, anchor %d", st, ok, got.At.UnixMicro(), model[0].Debts, fill, model[0].Anchor)
+				if !ok || st.Stamp != got.At.UnixMicro() || !reflect.DeepEqual(st.Debts, model[0].Debts) || st.Fills[0] != fill || st.Anchor != model[0].Anchor || st.Horizon != model[0].Horizon {
+					t.Fatalf("state after the take = %+v (ok %v), want stamp %d, debts %v, fill %d, anchor %d, horizon %d", st, ok, got.At.UnixMicro(), model[0].Debts, fill, model[0].Anchor, model[0].Horizon)
 				}
 			})
 		}
@@ -179,8 +179,8 @@ func FuzzParseState(f *testing.F) {
 	f.Add("1796000000000000 5000000 -2000000000 7 -9")
 	f.Add("1796000000000000 5000000")
 	f.Add("g #")
-	f.Add(anchoredValue(1_796_000_000_000_000, 5_000_000, 2_000_000_000, 1_795_999_000_000_000))
-	f.Add("1796000000000000 5000000 -2000000000 7 -9 1795999000000000")
+	f.Add(anchoredValue(1_796_000_000_000_000, 5_000_000, 2_000_000_000, 1_795_999_000_000_000, 1_796_000_500_000_000))
+	f.Add("1796000000000000 5000000 -2000000000 7 -9 1795999000000000 1796000500000000")
 	f.Fuzz(func(t *testing.T, raw string) {
 		st, ok := parseState(raw)
 		if !ok {
@@ -199,8 +199,8 @@ func FuzzParseState(f *testing.F) {
 				t.Fatalf("%q read as %+v, written back as %q", raw, st, back)
 			}
 		}
-		if strings.HasPrefix(raw, anchoredTag) && len(raw) == len(anchoredTag)+32 {
-			if back := anchoredValue(st.Stamp, st.Debts[0], st.Fills[0], st.Anchor); back != raw {
+		if strings.HasPrefix(raw, anchoredTag) && len(raw) == len(anchoredTag)+40 {
+			if back := anchoredValue(st.Stamp, st.Debts[0], st.Fills[0], st.Anchor, st.Horizon); back != raw {
 				t.Fatalf("%q read as %+v, written back as %q", raw, st, back)
 			}
 		}

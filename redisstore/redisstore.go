@@ -770,9 +770,9 @@ func parseState(raw string) (gcra.State, bool) {
 	}
 	st := gcra.State{Stamp: nums[0]}
 	vals := nums[1:]
-	if len(vals) >= 3 && len(vals)%2 == 1 && vals[1] < 0 && vals[len(vals)-1] > 0 {
-		// "<stamp> <debt> -<fill> ... <anchor>": anchored.
-		st.Anchor, vals = vals[len(vals)-1], vals[:len(vals)-1]
+	if n := len(vals); n >= 4 && n%2 == 0 && vals[1] < 0 && vals[n-2] > 0 && vals[n-1] > 0 {
+		// "<stamp> <debt> -<fill> ... <anchor> <horizon>": anchored.
+		st.Anchor, st.Horizon, vals = vals[n-2], vals[n-1], vals[:n-2]
 	}
 	if len(vals)%2 == 0 && vals[1] < 0 {
 		for i := 0; i < len(vals); i += 2 {
@@ -793,8 +793,8 @@ func parseState(raw string) (gcra.State, bool) {
 }
 
 // oneLimitTag starts the binary value of a one-limit bucket (see
-// scripts/take_one.lua), anchoredTag that of an anchored one (a fourth
-// double, the anchor: see gcra.State.Anchor).
+// scripts/take_one.lua), anchoredTag that of an anchored one (two more
+// doubles, the anchor and the horizon: see gcra.State.Anchor).
 const (
 	oneLimitTag = "g #"
 	anchoredTag = "g $"
@@ -802,15 +802,15 @@ const (
 
 // parseOneLimit reads the binary value of a one-limit bucket. bin reports
 // whether raw is one (by its tag and length); ok, whether it holds a
-// valid state: three integers below 2^53 (four when anchored), the stamp
+// valid state: three integers below 2^53 (five when anchored), the stamp
 // and debt not negative and the fill time positive.
 func parseOneLimit(raw string) (st gcra.State, ok, bin bool) {
-	var v [4]int64
+	var v [5]int64
 	n := 3
 	switch {
 	case len(raw) == len(oneLimitTag)+24 && strings.HasPrefix(raw, oneLimitTag):
-	case len(raw) == len(anchoredTag)+32 && strings.HasPrefix(raw, anchoredTag):
-		n = 4
+	case len(raw) == len(anchoredTag)+40 && strings.HasPrefix(raw, anchoredTag):
+		n = 5
 	default:
 		return st, false, false
 	}
@@ -824,5 +824,5 @@ func parseOneLimit(raw string) (st gcra.State, ok, bin bool) {
 	if v[2] == 0 {
 		return st, false, true
 	}
-	return gcra.State{Stamp: v[0], Debts: []int64{v[1]}, Fills: []int64{v[2]}, Anchor: v[3]}, true, true
+	return gcra.State{Stamp: v[0], Debts: []int64{v[1]}, Fills: []int64{v[2]}, Anchor: v[3], Horizon: v[4]}, true, true
 }

@@ -114,7 +114,7 @@ end
 -- (gcra.State.Anchor, 0 for none) in d.a, which save writes beside them.
 local function parse(raw, lims, m, now)
   local d = {}
-  local anchor = 0
+  local anchor, horizon = 0, 0
   if raw then
     local stamp, vals, n
     if #raw == 27 and string.sub(raw, 1, 3) == 'g #' then
@@ -122,10 +122,11 @@ local function parse(raw, lims, m, now)
       local debt, fill
       stamp, debt, fill = struct.unpack('<ddd', raw, 4)
       vals, n = { debt, -fill }, 2
-    elseif #raw == 35 and string.sub(raw, 1, 3) == 'g $' then
-      -- One limit, binary, anchored: "stamp debt -fill anchor".
+    elseif #raw == 43 and string.sub(raw, 1, 3) == 'g $' then
+      -- One limit, binary, anchored: "stamp debt -fill" and the anchor
+      -- and horizon.
       local debt, fill
-      stamp, debt, fill, anchor = struct.unpack('<dddd', raw, 4)
+      stamp, debt, fill, anchor, horizon = struct.unpack('<ddddd', raw, 4)
       vals, n = { debt, -fill }, 2
     else
       local sp = string.find(raw, ' ', 1, true)
@@ -137,14 +138,25 @@ local function parse(raw, lims, m, now)
         vals[n] = tonumber(string.sub(raw, sp + 1, (nx or 0) - 1))
         sp = nx
       end
-      if n >= 3 and n % 2 == 1 and vals[2] < 0 and vals[n] > 0 then
-        -- "stamp d1 -f1 ... anchor": anchored.
-        anchor, vals[n], n = vals[n], nil, n - 1
+      if n >= 4 and n % 2 == 0 and vals[2] < 0 and vals[n - 1] > 0 and vals[n] > 0 then
+        -- "stamp d1 -f1 ... anchor horizon": anchored.
+        anchor, horizon = vals[n - 1], vals[n]
+        vals[n - 1], vals[n], n = nil, nil, n - 2
       end
     end
     local el = 0
     if stamp and now > stamp then el = math.min(now - stamp, MAX_ELAPSE_US) * 1000 end
-    if anchor ~= 0 and now - anchor > MAX_ANCHOR_AGE_US then anchor = 0 end
+    if anchor ~= 0 and (now >= horizon or now - anchor > MAX_ANCHOR_AGE_US) then anchor, horizon = 0, 0 end
+    if anchor == 0 then
+      -- Full in its own terms (see gcra.State.Elapse): every debt paid.
+      local full = true
+      for i = 1, n, 2 do
+        if vals[i] and vals[i] > el then full = false end
+      end
+      if full and n > 0 and n % 2 == 0 and vals[2] < 0 then
+        for i = 1, n, 2 do vals[i] = 0 end
+      end
+    end
     local fills = n > 0 and n % 2 == 0
     for i = 2, n, 2 do
       if not fills then break end
@@ -183,15 +195,21 @@ local function parse(raw, lims, m, now)
           end
         end
         if shorter and anchor == 0 then
-          anchor = stamp
+          -- Anchored at the longer limits' state until it would have been
+          -- full again (see gcra.State.Anchor), unless it is full now.
+          local mx = 0
+          for i = 1, k do
+            if od[i] > mx then mx = od[i] end
+          end
+          if mx > el then anchor, horizon = stamp, stamp + math.floor((mx + 999) / 1000) end
         elseif longer and not shorter then
-          anchor = 0
+          anchor, horizon = 0, 0
         end
       end
-      d.f, d.a = f, anchor
+      d.f, d.a, d.h = f, anchor, horizon
       return d
     end
-    anchor = 0
+    anchor, horizon = 0, 0
     local legacy = n == m
     for i = 1, n do
       if vals[i] < 0 then legacy = false end
@@ -204,7 +222,7 @@ local function parse(raw, lims, m, now)
   for i = #d + 1, m do d[i] = 0 end
   local f = {}
   for i = 1, m do f[i] = lims[2 * i] * lims[2 * i - 1] end
-  d.f, d.a = f, 0
+  d.f, d.a, d.h = f, 0, 0
   return d
 end
 
@@ -216,22 +234,27 @@ end
 -- encode returns the value that holds the debts d at now, each with its
 -- limit's fill time (binary for one limit; as text, negated, so that a
 -- value is never mistaken for one without them, for several), and the
--- anchor d.a when there is one; and the largest debt (ns). A full bucket
--- has no value (nil).
+-- anchor d.a and horizon d.h when there are; and how long the value must
+-- live (ns): its largest debt, or until its horizon. A full bucket has no
+-- value (nil).
 local function encode(now, d)
   local mx = 0
   for i = 1, #d do
     if d[i] > mx then mx = d[i] end
   end
+  local f, a, h = d.f, d.a or 0, d.h or 0
+  if a ~= 0 then
+    -- Not full before its horizon: live that long (ns from now).
+    mx = math.max(mx, (h - now) * 1000)
+  end
   if mx <= 0 then return nil, 0 end
-  local f, a = d.f, d.a or 0
   if #d == 1 then
-    if a ~= 0 then return 'g $' .. struct.pack('<dddd', now, d[1], f[1], a), mx end
+    if a ~= 0 then return 'g $' .. struct.pack('<ddddd', now, d[1], f[1], a, h), mx end
     return 'g #' .. struct.pack('<ddd', now, d[1], f[1]), mx
   end
   local parts = { string.format(INT, now) }
   for i = 1, #d do parts[i + 1] = string.format(INT2, d[i], -f[i]) end
-  if a ~= 0 then parts[#d + 2] = string.format(INT, a) end
+  if a ~= 0 then parts[#d + 2] = string.format(INT2, a, h) end
   return table.concat(parts, ' '), mx
 end
 
