@@ -430,7 +430,7 @@ func (s *Server) deniesAll(p *plan, o *outcome) {
 // so the status has no duration_until_reset (as httplimit sends no
 // Retry-After for such a request). With Options.ResponseHeaders the
 // bucket is peeked, taking nothing, for the RateLimit field, as httplimit
-// does; a failed peek only leaves the field without "t".
+// does; should the peek fail, the field says r=0 with no "t".
 func (s *Server) exceedsBurst(ctx context.Context, p *plan, o *outcome) {
 	idx := 0
 	for i, l := range p.rule.Limits {
