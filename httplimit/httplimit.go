@@ -571,7 +571,7 @@ func (pol *policy) advertise(unit string) error {
 			return fmt.Errorf("%w: httplimit: policy %q: limits[%d]: burst %d times %d units per token exceeds the headers' largest integer %d",
 				fleetrate.ErrInvalid, pol.name, i, l.Burst, pol.upt, int64(headers.MaxInteger))
 		}
-		q, w := quotaWindow(l.Interval(), l.Burst)
+		q, w := headers.QuotaWindow(l.Interval(), l.Burst)
 		pol.items = append(pol.items, item)
 		pol.quotas = append(pol.quotas, q*pol.upt)
 		pol.windows = append(pol.windows, w)
@@ -777,7 +777,7 @@ func (p *policy) limitIndex(res fleetrate.Result) int {
 //
 // The reported limit is the one that decided: for a denial the limit that
 // refused, otherwise the one with the fewest tokens left. "r" is its
-// tokens left and "t" the effective window (see effectiveWindow), both in
+// tokens left and "t" the effective window (see headers.EffectiveWindow), both in
 // quota units and rounded down, so that neither promises more than the
 // bucket admits. For a denial "t" never ends after Retry-After. The legacy
 // reset is when the reported limit is full again.
@@ -785,7 +785,7 @@ func (p *policy) setHeaders(h http.Header, res fleetrate.Result) string {
 	i := p.limitIndex(res)
 	l := p.limits[i]
 	remaining := min(max(res.Remaining, 0), l.Burst)
-	t := effectiveWindow(len(p.limits), remaining, res)
+	t := headers.EffectiveWindow(len(p.limits), remaining, res)
 	if !res.Allowed {
 		t = min(t, res.RetryAfter)
 	}

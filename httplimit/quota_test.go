@@ -38,7 +38,7 @@ func TestQuotaWindow(t *testing.T) {
 		{"one every 1.5 s", fleetrate.Every(1500*time.Millisecond, 1), 1, 2},
 	}
 	for _, tt := range tests {
-		q, w := quotaWindow(tt.limit.Interval(), tt.limit.Burst)
+		q, w := headers.QuotaWindow(tt.limit.Interval(), tt.limit.Burst)
 		if q != tt.q || w != tt.w {
 			t.Errorf("%s: q=%d w=%d, want q=%d w=%d", tt.name, q, w, tt.q, tt.w)
 		}
@@ -204,7 +204,7 @@ func (pc *promiseCase) checkArithmetic() {
 		if iv >= 2*int64(time.Microsecond) && 2*q*iv <= int64(w) {
 			pc.fatalf("item %d: q=%d per w=%v is below half the bucket's rate, one token per %v", i, q, w, time.Duration(iv))
 		}
-		if paced := pacedInterval(iv, l.Burst); l.FillTime() < time.Second && ((q+1)*paced <= int64(w) || paced >= iv+int64(time.Microsecond)) {
+		if paced := headers.PacedInterval(iv, l.Burst); l.FillTime() < time.Second && ((q+1)*paced <= int64(w) || paced >= iv+int64(time.Microsecond)) {
 			pc.fatalf("item %d: sub-second fill time, but q=%d per w=%v is more than a unit below one token per %v, or that is 1 µs or more above the bucket's %v",
 				i, q, w, time.Duration(paced), time.Duration(iv))
 		}
@@ -245,7 +245,7 @@ func (pc *promiseCase) checkWindow(rng *rand.Rand) {
 	for i, l := range pc.limits {
 		q, _ := pc.quota(i)
 		if q > l.Burst {
-			return // a rate only, not a window: see quotaWindow
+			return // a rate only, not a window: see headers.QuotaWindow
 		}
 		maxCost = min(maxCost, q)
 	}

@@ -274,6 +274,10 @@ func (d *denial) result(now int64, i int, n int64) fleetrate.Result {
 	res.N, res.Bucket = n, i
 	res.RetryAfter = time.Duration(d.until - now)
 	res.ResetAfter = max(res.ResetAfter-el, res.RetryAfter)
+	// The next token is as much nearer (0 if it has come: then nothing is
+	// known of the one after), so that RateLimit's "t", read from it,
+	// never reaches past it.
+	res.NextToken = max(res.NextToken-el, 0)
 	res.At = res.At.Add(el)
 	return res
 }

@@ -59,12 +59,13 @@ func TestHotOverLimitKeySkipsTheStore(t *testing.T) {
 	take()
 	take()
 	first := take()
-	if first.Allowed || first.RetryAfter != 100*time.Millisecond {
-		t.Fatalf("third take: %+v, want denied for 100ms", first)
+	if first.Allowed || first.RetryAfter != 100*time.Millisecond || first.NextToken != 100*time.Millisecond {
+		t.Fatalf("third take: %+v, want denied for 100ms, the next token 100ms away", first)
 	}
 	for i := range 1000 {
 		clk.Advance(50 * time.Microsecond) // 50 ms in all
-		if res := take(); res.Allowed || res.RetryAfter != 100*time.Millisecond-time.Duration(i+1)*50*time.Microsecond {
+		left := 100*time.Millisecond - time.Duration(i+1)*50*time.Microsecond
+		if res := take(); res.Allowed || res.RetryAfter != left || res.NextToken != left {
 			t.Fatalf("take %d from the cache: %+v", i, res)
 		}
 	}

@@ -54,11 +54,18 @@ type outcome struct {
 	consumed int64 // tokens taken, to give back if the request is denied
 	result   string
 	err      error
-	// spec is the limit status.current_limit reports, when it has one;
-	// res is the store's answer, when the store was asked.
+	// spec is the limit status.current_limit reports, when it has one,
+	// and idx its index in the rule's limits; res is the store's answer,
+	// when the store was asked.
 	spec   *config.LimitSpec
+	idx    int
 	res    fleetrate.Result
 	hasRes bool
+	// state is the bucket as the RateLimit field reports it, when it is
+	// not res: for a cost above the burst, a peek that took nothing; for
+	// tokens given back after a denial, a peek after the refund.
+	state    fleetrate.Result
+	hasState bool
 }
 
 func invalidf(format string, args ...any) error {
@@ -96,12 +103,14 @@ func (s *Server) respond(ctx context.Context, req *rlspb.RateLimitRequest, plans
 		if o := &outs[i]; o.err != nil && failure == nil {
 			failure = o.err
 		}
-		resp.Statuses = append(resp.Statuses, outs[i].status)
 	}
 	if failure != nil || resp.OverallCode == rlspb.RateLimitResponse_OVER_LIMIT {
 		// The request will not go through: give back what it took, so that
 		// a denial by one descriptor spends nothing from the others.
-		s.giveBack(ctx, plans, outs)
+		s.giveBack(ctx, plans, outs, failure == nil)
+	}
+	for i := range outs {
+		resp.Statuses = append(resp.Statuses, outs[i].status)
 	}
 	for i := range outs {
 		o, p := &outs[i], &plans[i]
@@ -123,7 +132,7 @@ func (s *Server) respond(ctx context.Context, req *rlspb.RateLimitRequest, plans
 		resp.OverallCode = rlspb.RateLimitResponse_OK
 	}
 	if s.opts.ResponseHeaders {
-		resp.ResponseHeadersToAdd = rateLimitHeaders(outs)
+		resp.ResponseHeadersToAdd = rateLimitHeaders(plans, outs)
 	}
 	if s.opts.ResponseDynamicMetadata {
 		resp.DynamicMetadata = dynamicMetadata(req, plans, outs)
@@ -382,7 +391,7 @@ func (s *Server) decide(ctx context.Context, p *plan, o *outcome) {
 		s.deniesAll(p, o)
 		return
 	case p.tooMany && !p.negative:
-		s.exceedsBurst(p, o)
+		s.exceedsBurst(ctx, p, o)
 		return
 	}
 	sctx, cancel := s.storeCtx(ctx)
@@ -403,30 +412,43 @@ func okStatus() *rlspb.RateLimitResponse_DescriptorStatus {
 
 // deniesAll is the outcome of a rule with a limit of requests_per_unit 0.
 func (s *Server) deniesAll(p *plan, o *outcome) {
-	spec := p.rule.Limits[0]
-	for _, l := range p.rule.Limits {
+	idx := 0
+	for i, l := range p.rule.Limits {
 		if l.Denies() {
-			spec = l
+			idx = i
 		}
 	}
-	st := &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OVER_LIMIT, CurrentLimit: currentLimit(spec),
+	spec := &p.rule.Limits[idx]
+	st := &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OVER_LIMIT, CurrentLimit: currentLimit(*spec),
 		DurationUntilReset: durationpb.New(spec.Period())}
-	*o = outcome{status: st, over: true, result: resultOverLimit, spec: &spec}
+	*o = outcome{status: st, over: true, result: resultOverLimit, spec: spec, idx: idx}
 	s.shadow(p, o)
 }
 
 // exceedsBurst is the outcome of hits that exceed a burst of the rule:
-// never granted, reported against the smallest burst.
-func (s *Server) exceedsBurst(p *plan, o *outcome) {
-	spec := p.rule.Limits[0]
-	for _, l := range p.rule.Limits {
-		if l.Burst < spec.Burst {
-			spec = l
+// never granted, reported against the smallest burst. Waiting cannot help,
+// so the status has no duration_until_reset (as httplimit sends no
+// Retry-After for such a request). With Options.ResponseHeaders the
+// bucket is peeked, taking nothing, for the RateLimit field, as httplimit
+// does; should the peek fail, the field says r=0 with no "t".
+func (s *Server) exceedsBurst(ctx context.Context, p *plan, o *outcome) {
+	idx := 0
+	for i, l := range p.rule.Limits {
+		if l.Burst < p.rule.Limits[idx].Burst {
+			idx = i
 		}
 	}
-	st := &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OVER_LIMIT, CurrentLimit: currentLimit(spec),
-		DurationUntilReset: durationpb.New(fillTime(spec))}
-	*o = outcome{status: st, over: true, result: resultOverLimit, spec: &spec}
+	spec := &p.rule.Limits[idx]
+	st := &rlspb.RateLimitResponse_DescriptorStatus{Code: rlspb.RateLimitResponse_OVER_LIMIT, CurrentLimit: currentLimit(*spec)}
+	*o = outcome{status: st, over: true, result: resultOverLimit, spec: spec, idx: idx}
+	if s.opts.ResponseHeaders {
+		sctx, cancel := s.storeCtx(ctx)
+		res, err := s.store.Take(sctx, fleetrate.Request{Buckets: p.buckets[:]})
+		cancel()
+		if err == nil {
+			o.state, o.hasState = res, true
+		}
+	}
 	s.shadow(p, o)
 }
 
@@ -444,7 +466,7 @@ func (s *Server) giveHits(ctx context.Context, p *plan, o *outcome) {
 		return
 	}
 	o.hasRes, o.result = true, resultRefunded
-	o.status, o.spec = s.status(p, &o.res)
+	o.status, o.spec, o.idx = s.status(p, &o.res)
 }
 
 // take takes a descriptor's hits from its bucket (or, for 0 hits, peeks):
@@ -481,7 +503,7 @@ func (s *Server) settle(p *plan, o *outcome) {
 		// the next token.
 		res.Allowed, res.RetryAfter = false, max(res.RetryAfter, time.Duration(res.Limit.Interval())-res.ResetAfter%time.Duration(res.Limit.Interval()))
 	}
-	o.status, o.spec = s.status(p, res)
+	o.status, o.spec, o.idx = s.status(p, res)
 	if res.Allowed {
 		o.result = resultAllowed
 		if p.hits > 0 {
@@ -521,10 +543,14 @@ func nearLimitHits(res fleetrate.Result, hits int64, ratio float64) int64 {
 // left, and a duration_until_reset of whole seconds, rounded up and at
 // least one. Envoy copies the seconds of duration_until_reset, truncated,
 // into X-RateLimit-Reset, so that a sub-second wait would tell a client
-// "0" on a 429.
+// "0" on a 429. A status without duration_until_reset (a cost above the
+// burst, which no wait admits) keeps none.
 func overLimit(st *rlspb.RateLimitResponse_DescriptorStatus) {
 	st.Code = rlspb.RateLimitResponse_OVER_LIMIT
 	st.LimitRemaining = 0
+	if st.DurationUntilReset == nil {
+		return
+	}
 	secs := max(headers.DelaySeconds(st.GetDurationUntilReset().AsDuration()), 1)
 	st.DurationUntilReset = seconds(secs)
 }
@@ -547,16 +573,11 @@ func (s *Server) shadow(p *plan, o *outcome) {
 // that decided, the tokens left, and the time until the request would pass
 // (when over limit) or until the bucket is full again (when under), in
 // whole seconds rounded up, since Envoy reads only the seconds.
-func (s *Server) status(p *plan, res *fleetrate.Result) (*rlspb.RateLimitResponse_DescriptorStatus, *config.LimitSpec) {
+func (s *Server) status(p *plan, res *fleetrate.Result) (*rlspb.RateLimitResponse_DescriptorStatus, *config.LimitSpec, int) {
 	// The rule's own spec, which the configuration keeps unchanged: the
 	// outcome points to it rather than to a copy of its own.
-	spec, idx := &p.rule.Limits[0], 0
-	for i := range p.limits {
-		if sameLimit(&p.limits[i], &res.Limit) && i < len(p.rule.Limits) {
-			spec, idx = &p.rule.Limits[i], i
-			break
-		}
-	}
+	idx := specIndex(p, &res.Limit)
+	spec := &p.rule.Limits[idx]
 	reset := res.ResetAfter
 	if !res.Allowed {
 		reset = res.RetryAfter
@@ -572,7 +593,18 @@ func (s *Server) status(p *plan, res *fleetrate.Result) (*rlspb.RateLimitRespons
 		CurrentLimit:       cl,
 		LimitRemaining:     uint32(min(max(res.Remaining, 0), math.MaxUint32)),
 		DurationUntilReset: seconds(headers.DelaySeconds(reset)),
-	}, spec
+	}, spec, idx
+}
+
+// specIndex is the index in the rule's limits of the limit a store's
+// result names, 0 if none.
+func specIndex(p *plan, l *fleetrate.Limit) int {
+	for i := range p.limits {
+		if sameLimit(&p.limits[i], l) && i < len(p.rule.Limits) {
+			return i
+		}
+	}
+	return 0
 }
 
 // sharedSeconds are the durations of 0 to 60 whole seconds, which the
@@ -612,78 +644,169 @@ func currentLimit(spec config.LimitSpec) *rlspb.RateLimitResponse_RateLimit {
 }
 
 // giveBack refunds the tokens taken by the descriptors of a request that
-// is denied or failed. It is best effort: a failure is logged only.
-func (s *Server) giveBack(ctx context.Context, plans []plan, outs []outcome) {
+// is denied or failed. It is best effort: a failure is logged only. When
+// report is set (a denial, which is answered) each refunded bucket is
+// then peeked, so that its status reports the bucket after the refund:
+// its tokens and its time until full. Should the peek fail, the status
+// adds the tokens given back to those it reported.
+func (s *Server) giveBack(ctx context.Context, plans []plan, outs []outcome, report bool) {
 	for i := range outs {
-		n := outs[i].consumed
+		o, p := &outs[i], &plans[i]
+		n := o.consumed
 		if n == 0 {
 			continue
 		}
 		rctx, cancel := s.storeCtx(context.WithoutCancel(ctx))
-		err := s.store.Refund(rctx, plans[i].buckets[:], n)
-		cancel()
+		err := s.store.Refund(rctx, p.buckets[:], n)
 		if err != nil {
-			s.log.Warn("refund of a denied request's tokens failed", "bucket", plans[i].buckets[0].StoreKey(), "n", n, "error", err.Error())
+			cancel()
+			s.log.Warn("refund of a denied request's tokens failed", "bucket", p.buckets[0].StoreKey(), "n", n, "error", err.Error())
 			continue
 		}
-		if st := outs[i].status; st != nil && st.CurrentLimit != nil && st.Code != rlspb.RateLimitResponse_OVER_LIMIT {
+		if report {
+			after, err := s.store.Take(rctx, fleetrate.Request{Buckets: p.buckets[:]})
+			if err == nil {
+				cancel()
+				code := o.status.GetCode()
+				o.status, o.spec, o.idx = s.status(p, &after)
+				o.status.Code = code
+				o.state, o.hasState = after, true
+				continue
+			}
+			s.log.Warn("peek after a refund failed", "bucket", p.buckets[0].StoreKey(), "error", err.Error())
+		}
+		cancel()
+		if st := o.status; st != nil && st.CurrentLimit != nil && st.Code != rlspb.RateLimitResponse_OVER_LIMIT {
 			st.LimitRemaining = uint32(min(int64(st.LimitRemaining)+n, math.MaxUint32))
 		}
 	}
 }
 
 // rateLimitHeaders builds the IETF draft's RateLimit-Policy and RateLimit
-// fields, as httplimit sends them: a policy for each limit reported (its
-// name, "q" its burst, "w" the time its bucket takes to fill), and the
-// state of the most restrictive one, an over-limit one if any, else the
-// one with the fewest requests left: "r" the requests left and "t" the
-// seconds until the next one can pass.
-func rateLimitHeaders(outs []outcome) []*corev3.HeaderValue {
+// fields with the numbers httplimit sends for the same buckets (see
+// docs/HEADERS.md).
+//
+// RateLimit-Policy lists every limit of every rule the request's
+// descriptors matched, in request order and each rule's order: "q" and
+// "w" as headers.QuotaWindow computes them (q=0 and w the period for a
+// limit of requests_per_unit 0). It depends on the rules only, so a
+// request of the same descriptors gets the same field on every response.
+//
+// RateLimit gives one item, the most restrictive limit: an over-limit
+// descriptor's if any, else the one with the fewest tokens left. "r" is
+// the tokens its limit holds and "t" the effective window
+// (headers.EffectiveWindow, rounded down), which for a refusal never ends
+// after the refusal's wait. A limit of requests_per_unit 0 reports r=0 and
+// its period; a cost above the burst whose peek failed, r=0 and no "t".
+func rateLimitHeaders(plans []plan, outs []outcome) []*corev3.HeaderValue {
 	var (
-		policies []headers.Policy
-		pick     *outcome
-		pickName string
+		items []policyItem
+		pick  headers.Limit
+		found bool
+		over  bool
 	)
 	for i := range outs {
-		o := &outs[i]
-		if o.spec == nil || o.status == nil {
+		o, p := &outs[i], &plans[i]
+		if o.spec == nil || o.status == nil || p.rule == nil {
 			continue
 		}
-		name := policyName(*o.spec)
-		if !slices.ContainsFunc(policies, func(p headers.Policy) bool { return p.Name == name }) {
-			policies = append(policies, headers.Policy{Name: name, Quota: o.spec.Burst, Window: fillTime(*o.spec)})
+		names := make([]string, len(p.rule.Limits))
+		for j, spec := range p.rule.Limits {
+			items, names[j] = addPolicyItem(items, spec)
 		}
-		switch {
-		case pick == nil,
-			o.over && !pick.over,
-			o.over == pick.over && o.status.LimitRemaining < pick.status.LimitRemaining:
-			pick, pickName = o, name
+		l := headers.Limit{Name: names[o.idx]}
+		switch res, ok := reported(p, o); {
+		case ok:
+			idx := specIndex(p, &res.Limit)
+			l.Name = names[idx]
+			l.Remaining = min(max(res.Remaining, 0), res.Limit.Burst)
+			l.Reset, l.HasReset = headers.EffectiveWindow(len(p.limits), l.Remaining, res), true
+			if !res.Allowed {
+				l.Reset = min(l.Reset, res.RetryAfter)
+			}
+		case o.status.DurationUntilReset != nil:
+			l.Reset, l.HasReset = o.status.DurationUntilReset.AsDuration(), true
+		}
+		if !found || (o.over && !over) || (o.over == over && l.Remaining < pick.Remaining) {
+			pick, found, over = l, true, o.over
 		}
 	}
-	if pick == nil {
+	if !found {
 		return nil
 	}
-	policy, err := headers.FormatPolicy(policies...)
+	ps := make([]headers.Policy, len(items))
+	for i, it := range items {
+		ps[i] = it.Policy
+	}
+	policy, err := headers.FormatPolicy(ps...)
 	if err != nil {
 		return nil
 	}
-	limit, err := headers.FormatRateLimit(headers.Limit{
-		Name: pickName, Remaining: int64(pick.status.LimitRemaining), Reset: nextToken(pick), HasReset: true,
-	})
+	limit, err := headers.FormatRateLimit(pick)
 	if err != nil {
 		return nil
 	}
 	return []*corev3.HeaderValue{{Key: HeaderRateLimitPolicy, Value: policy}, {Key: HeaderRateLimit, Value: limit}}
 }
 
-// fillTime is how long an empty bucket of spec takes to fill: its period
-// when the burst is requests_per_unit, exactly, without the rounding of a
-// token's interval.
-func fillTime(spec config.LimitSpec) time.Duration {
-	if spec.RequestsPerUnit == 0 || spec.Burst == int64(spec.RequestsPerUnit) {
-		return spec.Period()
+// reported is the state of an outcome's bucket that the RateLimit field
+// reports, if the store was asked: after a refund or a peek for the
+// headers, that state, else the store's answer to the descriptor.
+func reported(p *plan, o *outcome) (fleetrate.Result, bool) {
+	switch {
+	case p.limits == nil:
+		return fleetrate.Result{}, false
+	case o.hasState:
+		return o.state, true
+	case o.hasRes:
+		res := o.res
+		if p.hits == 0 && !p.negative {
+			res.Allowed = true // settle marks an empty bucket's peek as a denial
+		}
+		return res, true
 	}
-	return time.Duration(float64(spec.Period()) * float64(spec.Burst) / float64(spec.RequestsPerUnit))
+	return fleetrate.Result{}, false
+}
+
+// policyItem is one item of RateLimit-Policy, with the limit it describes.
+type policyItem struct {
+	headers.Policy
+	spec config.LimitSpec
+}
+
+// addPolicyItem adds the item of spec to items, unless it is there, and
+// returns items and the item's name. The name is the limit's configured
+// name when it is printable ASCII, else a description such as
+// "100/minute". Items name distinct limits: a limit whose name another
+// limit of the request already has is named "name (100/minute)", or
+// "name (100/minute) 2" and so on.
+func addPolicyItem(items []policyItem, spec config.LimitSpec) ([]policyItem, string) {
+	base := policyName(spec)
+	name := base
+	for n := 1; ; n++ {
+		k := slices.IndexFunc(items, func(it policyItem) bool { return it.Name == name })
+		if k < 0 {
+			break
+		}
+		if items[k].spec == spec {
+			return items, name
+		}
+		desc := spec
+		desc.Name = ""
+		name = base + " (" + desc.String() + ")"
+		if n > 1 {
+			name += " " + strconv.Itoa(n)
+		}
+	}
+	it := policyItem{Policy: headers.Policy{Name: name}, spec: spec}
+	if spec.Denies() {
+		it.Window = spec.Period()
+	} else {
+		l := spec.Limit()
+		q, w := headers.QuotaWindow(l.Interval(), l.Burst)
+		it.Quota, it.Window = q, time.Duration(w)*time.Second
+	}
+	return append(items, it), name
 }
 
 // policyName names a limit in the RateLimit fields: its configured name
@@ -694,24 +817,6 @@ func policyName(spec config.LimitSpec) string {
 	}
 	spec.Name = ""
 	return spec.String()
-}
-
-// nextToken is the draft's "t" for an outcome: the time within which the
-// client can use no more than the requests left. For a denial it is the
-// wait until the request would pass; otherwise the time until the bucket
-// gains its next token (0 when it is full).
-func nextToken(o *outcome) time.Duration {
-	if o.over || !o.hasRes {
-		return o.status.GetDurationUntilReset().AsDuration()
-	}
-	l := o.res.Limit
-	iv := time.Duration(l.Interval())
-	missing := l.Burst - min(max(o.res.Remaining, 0), l.Burst)
-	if missing == 0 {
-		return 0
-	}
-	// The bucket's debt, ResetAfter, lies in ((missing-1)·iv, missing·iv].
-	return min(max(o.res.ResetAfter-time.Duration(missing-1)*iv, 0), iv)
 }
 
 // isInvalid reports whether err is a rejected request rather than a
