@@ -33,8 +33,7 @@ descriptors:
       - {name: min, unit: minute, requests_per_unit: 30}
   - key: dup
     rate_limits:
-      - {name: x, unit: second, requests_per_unit: 5}
-      - {name: x, unit: minute, requests_per_unit: 50}
+      - {name: sec, unit: second, requests_per_unit: 5}
 `
 
 // headerStores runs f against a server with --response-headers over the
@@ -170,9 +169,10 @@ func TestRLSRateLimitPolicyListsEveryLimit(t *testing.T) {
 		if manual && (!names["sec"] || !names["min"] || overs == 0) {
 			t.Errorf("RateLimit named %v, %d denials; want both limits to decide in turn", names, overs)
 		}
-		// Two limits of one rule with the same name get distinct items.
-		r := ts.should(t, "edge", 1, desc("dup", "1"))
-		if policy, _ := rlsFields(t, r); policy != `"x";q=5;w=1, "x (50/minute)";q=50;w=60` {
+		// Limits of two rules with the same name get distinct items (one
+		// rule may not name two limits alike: see internal/config).
+		r := ts.should(t, "edge", 1, desc("a", "3"), desc("dup", "1"))
+		if policy, _ := rlsFields(t, r); policy != `"sec";q=10;w=1, "min";q=30;w=60, "sec (5/second)";q=5;w=1` {
 			t.Errorf("same-named limits: RateLimit-Policy %q", policy)
 		}
 		// Several descriptors: the items of each rule, in request order.
