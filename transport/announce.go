@@ -42,6 +42,7 @@ type listener struct {
 
 	mu    sync.Mutex
 	since time.Time // when the current subscription began; zero: none
+	lost  bool      // a subscription was lost, and none began since
 }
 
 // announcerOf returns the Announcer of store, looking through wrappers
@@ -69,12 +70,19 @@ func (t *Transport) listen(a Announcer, prefix string) {
 		defer close(l.done)
 		err := a.Listen(ctx, AnnounceTopic, t.heard, func(on bool) {
 			l.mu.Lock()
-			defer l.mu.Unlock()
+			was, lost := !l.since.IsZero(), l.lost
 			switch {
-			case !on:
-				l.since = time.Time{}
-			case l.since.IsZero():
-				l.since = time.Now()
+			case !on && was:
+				l.since, l.lost = time.Time{}, true
+			case on && !was:
+				l.since, l.lost = time.Now(), false
+			}
+			l.mu.Unlock()
+			switch {
+			case !on && was:
+				t.log.Warn("rate_announcements_lost", "detail", "until announcements are heard again, a request that slept reads the pause markers before it sends")
+			case on && !was && lost:
+				t.log.Info("rate_announcements_back")
 			}
 		})
 		if err != nil {
