@@ -19,13 +19,24 @@ import (
 // markers again, so a queued fleet makes one store call per request.
 // Without one (or while it is not listening), such a request reads the
 // markers before it sends (see Options.PauseCheckAge).
+//
+// The transport trusts a subscription from state(true) until state(false),
+// so an Announcer must notice a connection that goes silent without
+// failing (a NAT that drops it without a reset) within a bounded time:
+// redisstore.Store notices within 2 × its Options.ListenCheck (2 s by
+// default). Until then a pause announced by another process is not heard,
+// and a request booked before it that wakes in that time can be sent
+// during it. The transport logs rate_announcements_lost when a
+// subscription that held is lost, and rate_announcements_back when one
+// holds again.
 type Announcer interface {
 	// Announce sends msg to every listener of topic.
 	Announce(ctx context.Context, topic, msg string) error
 	// Listen calls fn with every message on topic until ctx ends, and
 	// state(true) each time it begins to listen, state(false) each time it
-	// stops (a message announced in between is lost). It returns nil when
-	// ctx ends, or an error at once when it cannot listen.
+	// stops or finds the subscription dead, a silent one included, within
+	// a bound it documents (a message announced in between is lost). It
+	// returns nil when ctx ends, or an error at once when it cannot listen.
 	Listen(ctx context.Context, topic string, fn func(msg string), state func(listening bool)) error
 }
 
