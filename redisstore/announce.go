@@ -43,8 +43,9 @@ const DefaultListenCheck = time.Second
 // message until ctx ends. It calls state(true) each time Redis confirms
 // the subscription, first and after each reconnection, and state(false)
 // each time it takes the subscription for lost: a message published in
-// between is lost. A connection that fails is noticed at once; one that
-// goes silent (dropped by a NAT or load balancer without a reset) is
+// between is lost. A connection that fails is noticed at once (within
+// 2 × ListenCheck when the client dials again at length); one that goes
+// silent (dropped by a NAT or load balancer without a reset) is
 // pinged after Options.ListenCheck without traffic and taken for lost
 // when nothing comes within another ListenCheck, so within
 // 2 × ListenCheck (2 s by default) of the last thing received. Listen then
@@ -92,7 +93,12 @@ func (s *Store) subscription(ctx context.Context, c pubSub, topic string, fn fun
 	for {
 		// go-redis keeps the connection after a read that timed out
 		// (ReceiveTimeout), so a silent one is pinged, then dropped here.
-		m, err := ps.ReceiveTimeout(ctx, s.listenCheck)
+		// After a read that failed it dials again before it returns, with
+		// rctx: bounded, so that the failure is reported within
+		// 2 × ListenCheck however long the client's dialer would retry.
+		rctx, cancel := context.WithTimeout(ctx, 2*s.listenCheck)
+		m, err := ps.ReceiveTimeout(rctx, s.listenCheck)
+		cancel()
 		if ctx.Err() != nil {
 			return confirmed
 		}

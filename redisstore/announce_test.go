@@ -148,3 +148,52 @@ func TestListenCheckMustNotBeNegative(t *testing.T) {
 		t.Fatalf("New with a negative ListenCheck: %v, want ErrInvalid naming ListenCheck", err)
 	}
 }
+
+// TestListenReportsAKilledRedis: with the dialer of ClientOptions, which
+// dials again for up to a minute, a subscription whose Redis was killed is
+// still reported lost within 2 × ListenCheck, and Listen subscribes again
+// once Redis is back.
+func TestListenReportsAKilledRedis(t *testing.T) {
+	const check = 250 * time.Millisecond
+	srv := redistest.Start(t)
+	client := redis.NewClient(redisstore.ClientOptions(&redis.Options{Addr: srv.Addr()}))
+	t.Cleanup(func() { client.Close() })
+	sub, err := redisstore.New(client, redisstore.Options{ListenCheck: check})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	states := make(chan bool, 16)
+	go func() {
+		_ = sub.Listen(ctx, "fleetrate:test:killed", func(string) {}, func(on bool) { states <- on })
+	}()
+	want := func(on bool, within time.Duration, what string) {
+		t.Helper()
+		select {
+		case got := <-states:
+			if got != on {
+				t.Fatalf("%s: Listen reported listening=%v, want %v", what, got, on)
+			}
+		case <-time.After(within):
+			t.Fatalf("%s: Listen reported nothing within %v", what, within)
+		}
+	}
+	want(true, 10*time.Second, "subscribing")
+	srv.Kill()
+	killed := time.Now()
+	want(false, 20*check, "Redis killed")
+	t.Logf("a killed Redis was reported %v later (bound 2 × %v)", time.Since(killed).Round(time.Millisecond), check)
+	srv.Restart()
+	for {
+		select {
+		case on := <-states:
+			if !on {
+				continue // attempts while Redis was down
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatal("Listen did not subscribe again once Redis was back")
+		}
+		break
+	}
+}
