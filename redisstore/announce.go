@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"net"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -35,17 +36,51 @@ func (s *Store) Announce(ctx context.Context, topic, msg string) error {
 	return nil
 }
 
+// DefaultListenCheck is the default Options.ListenCheck.
+const DefaultListenCheck = time.Second
+
 // Listen subscribes to the Redis channel topic and calls fn with every
-// message until ctx ends. It calls state(true) each time the subscription
-// is made, first and after each reconnection, and state(false) when the
-// connection fails: a message published in between is lost. It returns
-// nil when ctx ends, or at once an error when the client cannot
-// subscribe.
+// message until ctx ends. It calls state(true) each time Redis confirms
+// the subscription, first and after each reconnection, and state(false)
+// each time it takes the subscription for lost: a message published in
+// between is lost. A connection that fails is noticed at once (within
+// 2 × ListenCheck when the client dials again at length); one that goes
+// silent (dropped by a NAT or load balancer without a reset) is
+// pinged after Options.ListenCheck without traffic and taken for lost
+// when nothing comes within another ListenCheck, so within
+// 2 × ListenCheck (2 s by default) of the last thing received. Listen then
+// subscribes again on a new connection. It returns nil when ctx ends, or
+// at once an error when the client cannot subscribe.
 func (s *Store) Listen(ctx context.Context, topic string, fn func(msg string), state func(listening bool)) error {
 	c, ok := s.c.(pubSub)
 	if !ok {
 		return errNoPubSub
 	}
+	backoff := 10 * time.Millisecond
+	for {
+		confirmed := s.subscription(ctx, c, topic, fn, state)
+		if ctx.Err() != nil {
+			return nil
+		}
+		state(false)
+		if confirmed {
+			backoff = 10 * time.Millisecond
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+}
+
+// subscription subscribes to topic on a connection of its own and serves
+// it until it fails, goes silent (see Listen) or ctx ends. It reports
+// whether Redis confirmed the subscription.
+func (s *Store) subscription(ctx context.Context, c pubSub, topic string, fn func(msg string), state func(listening bool)) (confirmed bool) {
 	ps := c.Subscribe(ctx, topic)
 	// A blocked Receive does not see ctx end: closing the subscription
 	// ends it.
@@ -54,30 +89,41 @@ func (s *Store) Listen(ctx context.Context, topic string, fn func(msg string), s
 		stop()
 		_ = ps.Close()
 	}()
-	backoff := 10 * time.Millisecond
+	pinged := false
 	for {
-		m, err := ps.Receive(ctx)
+		// go-redis keeps the connection after a read that timed out
+		// (ReceiveTimeout), so a silent one is pinged, then dropped here.
+		// After a read that failed it dials again before it returns, with
+		// rctx: bounded, so that the failure is reported within
+		// 2 × ListenCheck however long the client's dialer would retry.
+		rctx, cancel := context.WithTimeout(ctx, 2*s.listenCheck)
+		m, err := ps.ReceiveTimeout(rctx, s.listenCheck)
+		cancel()
 		if ctx.Err() != nil {
-			return nil
+			return confirmed
 		}
-		if err != nil {
-			state(false)
-			// The connection failed: the next Receive reconnects and
-			// subscribes again, reported by a *redis.Subscription.
-			t := time.NewTimer(backoff)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return nil
-			case <-t.C:
+		var ne net.Error
+		switch {
+		case err == nil:
+		case !errors.As(err, &ne) || !ne.Timeout():
+			return confirmed // failed: a new connection subscribes again
+		case pinged:
+			return confirmed // silent since the ping: dropped
+		default:
+			pctx, cancel := context.WithTimeout(ctx, s.listenCheck)
+			err := ps.Ping(pctx)
+			cancel()
+			if err != nil {
+				return confirmed
 			}
-			backoff = min(2*backoff, time.Second)
+			pinged = true
 			continue
 		}
-		backoff = 10 * time.Millisecond
+		pinged = false // anything received is as good as the answer
 		switch m := m.(type) {
 		case *redis.Subscription:
 			if m.Kind == "subscribe" {
+				confirmed = true
 				state(true)
 			}
 		case *redis.Message:

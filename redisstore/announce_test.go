@@ -2,10 +2,16 @@ package redisstore_test
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetrate/fleetrate"
 	"github.com/fleetrate/fleetrate/internal/redistest"
+	"github.com/fleetrate/fleetrate/redisstore"
 )
 
 // TestAnnounceReachesEveryListener: what one store announces, a store of
@@ -48,5 +54,146 @@ func TestAnnounceReachesEveryListener(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("Listen did not return when its context ended")
+	}
+}
+
+// TestListenNoticesASilentSubscription: a subscription whose connection a
+// NAT drops without a reset (a proxy that forwards nothing more and closes
+// nothing) is reported lost within 2 × ListenCheck of the last thing
+// received on it, and Listen subscribes again on a new connection, which
+// hears what is announced next. A quiet subscription that still answers
+// is kept.
+func TestListenNoticesASilentSubscription(t *testing.T) {
+	const check = 250 * time.Millisecond
+	srv := redistest.Start(t)
+	proxy := redistest.StartProxy(t, srv.Addr())
+	client := redis.NewClient(&redis.Options{Addr: proxy.Addr()})
+	t.Cleanup(func() { client.Close() })
+	sub, err := redisstore.New(client, redisstore.Options{ListenCheck: check})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub := newStore(t, srv)
+	const topic = "fleetrate:test:silent"
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	got := make(chan string, 16)
+	states := make(chan bool, 16)
+	done := make(chan error, 1)
+	go func() {
+		done <- sub.Listen(ctx, topic, func(msg string) { got <- msg }, func(on bool) { states <- on })
+	}()
+	wantState := func(want bool, within time.Duration, what string) time.Duration {
+		t.Helper()
+		start := time.Now()
+		select {
+		case on := <-states:
+			if on != want {
+				t.Fatalf("%s: Listen reported listening=%v, want %v", what, on, want)
+			}
+		case <-time.After(within):
+			t.Fatalf("%s: Listen reported nothing within %v", what, within)
+		}
+		return time.Since(start)
+	}
+	hear := func(msg string) {
+		t.Helper()
+		if err := pub.Announce(t.Context(), topic, msg); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case m := <-got:
+			if m != msg {
+				t.Fatalf("heard %q, want %q", m, msg)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%q was not heard", msg)
+		}
+	}
+	wantState(true, 10*time.Second, "subscribing")
+	hear("one")
+
+	// Quiet but alive: pinged, answered, kept.
+	time.Sleep(4 * check)
+	select {
+	case on := <-states:
+		t.Fatalf("a quiet live subscription was reported listening=%v", on)
+	default:
+	}
+
+	if n := proxy.Blackhole(); n != 1 {
+		t.Fatalf("the proxy carried %d connections, want the subscription's alone", n)
+	}
+	// 2 × check is the bound; the rest is room for a loaded machine.
+	took := wantState(false, 20*check, "blackholed")
+	t.Logf("a silent subscription was reported lost %v after it went silent (bound 2 × %v)", took.Round(time.Millisecond), check)
+	wantState(true, 10*time.Second, "subscribing again")
+	hear("two")
+
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Listen returned %v when its context ended, want nil", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Listen did not return when its context ended")
+	}
+}
+
+func TestListenCheckMustNotBeNegative(t *testing.T) {
+	srv := redistest.Start(t)
+	_, err := redisstore.New(srv.Client(), redisstore.Options{ListenCheck: -time.Second})
+	if !errors.Is(err, fleetrate.ErrInvalid) || !strings.Contains(err.Error(), "ListenCheck") {
+		t.Fatalf("New with a negative ListenCheck: %v, want ErrInvalid naming ListenCheck", err)
+	}
+}
+
+// TestListenReportsAKilledRedis: with the dialer of ClientOptions, which
+// dials again for up to a minute, a subscription whose Redis was killed is
+// still reported lost within 2 × ListenCheck, and Listen subscribes again
+// once Redis is back.
+func TestListenReportsAKilledRedis(t *testing.T) {
+	const check = 250 * time.Millisecond
+	srv := redistest.Start(t)
+	client := redis.NewClient(redisstore.ClientOptions(&redis.Options{Addr: srv.Addr()}))
+	t.Cleanup(func() { client.Close() })
+	sub, err := redisstore.New(client, redisstore.Options{ListenCheck: check})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	states := make(chan bool, 16)
+	go func() {
+		_ = sub.Listen(ctx, "fleetrate:test:killed", func(string) {}, func(on bool) { states <- on })
+	}()
+	want := func(on bool, within time.Duration, what string) {
+		t.Helper()
+		select {
+		case got := <-states:
+			if got != on {
+				t.Fatalf("%s: Listen reported listening=%v, want %v", what, got, on)
+			}
+		case <-time.After(within):
+			t.Fatalf("%s: Listen reported nothing within %v", what, within)
+		}
+	}
+	want(true, 10*time.Second, "subscribing")
+	srv.Kill()
+	killed := time.Now()
+	want(false, 20*check, "Redis killed")
+	t.Logf("a killed Redis was reported %v later (bound 2 × %v)", time.Since(killed).Round(time.Millisecond), check)
+	srv.Restart()
+	for {
+		select {
+		case on := <-states:
+			if !on {
+				continue // attempts while Redis was down
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatal("Listen did not subscribe again once Redis was back")
+		}
+		break
 	}
 }

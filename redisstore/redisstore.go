@@ -157,12 +157,23 @@ type Options struct {
 	// empties buckets at their first take. The default is
 	// DefaultFailoverWindow (1 minute).
 	FailoverWindow time.Duration
+	// ListenCheck is how long Listen waits without receiving anything on
+	// its subscription before it pings Redis on it, and then how long it
+	// waits for the answer (or any message) before it takes the
+	// subscription for dead: it reports state(false) and subscribes again
+	// on a new connection. A subscription that a NAT or load balancer
+	// drops without closing it (no FIN, no reset) is so noticed within
+	// 2 × ListenCheck of the last thing received on it. The default is
+	// DefaultListenCheck (1 s).
+	ListenCheck time.Duration
 }
 
 // Store is a fleetrate.Store in Redis. It is safe for concurrent use.
 type Store struct {
 	c       Client
 	timeout time.Duration
+	// listenCheck is Options.ListenCheck, or its default.
+	listenCheck time.Duration
 	// sc runs the scripts: c, or c behind the failover guard of
 	// Options.EmptyAfterFailover, whose state is fo (nil without it).
 	sc redis.Scripter
@@ -214,6 +225,14 @@ func New(c Client, opts Options) (*Store, error) {
 	}
 	if s.timeout == 0 {
 		s.timeout = DefaultTimeout
+	}
+	switch {
+	case opts.ListenCheck < 0:
+		return nil, fmt.Errorf("%w: redisstore: ListenCheck must not be negative, got %v", fleetrate.ErrInvalid, opts.ListenCheck)
+	case opts.ListenCheck == 0:
+		s.listenCheck = DefaultListenCheck
+	default:
+		s.listenCheck = opts.ListenCheck
 	}
 	switch {
 	case opts.Batch:

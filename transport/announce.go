@@ -19,13 +19,24 @@ import (
 // markers again, so a queued fleet makes one store call per request.
 // Without one (or while it is not listening), such a request reads the
 // markers before it sends (see Options.PauseCheckAge).
+//
+// The transport trusts a subscription from state(true) until state(false),
+// so an Announcer must notice a connection that goes silent without
+// failing (a NAT that drops it without a reset) within a bounded time:
+// redisstore.Store notices within 2 × its Options.ListenCheck (2 s by
+// default). Until then a pause announced by another process is not heard,
+// and a request booked before it that wakes in that time can be sent
+// during it. The transport logs rate_announcements_lost when a
+// subscription that held is lost, and rate_announcements_back when one
+// holds again.
 type Announcer interface {
 	// Announce sends msg to every listener of topic.
 	Announce(ctx context.Context, topic, msg string) error
 	// Listen calls fn with every message on topic until ctx ends, and
 	// state(true) each time it begins to listen, state(false) each time it
-	// stops (a message announced in between is lost). It returns nil when
-	// ctx ends, or an error at once when it cannot listen.
+	// stops or finds the subscription dead, a silent one included, within
+	// a bound it documents (a message announced in between is lost). It
+	// returns nil when ctx ends, or an error at once when it cannot listen.
 	Listen(ctx context.Context, topic string, fn func(msg string), state func(listening bool)) error
 }
 
@@ -42,6 +53,7 @@ type listener struct {
 
 	mu    sync.Mutex
 	since time.Time // when the current subscription began; zero: none
+	lost  bool      // a subscription was lost, and none began since
 }
 
 // announcerOf returns the Announcer of store, looking through wrappers
@@ -69,12 +81,19 @@ func (t *Transport) listen(a Announcer, prefix string) {
 		defer close(l.done)
 		err := a.Listen(ctx, AnnounceTopic, t.heard, func(on bool) {
 			l.mu.Lock()
-			defer l.mu.Unlock()
+			was, lost := !l.since.IsZero(), l.lost
 			switch {
-			case !on:
-				l.since = time.Time{}
-			case l.since.IsZero():
-				l.since = time.Now()
+			case !on && was:
+				l.since, l.lost = time.Time{}, true
+			case on && !was:
+				l.since, l.lost = time.Now(), false
+			}
+			l.mu.Unlock()
+			switch {
+			case !on && was:
+				t.log.Warn("rate_announcements_lost", "detail", "until announcements are heard again, a request that slept reads the pause markers before it sends")
+			case on && !was && lost:
+				t.log.Info("rate_announcements_back")
 			}
 		})
 		if err != nil {

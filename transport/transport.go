@@ -215,9 +215,11 @@ type Options struct {
 	// Announcer). The default is the limiter's store when it is one (a
 	// redisstore.Store is), also inside a wrapper that unwraps to it (a
 	// failsafe.Store). Every process of a fleet must announce: one that
-	// listens trusts that a pause it was not told of did not happen. A
-	// transport that listens holds a connection until closed (see
-	// Transport.Close).
+	// listens trusts that a pause it was not told of did not happen, for
+	// as long as its subscription is live: a redisstore.Store notices one
+	// a NAT dropped silently within 2 × its Options.ListenCheck (see
+	// Announcer). A transport that listens holds a connection until closed
+	// (see Transport.Close).
 	Announcer Announcer
 }
 
