@@ -46,15 +46,7 @@ func TestAnnounceReachesEveryListener(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the announcement was not heard")
 	}
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("Listen returned %v when its context ended, want nil", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("Listen did not return when its context ended")
-	}
+	stopListen(t, cancel, done)
 }
 
 // TestListenNoticesASilentSubscription: a subscription whose connection a
@@ -130,15 +122,7 @@ func TestListenNoticesASilentSubscription(t *testing.T) {
 	wantState(true, 10*time.Second, "subscribing again")
 	hear("two")
 
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("Listen returned %v when its context ended, want nil", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("Listen did not return when its context ended")
-	}
+	stopListen(t, cancel, done)
 }
 
 func TestListenCheckMustNotBeNegative(t *testing.T) {
@@ -195,5 +179,19 @@ func TestListenReportsAKilledRedis(t *testing.T) {
 			t.Fatal("Listen did not subscribe again once Redis was back")
 		}
 		break
+	}
+}
+
+// stopListen ends Listen's context and checks that it returns nil soon.
+func stopListen(t *testing.T, cancel context.CancelFunc, done <-chan error) {
+	t.Helper()
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Listen returned %v when its context ended, want nil", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Listen did not return when its context ended")
 	}
 }

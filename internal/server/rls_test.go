@@ -273,21 +273,9 @@ func TestGRPCResponseHeaders(t *testing.T) {
 	// Each field appears once, and parses under the draft's rules.
 	fields := func(r *rlspb.RateLimitResponse) ([]headers.Policy, []headers.Limit) {
 		t.Helper()
-		got := map[string][]string{}
-		for _, h := range r.ResponseHeadersToAdd {
-			got[h.Key] = append(got[h.Key], h.Value)
-		}
-		if len(got) != 2 || len(got[HeaderRateLimitPolicy]) != 1 || len(got[HeaderRateLimit]) != 1 {
-			t.Fatalf("headers %v, want one RateLimit-Policy and one RateLimit", got)
-		}
-		ps, err := headers.ParsePolicy(got[HeaderRateLimitPolicy]...)
-		if err != nil {
-			t.Fatalf("RateLimit-Policy %q: %v", got[HeaderRateLimitPolicy], err)
-		}
-		ls, err := headers.ParseRateLimit(got[HeaderRateLimit]...)
-		if err != nil {
-			t.Fatalf("RateLimit %q: %v", got[HeaderRateLimit], err)
-		}
+		policy, limit := rlsFields(t, r) // parsed there under the draft's rules
+		ps, _ := headers.ParsePolicy(policy)
+		ls, _ := headers.ParseRateLimit(limit)
 		return ps, ls
 	}
 	r := ts.should(t, "edge", 0, desc("remote_address", "h"), desc("ldap", "x"))
