@@ -243,14 +243,7 @@ func (s *State) Converts(limits []fleetrate.Limit) bool {
 
 // Clone returns a copy of s with debts and fills of its own.
 func (s *State) Clone() State {
-	c := State{Stamp: s.Stamp, Anchor: s.Anchor, Horizon: s.Horizon}
-	if s.Debts != nil {
-		c.Debts = slices.Clone(s.Debts)
-	}
-	if s.Fills != nil {
-		c.Fills = slices.Clone(s.Fills)
-	}
-	return c
+	return State{Stamp: s.Stamp, Debts: slices.Clone(s.Debts), Fills: slices.Clone(s.Fills), Anchor: s.Anchor, Horizon: s.Horizon}
 }
 
 // fill is a limit's fill time in ns, burst × interval (below 2^53: see
@@ -485,13 +478,17 @@ func fillStatus(res *fleetrate.Result, req fleetrate.Request, states []State, pi
 func Refund(now int64, limits []fleetrate.Limit, s *State, n int64) {
 	s.Elapse(now, limits)
 	for i := range limits {
-		// Compare before multiplying: n*T can overflow for a huge n.
-		if iv := limits[i].Interval(); n > s.Debts[i]/iv {
-			s.Debts[i] = 0
-		} else {
-			s.Debts[i] -= n * iv
-		}
+		s.Debts[i] = giveBack(s.Debts[i], n, limits[i].Interval())
 	}
+}
+
+// giveBack returns debt less n tokens of interval iv, at least 0. It
+// compares before multiplying: n × iv can overflow for a huge n.
+func giveBack(debt, n, iv int64) int64 {
+	if n > debt/iv {
+		return 0
+	}
+	return debt - n*iv
 }
 
 // Cancel gives back, at now (µs), a booking of n tokens that a take made
@@ -517,13 +514,7 @@ func Cancel(now int64, limits []fleetrate.Limit, s *State, n, stamp int64, booke
 	changed := false
 	for i := range limits {
 		if d := s.Debts[i]; d > 0 && d+el == booked[i] {
-			// Compare before multiplying, as Refund does: n*T can
-			// overflow for a huge n.
-			if iv := limits[i].Interval(); n > d/iv {
-				s.Debts[i] = 0
-			} else {
-				s.Debts[i] = d - n*iv
-			}
+			s.Debts[i] = giveBack(d, n, limits[i].Interval())
 			changed = true
 		}
 	}
