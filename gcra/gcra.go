@@ -91,11 +91,6 @@ func (s *State) Elapse(now int64, limits []fleetrate.Limit) {
 	if s.Anchor != 0 && (now >= s.Horizon || now-s.Anchor > MaxAnchorAge) {
 		s.Anchor, s.Horizon = 0, 0
 	}
-	if s.Anchor == 0 && refilled(s.Debts, el) {
-		// Full in its own terms: a store holds no such state (it expired),
-		// so it converts to full whatever it was written for.
-		clear(s.Debts)
-	}
 	if !s.Converts(limits) {
 		if len(s.Debts) != m {
 			// Absent, or written before fills were kept for another
@@ -120,6 +115,12 @@ func (s *State) Elapse(now int64, limits []fleetrate.Limit) {
 	for j := range limits {
 		s.Fills[j] = fill(&limits[j])
 	}
+	if anchor == 0 && refilled(oldDebts, el) {
+		// Full in its own terms: a store holds no such state (it expired),
+		// so it converts to full whatever it was written for. (Under the
+		// same limits the refill below makes it full as well.)
+		return
+	}
 	shorter, longer := false, false
 	for j, i := range carried(oldFills, s.Fills) {
 		switch {
@@ -140,9 +141,9 @@ func (s *State) Elapse(now int64, limits []fleetrate.Limit) {
 		s.Debts[j] = refill(oldDebts[i], oldFills[i], s.Fills[j], el)
 	}
 	switch {
-	case shorter && anchor == 0 && !refilled(oldDebts, el):
-		// Anchored at the longer limits' state, until it would have been
-		// full again.
+	case shorter && anchor == 0:
+		// Anchored at the longer limits' state (not full: see above),
+		// until it would have been full again.
 		s.Anchor, s.Horizon = read, read+(slices.Max(oldDebts)+999)/1000
 	case longer && !shorter:
 		s.Anchor, s.Horizon = 0, 0 // written under the longer limits now
@@ -218,11 +219,11 @@ func refill(debt, from, to, el int64) int64 {
 
 // Converts reports whether Elapse would carry s's debts over to other
 // limits (see carried): a limit's fill time changed, or s was written for
-// another number of limits. A store that writes nothing for a decision that books nothing
-// (a peek, a denial) must not keep such a conversion either, as the Lua
-// mirror keeps none: a configuration that peeks a key in turn with
-// another that takes would otherwise convert the bucket back and forth at
-// every peek.
+// another number of limits. A store that decides on its stored state in
+// place must decide on a copy then, so that a take that books nothing
+// (a peek, a denial) leaves the state as the Lua mirror leaves it: a
+// configuration that peeks a key in turn with another that takes would
+// otherwise convert the bucket back and forth at every peek.
 func (s *State) Converts(limits []fleetrate.Limit) bool {
 	if len(s.Debts) == 0 {
 		return false // full: nothing to convert

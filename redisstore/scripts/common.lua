@@ -147,16 +147,6 @@ local function parse(raw, lims, m, now)
     local el = 0
     if stamp and now > stamp then el = math.min(now - stamp, MAX_ELAPSE_US) * 1000 end
     if anchor ~= 0 and (now >= horizon or now - anchor > MAX_ANCHOR_AGE_US) then anchor, horizon = 0, 0 end
-    if anchor == 0 then
-      -- Full in its own terms (see gcra.State.Elapse): every debt paid.
-      local full = true
-      for i = 1, n, 2 do
-        if vals[i] and vals[i] > el then full = false end
-      end
-      if full and n > 0 and n % 2 == 0 and vals[2] < 0 then
-        for i = 1, n, 2 do vals[i] = 0 end
-      end
-    end
     local fills = n > 0 and n % 2 == 0
     for i = 2, n, 2 do
       if not fills then break end
@@ -175,8 +165,16 @@ local function parse(raw, lims, m, now)
         f[j] = lims[2 * j] * lims[2 * j - 1]
         if f[j] ~= of[j] then same = false end
       end
+      -- Full in its own terms (see gcra.State.Elapse), when it converts.
+      local full = not same and anchor == 0
+      for i = 1, k do
+        if not full then break end
+        full = od[i] <= el
+      end
       if same then
         for j = 1, m do d[j] = math.max(od[j] - el, 0) end
+      elseif full then
+        for j = 1, m do d[j] = 0 end
       else
         local idx = carried(of, k, f, m)
         local shorter, longer = false, false
@@ -195,13 +193,13 @@ local function parse(raw, lims, m, now)
           end
         end
         if shorter and anchor == 0 then
-          -- Anchored at the longer limits' state until it would have been
-          -- full again (see gcra.State.Anchor), unless it is full now.
+          -- Anchored at the longer limits' state (not full: see above)
+          -- until it would have been full again (see gcra.State.Anchor).
           local mx = 0
           for i = 1, k do
             if od[i] > mx then mx = od[i] end
           end
-          if mx > el then anchor, horizon = stamp, stamp + math.floor((mx + 999) / 1000) end
+          anchor, horizon = stamp, stamp + math.floor((mx + 999) / 1000)
         elseif longer and not shorter then
           anchor, horizon = 0, 0
         end
