@@ -133,9 +133,10 @@ func ExampleLimiter_Refund() {
 	store := memstore.New(memstore.Options{Clock: fixedClock})
 	lim, _ := fleetrate.New(store, fleetrate.Config{Limits: []fleetrate.Limit{fleetrate.PerSecond(1, 5)}})
 	ctx := context.Background()
-	_, _ = lim.AllowN(ctx, 5, "k")
-	// The work the tokens paid for never happened: give them back.
-	_ = lim.Refund(ctx, 2, "k")
+	grant, _ := lim.AllowN(ctx, 5, "k")
+	// The work two of the tokens paid for never happened: give them back
+	// (at once: what the bucket refills meanwhile is not given back).
+	_ = lim.RefundN(ctx, grant, 2, "k")
 	res, _ := lim.Peek(ctx, "k")
 	fmt.Println(res.Remaining)
 	// Output: 2

@@ -563,23 +563,44 @@ func (l *Limiter) WaitN(ctx context.Context, n int64, names ...string) (Result, 
 	return r.Result, nil
 }
 
-// Refund returns n tokens to every named bucket now, capped at each burst:
-// for a grant that was never used, such as an Allow whose work was not
-// done. It is not for a booking made ahead (Reserve, Wait): tokens booked
-// after it may rely on it, so give a reservation back with its Cancel.
-func (l *Limiter) Refund(ctx context.Context, n int64, names ...string) error {
+// Refund gives back the tokens of grant, the Result of an Allow (or
+// AllowN) from the named buckets whose work was not done. See RefundN.
+func (l *Limiter) Refund(ctx context.Context, grant Result, names ...string) error {
+	return l.RefundN(ctx, grant, grant.N, names...)
+}
+
+// RefundN gives back n of the tokens of grant, a take from the named
+// buckets that was granted at once (Allow, AllowN) and not all used: the
+// tokens an LLM call estimated and did not spend, an Allow whose work
+// failed. Each limit gets back what time has not refilled since the grant
+// (grant.At), so refund promptly: a bucket that the grant emptied refills
+// meanwhile, and tokens given back after it would have been full again
+// would be granted twice. Nothing goes back while a slot is booked ahead
+// on a limit or it is drained, for the same reason (see Store.Refund). A
+// booking made ahead (Reserve, Wait) is given back with its Cancel.
+func (l *Limiter) RefundN(ctx context.Context, grant Result, n int64, names ...string) error {
 	if ctx == nil {
 		return errNilContext
 	}
-	if n < 0 {
-		return fmt.Errorf("%w: refund n must be >= 0, got %d", ErrInvalid, n)
+	if n < 0 || n > grant.N {
+		return fmt.Errorf("%w: refund n must be between 0 and the grant's n (%d), got %d", ErrInvalid, grant.N, n)
+	}
+	if !grant.Allowed {
+		return fmt.Errorf("%w: refund grant: a denied take took nothing to give back", ErrInvalid)
 	}
 	bs, err := l.buckets(names)
 	if err != nil {
 		return err
 	}
 	defer l.release(bs)
-	return l.store.Refund(ctx, *bs, n)
+	for i := range *bs {
+		// The reserve of the bucket's lowest class: its bookings lie
+		// ahead while the bucket holds less than that (see Store.Refund).
+		for _, p := range l.classesOf((*bs)[i].Key) {
+			(*bs)[i].Reserve = max((*bs)[i].Reserve, p.Reserve)
+		}
+	}
+	return l.store.Refund(ctx, *bs, n, grant.At)
 }
 
 // Drain empties every named bucket for d: no tokens are granted for d, and

@@ -232,7 +232,9 @@ var errDown = errors.New("connection refused")
 func (failingStore) Take(context.Context, fleetrate.Request) (fleetrate.Result, error) {
 	return fleetrate.Result{}, errors.Join(fleetrate.ErrStoreUnavailable, errDown)
 }
-func (failingStore) Refund(context.Context, []fleetrate.Bucket, int64) error { return errDown }
+func (failingStore) Refund(context.Context, []fleetrate.Bucket, int64, time.Time) error {
+	return errDown
+}
 func (failingStore) Cancel(context.Context, []fleetrate.Bucket, int64, fleetrate.Booking) error {
 	return errDown
 }
@@ -388,7 +390,7 @@ func TestNilContextIsAnError(t *testing.T) {
 		"Peek":    func() error { _, err := l.Peek(nilCtx, "k"); return err },
 		"Reserve": func() error { _, err := l.Reserve(nilCtx, "k"); return err },
 		"Wait":    func() error { _, err := l.Wait(nilCtx, "k"); return err },
-		"Refund":  func() error { return l.Refund(nilCtx, 1, "k") },
+		"Refund":  func() error { return l.Refund(nilCtx, fleetrate.Result{Allowed: true, N: 1, At: time.Now()}, "k") },
 		"Drain":   func() error { return l.Drain(nilCtx, time.Second, "k") },
 		"Reset":   func() error { return l.Reset(nilCtx, "k") },
 		"Book": func() error {

@@ -58,7 +58,9 @@ type Bucket struct {
 	// are available, and books as any other take, so a bucket's bound
 	// holds over all its takes together. 0, the default, keeps nothing
 	// back: the top class. It must be below every limit's burst, and n +
-	// Reserve at most it. Refunds, cancels, drains and resets ignore it.
+	// Reserve at most it. For a refund it is the largest reserve any take
+	// from the bucket uses (see Store.Refund); cancels, drains and resets
+	// ignore it.
 	Reserve int64
 }
 
@@ -229,10 +231,15 @@ type Store interface {
 	// Take applies a take (or a peek when N is 0) to every bucket in the
 	// request, all or nothing, in one atomic step.
 	Take(ctx context.Context, req Request) (Result, error)
-	// Refund returns n tokens to every bucket now, capped at the burst:
-	// for a grant that was never used, such as an Allow whose work was not
-	// done. A booking made ahead is given back with Cancel.
-	Refund(ctx context.Context, buckets []Bucket, n int64) error
+	// Refund gives back n tokens of a grant made at at (the take's
+	// Result.At, on the store's clock) that was never used, such as an
+	// Allow whose work was not done: each limit of each bucket gets back
+	// what time has not refilled since at, and nothing while a slot is
+	// booked ahead on it or it is drained, so that no window grants more
+	// than if the grant had never been made (see gcra.Refund). A bucket's
+	// Reserve is the largest reserve a take from it uses (see Priority).
+	// A booking made ahead is given back with Cancel.
+	Refund(ctx context.Context, buckets []Bucket, n int64, at time.Time) error
 	// Cancel gives back a booking of n tokens that a Take of these buckets
 	// recorded in b (Request.Booking): each limit of each bucket gets the
 	// tokens back only when nothing was booked on it since, so no later
@@ -274,6 +281,21 @@ type Binder interface {
 // N: n, MaxWait: w}), argument checks included.
 type BoundTaker interface {
 	TakeKey(ctx context.Context, key string, n int64, maxWait time.Duration) (Result, error)
+}
+
+// ValidateRefund checks the arguments of Store.Refund: valid buckets, n
+// between 0 and MaxBurst, and the grant's time.
+func ValidateRefund(buckets []Bucket, n int64, at time.Time) error {
+	if err := ValidateBuckets(buckets); err != nil {
+		return err
+	}
+	if n < 0 || n > MaxBurst {
+		return fmt.Errorf("%w: refund n must be between 0 and %d, got %d", ErrInvalid, int64(MaxBurst), n)
+	}
+	if at.IsZero() {
+		return fmt.Errorf("%w: refund at: the grant's time (its Result.At) is required: without it a refund could give back tokens the bucket has refilled since", ErrInvalid)
+	}
+	return nil
 }
 
 // ValidateCancel checks the arguments of Store.Cancel: valid buckets, n at

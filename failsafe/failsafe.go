@@ -451,12 +451,12 @@ func (s *Store) localBuckets(bs []fleetrate.Bucket) []fleetrate.Bucket {
 
 // Refund implements fleetrate.Store. Under LocalFallback a failed refund
 // goes to the local bucket; otherwise the store's error is returned.
-func (s *Store) Refund(ctx context.Context, buckets []fleetrate.Bucket, n int64) error {
-	ok, err := s.call(ctx, func() error { return s.primary.Refund(ctx, buckets, n) })
+func (s *Store) Refund(ctx context.Context, buckets []fleetrate.Bucket, n int64, at time.Time) error {
+	ok, err := s.call(ctx, func() error { return s.primary.Refund(ctx, buckets, n, at) })
 	if ok || s.opts.Policy != LocalFallback {
 		return err
 	}
-	return s.fallback.Refund(ctx, s.localBuckets(buckets), n)
+	return s.fallback.Refund(ctx, s.localBuckets(buckets), n, at)
 }
 
 // Cancel implements fleetrate.Store. A booking is the primary store's, so

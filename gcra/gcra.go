@@ -471,16 +471,49 @@ func fillStatus(res *fleetrate.Result, req fleetrate.Request, states []State, pi
 	res.NextToken = nextToken(&req.Buckets[res.Bucket].Limits[res.LimitIndex], states[res.Bucket].Debts[res.LimitIndex])
 }
 
-// Refund returns n tokens to every limit of the state (at now, µs), capped
-// at the burst: tokens given back now, for a grant that was never used (an
-// Allow whose work was not done). It is not the inverse of a booking made
-// ahead: tokens booked by later takes may rely on it, so a booking is given
-// back with Cancel instead.
-func Refund(now int64, limits []fleetrate.Limit, s *State, n int64) {
+// Refund gives back, at now (µs), n tokens of a grant made at at (µs) that
+// was never used (an Allow whose work was not done), as far as giving them
+// back cannot grant anything the grant's absence would not have:
+//
+//   - only what time has not refilled since the grant: a bucket that the
+//     grant emptied refills from at, and refill beyond the burst is lost,
+//     so n tokens given back after the bucket would have been full again
+//     would be granted twice. Each limit gets back n × interval less the
+//     time since at (never below zero), at most its debt: exact when the
+//     bucket was otherwise idle, less when others took from it meanwhile;
+//   - nothing while a slot is booked ahead on the limit, or it is drained:
+//     a later take would then be granted a slot before one booked already,
+//     closer to it than the limit allows. That is when the debt is above
+//     the fill time less reserve tokens (reserve: the largest
+//     Bucket.Reserve a take from the bucket uses, whose slots are booked
+//     ahead while the debt is below the fill time).
+//
+// It reports whether any limit changed. A booking made ahead (Reserve,
+// Wait) is given back with Cancel.
+func Refund(now int64, limits []fleetrate.Limit, s *State, n, at, reserve int64) bool {
 	s.Elapse(now, limits)
+	// Both below 2^53: the difference of two stamps of one clock.
+	el := max(now-at, 0) * 1000
+	changed := false
 	for i := range limits {
-		s.Debts[i] = giveBack(s.Debts[i], n, limits[i].Interval())
+		l := &limits[i]
+		iv := l.Interval()
+		d := s.Debts[i]
+		if d <= 0 || d > (l.Burst-min(max(reserve, 0), l.Burst))*iv {
+			continue
+		}
+		// n × iv − el, at most d: compared before multiplying, as n × iv
+		// can overflow for a huge n.
+		back := d
+		if n <= (d+el)/iv {
+			back = n*iv - el
+		}
+		if back > 0 {
+			s.Debts[i] = d - back
+			changed = true
+		}
 	}
+	return changed
 }
 
 // giveBack returns debt less n tokens of interval iv, at least 0. It
@@ -494,17 +527,20 @@ func giveBack(debt, n, iv int64) int64 {
 
 // Cancel gives back, at now (µs), a booking of n tokens that a take made
 // at stamp and that left the limits of this bucket at debts booked (the
-// bucket's part of a fleetrate.Booking). Each limit is handled on its own:
-// a limit whose theoretical arrival time is still the one the booking left
-// had nothing booked after it, and gets the n tokens back; a limit that
-// another take has booked since (or that was drained, refunded or
-// converted to other limits) keeps them, because the later booking's slot
-// was computed from them and giving them back would grant that slot twice.
-// This is x/time/rate's Reservation.Cancel for a token bucket shared by a
-// fleet: what no later booking relies on goes back, nothing else.
+// bucket's part of a fleetrate.Booking), whose slot began wait ns after
+// stamp (see BookedWait). Once the slot has begun nothing goes back, as
+// x/time/rate's Cancel restores nothing after its time to act: a caller
+// may have acted on it. Before that, each limit is handled on its own: a
+// limit whose debt is still the one the booking left had nothing booked
+// after it, and gets the n tokens back; a limit that another take has
+// booked since (or that was drained, refunded or converted to other
+// limits) keeps them, because the later booking's slot was computed from
+// them and giving them back would grant that slot twice. This is
+// x/time/rate's Reservation.Cancel for a token bucket shared by a fleet:
+// what no later booking relies on goes back, nothing else.
 //
 // It reports whether any limit changed.
-func Cancel(now int64, limits []fleetrate.Limit, s *State, n, stamp int64, booked []int64) bool {
+func Cancel(now int64, limits []fleetrate.Limit, s *State, n, stamp int64, booked []int64, wait int64) bool {
 	s.Elapse(now, limits)
 	if len(booked) != len(limits) {
 		return false
@@ -512,6 +548,9 @@ func Cancel(now int64, limits []fleetrate.Limit, s *State, n, stamp int64, booke
 	// Both sides below 2^53: the difference of two stamps of one clock
 	// within the life of a booking, and debts.
 	el := (now - stamp) * 1000
+	if el > wait {
+		return false
+	}
 	changed := false
 	for i := range limits {
 		if d := s.Debts[i]; d > 0 && d+el == booked[i] {
@@ -520,6 +559,30 @@ func Cancel(now int64, limits []fleetrate.Limit, s *State, n, stamp int64, booke
 		}
 	}
 	return changed
+}
+
+// BookedWait returns how long (ns) after its stamp the slot of a booking
+// begins, from the debts it left (booked, bucket by bucket in the order of
+// buckets, limit by limit): a take books every limit at its slot, so each
+// limit's debt less its fill time is at most the wait, and the limit that
+// decided it has exactly that. A bucket's reserve, which the take counted
+// as tokens needed, is not counted here: a reserve makes the wait longer
+// than this, never shorter, so a cancel may find the slot begun up to the
+// reserve's intervals early, and give back nothing, but never late. It is
+// 0 when booked does not match the buckets' limits.
+func BookedWait(buckets []fleetrate.Bucket, booked []int64) int64 {
+	var wait int64
+	pos := 0
+	for b := range buckets {
+		for i := range buckets[b].Limits {
+			if pos == len(booked) {
+				return 0
+			}
+			wait = max(wait, booked[pos]-fill(&buckets[b].Limits[i]))
+			pos++
+		}
+	}
+	return wait
 }
 
 // Drain empties every limit of the state until d from now (µs): the bucket

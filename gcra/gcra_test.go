@@ -2,6 +2,7 @@ package gcra
 
 import (
 	"context"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -107,17 +108,17 @@ func TestRefundAndDrain(t *testing.T) {
 	req := take(fleetrate.Bucket{Key: "k", Limits: l}, 5, 0)
 	sts := []State{s}
 	Decide(0, req, sts)
-	Refund(0, l, &sts[0], 3)
+	Refund(0, l, &sts[0], 3, 0, 0)
 	if rem, _, _ := status(l, sts[0].Debts); rem != 3 {
 		t.Fatalf("after refund remaining %d, want 3", rem)
 	}
-	Refund(0, l, &sts[0], 100)
+	Refund(0, l, &sts[0], 100, 0, 0)
 	if sts[0].Debts[0] != 0 {
 		t.Fatalf("refund overfilled: %v", sts[0].Debts)
 	}
 	// A refund so large that n*T overflows int64 still just fills the bucket.
 	Decide(0, req, sts)
-	Refund(0, l, &sts[0], 1<<62)
+	Refund(0, l, &sts[0], 1<<62, 0, 0)
 	if sts[0].Debts[0] != 0 {
 		t.Fatalf("huge refund: debts %v, want a full bucket", sts[0].Debts)
 	}
@@ -434,7 +435,97 @@ func TestCancelHugeN(t *testing.T) {
 	var res fleetrate.Result
 	DecideOne(now, lim, 1, 0, &st, &res)
 	booked := slices.Clone(st.Debts)
-	if !Cancel(now, lim, &st, fleetrate.MaxBurst, now, booked) || st.Debts[0] != 0 {
+	if !Cancel(now, lim, &st, fleetrate.MaxBurst, now, booked, math.MaxInt64) || st.Debts[0] != 0 {
 		t.Fatalf("after cancelling MaxBurst tokens: debts %v, want 0", st.Debts)
+	}
+}
+
+// TestRefundOnlyWhatTimeHasNotRefilled replays the case a black-box check
+// found: 1/s burst 3; A takes 3 at 0 and does not use them; at 3 s, when
+// the bucket is full again, B takes 3 and uses them; then A's refund must
+// not give the bucket 3 more, or C gets 3 at the same instant as B.
+func TestRefundOnlyWhatTimeHasNotRefilled(t *testing.T) {
+	t.Parallel()
+	l := []fleetrate.Limit{fleetrate.PerSecond(1, 3)}
+	b := fleetrate.Bucket{Key: "k", Limits: l}
+	sts := []State{{}}
+	a, _ := Decide(0, take(b, 3, 0), sts)
+	if r, _ := Decide(3*sec, take(b, 3, 0), sts); !r.Allowed {
+		t.Fatalf("B at 3 s: %+v", r)
+	}
+	Refund(3*sec, l, &sts[0], 3, a.At.UnixMicro(), 0)
+	if r, _ := Decide(3*sec, take(b, 1, 0), sts); r.Allowed {
+		t.Fatalf("C at 3 s got a token the refund gave twice: %+v", r)
+	}
+	// Refunded 1 s after its grant, on an otherwise idle bucket, a grant
+	// of 3 gets back the 2 that time has not refilled: the bucket is then
+	// exactly as full as if the grant had never been made.
+	sts = []State{{}}
+	g, _ := Decide(10*sec, take(b, 3, 0), sts)
+	Refund(11*sec, l, &sts[0], 3, g.At.UnixMicro(), 0)
+	if r, _ := Decide(11*sec, take(b, 0, 0), sts); r.Remaining != 3 {
+		t.Fatalf("1 s after a grant of 3 on an idle bucket: %d left, want 3", r.Remaining)
+	}
+}
+
+// TestRefundLeavesBookingsAhead: while a slot is booked ahead (or the
+// bucket is drained, or a reserve's slot lies ahead), a refund gives back
+// nothing: a later take would be granted a slot before the booked one.
+func TestRefundLeavesBookingsAhead(t *testing.T) {
+	t.Parallel()
+	l := []fleetrate.Limit{fleetrate.PerSecond(1, 3)}
+	b := fleetrate.Bucket{Key: "k", Limits: l}
+	sts := []State{{}}
+	g, _ := Decide(0, take(b, 3, 0), sts)
+	if r, _ := Decide(0, take(b, 1, 2*time.Second), sts); !r.Allowed || r.Wait != time.Second {
+		t.Fatalf("booking ahead: %+v", r)
+	}
+	if Refund(0, l, &sts[0], 3, g.At.UnixMicro(), 0) {
+		t.Fatal("refund changed a bucket with a slot booked ahead")
+	}
+	// A reserve of 1: a lower class books ahead while the bucket holds
+	// less than 1 token beyond its take, so a debt above 2 tokens may
+	// hide a booked slot.
+	sts = []State{{}}
+	g, _ = Decide(0, take(b, 3, 0), sts)
+	Refund(500_000, l, &sts[0], 1, g.At.UnixMicro(), 1) // debt 2.5 tokens
+	if sts[0].Debts[0] != 2_500_000_000 {
+		t.Fatalf("refund with reserve 1 at a debt of 2.5 tokens changed it to %d", sts[0].Debts[0])
+	}
+	// At a debt of 1.5 tokens no slot can lie ahead: of the grant's 3
+	// tokens, the 1.5 that time has not refilled go back.
+	Refund(1_500_000, l, &sts[0], 3, g.At.UnixMicro(), 1)
+	if sts[0].Debts[0] != 0 {
+		t.Fatalf("refund of 3 granted 1.5 s ago at a debt of 1.5 tokens left debt %d, want 0", sts[0].Debts[0])
+	}
+}
+
+// TestCancelAfterSlotBegan: once a booking's slot has begun, its caller
+// may have acted, so Cancel gives nothing back (x/time/rate's Cancel
+// restores nothing after its time to act); before it, everything.
+func TestCancelAfterSlotBegan(t *testing.T) {
+	t.Parallel()
+	l := []fleetrate.Limit{fleetrate.PerSecond(10, 1)}
+	b := fleetrate.Bucket{Key: "k", Limits: l}
+	for _, c := range []struct {
+		at   int64 // µs after the booking
+		back bool
+	}{{0, true}, {50_000, true}, {100_000, true}, {100_001, false}, {2 * sec, false}} {
+		sts := []State{{}}
+		Decide(0, take(b, 1, 0), sts) // the slot at 0 is taken
+		req := take(b, 1, time.Second)
+		bk := &fleetrate.Booking{}
+		req.Booking = bk
+		r, _ := Decide(0, req, sts) // the slot at 100 ms
+		if r.Wait != 100*time.Millisecond {
+			t.Fatalf("wait %v, want 100ms", r.Wait)
+		}
+		if w := BookedWait([]fleetrate.Bucket{b}, bk.Debts); w != int64(r.Wait) {
+			t.Fatalf("BookedWait = %d, want the take's wait %d", w, r.Wait)
+		}
+		got := Cancel(c.at, l, &sts[0], 1, bk.Stamp, bk.Debts, BookedWait([]fleetrate.Bucket{b}, bk.Debts))
+		if got != c.back {
+			t.Errorf("cancel %d µs after a booking whose slot is at 100 ms: gave back %v, want %v", c.at, got, c.back)
+		}
 	}
 }

@@ -78,7 +78,7 @@ func (s *failingStore) fail(ctx context.Context) error {
 func (s *failingStore) Take(ctx context.Context, _ fleetrate.Request) (fleetrate.Result, error) {
 	return fleetrate.Result{}, s.fail(ctx)
 }
-func (s *failingStore) Refund(ctx context.Context, _ []fleetrate.Bucket, _ int64) error {
+func (s *failingStore) Refund(ctx context.Context, _ []fleetrate.Bucket, _ int64, _ time.Time) error {
 	return s.fail(ctx)
 }
 func (s *failingStore) Cancel(ctx context.Context, _ []fleetrate.Bucket, _ int64, _ fleetrate.Booking) error {

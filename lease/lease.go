@@ -278,22 +278,23 @@ func (s *Store) sweep() {
 
 // giveBack returns the tokens left in l to the shared bucket before l is
 // replaced (it expired, holds fewer tokens than the take asks for, or was
-// leased under other limits). They go back as a cancel of the lease's
-// booking: only to the limits on which nothing was booked since, because a
-// later booking's slot was computed from them. It is best effort: tokens
-// it fails to return stay spent. The caller holds l.sem.
+// leased under other limits). They go back as a refund of the lease's
+// grant, made at its booking's stamp: each limit gets back what time has
+// not refilled since, and nothing while a slot is booked ahead on it (see
+// fleetrate.Store.Refund). It is best effort: tokens it fails to return
+// stay spent. The caller holds l.sem.
 func (s *Store) giveBack(ctx context.Context, l *lease, b fleetrate.Bucket) {
 	if l.left == 0 {
 		return
 	}
 	bs := []fleetrate.Bucket{{Prefix: b.Prefix, Key: b.Key, Limits: l.limits}}
-	_ = s.inner.Cancel(ctx, bs, l.left, l.booked)
+	_ = s.inner.Refund(ctx, bs, l.left, time.UnixMicro(l.booked.Stamp))
 	l.left = 0
 }
 
 // Refund implements fleetrate.Store.
-func (s *Store) Refund(ctx context.Context, buckets []fleetrate.Bucket, n int64) error {
-	return s.inner.Refund(ctx, buckets, n)
+func (s *Store) Refund(ctx context.Context, buckets []fleetrate.Bucket, n int64, at time.Time) error {
+	return s.inner.Refund(ctx, buckets, n, at)
 }
 
 // Cancel implements fleetrate.Store.

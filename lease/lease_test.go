@@ -38,8 +38,8 @@ func (c *counting) Take(ctx context.Context, req fleetrate.Request) (fleetrate.R
 	return c.Store.Take(ctx, req)
 }
 
-func (c *counting) Refund(ctx context.Context, buckets []fleetrate.Bucket, n int64) error {
-	err := c.Store.Refund(ctx, buckets, n)
+func (c *counting) Refund(ctx context.Context, buckets []fleetrate.Bucket, n int64, at time.Time) error {
+	err := c.Store.Refund(ctx, buckets, n, at)
 	if c.refunds != nil {
 		c.refunds <- n
 	}

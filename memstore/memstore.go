@@ -664,12 +664,13 @@ func (s *Store) takeEntry(e *entry, limits []fleetrate.Limit, n int64, maxWait t
 }
 
 // Refund implements fleetrate.Store.
-func (s *Store) Refund(ctx context.Context, buckets []fleetrate.Bucket, n int64) error {
-	if n < 0 {
-		return fmt.Errorf("%w: refund n must be >= 0, got %d", fleetrate.ErrInvalid, n)
+func (s *Store) Refund(ctx context.Context, buckets []fleetrate.Bucket, n int64, at time.Time) error {
+	if err := fleetrate.ValidateRefund(buckets, n, at); err != nil {
+		return err
 	}
+	stamp := at.UnixMicro()
 	return s.update(ctx, buckets, func(now int64, b fleetrate.Bucket, st *gcra.State) {
-		gcra.Refund(now, b.Limits, st, n)
+		gcra.Refund(now, b.Limits, st, n, stamp, b.Reserve)
 	})
 }
 
@@ -678,10 +679,11 @@ func (s *Store) Cancel(ctx context.Context, buckets []fleetrate.Bucket, n int64,
 	if err := fleetrate.ValidateCancel(buckets, n, b); err != nil {
 		return err
 	}
+	wait := gcra.BookedWait(buckets, b.Debts)
 	off := 0
 	return s.update(ctx, buckets, func(now int64, bk fleetrate.Bucket, st *gcra.State) {
 		m := len(bk.Limits)
-		gcra.Cancel(now, bk.Limits, st, n, b.Stamp, b.Debts[off:off+m])
+		gcra.Cancel(now, bk.Limits, st, n, b.Stamp, b.Debts[off:off+m], wait)
 		off += m
 	})
 }

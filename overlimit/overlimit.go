@@ -375,8 +375,8 @@ func storeKeys(buckets []fleetrate.Bucket) []string {
 }
 
 // Refund implements fleetrate.Store; it forgets the buckets' denials.
-func (s *Store) Refund(ctx context.Context, buckets []fleetrate.Bucket, n int64) error {
-	return s.giveBack(func() error { return s.next.Refund(ctx, buckets, n) }, storeKeys(buckets)...)
+func (s *Store) Refund(ctx context.Context, buckets []fleetrate.Bucket, n int64, at time.Time) error {
+	return s.giveBack(func() error { return s.next.Refund(ctx, buckets, n, at) }, storeKeys(buckets)...)
 }
 
 // Cancel implements fleetrate.Store; it forgets the buckets' denials.

@@ -212,10 +212,11 @@ func TestNeverGrantsMoreThanTheStore(t *testing.T) {
 			}
 		case op < 17:
 			n := rng.Int64N(3)
-			if err := cached.Refund(ctx, bs, n); err != nil {
+			at := time.Now()
+			if err := cached.Refund(ctx, bs, n, at); err != nil {
 				t.Fatal(err)
 			}
-			if err := bare.Refund(ctx, bs, n); err != nil {
+			if err := bare.Refund(ctx, bs, n, at); err != nil {
 				t.Fatal(err)
 			}
 		case op < 18 && len(bookings) > 0:
@@ -265,13 +266,14 @@ func TestRefundByAnotherProcessIsNotSeen(t *testing.T) {
 	ctx := context.Background()
 	lim := fleetrate.Every(time.Minute, 1)
 	req := one("k", 1, 0, 0, lim)
-	if res, _ := a.Take(ctx, req); !res.Allowed {
+	first, _ := a.Take(ctx, req)
+	if !first.Allowed {
 		t.Fatal("first take denied")
 	}
 	if res, _ := a.Take(ctx, req); res.Allowed {
 		t.Fatal("second take granted") // and cached in a for a minute
 	}
-	if err := b.Refund(ctx, req.Buckets, 1); err != nil {
+	if err := b.Refund(ctx, req.Buckets, 1, first.At); err != nil {
 		t.Fatal(err)
 	}
 	if res, _ := shared.Take(ctx, one("k", 0, 0, 0, lim)); !res.Allowed {
@@ -280,7 +282,7 @@ func TestRefundByAnotherProcessIsNotSeen(t *testing.T) {
 	if res, _ := a.Take(ctx, req); res.Allowed {
 		t.Fatal("a saw the other process's refund: it should not (it was to answer from its cache)")
 	}
-	if err := a.Refund(ctx, req.Buckets, 0); err != nil { // a's own refund: forgets the denial
+	if err := a.Refund(ctx, req.Buckets, 0, first.At); err != nil { // a's own refund: forgets the denial
 		t.Fatal(err)
 	}
 	if res, _ := a.Take(ctx, req); !res.Allowed {

@@ -197,7 +197,7 @@ func TestCluster(t *testing.T) {
 		if _, err := lim.AllowN(ctx, 1, a, b); !errors.Is(err, fleetrate.ErrInvalid) || !strings.Contains(err.Error(), "hash tag") {
 			t.Fatalf("take across slots: %v; want ErrInvalid suggesting a hash tag", err)
 		}
-		if err := lim.Refund(ctx, 1, a, b); !errors.Is(err, fleetrate.ErrInvalid) {
+		if err := lim.Refund(ctx, fleetrate.Result{Allowed: true, N: 1, At: time.Now()}, a, b); !errors.Is(err, fleetrate.ErrInvalid) {
 			t.Fatalf("refund across slots: %v", err)
 		}
 		if err := lim.Drain(ctx, time.Second, a, b); !errors.Is(err, fleetrate.ErrInvalid) {

@@ -48,20 +48,11 @@ type guardedScript struct {
 }
 
 // guardedBySHA and guardedBySrc find the guarded twin of each script by
-// the hash (EVALSHA) or the source (EVAL) that redis.Script sends.
+// the hash (EVALSHA) or the source (EVAL, SCRIPT LOAD) that redis.Script
+// and loadScripts send.
 var guardedBySHA, guardedBySrc = func() (map[string]guardedScript, map[string]guardedScript) {
 	bySHA, bySrc := map[string]guardedScript{}, map[string]guardedScript{}
-	for _, s := range []struct {
-		script *redis.Script
-		src    string
-		take   bool
-	}{
-		{takeScript, takeOneLua + commonLua + takeLua, true},
-		{batchScript, commonLua + batchLua, true},
-		{refundScript, commonLua + refundLua, false},
-		{drainScript, commonLua + drainLua, false},
-		{cancelScript, commonLua + cancelLua, false},
-	} {
+	for _, s := range scripts {
 		g := guardedScript{redis.NewScript(guardLua + s.src), s.take}
 		bySHA[s.script.Hash()], bySrc[s.src] = g, g
 	}

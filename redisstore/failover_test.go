@@ -169,3 +169,48 @@ func TestEmptyAfterFailoverHungRedisBoundsEveryDecision(t *testing.T) {
 		})
 	}
 }
+
+// TestEmptyAfterFailoverAfterWarm warms a store behind the failover guard
+// (as fleetrate serve does for a Sentinel URL, and the docs advise after
+// New), then takes through it and through a plain store of the same
+// process: loading the scripts must leave every store's takes working.
+// Loading them through redis.Script.Load set the shared script's hash to
+// the guarded twin's, which every store then sent unguarded: each take
+// failed with the guard's FLEETRATE_MASTER reply.
+func TestEmptyAfterFailoverAfterWarm(t *testing.T) {
+	srv := redistest.Start(t)
+	sha := redisstore.TakeScriptSHA()
+	newStore := func(opts redisstore.Options) *fleetrate.Limiter {
+		t.Helper()
+		c := redis.NewClient(redisstore.ClientOptions(&redis.Options{Addr: srv.Addr()}))
+		t.Cleanup(func() { _ = c.Close() })
+		opts.Timeout = 5 * time.Second
+		s, err := redisstore.New(c, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Warm(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.LoadScripts(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		l, err := fleetrate.New(s, fleetrate.Config{Prefix: "warm:", Limits: []fleetrate.Limit{fleetrate.PerSecond(100, 100)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	guarded := newStore(redisstore.Options{EmptyAfterFailover: true})
+	plain := newStore(redisstore.Options{})
+	for i, l := range []*fleetrate.Limiter{guarded, plain, guarded} {
+		for range 3 {
+			if res, err := l.Allow(t.Context(), "k"); err != nil || !res.Allowed {
+				t.Fatalf("store %d after Warm and LoadScripts: %+v, %v", i, res, err)
+			}
+		}
+	}
+	if got := redisstore.TakeScriptSHA(); got != sha {
+		t.Fatalf("loading the scripts changed the take script's hash from %s to %s", sha, got)
+	}
+}

@@ -62,6 +62,35 @@ var (
 	cancelScript = redis.NewScript(commonLua + cancelLua)
 )
 
+// scripts lists every script with its source: LoadScripts sends the
+// sources (redis.Script.Load would set the shared script's hash to the
+// one the server answers, which behind the failover guard is the guarded
+// twin's, and every store of the process would then send that hash
+// unguarded), and the guard finds each twin by either.
+var scripts = []struct {
+	script *redis.Script
+	src    string
+	// take is set for the scripts that grant tokens (see guardedScript).
+	take bool
+}{
+	{takeScript, takeOneLua + commonLua + takeLua, true},
+	{batchScript, commonLua + batchLua, true},
+	{refundScript, commonLua + refundLua, false},
+	{drainScript, commonLua + drainLua, false},
+	{cancelScript, commonLua + cancelLua, false},
+}
+
+// loadScripts loads every script's source into the script cache of the
+// server behind s.sc (the guarded twins, behind the failover guard).
+func (s *Store) loadScripts(ctx context.Context) error {
+	for _, sc := range scripts {
+		if err := s.sc.ScriptLoad(ctx, sc.src).Err(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // TakeScriptSHA returns the SHA1 of the take script, for tools that run
 // it directly (such as the benchmark's redis-benchmark ceiling).
 func TakeScriptSHA() string { return takeScript.Hash() }
@@ -288,7 +317,9 @@ func (s *Store) cancelAbandoned(calls []*batchCall) {
 	defer cancel()
 	for i := len(calls) - 1; i >= 0; i-- {
 		c := calls[i]
-		_ = s.Cancel(ctx, c.req.Buckets, c.req.N, c.booking)
+		// Its caller never saw the grant, so never acted on it: given
+		// back whether or not its slot has begun.
+		_ = s.cancel(ctx, c.req.Buckets, c.req.N, c.booking, math.MaxInt64)
 	}
 }
 
@@ -383,14 +414,7 @@ func appendTakeLimits(args []any, buckets []fleetrate.Bucket) []any {
 func (s *Store) LoadScripts(ctx context.Context) error {
 	ctx, cancel := s.ctx(ctx)
 	defer cancel()
-	err := s.bounded(ctx, func(ctx context.Context) error {
-		for _, sc := range []*redis.Script{takeScript, batchScript, refundScript, drainScript} {
-			if err := sc.Load(ctx, s.sc).Err(); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+	err := s.bounded(ctx, s.loadScripts)
 	if err != nil {
 		return unavailable("script load", err)
 	}
@@ -407,10 +431,8 @@ func (s *Store) LoadScripts(ctx context.Context) error {
 // so; it is bounded by ctx alone, not by Options.Timeout.
 func (s *Store) Warm(ctx context.Context) error {
 	err := s.bounded(ctx, func(ctx context.Context) error {
-		for _, sc := range []*redis.Script{takeScript, batchScript, refundScript, drainScript} {
-			if err := sc.Load(ctx, s.sc).Err(); err != nil {
-				return err
-			}
+		if err := s.loadScripts(ctx); err != nil {
+			return err
 		}
 		if c, ok := s.c.(*redis.Client); ok {
 			return openConns(ctx, c)
@@ -665,11 +687,15 @@ func replay(req fleetrate.Request, now int64, reply []int64, count int, out []fl
 }
 
 // Refund implements fleetrate.Store.
-func (s *Store) Refund(ctx context.Context, buckets []fleetrate.Bucket, n int64) error {
-	if n < 0 {
-		return fmt.Errorf("%w: refund n must be >= 0, got %d", fleetrate.ErrInvalid, n)
+func (s *Store) Refund(ctx context.Context, buckets []fleetrate.Bucket, n int64, at time.Time) error {
+	if err := fleetrate.ValidateRefund(buckets, n, at); err != nil {
+		return err
 	}
-	return s.update(ctx, "refund", refundScript, buckets, n)
+	keys := storeKeys(buckets)
+	if err := s.sameSlot(keys); err != nil {
+		return err
+	}
+	return s.run(ctx, "refund", refundScript, keys, appendTakeLimits([]any{n, at.UnixMicro()}, buckets))
 }
 
 // Cancel implements fleetrate.Store.
@@ -677,12 +703,18 @@ func (s *Store) Cancel(ctx context.Context, buckets []fleetrate.Bucket, n int64,
 	if err := fleetrate.ValidateCancel(buckets, n, b); err != nil {
 		return err
 	}
+	return s.cancel(ctx, buckets, n, b, gcra.BookedWait(buckets, b.Debts))
+}
+
+// cancel is Cancel of a booking whose slot began wait ns after its stamp:
+// after that, nothing goes back.
+func (s *Store) cancel(ctx context.Context, buckets []fleetrate.Bucket, n int64, b fleetrate.Booking, wait int64) error {
 	keys := storeKeys(buckets)
 	if err := s.sameSlot(keys); err != nil {
 		return err
 	}
-	args := make([]any, 2, 2+len(buckets)*3+len(b.Debts)*3)
-	args[0], args[1] = n, b.Stamp
+	args := make([]any, 3, 3+len(buckets)*3+len(b.Debts)*3)
+	args[0], args[1], args[2] = n, b.Stamp, wait
 	off := 0
 	for i := range buckets {
 		args = appendLimits(args, buckets[i:i+1])

@@ -110,7 +110,7 @@ func TestTLSAndACL(t *testing.T) {
 		if _, ok, err := s.State(ctx, "fleetrate:tls"); err != nil || !ok {
 			t.Fatalf("State: %v, %v", ok, err)
 		}
-		if err := lim.Refund(ctx, 3, "tls"); err != nil { // refills to full: DEL in the script
+		if err := lim.RefundN(ctx, fleetrate.Result{Allowed: true, N: 3, At: time.Now()}, 3, "tls"); err != nil { // refills to full: DEL in the script
 			t.Fatal(err)
 		}
 		if err := lim.Drain(ctx, time.Second, "tls"); err != nil {
@@ -217,7 +217,7 @@ func exerciseStore(t *testing.T, srv *redistest.TLSServer, s *redisstore.Store, 
 		{"LoadScripts", func() error { return s.LoadScripts(ctx) }},
 		{"Take", take},
 		{"State", func() error { _, _, err := s.State(ctx, key); return err }},
-		{"Refund", func() error { return s.Refund(ctx, b, 5) }}, // back to full: the script deletes the key
+		{"Refund", func() error { return s.Refund(ctx, b, 5, time.Now()) }}, // back to full: the script deletes the key
 		{"Drain", func() error { return s.Drain(ctx, b, time.Second) }},
 		{"Reset", func() error { return s.Reset(ctx, key) }},
 		{"ConcurrentTakes", func() error {

@@ -127,14 +127,11 @@ func (s *Store) Cancel(ctx context.Context, buckets []fleetrate.Bucket, n int64,
 }
 
 // Refund implements fleetrate.Store.
-func (s *Store) Refund(ctx context.Context, buckets []fleetrate.Bucket, n int64) error {
-	if err := fleetrate.ValidateBuckets(buckets); err != nil {
+func (s *Store) Refund(ctx context.Context, buckets []fleetrate.Bucket, n int64, at time.Time) error {
+	if err := fleetrate.ValidateRefund(buckets, n, at); err != nil {
 		return err
 	}
-	if n < 0 || n > fleetrate.MaxBurst {
-		return fmt.Errorf("%w: refund n must be between 0 and %d, got %d", fleetrate.ErrInvalid, int64(fleetrate.MaxBurst), n)
-	}
-	return s.call(ctx, wire.RefundPath, wire.RefundRequest{Buckets: wire.FromBuckets(buckets), N: n}, &wire.OK{})
+	return s.call(ctx, wire.RefundPath, wire.RefundRequest{Buckets: wire.FromBuckets(buckets), N: n, AtUnixMicro: at.UnixMicro()}, &wire.OK{})
 }
 
 // Drain implements fleetrate.Store.

@@ -131,7 +131,7 @@ func TestFailuresAreErrorsNotDenials(t *testing.T) {
 			if !errors.Is(err, fleetrate.ErrStoreUnavailable) || res.Allowed {
 				t.Errorf("Take = %+v, %v; want an ErrStoreUnavailable error", res, err)
 			}
-			if err := s.Refund(context.Background(), req.Buckets, 1); !errors.Is(err, fleetrate.ErrStoreUnavailable) {
+			if err := s.Refund(context.Background(), req.Buckets, 1, time.Now()); !errors.Is(err, fleetrate.ErrStoreUnavailable) {
 				t.Errorf("Refund: %v", err)
 			}
 		})

@@ -317,7 +317,7 @@ func invalidRequest(t *testing.T, s fleetrate.Store, key func(string) string) {
 			t.Errorf("request %d: err = %v, want ErrInvalid", i, err)
 		}
 	}
-	if err := s.Refund(ctx, nil, 1); !errors.Is(err, fleetrate.ErrInvalid) {
+	if err := s.Refund(ctx, nil, 1, time.Now()); !errors.Is(err, fleetrate.ErrInvalid) {
 		t.Errorf("refund of no buckets: %v", err)
 	}
 	if err := s.Drain(ctx, []fleetrate.Bucket{{Key: key("i")}}, time.Second); !errors.Is(err, fleetrate.ErrInvalid) {
@@ -330,27 +330,61 @@ func invalidRequest(t *testing.T, s fleetrate.Store, key func(string) string) {
 	if err := s.Drain(ctx, ok, fleetrate.MaxWaitCap+1); !errors.Is(err, fleetrate.ErrInvalid) {
 		t.Errorf("drain beyond MaxWaitCap: %v", err)
 	}
-	if err := s.Refund(ctx, ok, -1); !errors.Is(err, fleetrate.ErrInvalid) {
+	if err := s.Refund(ctx, ok, -1, time.Now()); !errors.Is(err, fleetrate.ErrInvalid) {
 		t.Errorf("negative refund: %v", err)
+	}
+	if err := s.Refund(ctx, ok, 1, time.Time{}); !errors.Is(err, fleetrate.ErrInvalid) || !strings.Contains(err.Error(), "refund at") {
+		t.Errorf("refund without the grant's time: %v", err)
 	}
 }
 
 func refund(t *testing.T, s fleetrate.Store, key func(string) string) {
 	lim := fleetrate.Every(time.Minute, 5)
 	k := key("f")
-	mustTake(t, s, one(k, 3, 0, lim))
+	got := mustTake(t, s, one(k, 3, 0, lim))
 	b := []fleetrate.Bucket{{Key: k, Limits: []fleetrate.Limit{lim}}}
-	if err := s.Refund(context.Background(), b, 2); err != nil {
+	if err := s.Refund(context.Background(), b, 2, got.At); err != nil {
 		t.Fatal(err)
 	}
+	// A minute a token: within a test's run, time has refilled none of
+	// the grant's tokens, so they all go back.
 	if res := mustTake(t, s, one(k, 0, 0, lim)); res.Remaining != 4 {
 		t.Fatalf("after refund of 2: %d left, want 4", res.Remaining)
 	}
-	if err := s.Refund(context.Background(), b, 5); err != nil {
+	if err := s.Refund(context.Background(), b, 5, got.At); err != nil {
 		t.Fatal(err)
 	}
 	if res := mustTake(t, s, one(k, 0, 0, lim)); res.Remaining != 5 || res.ResetAfter != 0 {
 		t.Fatalf("refund overfilled or underfilled: %+v", res)
+	}
+
+	// A grant made long ago, whose tokens time has refilled since: they
+	// are not given back twice (the bucket would otherwise grant them
+	// again on top of what refilled).
+	k2 := key("f2")
+	b2 := []fleetrate.Bucket{{Key: k2, Limits: []fleetrate.Limit{lim}}}
+	mustTake(t, s, one(k2, 5, 0, lim))
+	old := mustTake(t, s, one(k2, 0, 0, lim)).At.Add(-3 * time.Minute)
+	if err := s.Refund(context.Background(), b2, 5, old); err != nil {
+		t.Fatal(err)
+	}
+	if res := mustTake(t, s, one(k2, 0, 0, lim)); res.Remaining != 2 {
+		t.Fatalf("refund of 5 tokens granted 3 minutes ago (3 refilled since): %d left, want 2", res.Remaining)
+	}
+
+	// Nothing goes back while a slot is booked ahead: a later take would
+	// be granted a slot before the booked one.
+	k3 := key("f3")
+	b3 := []fleetrate.Bucket{{Key: k3, Limits: []fleetrate.Limit{lim}}}
+	first := mustTake(t, s, one(k3, 5, 0, lim))
+	if res := mustTake(t, s, one(k3, 1, 2*time.Minute, lim)); !res.Allowed || res.Wait <= 0 {
+		t.Fatalf("booking ahead: %+v", res)
+	}
+	if err := s.Refund(context.Background(), b3, 5, first.At); err != nil {
+		t.Fatal(err)
+	}
+	if res := mustTake(t, s, one(k3, 1, 0, lim)); res.Allowed {
+		t.Fatalf("a refund with a slot booked ahead let a take through before it: %+v", res)
 	}
 }
 
@@ -506,6 +540,21 @@ func cancelBooking(t *testing.T, s fleetrate.Store, key func(string) string) {
 	if got, want := slot(fifth), slot(fourth).Add(iv); !got.Equal(want) {
 		t.Fatalf("after cancelling a relied-on booking the next slot is %v, want %v", got, want)
 	}
+	// A booking whose slot has begun gives nothing back, as x/time/rate's
+	// Cancel restores nothing after its time to act: its caller may have
+	// acted on it.
+	nb := []fleetrate.Bucket{{Key: key("cancel-begun"), Limits: []fleetrate.Limit{lim}}}
+	var nowBk fleetrate.Booking
+	if res := mustTake(t, s, fleetrate.Request{Buckets: nb, N: 1, MaxWait: time.Minute, Booking: &nowBk}); !res.Allowed || res.Wait != 0 {
+		t.Fatalf("reserve now: %+v", res)
+	}
+	time.Sleep(2 * time.Millisecond) // past the slot on the store's clock
+	if err := s.Cancel(ctx, nb, 1, nowBk); err != nil {
+		t.Fatal(err)
+	}
+	if res := mustTake(t, s, one(nb[0].Key, 0, 0, lim)); res.Remaining != 1 {
+		t.Fatalf("a cancel after the slot began gave the token back: %d left, want 1", res.Remaining)
+	}
 	// A booking that does not match the buckets is an error, not a guess.
 	if err := s.Cancel(ctx, b, 1, fleetrate.Booking{Stamp: 1}); !errors.Is(err, fleetrate.ErrInvalid) {
 		t.Fatalf("cancel with an empty booking: %v, want ErrInvalid", err)
@@ -530,8 +579,12 @@ func cancelSeveralBuckets(t *testing.T, s fleetrate.Store, key func(string) stri
 	cred := fleetrate.Bucket{Key: key("{cs}"), Limits: []fleetrate.Limit{lim}}
 	var bk fleetrate.Booking
 	both := []fleetrate.Bucket{ep, cred}
-	if res := mustTake(t, s, fleetrate.Request{Buckets: both, N: 1, MaxWait: time.Minute, Booking: &bk}); !res.Allowed || len(bk.Debts) != 2 {
-		t.Fatalf("take of both: %+v, booking %+v", res, bk)
+	// Both buckets empty now, then a booking of both, 10 s ahead: a
+	// booking whose slot has not begun.
+	mustTake(t, s, fleetrate.Request{Buckets: both, N: 1})
+	booked := mustTake(t, s, fleetrate.Request{Buckets: both, N: 1, MaxWait: time.Minute, Booking: &bk})
+	if !booked.Allowed || booked.Wait <= 0 || len(bk.Debts) != 2 {
+		t.Fatalf("booking of both: %+v, booking %+v", booked, bk)
 	}
 	// A later booking on the credential alone relies on the first one.
 	later := mustTake(t, s, one(cred.Key, 1, time.Minute, lim))
@@ -541,8 +594,8 @@ func cancelSeveralBuckets(t *testing.T, s fleetrate.Store, key func(string) stri
 	if err := s.Cancel(ctx, both, 1, bk); err != nil {
 		t.Fatal(err)
 	}
-	if res := mustTake(t, s, one(ep.Key, 1, 0, lim)); !res.Allowed {
-		t.Fatalf("the endpoint had no later booking and should have its token back: %+v", res)
+	if res := mustTake(t, s, one(ep.Key, 1, time.Minute, lim)); !res.Allowed || !res.At.Add(res.Wait).Equal(booked.At.Add(booked.Wait)) {
+		t.Fatalf("the endpoint had no later booking and should have its slot back (%v): %+v", booked.At.Add(booked.Wait), res)
 	}
 	next := mustTake(t, s, one(cred.Key, 1, time.Minute, lim))
 	if got, want := next.At.Add(next.Wait), later.At.Add(later.Wait).Add(time.Duration(lim.Interval())); !got.Equal(want) {
@@ -783,10 +836,11 @@ func (m *modelRun) cancel() {
 		m.t.Fatal(err)
 	}
 	off := 0
+	wait := gcra.BookedWait(bk.bs, bk.b.Debts)
 	for _, b := range bk.bs {
 		n := len(b.Limits)
 		syncModel(m.t, m.reader, b, m.model[b.Key], func(now int64, st *gcra.State) {
-			gcra.Cancel(now, b.Limits, st, bk.n, bk.b.Stamp, bk.b.Debts[off:off+n])
+			gcra.Cancel(now, b.Limits, st, bk.n, bk.b.Stamp, bk.b.Debts[off:off+n], wait)
 		})
 		off += n
 	}
@@ -796,8 +850,18 @@ func (m *modelRun) cancel() {
 // reports false when the model cannot follow (no StateReader).
 func (m *modelRun) refund(bs []fleetrate.Bucket) bool {
 	n := m.rng.Int64N(3)
-	return m.apply(bs, func() error { return m.s.Refund(context.Background(), bs, n) },
-		func(now int64, b fleetrate.Bucket, st *gcra.State) { gcra.Refund(now, b.Limits, st, n) })
+	// A grant up to a second ago (or a little ahead, as another clock
+	// may tell it), on a bucket with or without a reserve.
+	at := time.Now().Add(time.Duration(m.rng.Int64N(int64(1200*time.Millisecond))) - time.Second).Truncate(time.Microsecond)
+	r := m.rng.Int64N(2)
+	rbs := slices.Clone(bs)
+	for i := range rbs {
+		rbs[i].Reserve = min(r, minBurst(rbs[i].Limits)-1)
+	}
+	return m.apply(rbs, func() error { return m.s.Refund(context.Background(), rbs, n, at) },
+		func(now int64, b fleetrate.Bucket, st *gcra.State) {
+			gcra.Refund(now, b.Limits, st, n, at.UnixMicro(), b.Reserve)
+		})
 }
 
 // drain drains bs for a random time and follows it in the model. It
@@ -870,3 +934,12 @@ func compareState(t *testing.T, step int, r StateReader, b fleetrate.Bucket, m g
 }
 
 func cloneState(s gcra.State) gcra.State { return s.Clone() }
+
+// minBurst returns the smallest burst of limits.
+func minBurst(limits []fleetrate.Limit) int64 {
+	m := limits[0].Burst
+	for _, l := range limits[1:] {
+		m = min(m, l.Burst)
+	}
+	return m
+}

@@ -217,7 +217,7 @@ var errDown = errors.New("connection refused")
 func (failingStore) Take(context.Context, fleetrate.Request) (fleetrate.Result, error) {
 	return fleetrate.Result{}, errors.Join(fleetrate.ErrStoreUnavailable, errDown)
 }
-func (failingStore) Refund(context.Context, []fleetrate.Bucket, int64) error {
+func (failingStore) Refund(context.Context, []fleetrate.Bucket, int64, time.Time) error {
 	return errors.Join(fleetrate.ErrStoreUnavailable, errDown)
 }
 func (failingStore) Cancel(context.Context, []fleetrate.Bucket, int64, fleetrate.Booking) error {

@@ -311,11 +311,16 @@ type WaitRequest struct {
 	Reserve   int64    `json:"reserve,omitempty"`
 }
 
-// RefundRequest is the body of POST /v1/refund. N defaults to 1.
+// RefundRequest is the body of POST /v1/refund: give back N (default 1)
+// tokens of a grant that was not used. AtUnixMicro, required, is the
+// grant's time (its decision's at_unix_micro); Reserve is the largest
+// reserve the takes from these buckets use (see fleetrate.Store.Refund).
 type RefundRequest struct {
-	Bucket  string   `json:"bucket,omitempty"`
-	Buckets []string `json:"buckets,omitempty"`
-	N       *int64   `json:"n,omitempty"`
+	Bucket      string   `json:"bucket,omitempty"`
+	Buckets     []string `json:"buckets,omitempty"`
+	N           *int64   `json:"n,omitempty"`
+	AtUnixMicro int64    `json:"at_unix_micro"`
+	Reserve     int64    `json:"reserve,omitempty"`
 }
 
 // DrainRequest is the body of POST /v1/drain: pause for PauseMS, or
@@ -340,6 +345,9 @@ type Decision struct {
 	MaxWaitMS    *float64   `json:"max_wait_ms,omitempty"`
 	Bucket       string     `json:"bucket"`
 	Limit        wire.Limit `json:"limit"`
+	// AtUnixMicro is the store's clock at the decision: what a refund of
+	// the grant gives as its at_unix_micro.
+	AtUnixMicro int64 `json:"at_unix_micro"`
 	// retryAfter is RetryAfter unrounded, for the Retry-After header.
 	retryAfter time.Duration
 }

@@ -176,7 +176,13 @@ func TestRefundDrainReset(t *testing.T) {
 	var d Decision
 	var done Done
 	ts.post(t, "/v1/take", map[string]any{"bucket": "booking_com/availability", "n": 2}, &d)
-	if code := ts.post(t, "/v1/refund", map[string]any{"bucket": "booking_com/availability"}, &done); code != 200 || !done.OK {
+	if d.AtUnixMicro <= 0 {
+		t.Fatalf("a decision without its time: %+v", d)
+	}
+	if code := ts.post(t, "/v1/refund", map[string]any{"bucket": "booking_com/availability"}, &done); code != 400 {
+		t.Fatalf("refund without the grant's time: %d %+v, want 400", code, done)
+	}
+	if code := ts.post(t, "/v1/refund", map[string]any{"bucket": "booking_com/availability", "at_unix_micro": d.AtUnixMicro}, &done); code != 200 || !done.OK {
 		t.Fatalf("refund: %d %+v", code, done)
 	}
 	ts.post(t, "/v1/take", map[string]any{"bucket": "booking_com/availability", "n": 0}, &d)

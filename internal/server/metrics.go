@@ -162,9 +162,9 @@ func (s instrumented) Take(ctx context.Context, req fleetrate.Request) (fleetrat
 }
 
 // Refund implements fleetrate.Store, timing the call.
-func (s instrumented) Refund(ctx context.Context, buckets []fleetrate.Bucket, n int64) error {
+func (s instrumented) Refund(ctx context.Context, buckets []fleetrate.Bucket, n int64, at time.Time) error {
 	start := time.Now()
-	err := s.Store.Refund(ctx, buckets, n)
+	err := s.Store.Refund(ctx, buckets, n, at)
 	s.observe(storeOpRefund, start, err)
 	return err
 }

@@ -456,7 +456,10 @@ func (s *Server) exceedsBurst(ctx context.Context, p *plan, o *outcome) {
 // peeks at it for the status.
 func (s *Server) giveHits(ctx context.Context, p *plan, o *outcome) {
 	if p.hits > 0 {
-		if err := s.store.Refund(ctx, p.buckets[:], min(p.hits, fleetrate.MaxBurst)); err != nil {
+		// Envoy's negative hits do not say when the hits they return were
+		// taken: they are given back as of now (docs/API.md says what a
+		// late one costs).
+		if err := s.store.Refund(ctx, p.buckets[:], min(p.hits, fleetrate.MaxBurst), s.opts.Clock()); err != nil {
 			o.err = err
 			return
 		}
@@ -657,7 +660,7 @@ func (s *Server) giveBack(ctx context.Context, plans []plan, outs []outcome, rep
 			continue
 		}
 		rctx, cancel := s.storeCtx(context.WithoutCancel(ctx))
-		err := s.store.Refund(rctx, p.buckets[:], n)
+		err := s.store.Refund(rctx, p.buckets[:], n, o.res.At)
 		if err != nil {
 			cancel()
 			s.log.Warn("refund of a denied request's tokens failed", "bucket", p.buckets[0].StoreKey(), "n", n, "error", err.Error())

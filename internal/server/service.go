@@ -94,6 +94,7 @@ func (v service) takeBuckets(ctx context.Context, api, one string, many []string
 		ResetAfterMS: millis(res.ResetAfter),
 		Bucket:       decider,
 		Limit:        wire.FromLimit(res.Limit),
+		AtUnixMicro:  res.At.UnixMicro(),
 		retryAfter:   res.RetryAfter,
 	}
 	if maxWait != nil {
@@ -109,6 +110,12 @@ func (v service) refund(ctx context.Context, req *RefundRequest) (Done, error) {
 	if err == nil {
 		err = maxRefund(n)
 	}
+	if err == nil && req.AtUnixMicro <= 0 {
+		err = badRequest(wire.CodeInvalid, "at_unix_micro: the grant's time (its decision's at_unix_micro) is required, got %d", req.AtUnixMicro)
+	}
+	if err == nil && req.Reserve < 0 {
+		err = badRequest(wire.CodeInvalid, "reserve: must be at least 0, got %d", req.Reserve)
+	}
 	if err != nil {
 		return Done{}, err
 	}
@@ -116,7 +123,10 @@ func (v service) refund(ctx context.Context, req *RefundRequest) (Done, error) {
 	if err != nil {
 		return Done{}, err
 	}
-	return Done{OK: true}, v.store.Refund(ctx, bs, n)
+	for i := range bs {
+		bs[i].Reserve = req.Reserve // resolve's own copies
+	}
+	return Done{OK: true}, v.store.Refund(ctx, bs, n, time.UnixMicro(req.AtUnixMicro))
 }
 
 // maxRefund bounds a refund's n. The stores check n >= 0, but not that it
@@ -214,7 +224,11 @@ func (v service) storeRefund(ctx context.Context, req *wire.RefundRequest) (wire
 	if err != nil {
 		return wire.OK{}, err
 	}
-	return wire.OK{OK: true}, v.store.Refund(ctx, bs, req.N)
+	var at time.Time // none: the store names the missing field
+	if req.AtUnixMicro > 0 {
+		at = time.UnixMicro(req.AtUnixMicro)
+	}
+	return wire.OK{OK: true}, v.store.Refund(ctx, bs, req.N, at)
 }
 
 // storeDrain serves the raw store API's drain.

@@ -154,6 +154,8 @@ type Result struct {
 type RefundRequest struct {
 	Buckets []Bucket `json:"buckets"`
 	N       int64    `json:"n"`
+	// AtUnixMicro is the grant's time (its decision's at_unix_micro).
+	AtUnixMicro int64 `json:"at_unix_micro"`
 }
 
 // DrainRequest asks for Store.Drain.
