@@ -25,8 +25,10 @@
 // tokens, against b + r·w without leases (the tests check this bound). Set
 // Tokens and MaxAge from the overshoot the upstream tolerates. The tokens
 // left in a lease that expires (or holds fewer than a take asks for) go
-// back to the bucket (one Refund call) at the next take of that bucket,
-// before a new lease; those of a bucket never taken from again stay spent. A saturated bucket gains nothing from leases (it rarely
+// back to the bucket (one Refund call: as far as time has not refilled
+// the bucket since the lease, and not while a slot is booked ahead on it)
+// at the next take of that bucket, before a new lease; those of a bucket
+// never taken from again stay spent. A saturated bucket gains nothing from leases (it rarely
 // holds Tokens tokens) and costs what it costs without them: one store
 // call per take.
 package lease
@@ -91,9 +93,8 @@ type lease struct {
 	// granted is the shared store's result for the lease, which leased
 	// takes report their limit and bucket from.
 	granted fleetrate.Result
-	// booked records where the lease's take left the shared bucket, so
-	// that its leftover tokens go back only when nothing was booked on
-	// the bucket since (see fleetrate.Store.Cancel).
+	// booked records the lease's take: its stamp is the grant's time,
+	// from which its leftover tokens are refunded (see giveBack).
 	booked fleetrate.Booking
 }
 

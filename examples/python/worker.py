@@ -89,7 +89,8 @@ class Fleetrate:
         return self._post("/v1/take", {"bucket": bucket, "n": n})
 
     def reserve(self, bucket, n=1, max_wait=5.0):
-        """Book n tokens and return how many seconds to wait before using them.
+        """Book n tokens; return how many seconds to wait before using them,
+        and the booking that cancel needs to give them back.
 
         Raises Backpressure when the wait would exceed max_wait (the service
         also caps it at its own max wait).
@@ -97,11 +98,17 @@ class Fleetrate:
         d = self._post("/v1/wait", {"bucket": bucket, "n": n, "max_wait_ms": max_wait * 1000})
         if not d["allowed"]:
             raise Backpressure(d["retry_after_ms"] / 1000)
-        return d["wait_ms"] / 1000
+        return d["wait_ms"] / 1000, d.get("booking")
 
-    def refund(self, bucket, n=1):
-        """Give back n tokens, e.g. for a booked call that was not made."""
-        self._post("/v1/refund", {"bucket": bucket, "n": n})
+    def cancel(self, bucket, n, booking):
+        """Give back a booking that will not be used, before its slot: the
+        tokens go back unless a later booking relies on them."""
+        self._post("/v1/cancel", {"bucket": bucket, "n": n, "booking": booking})
+
+    def refund(self, bucket, decision):
+        """Give back the tokens of a take (/v1/take) whose work was not done,
+        as far as the bucket has not refilled since."""
+        self._post("/v1/refund", {"bucket": bucket, "n": decision["n"], "at_unix_micro": decision["at_unix_micro"]})
 
     def drain(self, bucket, seconds):
         """Pause the whole fleet on this bucket, e.g. after an upstream 429."""
@@ -124,7 +131,7 @@ class Pacer:
             try:
                 # The HTTP call blocks, so it runs in a thread; the wait
                 # itself is an asyncio sleep that blocks nobody.
-                delay = await asyncio.to_thread(self.client.reserve, self.bucket, n, self.max_wait)
+                delay, booking = await asyncio.to_thread(self.client.reserve, self.bucket, n, self.max_wait)
             except Backpressure as e:
                 await asyncio.sleep(e.retry_after)
                 continue
@@ -139,7 +146,8 @@ class Pacer:
                 await asyncio.sleep(delay)
             except asyncio.CancelledError:
                 # The booked tokens will not be used: give them back.
-                await asyncio.to_thread(self.client.refund, self.bucket, n)
+                if booking is not None:
+                    await asyncio.to_thread(self.client.cancel, self.bucket, n, booking)
                 raise
             return
 

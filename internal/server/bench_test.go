@@ -45,7 +45,7 @@ func BenchmarkHTTP(b *testing.B) {
 	key := DefaultPrefix + "api/send"
 	for _, bc := range []struct{ name, path, body string }{
 		{"take", "/v1/take", `{"bucket":"api/send","n":1}`},
-		{"refund", "/v1/refund", `{"bucket":"api/send","n":1}`},
+		{"refund", "/v1/refund", `{"bucket":"api/send","n":1,"at_unix_micro":1}`},
 		{"store_take", wire.TakePath, `{"buckets":[{"key":"` + key + `","limits":[{"rate":1e9,"burst":1000000}]}],"n":1}`},
 	} {
 		b.Run(bc.name, func(b *testing.B) {

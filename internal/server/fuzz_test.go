@@ -14,7 +14,7 @@ import (
 	"github.com/fleetrate/fleetrate/memstore"
 )
 
-var fuzzPaths = []string{"/json", "/v1/take", "/v1/wait", "/v1/refund", "/v1/drain", "/v1/reset", wire.TakePath, wire.RefundPath, wire.DrainPath, wire.ResetPath}
+var fuzzPaths = []string{"/json", "/v1/take", "/v1/wait", "/v1/refund", "/v1/cancel", "/v1/drain", "/v1/reset", wire.TakePath, wire.RefundPath, wire.DrainPath, wire.ResetPath}
 
 // FuzzJSONAPI posts arbitrary bodies to every JSON endpoint: the service
 // never panics, answers a decision (200 or 429) or a 400 with a JSON error

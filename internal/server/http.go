@@ -50,6 +50,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("/v1/take", s.api(http.MethodPost, endpoint(s, v.take)))
 	mux.HandleFunc("/v1/wait", s.api(http.MethodPost, endpoint(s, v.wait)))
 	mux.HandleFunc("/v1/refund", s.api(http.MethodPost, endpoint(s, v.refund)))
+	mux.HandleFunc("/v1/cancel", s.api(http.MethodPost, endpoint(s, v.cancel)))
 	mux.HandleFunc("/v1/drain", s.api(http.MethodPost, endpoint(s, v.drain)))
 	mux.HandleFunc("/v1/reset", s.api(http.MethodPost, endpoint(s, v.reset)))
 	mux.HandleFunc("/v1/config", s.api(http.MethodGet, s.handleConfig))
@@ -323,6 +324,15 @@ type RefundRequest struct {
 	Reserve     int64    `json:"reserve,omitempty"`
 }
 
+// CancelRequest is the body of POST /v1/cancel: give back a booking of
+// /v1/wait that will not be used, with the decision's n and booking.
+type CancelRequest struct {
+	Bucket  string        `json:"bucket,omitempty"`
+	Buckets []string      `json:"buckets,omitempty"`
+	N       *int64        `json:"n,omitempty"`
+	Booking *wire.Booking `json:"booking"`
+}
+
 // DrainRequest is the body of POST /v1/drain: pause for PauseMS, or
 // until Until (RFC 3339), whichever is given; neither empties the buckets
 // now.
@@ -348,6 +358,9 @@ type Decision struct {
 	// AtUnixMicro is the store's clock at the decision: what a refund of
 	// the grant gives as its at_unix_micro.
 	AtUnixMicro int64 `json:"at_unix_micro"`
+	// Booking, for a booking of /v1/wait, is what /v1/cancel needs to
+	// give it back.
+	Booking *wire.Booking `json:"booking,omitempty"`
 	// retryAfter is RetryAfter unrounded, for the Retry-After header.
 	retryAfter time.Duration
 }

@@ -331,3 +331,36 @@ func TestTakeAndWaitWithReserve(t *testing.T) {
 		t.Fatalf("a reserve of the whole burst: %d %+v, want 400 naming the reserve", code, e)
 	}
 }
+
+// TestWaitThenCancel books two slots ahead with /v1/wait, gives the latest
+// back with /v1/cancel (its decision's n and booking), and books again:
+// the next booking gets the cancelled slot. The earlier one, which a
+// later booking relies on, gives nothing back.
+func TestWaitThenCancel(t *testing.T) {
+	t.Parallel()
+	ts := start(t, bucketConfig)
+	const b = "booking_com/availability" // 10/s burst 2
+	var d Decision
+	ts.post(t, "/v1/take", map[string]any{"bucket": b, "n": 2}, &d)
+	var first, second Decision
+	ts.post(t, "/v1/wait", map[string]any{"bucket": b, "max_wait_ms": 1000}, &first)
+	ts.post(t, "/v1/wait", map[string]any{"bucket": b, "max_wait_ms": 1000}, &second)
+	if !second.Allowed || second.WaitMS != 200 || second.Booking == nil || len(second.Booking.DebtsNS) != 1 {
+		t.Fatalf("second booking: %+v", second)
+	}
+	var done Done
+	if code := ts.post(t, "/v1/cancel", map[string]any{"bucket": b, "booking": first.Booking}, &done); code != 200 || !done.OK {
+		t.Fatalf("cancel of the first: %d %+v", code, done)
+	}
+	if code := ts.post(t, "/v1/cancel", map[string]any{"bucket": b, "booking": second.Booking}, &done); code != 200 || !done.OK {
+		t.Fatalf("cancel of the second: %d %+v", code, done)
+	}
+	var next Decision
+	ts.post(t, "/v1/wait", map[string]any{"bucket": b, "max_wait_ms": 1000}, &next)
+	if next.WaitMS != 200 {
+		t.Fatalf("after cancelling the latest booking (200 ms) the next waits %v ms, want 200 (the first, relied on, kept its tokens)", next.WaitMS)
+	}
+	if code := ts.post(t, "/v1/cancel", map[string]any{"bucket": b}, &done); code != 400 {
+		t.Fatalf("cancel without a booking: %d, want 400", code)
+	}
+}

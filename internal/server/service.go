@@ -59,8 +59,10 @@ func (v service) takeBuckets(ctx context.Context, api, one string, many []string
 		bs[i].Reserve = reserve // resolve's own copies
 	}
 	req := fleetrate.Request{Buckets: bs, N: n}
+	var booking fleetrate.Booking
 	if maxWait != nil {
 		req.MaxWait = *maxWait
+		req.Booking = &booking
 	}
 	// Checked here rather than left to the store, so that a bad request is
 	// not counted as a decision that failed.
@@ -100,6 +102,9 @@ func (v service) takeBuckets(ctx context.Context, api, one string, many []string
 	if maxWait != nil {
 		mw := millis(*maxWait)
 		d.MaxWaitMS = &mw
+		if res.Allowed && n > 0 {
+			d.Booking = &wire.Booking{StampUnixMicro: booking.Stamp, DebtsNS: booking.Debts}
+		}
 	}
 	return d, nil
 }
@@ -137,6 +142,22 @@ func maxRefund(n int64) error {
 		return badRequest(wire.CodeInvalid, "n: must be at most %d, got %d", int64(fleetrate.MaxBurst), n)
 	}
 	return nil
+}
+
+// cancel serves POST /v1/cancel.
+func (v service) cancel(ctx context.Context, req *CancelRequest) (Done, error) {
+	n, err := cost(req.N, 1)
+	if err != nil {
+		return Done{}, err
+	}
+	if req.Booking == nil {
+		return Done{}, badRequest(wire.CodeInvalid, "booking: the /v1/wait decision's booking is required")
+	}
+	_, bs, err := v.resolve(req.Bucket, req.Buckets)
+	if err != nil {
+		return Done{}, err
+	}
+	return Done{OK: true}, v.store.Cancel(ctx, bs, n, fleetrate.Booking{Stamp: req.Booking.StampUnixMicro, Debts: req.Booking.DebtsNS})
 }
 
 // drain serves POST /v1/drain.
