@@ -246,7 +246,7 @@ func guardReply(err error) (master string, notMaster, ok bool) {
 	if id, found := strings.CutPrefix(msg, "FLEETRATE_MASTER "); found {
 		return id, false, true
 	}
-	notMaster = strings.HasPrefix(msg, "FLEETRATE_NOTMASTER ")
+	notMaster = strings.HasPrefix(msg, "READONLY FLEETRATE_NOTMASTER ")
 	return "", notMaster, notMaster
 }
 

@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -102,9 +103,17 @@ func reserve(ctx context.Context, l *fleetrate.Limiter, n int64) (fleetrate.Resu
 
 // TestEmptyAfterFailoverRefusesAReplica: the guarded scripts write nothing
 // on a server that is not a master, and the store reports it unavailable.
+// The guard's reply is a READONLY one, as Redis's own to a write on a
+// replica, so go-redis drops the connection and retries on a new one: a
+// client left on a demoted master reconnects (to the new master, behind
+// Sentinel) rather than failing on its old connections.
 func TestEmptyAfterFailoverRefusesAReplica(t *testing.T) {
 	master, replica := redistest.Start(t), redistest.Start(t)
-	c := redis.NewClient(&redis.Options{Addr: replica.Addr()})
+	var dials atomic.Int64
+	c := redis.NewClient(&redis.Options{Addr: replica.Addr(), OnConnect: func(context.Context, *redis.Conn) error {
+		dials.Add(1)
+		return nil
+	}})
 	t.Cleanup(func() { _ = c.Close() })
 	s, err := redisstore.New(c, redisstore.Options{Timeout: 5 * time.Second, EmptyAfterFailover: true})
 	if err != nil {
@@ -118,11 +127,15 @@ func TestEmptyAfterFailoverRefusesAReplica(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _, _ = replica.Do("replicaof", "no", "one") })
+	before := dials.Load()
 	_, err = s.Take(t.Context(), fleetrate.Request{Buckets: b, N: 1})
 	if !errors.Is(err, fleetrate.ErrStoreUnavailable) {
 		t.Fatalf("take on a replica: %v, want ErrStoreUnavailable", err)
 	}
-	t.Logf("take on a replica: %v", err)
+	if dials.Load() == before {
+		t.Fatalf("the guard's refusal on a replica left go-redis on its connection (%d dials): it must read as READONLY, which go-redis reconnects on", dials.Load())
+	}
+	t.Logf("take on a replica: %v (%d dials)", err, dials.Load())
 }
 
 func TestEmptyAfterFailoverOptions(t *testing.T) {
