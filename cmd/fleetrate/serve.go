@@ -99,6 +99,7 @@ type serveSettings struct {
 	memMaxBytes     int64
 	localCacheBytes int64
 	nearLimitRatio  float64
+	maxMetricDescs  int64
 	tokens          []string
 }
 
@@ -159,6 +160,7 @@ func serveCommand(getenv func(string) string) *cobra.Command {
 	f.Int64("memory-max-bytes", memstore.DefaultMaxBytes, "in-memory store: most bytes the buckets hold (key bytes plus 208 a bucket), enforced as --memory-max-keys is")
 	f.Int64("local-cache-bytes", 0, "size of the over-limit cache (package overlimit): a bucket the store denied n tokens until t is denied at once, without a store call, until t; 0 disables")
 	f.Float64("near-limit-ratio", server.DefaultNearLimitRatio, "fraction of a limit's burst in use above which RLS hits count in fleetrate_near_limit_total")
+	f.Int64("max-metric-descriptors", server.DefaultMaxMetricDescriptors, "most descriptor label values in fleetrate_decisions_total and fleetrate_near_limit_total; decisions of others count under descriptor=\"_overflow\" (rules with detailed_metric or value_to_metric label each request value)")
 	return cmd
 }
 
@@ -348,6 +350,7 @@ func (r *resolver) settings(st *serveSettings, s config.Settings) {
 	st.memMaxBytes = r.int64("memory-max-bytes", nil)
 	st.localCacheBytes = r.size("local-cache-bytes")
 	st.nearLimitRatio = r.ratio("near-limit-ratio")
+	st.maxMetricDescs = r.int64("max-metric-descriptors", nil)
 	st.metricsAddr = r.str("metrics-addr", nil)
 	st.metricsPath = r.str("metrics-path", nil)
 }
@@ -543,6 +546,7 @@ func (st *serveSettings) serverOptions(store serveStore, tlsCfg *tls.Config, log
 	return server.Options{
 		LocalCacheBytes:         st.localCacheBytes,
 		NearLimitRatio:          st.nearLimitRatio,
+		MaxMetricDescriptors:    st.maxMetricDescs,
 		Store:                   store.store,
 		StoreName:               store.name,
 		Config:                  st.cfg,

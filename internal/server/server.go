@@ -146,6 +146,13 @@ type Options struct {
 	// envoyproxy/ratelimit's near_limit statistic (NEAR_LIMIT_RATIO). It
 	// must be in (0, 1]. Default DefaultNearLimitRatio (0.8).
 	NearLimitRatio float64
+	// MaxMetricDescriptors bounds the descriptor label values of
+	// fleetrate_decisions_total and fleetrate_near_limit_total: beyond
+	// it, decisions of other descriptors count under OverflowDescriptor
+	// (and in fleetrate_metric_descriptors_dropped_total). Rules with
+	// detailed_metric or value_to_metric label each request's values.
+	// Default DefaultMaxMetricDescriptors (10,000).
+	MaxMetricDescriptors int64
 	// Pages are extra handlers served on the HTTP listener behind the same
 	// bearer tokens as the APIs, keyed by http.ServeMux pattern, e.g. the
 	// status page at "/status/". A browser cannot send a bearer token, so
@@ -233,7 +240,7 @@ func New(opts Options) (*Server, error) {
 	}
 	opts = opts.withDefaults()
 	s := &Server{opts: opts, log: opts.Logger}
-	s.metrics = newMetrics(opts.Registry)
+	s.metrics = newMetrics(opts.Registry, opts.MaxMetricDescriptors)
 	s.store = instrumented{Store: opts.Store, m: s.metrics}
 	if opts.LocalCacheBytes > 0 {
 		s.store = overlimit.New(s.store, overlimit.Options{MaxBytes: opts.LocalCacheBytes, Clock: opts.Clock, Registerer: opts.Registry})
@@ -285,6 +292,9 @@ func (opts Options) withDefaults() Options {
 	def(&opts.ShutdownTimeout, DefaultShutdownTimeout)
 	if opts.MaxRequestBytes <= 0 {
 		opts.MaxRequestBytes = DefaultMaxRequestBytes
+	}
+	if opts.MaxMetricDescriptors <= 0 {
+		opts.MaxMetricDescriptors = DefaultMaxMetricDescriptors
 	}
 	if opts.NearLimitRatio <= 0 || opts.NearLimitRatio > 1 {
 		opts.NearLimitRatio = DefaultNearLimitRatio
