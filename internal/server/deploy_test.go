@@ -1,15 +1,18 @@
 package server
 
 import (
+	"errors"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/fleetrate/fleetrate"
 	"github.com/fleetrate/fleetrate/internal/config"
 )
 
@@ -81,5 +84,25 @@ func TestReloadDirectory(t *testing.T) {
 	}
 	if r := ts.should(t, "basic", 0, desc("key1", "b")); r.Statuses[0].CurrentLimit.GetRequestsPerUnit() != 1 {
 		t.Errorf("first file's descriptor after the merge: %v, want 1/second", r)
+	}
+}
+
+// TestReloadRefusesEmptiedConfig: a reload to a configuration without a
+// single limit (a truncated file, a ConfigMap key moved away) is a failed
+// reload, and the limits in force keep limiting; before, it applied "no
+// domains" and logged success, and a limited request came back OK.
+func TestReloadRefusesEmptiedConfig(t *testing.T) {
+	t.Parallel()
+	ts := start(t, "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n")
+	for _, src := range []string{"", "# nothing yet\n"} {
+		if err := os.WriteFile(ts.path, []byte(src), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := ts.Reload(); !errors.Is(err, fleetrate.ErrInvalid) || !strings.Contains(err.Error(), "no limits") {
+			t.Fatalf("reload of %q: %v, want a refusal naming the empty configuration", src, err)
+		}
+		if r := ts.should(t, "d", 0, desc("k", "a")); r.Statuses[0].CurrentLimit.GetRequestsPerUnit() != 1 {
+			t.Fatalf("after the refused reload of %q: %v, want the 1/second rule still in force", src, r)
+		}
 	}
 }

@@ -348,6 +348,9 @@ func (s *Server) Reload() error {
 	s.reloadMu.Lock()
 	defer s.reloadMu.Unlock()
 	cfg, err := config.LoadPath(s.opts.ConfigPath, s.opts.ConfigOptions)
+	if err == nil {
+		err = emptied(s.Config(), cfg)
+	}
 	if err != nil {
 		s.metrics.reloads.WithLabelValues(reloadFailure).Inc()
 		s.log.Error("config reload failed; keeping the configuration in force",
@@ -368,6 +371,19 @@ func (s *Server) Reload() error {
 	s.metrics.reloads.WithLabelValues(reloadSuccess).Inc()
 	domains, rules, buckets := cfg.Summary()
 	s.log.Info("config reloaded", "path", s.opts.ConfigPath, "domains", domains, "rules", rules, "buckets", buckets)
+	return nil
+}
+
+// emptied refuses a reload from a configuration with limits to one with
+// none: what an editor's truncate-then-write, a half-copied file or a
+// ConfigMap key moved away leaves for a moment, which would switch every
+// limit off. A configuration meant to limit nothing is started with.
+func emptied(old, cfg *config.Config) error {
+	_, oldRules, oldBuckets := old.Summary()
+	_, rules, buckets := cfg.Summary()
+	if rules+buckets == 0 && oldRules+oldBuckets > 0 {
+		return fmt.Errorf("%w: %s: the new configuration defines no limits (an empty or truncated file?): a reload does not switch every limit off; restart to run without limits", fleetrate.ErrInvalid, cfg.Path)
+	}
 	return nil
 }
 
