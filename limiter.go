@@ -3,8 +3,10 @@ package fleetrate
 import (
 	"context"
 	"fmt"
+	"reflect"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -148,10 +150,16 @@ type namedBucket struct {
 	classes []Priority
 }
 
+// errZeroLimiter is what a Limiter that New did not make answers.
+var errZeroLimiter = fmt.Errorf("%w: the Limiter is a zero value: make one with fleetrate.New", ErrInvalid)
+
 // New returns a Limiter over store, or an error naming the invalid field.
 func New(store Store, cfg Config) (*Limiter, error) {
 	if store == nil {
 		return nil, fmt.Errorf("%w: store must not be nil", ErrInvalid)
+	}
+	if v := reflect.ValueOf(store); v.Kind() == reflect.Pointer && v.IsNil() {
+		return nil, fmt.Errorf("%w: store must not be nil (a nil %T)", ErrInvalid, store)
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -278,6 +286,9 @@ func (l *Limiter) bucket(name string) (Bucket, error) {
 // buckets resolves names into a pooled slice; the caller gives it back
 // with release once the store no longer needs it.
 func (l *Limiter) buckets(names []string) (*[]Bucket, error) {
+	if l.store == nil {
+		return nil, errZeroLimiter
+	}
 	if len(names) == 0 {
 		return nil, fmt.Errorf("%w: at least one bucket name is required", ErrInvalid)
 	}
@@ -383,6 +394,10 @@ type Reservation struct {
 	n      int64
 	due    time.Time
 	booked Booking
+	// done is set once Cancel has given the booking back (or is doing
+	// so): Cancel is safe to call from several goroutines, such as Sleep's
+	// when its context ends and the holder's own.
+	done atomic.Bool
 }
 
 // Delay returns how long from now the holder must wait before acting.
@@ -408,12 +423,12 @@ func (r *Reservation) Booking() Booking { return r.booked }
 // the bucket's bound holds). Call it when the reservation will not be used;
 // a second call does nothing.
 func (r *Reservation) Cancel(ctx context.Context) error {
-	if r.n == 0 {
+	if r == nil || r.n == 0 || !r.done.CompareAndSwap(false, true) {
 		return nil
 	}
 	err := r.l.store.Cancel(ctx, r.bs, r.n, r.booked)
-	if err == nil {
-		r.n = 0
+	if err != nil {
+		r.done.Store(false) // not given back: a later call may try again
 	}
 	return err
 }
@@ -430,6 +445,9 @@ func (r *Reservation) giveBack(ctx context.Context) {
 // *BackpressureError; if ctx ends during the sleep the booking is given
 // back (see Cancel) and ctx's error is returned.
 func (r *Reservation) Sleep(ctx context.Context) error {
+	if r == nil {
+		return fmt.Errorf("%w: reservation is nil", ErrInvalid)
+	}
 	if dl, ok := ctx.Deadline(); ok && r.due.After(dl) {
 		// The max wait counted from the request, the slot from the
 		// store's decision, which came later: on this process's clock the
@@ -503,6 +521,9 @@ func (l *Limiter) Book(ctx context.Context, req Request) (*Reservation, error) {
 // book takes req's buckets, which the reservation keeps, under ctx's
 // priority class.
 func (l *Limiter) book(ctx context.Context, req Request) (*Reservation, error) {
+	if l.store == nil {
+		return nil, errZeroLimiter
+	}
 	var err error
 	if req.MaxWait, err = l.classify(ctx, req.Buckets, req.MaxWait); err != nil {
 		return nil, err
@@ -624,7 +645,14 @@ func (l *Limiter) Drain(ctx context.Context, d time.Duration, names ...string) e
 // DrainUntil drains the named buckets until t, read on the limiter's clock.
 // A time in the past drains nothing beyond emptying the buckets now.
 func (l *Limiter) DrainUntil(ctx context.Context, t time.Time, names ...string) error {
-	return l.Drain(ctx, max(t.Sub(l.now()), 0), names...)
+	if l.store == nil {
+		return errZeroLimiter
+	}
+	now := l.now()
+	if d := t.Sub(now); d > MaxWaitCap {
+		return fmt.Errorf("%w: drain until %v: at most %v from now (%v)", ErrInvalid, t, MaxWaitCap, now)
+	}
+	return l.Drain(ctx, max(t.Sub(now), 0), names...)
 }
 
 // Reset deletes the named buckets, leaving them full.

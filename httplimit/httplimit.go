@@ -460,6 +460,11 @@ func (m *Middleware) Limit(p Policy) (func(http.Handler) http.Handler, error) {
 		return nil, err
 	}
 	return func(next http.Handler) http.Handler {
+		if next == nil {
+			return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				http.Error(w, "httplimit: the middleware was given a nil http.Handler to protect", http.StatusInternalServerError)
+			})
+		}
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			s.serve(w, r, next)
 		})

@@ -583,3 +583,22 @@ func TestTwoServersShareOneBudget(t *testing.T) {
 		t.Errorf("admitted %d across two servers at one instant, want the burst of 20", admitted)
 	}
 }
+
+// TestNilHandlerIsAnError: a middleware given a nil handler answers 500
+// saying so, rather than panicking on the first request.
+func TestNilHandlerIsAnError(t *testing.T) {
+	t.Parallel()
+	m, err := New(Config{Store: memstore.New(memstore.Options{}), Key: APIKey("X-API-Key")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	limit, err := m.Limit(Policy{Name: "p", Limits: []fleetrate.Limit{fleetrate.PerSecond(1, 2)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := httptest.NewRecorder()
+	limit(nil).ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/", nil))
+	if w.Code != http.StatusInternalServerError || !strings.Contains(w.Body.String(), "nil http.Handler") {
+		t.Fatalf("a nil handler: %d %q, want 500 saying so", w.Code, w.Body)
+	}
+}

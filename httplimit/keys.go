@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
+
+	"github.com/fleetrate/fleetrate"
 )
 
 // KeyFunc returns the key that identifies the client of a request: every
@@ -191,18 +193,18 @@ func (c IPConfig) Validate() error {
 	switch http.CanonicalHeaderKey(c.Header) {
 	case "", HeaderXForwardedFor, HeaderForwarded, HeaderCFConnectingIP, HeaderTrueClientIP, HeaderXRealIP:
 	default:
-		return fmt.Errorf("httplimit: ip config: header must be one of %q, %q, %q, %q or %q, got %q",
-			HeaderXForwardedFor, HeaderForwarded, HeaderCFConnectingIP, HeaderTrueClientIP, HeaderXRealIP, c.Header)
+		return fmt.Errorf("%w: httplimit: ip config: header must be one of %q, %q, %q, %q or %q, got %q",
+			fleetrate.ErrInvalid, HeaderXForwardedFor, HeaderForwarded, HeaderCFConnectingIP, HeaderTrueClientIP, HeaderXRealIP, c.Header)
 	}
 	if c.IPv4PrefixLen < 0 || c.IPv4PrefixLen > 32 {
-		return fmt.Errorf("httplimit: ip config: ipv4 prefix length must be between 1 and 32 (0 means 32), got %d", c.IPv4PrefixLen)
+		return fmt.Errorf("%w: httplimit: ip config: ipv4 prefix length must be between 1 and 32 (0 means 32), got %d", fleetrate.ErrInvalid, c.IPv4PrefixLen)
 	}
 	if c.IPv6PrefixLen < 0 || c.IPv6PrefixLen > 128 {
-		return fmt.Errorf("httplimit: ip config: ipv6 prefix length must be between 1 and 128 (0 means 64), got %d", c.IPv6PrefixLen)
+		return fmt.Errorf("%w: httplimit: ip config: ipv6 prefix length must be between 1 and 128 (0 means 64), got %d", fleetrate.ErrInvalid, c.IPv6PrefixLen)
 	}
 	for i, p := range c.TrustedProxies {
 		if !p.IsValid() {
-			return fmt.Errorf("httplimit: ip config: trusted proxies[%d] is not a valid prefix", i)
+			return fmt.Errorf("%w: httplimit: ip config: trusted proxies[%d] is not a valid prefix", fleetrate.ErrInvalid, i)
 		}
 	}
 	return nil

@@ -21,6 +21,7 @@ package overlimit
 
 import (
 	"context"
+	"fmt"
 	"hash/maphash"
 	"sync"
 	"sync/atomic"
@@ -125,6 +126,9 @@ var _ fleetrate.Store = (*Store)(nil)
 // prometheus.MustRegister does, when Options.Registerer already holds the
 // cache's metrics.
 func New(next fleetrate.Store, opts Options) *Store {
+	if next == nil {
+		next = nilStore{}
+	}
 	s := &Store{next: next, clock: opts.Clock, seed: maphash.MakeSeed()}
 	if s.clock == nil {
 		s.clock = time.Now
@@ -407,3 +411,22 @@ func (s *Store) Stats() Stats {
 	}
 	return st
 }
+
+// errNilStore is what every call of a Store that New was given no store
+// for answers.
+var errNilStore = fmt.Errorf("%w: overlimit: the wrapped store is nil (give New a store)", fleetrate.ErrInvalid)
+
+// nilStore stands for the nil store New was given: every call is an error.
+type nilStore struct{}
+
+func (nilStore) Take(context.Context, fleetrate.Request) (fleetrate.Result, error) {
+	return fleetrate.Result{}, errNilStore
+}
+func (nilStore) Refund(context.Context, []fleetrate.Bucket, int64, time.Time) error {
+	return errNilStore
+}
+func (nilStore) Cancel(context.Context, []fleetrate.Bucket, int64, fleetrate.Booking) error {
+	return errNilStore
+}
+func (nilStore) Drain(context.Context, []fleetrate.Bucket, time.Duration) error { return errNilStore }
+func (nilStore) Reset(context.Context, ...string) error                         { return errNilStore }

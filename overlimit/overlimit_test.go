@@ -2,6 +2,7 @@ package overlimit_test
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"strconv"
 	"strings"
@@ -310,5 +311,18 @@ func TestBoundedInBytes(t *testing.T) {
 	st := s.Stats()
 	if st.Bytes > maxBytes || st.Entries == 0 {
 		t.Fatalf("stats %+v after 5,000 denials of 500-byte keys, want at most %d bytes", st, maxBytes)
+	}
+}
+
+// TestNilStoreIsAnError: New has no error to return, so a nil store
+// answers every call with an error wrapping ErrInvalid, never a panic.
+func TestNilStoreIsAnError(t *testing.T) {
+	s := overlimit.New(nil, overlimit.Options{})
+	ctx := context.Background()
+	if _, err := s.Take(ctx, one("k", 1, 0, 0, fleetrate.PerSecond(1, 1))); !errors.Is(err, fleetrate.ErrInvalid) || !strings.Contains(err.Error(), "nil") {
+		t.Fatalf("Take over a nil store: %v, want ErrInvalid naming it", err)
+	}
+	if err := s.Reset(ctx, "k"); !errors.Is(err, fleetrate.ErrInvalid) {
+		t.Fatalf("Reset over a nil store: %v", err)
 	}
 }

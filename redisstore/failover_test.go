@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -225,5 +226,13 @@ func TestEmptyAfterFailoverAfterWarm(t *testing.T) {
 	}
 	if got := redisstore.TakeScriptSHA(); got != sha {
 		t.Fatalf("loading the scripts changed the take script's hash from %s to %s", sha, got)
+	}
+}
+
+// TestNewRefusesATypedNilClient: a nil *redis.Client is refused as a nil
+// one is, rather than panicking on the first call.
+func TestNewRefusesATypedNilClient(t *testing.T) {
+	if _, err := redisstore.New((*redis.Client)(nil), redisstore.Options{}); !errors.Is(err, fleetrate.ErrInvalid) || !strings.Contains(err.Error(), "client must not be nil") {
+		t.Fatalf("New with a nil *redis.Client: %v, want ErrInvalid", err)
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"reflect"
 	"runtime"
 	"slices"
 	"strconv"
@@ -244,6 +245,9 @@ func (s *Store) MultipleClocks() bool {
 func New(c Client, opts Options) (*Store, error) {
 	if c == nil {
 		return nil, fmt.Errorf("%w: redisstore: client must not be nil", fleetrate.ErrInvalid)
+	}
+	if v := reflect.ValueOf(c); v.Kind() == reflect.Pointer && v.IsNil() {
+		return nil, fmt.Errorf("%w: redisstore: client must not be nil (a nil %T)", fleetrate.ErrInvalid, c)
 	}
 	_, cluster := c.(*redis.ClusterClient)
 	s := &Store{c: c, sc: c, timeout: opts.Timeout, direct: respectsContext(c), cluster: cluster}

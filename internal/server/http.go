@@ -334,8 +334,8 @@ type CancelRequest struct {
 }
 
 // DrainRequest is the body of POST /v1/drain: pause for PauseMS, or
-// until Until (RFC 3339), whichever is given; neither empties the buckets
-// now.
+// until Until (RFC 3339), whichever is given: the buckets grant nothing
+// until then, and then refill from empty.
 type DrainRequest struct {
 	Bucket  string     `json:"bucket,omitempty"`
 	Buckets []string   `json:"buckets,omitempty"`
