@@ -80,6 +80,7 @@ type serveSettings struct {
 	idleTimeout     time.Duration
 	shutdownTimeout time.Duration
 	drainDelay      time.Duration
+	healthStore     bool
 	storeTimeout    time.Duration
 	reloadInterval  time.Duration
 	maxRequestBytes int64
@@ -141,6 +142,7 @@ func serveCommand(getenv func(string) string) *cobra.Command {
 	f.Duration("idle-timeout", server.DefaultIdleTimeout, "HTTP keep-alive idle timeout")
 	f.Duration("shutdown-timeout", server.DefaultShutdownTimeout, "how long in-flight requests get to finish on SIGTERM")
 	f.Duration("drain-delay", 0, "how long to keep serving, with /readyz failing, after SIGTERM")
+	f.Bool("health-checks-store", false, "make the gRPC health service and /healthcheck report NOT_SERVING (500) while the store does not answer the probe sent every second (envoyproxy/ratelimit's REDIS_HEALTH_CHECK_ACTIVE_CONNECTION); off, only /readyz asks the store")
 	f.Duration("store-timeout", server.DefaultStoreTimeout, "bound on each store call")
 	f.Duration("reload-interval", 2*time.Second, "how often to check the config file for changes; 0 reloads on SIGHUP only")
 	f.Int64("max-request-bytes", server.DefaultMaxRequestBytes, "largest request body (HTTP) or message (gRPC)")
@@ -331,6 +333,7 @@ func (r *resolver) settings(st *serveSettings, s config.Settings) {
 	st.idleTimeout = r.dur("idle-timeout", s.IdleTimeout)
 	st.shutdownTimeout = r.dur("shutdown-timeout", s.ShutdownTimeout)
 	st.drainDelay = r.dur("drain-delay", s.DrainDelay)
+	st.healthStore = r.boolean("health-checks-store", nil)
 	st.storeTimeout = r.dur("store-timeout", s.StoreTimeout)
 	st.reloadInterval = r.dur("reload-interval", s.ReloadInterval)
 	st.maxRequestBytes = r.int64("max-request-bytes", s.MaxRequestBytes)
@@ -562,6 +565,7 @@ func (st *serveSettings) serverOptions(store serveStore, tlsCfg *tls.Config, log
 		IdleTimeout:             st.idleTimeout,
 		ShutdownTimeout:         st.shutdownTimeout,
 		DrainDelay:              st.drainDelay,
+		HealthChecksStore:       st.healthStore,
 		AuthTokens:              st.tokens,
 		TLS:                     tlsCfg,
 		ResponseHeaders:         st.responseHeaders,

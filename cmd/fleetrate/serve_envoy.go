@@ -177,6 +177,7 @@ func (e *envoyReader) store() {
 	}
 	e.copy("LOCAL_CACHE_SIZE_IN_BYTES", "local-cache-bytes")
 	e.copy("NEAR_LIMIT_RATIO", "near-limit-ratio")
+	e.copy("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", "health-checks-store")
 	e.copy("REDIS_TIMEOUT", "store-timeout")
 	if per, _ := e.boolean("REDIS_PERSECOND"); per {
 		e.notes = append(e.notes, "REDIS_PERSECOND: ignored; per-second limits use the same store as the others (REDIS_URL)")

@@ -57,6 +57,8 @@ func TestEnvoyEnv(t *testing.T) {
 		{"cache prefix", map[string]string{"CACHE_KEY_PREFIX": "rl:"}, map[string]string{"prefix": "rl:"}},
 		{"local cache and near limit", map[string]string{"LOCAL_CACHE_SIZE_IN_BYTES": "1048576", "NEAR_LIMIT_RATIO": "0.9"},
 			map[string]string{"local-cache-bytes": "1048576", "near-limit-ratio": "0.9"}},
+		{"health reports redis", map[string]string{"REDIS_HEALTH_CHECK_ACTIVE_CONNECTION": "true"},
+			map[string]string{"health-checks-store": "true"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

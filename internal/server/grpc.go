@@ -86,9 +86,41 @@ func (s *Server) newGRPC() *grpc.Server {
 	for _, name := range healthServices {
 		s.health.SetServingStatus(name, healthpb.HealthCheckResponse_SERVING)
 	}
-	healthpb.RegisterHealthServer(g, s.health)
+	healthpb.RegisterHealthServer(g, watchEnds{s.health, s.stopping})
 	return g
 }
+
+// watchEnds is the health service whose Watch streams end when shutdown
+// begins (stopping closes), after they have read NOT_SERVING: a stream
+// never ends by itself, so a client watching health with a plain RPC held
+// every graceful stop for the whole ShutdownTimeout (30 s, then the
+// connections were closed) where one without took 0.04 s.
+type watchEnds struct {
+	*health.Server
+	stopping <-chan struct{}
+}
+
+// Watch implements healthpb.HealthServer.
+func (h watchEnds) Watch(req *healthpb.HealthCheckRequest, stream healthpb.Health_WatchServer) error {
+	ctx, cancel := context.WithCancel(stream.Context())
+	defer cancel()
+	go func() {
+		select {
+		case <-h.stopping:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return h.Server.Watch(req, endingStream{stream, ctx})
+}
+
+// endingStream is a Watch stream whose context also ends at shutdown.
+type endingStream struct {
+	healthpb.Health_WatchServer
+	ctx context.Context
+}
+
+func (e endingStream) Context() context.Context { return e.ctx }
 
 // streamWorkers is the size of the gRPC server's pool of stream workers.
 const streamWorkers = 64

@@ -232,9 +232,11 @@ func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 // healthcheck is envoyproxy/ratelimit's /healthcheck, for the manifests
 // that probe it: 200 with the body "OK" while serving, 500 from the moment
 // shutdown begins. As there, it does not ask the store (a liveness probe
-// must not restart the service because Redis is away); /readyz does.
+// must not restart the service because Redis is away; /readyz does),
+// unless Options.HealthChecksStore says to (500 while the background
+// probe finds the store down), as REDIS_HEALTH_CHECK_ACTIVE_CONNECTION.
 func (s *Server) healthcheck(w http.ResponseWriter, r *http.Request) {
-	if s.draining.Load() {
+	if s.draining.Load() || s.opts.HealthChecksStore && s.storeDown.Load() {
 		w.WriteHeader(http.StatusInternalServerError)
 		return
 	}

@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -17,7 +20,13 @@ import (
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/fleetrate/fleetrate"
 	"github.com/fleetrate/fleetrate/internal/config"
+	"github.com/fleetrate/fleetrate/internal/logbuf"
 	"github.com/fleetrate/fleetrate/memstore"
 )
 
@@ -286,5 +295,111 @@ func writeAtomic(t *testing.T, path, src string) {
 	}
 	if err := os.Rename(tmp, path); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestShutdownEndsHealthWatch: a client watching health with a plain
+// Watch RPC reads NOT_SERVING when shutdown begins, then its stream ends,
+// and Serve returns without waiting out ShutdownTimeout (a minute here).
+// Before, the stream held every graceful stop for the whole timeout.
+func TestShutdownEndsHealthWatch(t *testing.T) {
+	t.Parallel()
+	ts := start(t, bucketConfig, func(o *Options) { o.ShutdownTimeout = time.Minute })
+	conn, err := grpc.NewClient(ts.grpcAdr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	stream, err := healthpb.NewHealthClient(conn).Watch(context.Background(), &healthpb.HealthCheckRequest{Service: "ratelimit"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := stream.Recv(); err != nil || r.Status != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("first health: %v, %v", r, err)
+	}
+	ts.cancel() // as SIGTERM does
+	var statuses []healthpb.HealthCheckResponse_ServingStatus
+	for {
+		r, err := stream.Recv()
+		if err != nil {
+			break
+		}
+		statuses = append(statuses, r.Status)
+	}
+	if len(statuses) == 0 || statuses[len(statuses)-1] != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Errorf("health read during shutdown: %v, want NOT_SERVING before the stream ends", statuses)
+	}
+	select {
+	case err := <-ts.done:
+		if err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+		stopOnce.Store(ts, true)
+	case <-time.After(20 * time.Second):
+		t.Fatal("Serve did not return: the Watch stream held the graceful stop")
+	}
+}
+
+// switchStore fails every take while down is set.
+type switchStore struct {
+	fleetrate.Store
+	down atomic.Bool
+}
+
+func (s *switchStore) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Result, error) {
+	if s.down.Load() {
+		return fleetrate.Result{}, errors.Join(fleetrate.ErrStoreUnavailable, errDown)
+	}
+	return s.Store.Take(ctx, req)
+}
+
+// TestHealthChecksStore: with HealthChecksStore (envoyproxy/ratelimit's
+// REDIS_HEALTH_CHECK_ACTIVE_CONNECTION) the gRPC health service and
+// /healthcheck follow the store, as the background probe finds it; without
+// it they report the process only, and the outage is logged either way.
+func TestHealthChecksStore(t *testing.T) {
+	t.Parallel()
+	for _, checks := range []bool{true, false} {
+		t.Run(fmt.Sprint("HealthChecksStore=", checks), func(t *testing.T) {
+			t.Parallel()
+			st := &switchStore{Store: memstore.New(memstore.Options{})}
+			var logs logbuf.Buffer
+			ts := start(t, bucketConfig, func(o *Options) {
+				o.Store, o.HealthChecksStore = st, checks
+				o.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+			})
+			conn, err := grpc.NewClient(ts.grpcAdr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			hc := healthpb.NewHealthClient(conn)
+			health := func() (healthpb.HealthCheckResponse_ServingStatus, int) {
+				r, err := hc.Check(context.Background(), &healthpb.HealthCheckRequest{Service: "ratelimit"})
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp, err := http.Get(ts.url + "/healthcheck")
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
+				return r.Status, resp.StatusCode
+			}
+			st.down.Store(true)
+			waitFor(t, func() bool { return strings.Contains(logs.String(), "store unavailable") })
+			grpcWant, httpWant := healthpb.HealthCheckResponse_SERVING, http.StatusOK
+			if checks {
+				grpcWant, httpWant = healthpb.HealthCheckResponse_NOT_SERVING, http.StatusInternalServerError
+			}
+			if g, h := health(); g != grpcWant || h != httpWant {
+				t.Errorf("store down: health %v, /healthcheck %d; want %v, %d", g, h, grpcWant, httpWant)
+			}
+			st.down.Store(false)
+			waitFor(t, func() bool { return strings.Contains(logs.String(), "store available again") })
+			if g, h := health(); g != healthpb.HealthCheckResponse_SERVING || h != http.StatusOK {
+				t.Errorf("store back: health %v, /healthcheck %d; want SERVING, 200", g, h)
+			}
+		})
 	}
 }

@@ -111,6 +111,14 @@ type Options struct {
 	// failing, after shutdown begins, so that load balancers stop sending
 	// traffic first. Default 0.
 	DrainDelay time.Duration
+	// HealthChecksStore makes the gRPC health service and /healthcheck
+	// report the store: NOT_SERVING (500) while it does not answer the
+	// probe the server sends every StoreCheckInterval, as
+	// envoyproxy/ratelimit's REDIS_HEALTH_CHECK_ACTIVE_CONNECTION does.
+	// Off, they report the process only, and /readyz alone asks the
+	// store. Either way the server logs when the store stops and starts
+	// answering.
+	HealthChecksStore bool
 	// AuthTokens, when not empty, are the bearer tokens accepted on the
 	// APIs (everything but /healthz, /readyz and /metrics).
 	AuthTokens []string
@@ -183,6 +191,12 @@ type Server struct {
 	handler  http.Handler
 	grpc     *grpc.Server
 	health   *health.Server
+	// stopping closes when shutdown begins: health Watch streams end.
+	stopping chan struct{}
+	stopOnce sync.Once
+	// storeDown is set while the store does not answer the background
+	// probe (see checkStore).
+	storeDown atomic.Bool
 }
 
 // state is a loaded configuration with its buckets resolved.
@@ -239,7 +253,7 @@ func New(opts Options) (*Server, error) {
 		return nil, err
 	}
 	opts = opts.withDefaults()
-	s := &Server{opts: opts, log: opts.Logger}
+	s := &Server{opts: opts, log: opts.Logger, stopping: make(chan struct{})}
 	s.metrics = newMetrics(opts.Registry, opts.MaxMetricDescriptors)
 	s.store = instrumented{Store: opts.Store, m: s.metrics}
 	if opts.LocalCacheBytes > 0 {
@@ -443,6 +457,7 @@ func (s *Server) Serve(ctx context.Context, httpLn, grpcLn net.Listener) error {
 	if s.opts.ConfigPath != "" && s.opts.ReloadInterval > 0 {
 		go s.watch(wctx)
 	}
+	go s.checkStore(wctx)
 	s.logStart(httpLn, grpcLn)
 
 	var err error
@@ -505,6 +520,7 @@ func (s *Server) start(hs *http.Server, httpLn, grpcLn net.Listener, errc chan<-
 // longer than ShutdownTimeout.
 func (s *Server) shutdown(ctx context.Context, hs *http.Server, httpOn, grpcOn bool) {
 	s.log.Info("shutting down: finishing in-flight requests", "timeout", s.opts.ShutdownTimeout)
+	s.stopOnce.Do(func() { close(s.stopping) })
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.ShutdownTimeout)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -589,6 +605,42 @@ func (s *Server) storeCtx(ctx context.Context) (context.Context, context.CancelF
 }
 
 func noCancel() {}
+
+// StoreCheckInterval is how often the server probes its store in the
+// background (see Options.HealthChecksStore).
+const StoreCheckInterval = time.Second
+
+// checkStore probes the store every StoreCheckInterval until ctx ends:
+// it logs when the store stops and starts answering (a Redis outage was
+// visible only in metrics and /readyz), and with HealthChecksStore it
+// sets the health service's status from it.
+func (s *Server) checkStore(ctx context.Context) {
+	t := time.NewTicker(StoreCheckInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		err := s.ready(ctx)
+		if s.draining.Load() || ctx.Err() != nil {
+			return
+		}
+		down := err != nil
+		if s.storeDown.Swap(down) == down {
+			continue
+		}
+		if s.opts.HealthChecksStore {
+			s.setHealth(!down)
+		}
+		if down {
+			s.log.Error("store unavailable", "store", s.opts.StoreName, "error", err.Error(), "health_reports_it", s.opts.HealthChecksStore)
+		} else {
+			s.log.Info("store available again", "store", s.opts.StoreName)
+		}
+	}
+}
 
 // ready reports whether the store answers a peek of the probe bucket.
 func (s *Server) ready(ctx context.Context) error {
