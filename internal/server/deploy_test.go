@@ -104,5 +104,18 @@ func TestReloadRefusesEmptiedConfig(t *testing.T) {
 		if r := ts.should(t, "d", 0, desc("k", "a")); r.Statuses[0].CurrentLimit.GetRequestsPerUnit() != 1 {
 			t.Fatalf("after the refused reload of %q: %v, want the 1/second rule still in force", src, r)
 		}
+		if !metricHas(t, ts, "fleetrate_config_reload_failing 1") {
+			t.Errorf("after the refused reload of %q the reload-failing gauge is not 1", src)
+		}
+	}
+	// The file back to a configuration that loads: the gauge clears.
+	if err := os.WriteFile(ts.path, []byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 2}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := ts.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if !metricHas(t, ts, "fleetrate_config_reload_failing 0") {
+		t.Error("after a good reload the reload-failing gauge is not 0")
 	}
 }

@@ -55,7 +55,11 @@ type metrics struct {
 	reloads    *prometheus.CounterVec
 	nearLimit  *prometheus.CounterVec
 	lastReload prometheus.Gauge
-	inflight   prometheus.Gauge
+	// reloadFailing is 1 while the configuration on disk does not load:
+	// from a failed reload until one that succeeds or finds the file
+	// back to the configuration in force.
+	reloadFailing prometheus.Gauge
+	inflight      prometheus.Gauge
 	// descriptors holds the descriptor label values exported, at most
 	// maxDescriptors of them (nDescriptors); a decision of any other is
 	// counted under OverflowDescriptor, and in dropped.
@@ -113,6 +117,11 @@ func newMetrics(reg *prometheus.Registry, maxDescriptors int64) *metrics {
 			Name:      "config_last_reload_success_timestamp_seconds",
 			Help:      "When the configuration in force was loaded.",
 		}),
+		reloadFailing: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: metricsNamespace,
+			Name:      "config_reload_failing",
+			Help:      "1 while the configuration on disk does not load and the previous one stays in force (from a failed reload until a reload succeeds or finds the file unchanged).",
+		}),
 		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: metricsNamespace,
 			Name:      "requests_in_flight",
@@ -123,7 +132,7 @@ func newMetrics(reg *prometheus.Registry, maxDescriptors int64) *metrics {
 	for _, op := range []string{storeOpTake, storeOpRefund, storeOpCancel, storeOpDrain, storeOpReset} {
 		m.opTime[op] = sync.OnceValue(func() prometheus.Observer { return m.storeTime.WithLabelValues(op) })
 	}
-	reg.MustRegister(m.decisions, m.storeTime, m.storeErrs, m.reloads, m.nearLimit, m.lastReload, m.inflight, m.dropped,
+	reg.MustRegister(m.decisions, m.storeTime, m.storeErrs, m.reloads, m.nearLimit, m.lastReload, m.reloadFailing, m.inflight, m.dropped,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	// Every reload result is exported from the start at 0, so that a rate
 	// or an alert on failures works before the first reload.

@@ -367,11 +367,13 @@ func (s *Server) Reload() error {
 	}
 	if err != nil {
 		s.metrics.reloads.WithLabelValues(reloadFailure).Inc()
+		s.metrics.reloadFailing.Set(1)
 		s.log.Error("config reload failed; keeping the configuration in force",
 			"path", s.opts.ConfigPath, "error", err.Error())
 		return err
 	}
 	s.tried = cfg.Hash
+	s.metrics.reloadFailing.Set(0)
 	if cfg.Hash == s.Config().Hash {
 		s.metrics.reloads.WithLabelValues(reloadUnchanged).Inc()
 		s.log.Info("config unchanged", "path", s.opts.ConfigPath)
