@@ -414,14 +414,21 @@ func (r *Reservation) Due() time.Time { return r.due }
 // store's clock and every debt, in bucket order (see Request.Booking).
 func (r *Reservation) Booking() Booking { return r.booked }
 
-// Cancel gives the booked tokens back, as x/time/rate's Cancel does: each
-// limit of each bucket gets them back only when nothing was booked on it
-// after this reservation, because a later booking's slot was computed from
-// them and giving them back would grant that slot twice. So cancelling the
-// latest reservation frees its tokens; cancelling one with later
-// reservations behind it leaves them booked (they are used by no one, and
-// the bucket's bound holds). Call it when the reservation will not be used;
-// a second call does nothing.
+// Cancel gives the booked tokens back, as x/time/rate's Cancel does for a
+// reservation whose time to act has not come: each limit of each bucket
+// gets them back only when nothing was booked on it after this
+// reservation, because a later booking's slot was computed from them and
+// giving them back would grant that slot twice. So cancelling the latest
+// reservation frees its tokens; cancelling one with later reservations
+// behind it leaves them booked (they are used by no one, and the bucket's
+// bound holds). It differs from x/time/rate in two ways: a limit gets all
+// n tokens back or none (x/time/rate restores the part later reservations
+// did not count against), and once the slot has begun nothing goes back,
+// on the store's clock, as x/time/rate restores nothing after its time to
+// act: the holder may have acted. Call it when the reservation will not
+// be used, before its slot (Sleep does, when its context ends); for a
+// grant taken at once and not used, use Limiter.Refund. A second call
+// does nothing, and calls from several goroutines are safe.
 func (r *Reservation) Cancel(ctx context.Context) error {
 	if r == nil || r.n == 0 || !r.done.CompareAndSwap(false, true) {
 		return nil
