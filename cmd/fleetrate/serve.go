@@ -80,6 +80,7 @@ type serveSettings struct {
 	idleTimeout     time.Duration
 	shutdownTimeout time.Duration
 	drainDelay      time.Duration
+	tlsHTTP         bool
 	healthStore     bool
 	storeTimeout    time.Duration
 	reloadInterval  time.Duration
@@ -149,6 +150,7 @@ func serveCommand(getenv func(string) string) *cobra.Command {
 	f.String("auth-token-file", "", "file of bearer tokens, one per line; when set, the APIs need one")
 	f.String("tls-cert-file", "", "TLS certificate (PEM); with --tls-key-file, serves HTTPS and gRPC over TLS")
 	f.String("tls-key-file", "", "TLS private key (PEM)")
+	f.Bool("tls-http", true, "with --tls-cert-file, serve HTTP over TLS too; false keeps HTTP plain (gRPC only over TLS), as envoyproxy/ratelimit's GRPC_SERVER_USE_TLS does")
 	f.String("tls-client-ca-file", "", "CA bundle (PEM) to require and verify client certificates (mTLS); needs --tls-cert-file and --tls-key-file")
 	f.String("log-format", "text", "log format: text or json")
 	f.String("log-level", "info", "log level: debug, info, warn or error")
@@ -341,6 +343,7 @@ func (r *resolver) settings(st *serveSettings, s config.Settings) {
 	st.tlsCertFile = r.str("tls-cert-file", s.TLSCertFile)
 	st.tlsKeyFile = r.str("tls-key-file", s.TLSKeyFile)
 	st.tlsClientCAFile = r.str("tls-client-ca-file", s.TLSClientCAFile)
+	st.tlsHTTP = r.boolean("tls-http", nil)
 	st.logFormat = r.str("log-format", s.LogFormat)
 	st.logLevel = r.str("log-level", s.LogLevel)
 	st.responseHeaders = r.boolean("response-headers", s.ResponseHeaders)
@@ -568,6 +571,7 @@ func (st *serveSettings) serverOptions(store serveStore, tlsCfg *tls.Config, log
 		HealthChecksStore:       st.healthStore,
 		AuthTokens:              st.tokens,
 		TLS:                     tlsCfg,
+		PlainHTTP:               !st.tlsHTTP,
 		ResponseHeaders:         st.responseHeaders,
 		ShadowMode:              st.shadowMode,
 		QuotaMode:               st.quotaMode,

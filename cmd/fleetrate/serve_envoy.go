@@ -100,6 +100,9 @@ func (e *envoyReader) listeners() {
 	if use, _ := e.boolean("GRPC_SERVER_USE_TLS"); use {
 		e.vals["tls-cert-file"], e.vals["tls-key-file"] = e.getenv("GRPC_SERVER_TLS_CERT"), e.getenv("GRPC_SERVER_TLS_KEY")
 		e.copy("GRPC_CLIENT_TLS_CACERT", "tls-client-ca-file")
+		// Its TLS covers gRPC only: its deployments probe /healthcheck
+		// over plain HTTP.
+		e.vals["tls-http"] = "false"
 	}
 	if use, err := e.boolean("USE_PROMETHEUS"); err != nil {
 		e.errs = append(e.errs, err)

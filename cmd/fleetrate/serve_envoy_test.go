@@ -49,7 +49,7 @@ func TestEnvoyEnv(t *testing.T) {
 		{"prometheus address and path", map[string]string{"USE_PROMETHEUS": "true", "PROMETHEUS_ADDR": ":9102", "PROMETHEUS_PATH": "/m"},
 			map[string]string{"metrics-addr": ":9102", "metrics-path": "/m"}},
 		{"grpc tls", map[string]string{"GRPC_SERVER_USE_TLS": "true", "GRPC_SERVER_TLS_CERT": "c.pem", "GRPC_SERVER_TLS_KEY": "k.pem", "GRPC_CLIENT_TLS_CACERT": "ca.pem"},
-			map[string]string{"tls-cert-file": "c.pem", "tls-key-file": "k.pem", "tls-client-ca-file": "ca.pem"}},
+			map[string]string{"tls-cert-file": "c.pem", "tls-key-file": "k.pem", "tls-client-ca-file": "ca.pem", "tls-http": "false"}},
 		{"redis sentinel with both auths", map[string]string{"REDIS_TYPE": "sentinel", "REDIS_URL": "m,s1:26379", "REDIS_SENTINEL_AUTH": "sp", "REDIS_AUTH": "app:pw"},
 			map[string]string{"redis": "redis+sentinel://:sp@s1:26379?master_name=m&password=pw&username=app"}},
 		{"redis cluster over tls with auth", map[string]string{"REDIS_TYPE": "cluster", "REDIS_URL": "n1:6379", "REDIS_TLS": "true", "REDIS_AUTH": "pw"},

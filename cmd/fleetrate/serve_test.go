@@ -443,3 +443,32 @@ func TestServeStoreOptions(t *testing.T) {
 		}
 	}
 }
+
+// TestServeTLSForGRPCOnly: with --tls-http=false (what
+// envoyproxy/ratelimit's GRPC_SERVER_USE_TLS maps to) gRPC is served over
+// TLS and HTTP stays plain, so the deployments' /healthcheck probes over
+// plain HTTP keep working.
+func TestServeTLSForGRPCOnly(t *testing.T) {
+	t.Parallel()
+	certFile, keyFile, pool := selfSigned(t)
+	path := serveWriteFile(t, "fleetrate.yaml", serveTestConfig)
+	httpAddr, grpcAddr, _, stop := startServe(t, "--config", path, "--tls-cert-file", certFile, "--tls-key-file", keyFile, "--tls-http=false")
+	resp, err := http.Get("http://" + httpAddr + "/healthcheck")
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("plain /healthcheck: %v %v", resp, err)
+	}
+	resp.Body.Close()
+	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: pool})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	r, err := rlspb.NewRateLimitServiceClient(conn).ShouldRateLimit(context.Background(), &rlspb.RateLimitRequest{Domain: "edge",
+		Descriptors: []*rlcommon.RateLimitDescriptor{{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "k", Value: "v"}}}}})
+	if err != nil || r.OverallCode != rlspb.RateLimitResponse_OK {
+		t.Errorf("gRPC over TLS: %v %v", r, err)
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+}

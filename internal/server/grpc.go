@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"runtime/debug"
+	"time"
 
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
@@ -11,6 +12,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 )
@@ -76,6 +78,11 @@ func (s *Server) newGRPC() *grpc.Server {
 		// bulk transfers an RLS call never makes.
 		grpc.StaticStreamWindowSize(streamWindow(s.opts.MaxRequestBytes)),
 		grpc.StaticConnWindowSize(connWindow),
+		// Clients may ping every keepaliveMinTime, with or without calls
+		// in flight: grpc-go's default (5 minutes, only during calls)
+		// closed with GOAWAY too_many_pings the connections of a client
+		// whose keepalive pinged every 10 s, as many clients configure.
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: keepaliveMinTime, PermitWithoutStream: true}),
 	}
 	if s.opts.TLS != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(s.opts.TLS)))
@@ -121,6 +128,10 @@ type endingStream struct {
 }
 
 func (e endingStream) Context() context.Context { return e.ctx }
+
+// keepaliveMinTime is the shortest interval at which the gRPC server lets
+// a client send keepalive pings.
+const keepaliveMinTime = 5 * time.Second
 
 // streamWorkers is the size of the gRPC server's pool of stream workers.
 const streamWorkers = 64
