@@ -422,7 +422,24 @@ func (s *Server) logNotices(cfg *config.Config) {
 
 // watch reloads the config file whenever its content changes.
 func (s *Server) watch(ctx context.Context) {
-	t := time.NewTicker(s.opts.ReloadInterval)
+	every(ctx, s.opts.ReloadInterval, func() bool {
+		h, err := config.Fingerprint(s.opts.ConfigPath, s.opts.ConfigOptions)
+		if err != nil {
+			return true // a file being replaced may be missing for a moment
+		}
+		if h != s.lastTried() {
+			_ = s.Reload()
+			s.reloadMu.Lock()
+			s.tried = h
+			s.reloadMu.Unlock()
+		}
+		return true
+	})
+}
+
+// every calls f every d until ctx ends or f returns false.
+func every(ctx context.Context, d time.Duration, f func() bool) {
+	t := time.NewTicker(d)
 	defer t.Stop()
 	for {
 		select {
@@ -430,15 +447,8 @@ func (s *Server) watch(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		h, err := config.Fingerprint(s.opts.ConfigPath, s.opts.ConfigOptions)
-		if err != nil {
-			continue // a file being replaced may be missing for a moment
-		}
-		if h != s.lastTried() {
-			_ = s.Reload()
-			s.reloadMu.Lock()
-			s.tried = h
-			s.reloadMu.Unlock()
+		if !f() {
+			return
 		}
 	}
 }
@@ -626,21 +636,14 @@ const StoreCheckInterval = time.Second
 // visible only in metrics and /readyz), and with HealthChecksStore it
 // sets the health service's status from it.
 func (s *Server) checkStore(ctx context.Context) {
-	t := time.NewTicker(StoreCheckInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	every(ctx, StoreCheckInterval, func() bool {
 		err := s.ready(ctx)
 		if s.draining.Load() || ctx.Err() != nil {
-			return
+			return false
 		}
 		down := err != nil
 		if s.storeDown.Swap(down) == down {
-			continue
+			return true
 		}
 		if s.opts.HealthChecksStore {
 			s.setHealth(!down)
@@ -650,7 +653,8 @@ func (s *Server) checkStore(ctx context.Context) {
 		} else {
 			s.log.Info("store available again", "store", s.opts.StoreName)
 		}
-	}
+		return true
+	})
 }
 
 // ready reports whether the store answers a peek of the probe bucket.
