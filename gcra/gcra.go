@@ -492,8 +492,10 @@ func fillStatus(res *fleetrate.Result, req fleetrate.Request, states []State, pi
 // Wait) is given back with Cancel.
 func Refund(now int64, limits []fleetrate.Limit, s *State, n, at, reserve int64) bool {
 	s.Elapse(now, limits)
-	// Both below 2^53: the difference of two stamps of one clock.
-	el := max(now-at, 0) * 1000
+	// A grant older than the longest fill time has been refilled in full
+	// by every limit: clamping there keeps el below 2^53, as the Lua
+	// mirror needs, and changes no answer.
+	el := min(max(now-at, 0), refundHorizonUS) * 1000
 	changed := false
 	for i := range limits {
 		l := &limits[i]
@@ -502,12 +504,10 @@ func Refund(now int64, limits []fleetrate.Limit, s *State, n, at, reserve int64)
 		if d <= 0 || d > (l.Burst-min(max(reserve, 0), l.Burst))*iv {
 			continue
 		}
-		// n × iv − el, at most d: compared before multiplying, as n × iv
-		// can overflow for a huge n.
-		back := d
-		if n <= (d+el)/iv {
-			back = n*iv - el
-		}
+		// No grant took more than a burst: n × iv is then at most the
+		// fill time, below el's clamp.
+		back := min(n, l.Burst)*iv - el
+		back = min(back, d)
 		if back > 0 {
 			s.Debts[i] = d - back
 			changed = true
@@ -515,6 +515,10 @@ func Refund(now int64, limits []fleetrate.Limit, s *State, n, at, reserve int64)
 	}
 	return changed
 }
+
+// refundHorizonUS is how far back (µs) Refund counts the time since a
+// grant: one µs beyond MaxFillTime.
+const refundHorizonUS = int64(fleetrate.MaxFillTime/time.Microsecond) + 1
 
 // giveBack returns debt less n tokens of interval iv, at least 0. It
 // compares before multiplying: n × iv can overflow for a huge n.

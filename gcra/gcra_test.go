@@ -466,6 +466,18 @@ func TestRefundOnlyWhatTimeHasNotRefilled(t *testing.T) {
 	if r, _ := Decide(11*sec, take(b, 0, 0), sts); r.Remaining != 3 {
 		t.Fatalf("1 s after a grant of 3 on an idle bucket: %d left, want 3", r.Remaining)
 	}
+	// A grant dated centuries ago (a caller's mistake): no overflow,
+	// nothing back. A refund of more than a burst gives back what the
+	// bucket owes at most.
+	sts = []State{{}}
+	Decide(20*sec, take(b, 3, 0), sts)
+	if Refund(20*sec, l, &sts[0], 3, time.Date(1000, 1, 1, 0, 0, 0, 0, time.UTC).UnixMicro(), 0) {
+		t.Fatal("a refund of a grant from the year 1000 gave tokens back")
+	}
+	Refund(20*sec, l, &sts[0], fleetrate.MaxBurst, 20*sec, 0)
+	if sts[0].Debts[0] != 0 {
+		t.Fatalf("a refund of MaxBurst tokens left debt %d, want a full bucket", sts[0].Debts[0])
+	}
 }
 
 // TestRefundLeavesBookingsAhead: while a slot is booked ahead (or the

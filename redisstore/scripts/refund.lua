@@ -7,7 +7,9 @@
 -- common.lua).
 local n = tonumber(ARGV[1])
 local now = now_us()
-local el = math.max(now - tonumber(ARGV[2]), 0) * 1000
+-- Clamped one µs beyond the longest fill time (60 days), as gcra's
+-- refundHorizonUS: every limit has refilled such a grant in full.
+local el = math.min(math.max(now - tonumber(ARGV[2]), 0), 5184000000001) * 1000
 local pos = 3
 for b = 1, #KEYS do
   local lims, m
@@ -17,10 +19,7 @@ for b = 1, #KEYS do
     local iv, burst = lims[2 * i - 1], lims[2 * i]
     local r = math.min(math.max(lims.r, 0), burst)
     if d[i] > 0 and d[i] <= (burst - r) * iv then
-      local back = d[i]
-      if n <= math.floor((d[i] + el) / iv) then
-        back = n * iv - el
-      end
+      local back = math.min(math.min(n, burst) * iv - el, d[i])
       if back > 0 then
         d[i] = d[i] - back
       end
