@@ -112,7 +112,8 @@ func TestGuardReply(t *testing.T) {
 	}{
 		{nil, "", false, false},
 		{errors.New("FLEETRATE_MASTER 0123abcd"), "0123abcd", false, true},
-		{errors.New("FLEETRATE_NOTMASTER this server is not a master"), "", true, true},
+		{errors.New("READONLY FLEETRATE_NOTMASTER this server is not a master"), "", true, true},
+		{errors.New("FLEETRATE_NOTMASTER this server is not a master"), "", false, false}, // the reply before READONLY led it
 		{errors.New("READONLY You can't write against a read only replica."), "", false, false},
 		{errors.New("ERR FLEETRATE_MASTER x"), "", false, false},
 	} {
