@@ -54,7 +54,9 @@ const (
 // Options configure a Store.
 type Options struct {
 	// Tokens is how many tokens one lease takes from the shared bucket:
-	// at least 2 (1 would be no lease). Required.
+	// at least 2 (1 would be no lease). Required. A bucket whose burst (less
+	// its reserve) is below Tokens never grants a lease: its takes go to
+	// the shared store alone, as without the lease.
 	Tokens int64
 	// MaxAge is how long after the shared store granted a lease its
 	// tokens may be spent. Default DefaultMaxAge (100 ms).
