@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"regexp"
 	"slices"
 	"strconv"
@@ -182,6 +183,10 @@ func runBench(ctx context.Context, cfg benchConfig, stdout, stderr io.Writer) (e
 	if err := cfg.validate(); err != nil {
 		return err
 	}
+	// go-redis's own lines (a Sentinel's "selected addr", a failed dial):
+	// structured and one a second, as serve logs them, not its raw lines
+	// between the progress display's.
+	redisstore.SetLogger(slog.New(slog.NewTextHandler(stderr, nil)))
 	c, name, err := newServeRedisClient(cfg.redis)
 	if err != nil {
 		return err
@@ -399,9 +404,12 @@ func (r *benchRun) measureAll(ctx context.Context, ceilings []benchCeiling) ([]b
 	return rows, nil
 }
 
-// benchLimiter returns a Limiter over the run's client in config conf.
+// benchLimiter returns a Limiter over the run's client in config conf,
+// with the store options serve would use for the same URL (behind
+// Sentinel, EmptyAfterFailover), so that the figures and the advice are
+// for what serve runs.
 func (r *benchRun) benchLimiter(conf string) (*fleetrate.Limiter, error) {
-	rs, err := redisstore.New(r.c, redisstore.Options{Batch: conf == "batch", Unbatched: conf != "batch"})
+	rs, err := redisstore.New(r.c, serveStoreOptions(r.cfg.redis, conf == "batch", 0))
 	if err != nil {
 		return nil, err
 	}
