@@ -75,19 +75,6 @@ func TestListenNoticesASilentSubscription(t *testing.T) {
 	go func() {
 		done <- sub.Listen(ctx, topic, func(msg string) { got <- msg }, func(on bool) { states <- on })
 	}()
-	wantState := func(want bool, within time.Duration, what string) time.Duration {
-		t.Helper()
-		start := time.Now()
-		select {
-		case on := <-states:
-			if on != want {
-				t.Fatalf("%s: Listen reported listening=%v, want %v", what, on, want)
-			}
-		case <-time.After(within):
-			t.Fatalf("%s: Listen reported nothing within %v", what, within)
-		}
-		return time.Since(start)
-	}
 	hear := func(msg string) {
 		t.Helper()
 		if err := pub.Announce(t.Context(), topic, msg); err != nil {
@@ -102,7 +89,7 @@ func TestListenNoticesASilentSubscription(t *testing.T) {
 			t.Fatalf("%q was not heard", msg)
 		}
 	}
-	wantState(true, 10*time.Second, "subscribing")
+	wantListening(t, states, true, 10*time.Second, "subscribing")
 	hear("one")
 
 	// Quiet but alive: pinged, answered, kept.
@@ -117,9 +104,9 @@ func TestListenNoticesASilentSubscription(t *testing.T) {
 		t.Fatalf("the proxy carried %d connections, want the subscription's alone", n)
 	}
 	// 2 × check is the bound; the rest is room for a loaded machine.
-	took := wantState(false, 20*check, "blackholed")
+	took := wantListening(t, states, false, 20*check, "blackholed")
 	t.Logf("a silent subscription was reported lost %v after it went silent (bound 2 × %v)", took.Round(time.Millisecond), check)
-	wantState(true, 10*time.Second, "subscribing again")
+	wantListening(t, states, true, 10*time.Second, "subscribing again")
 	hear("two")
 
 	stopListen(t, cancel, done)
@@ -152,21 +139,10 @@ func TestListenReportsAKilledRedis(t *testing.T) {
 	go func() {
 		_ = sub.Listen(ctx, "fleetrate:test:killed", func(string) {}, func(on bool) { states <- on })
 	}()
-	want := func(on bool, within time.Duration, what string) {
-		t.Helper()
-		select {
-		case got := <-states:
-			if got != on {
-				t.Fatalf("%s: Listen reported listening=%v, want %v", what, got, on)
-			}
-		case <-time.After(within):
-			t.Fatalf("%s: Listen reported nothing within %v", what, within)
-		}
-	}
-	want(true, 10*time.Second, "subscribing")
+	wantListening(t, states, true, 10*time.Second, "subscribing")
 	srv.Kill()
 	killed := time.Now()
-	want(false, 20*check, "Redis killed")
+	wantListening(t, states, false, 20*check, "Redis killed")
 	t.Logf("a killed Redis was reported %v later (bound 2 × %v)", time.Since(killed).Round(time.Millisecond), check)
 	srv.Restart()
 	for {
@@ -194,4 +170,21 @@ func stopListen(t *testing.T, cancel context.CancelFunc, done <-chan error) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("Listen did not return when its context ended")
 	}
+}
+
+// wantListening waits up to within for Listen to report its state on
+// states, fails the test unless it reports want, and returns how long it
+// took.
+func wantListening(t *testing.T, states <-chan bool, want bool, within time.Duration, what string) time.Duration {
+	t.Helper()
+	start := time.Now()
+	select {
+	case on := <-states:
+		if on != want {
+			t.Fatalf("%s: Listen reported listening=%v, want %v", what, on, want)
+		}
+	case <-time.After(within):
+		t.Fatalf("%s: Listen reported nothing within %v", what, within)
+	}
+	return time.Since(start)
 }
