@@ -695,11 +695,7 @@ func (s *Store) Refund(ctx context.Context, buckets []fleetrate.Bucket, n int64,
 	if err := fleetrate.ValidateRefund(buckets, n, at); err != nil {
 		return err
 	}
-	keys := storeKeys(buckets)
-	if err := s.sameSlot(keys); err != nil {
-		return err
-	}
-	return s.run(ctx, "refund", refundScript, keys, appendTakeLimits([]any{n, at.UnixMicro()}, buckets))
+	return s.run(ctx, "refund", refundScript, buckets, appendTakeLimits([]any{n, at.UnixMicro()}, buckets))
 }
 
 // Cancel implements fleetrate.Store.
@@ -713,10 +709,6 @@ func (s *Store) Cancel(ctx context.Context, buckets []fleetrate.Bucket, n int64,
 // cancel is Cancel of a booking whose slot began wait ns after its stamp:
 // after that, nothing goes back.
 func (s *Store) cancel(ctx context.Context, buckets []fleetrate.Bucket, n int64, b fleetrate.Booking, wait int64) error {
-	keys := storeKeys(buckets)
-	if err := s.sameSlot(keys); err != nil {
-		return err
-	}
 	args := make([]any, 3, 3+len(buckets)*3+len(b.Debts)*3)
 	args[0], args[1], args[2] = n, b.Stamp, wait
 	off := 0
@@ -727,7 +719,7 @@ func (s *Store) cancel(ctx context.Context, buckets []fleetrate.Bucket, n int64,
 		}
 		off += len(buckets[i].Limits)
 	}
-	return s.run(ctx, "cancel", cancelScript, keys, args)
+	return s.run(ctx, "cancel", cancelScript, buckets, args)
 }
 
 // Drain implements fleetrate.Store.
@@ -735,23 +727,20 @@ func (s *Store) Drain(ctx context.Context, buckets []fleetrate.Bucket, d time.Du
 	if d < 0 || d > fleetrate.MaxWaitCap {
 		return fmt.Errorf("%w: drain duration must be between 0 and %v, got %v", fleetrate.ErrInvalid, fleetrate.MaxWaitCap, d)
 	}
-	return s.update(ctx, "drain", drainScript, buckets, int64(d))
-}
-
-func (s *Store) update(ctx context.Context, op string, script *redis.Script, buckets []fleetrate.Bucket, arg int64) error {
 	if err := fleetrate.ValidateBuckets(buckets); err != nil {
 		return err
 	}
-	keys, args := storeKeys(buckets), appendLimits([]any{arg}, buckets)
+	return s.run(ctx, "drain", drainScript, buckets, appendLimits([]any{int64(d)}, buckets))
+}
+
+// run runs a script that changes buckets (already validated), with args
+// as its ARGV, and returns nothing the client needs, within the store's
+// timeout. The buckets must share a hash slot.
+func (s *Store) run(ctx context.Context, op string, script *redis.Script, buckets []fleetrate.Bucket, args []any) error {
+	keys := storeKeys(buckets)
 	if err := s.sameSlot(keys); err != nil {
 		return err
 	}
-	return s.run(ctx, op, script, keys, args)
-}
-
-// run runs a script that changes buckets and returns nothing the client
-// needs, within the store's timeout.
-func (s *Store) run(ctx context.Context, op string, script *redis.Script, keys []string, args []any) error {
 	sctx, cancel := s.ctx(ctx)
 	defer cancel()
 	err := s.bounded(sctx, func(ctx context.Context) error {
