@@ -656,10 +656,11 @@ func (l *Limiter) DrainUntil(ctx context.Context, t time.Time, names ...string) 
 		return errZeroLimiter
 	}
 	now := l.now()
-	if d := t.Sub(now); d > MaxWaitCap {
+	d := t.Sub(now)
+	if d > MaxWaitCap {
 		return fmt.Errorf("%w: drain until %v: at most %v from now (%v)", ErrInvalid, t, MaxWaitCap, now)
 	}
-	return l.Drain(ctx, max(t.Sub(now), 0), names...)
+	return l.Drain(ctx, max(d, 0), names...)
 }
 
 // Reset deletes the named buckets, leaving them full.

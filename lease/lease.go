@@ -93,11 +93,9 @@ type lease struct {
 	// shared store one by one until one of them finds Tokens tokens left.
 	lean atomic.Bool
 	// granted is the shared store's result for the lease, which leased
-	// takes report their limit and bucket from.
+	// takes report their limit and bucket from, and whose At its leftover
+	// tokens are refunded as of (see giveBack).
 	granted fleetrate.Result
-	// booked records the lease's take: its stamp is the grant's time,
-	// from which its leftover tokens are refunded (see giveBack).
-	booked fleetrate.Booking
 }
 
 // leaseWait is how long a take waits for the caller that is renewing its
@@ -210,7 +208,6 @@ func (l *lease) release() { <-l.sem }
 func (s *Store) renew(ctx context.Context, l *lease, req fleetrate.Request, now time.Time) (fleetrate.Result, error) {
 	lreq := req
 	lreq.N = s.opts.Tokens
-	lreq.Booking = &l.booked
 	res, err := s.inner.Take(ctx, lreq)
 	switch {
 	case err == nil && res.Allowed:
@@ -282,7 +279,7 @@ func (s *Store) sweep() {
 // giveBack returns the tokens left in l to the shared bucket before l is
 // replaced (it expired, holds fewer tokens than the take asks for, or was
 // leased under other limits). They go back as a refund of the lease's
-// grant, made at its booking's stamp: each limit gets back what time has
+// grant, made at its Result.At: each limit gets back what time has
 // not refilled since, and nothing while a slot is booked ahead on it (see
 // fleetrate.Store.Refund). It is best effort: tokens it fails to return
 // stay spent. The caller holds l.sem.
@@ -291,7 +288,7 @@ func (s *Store) giveBack(ctx context.Context, l *lease, b fleetrate.Bucket) {
 		return
 	}
 	bs := []fleetrate.Bucket{{Prefix: b.Prefix, Key: b.Key, Limits: l.limits}}
-	_ = s.inner.Refund(ctx, bs, l.left, time.UnixMicro(l.booked.Stamp))
+	_ = s.inner.Refund(ctx, bs, l.left, l.granted.At)
 	l.left = 0
 }
 
