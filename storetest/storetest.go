@@ -781,11 +781,7 @@ func (m *modelRun) take(step int, bs []fleetrate.Bucket) {
 	for i := range bs {
 		// A lower priority class on some buckets: a reserve the take can
 		// leave.
-		room := bs[i].Limits[0].Burst
-		for _, l := range bs[i].Limits {
-			room = min(room, l.Burst)
-		}
-		if room -= max(req.N, 1); room > 0 && rng.IntN(3) == 0 {
+		if room := minBurst(bs[i].Limits) - max(req.N, 1); room > 0 && rng.IntN(3) == 0 {
 			bs[i].Reserve = 1 + rng.Int64N(room)
 		}
 	}
