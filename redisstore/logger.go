@@ -5,15 +5,16 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetrate/fleetrate/internal/ratelog"
 )
 
 // DefaultLogInterval is the least time between two lines a Logger writes:
 // one a second, as the rest of fleetrate logs a failing store.
-const DefaultLogInterval = time.Second
+const DefaultLogInterval = ratelog.DefaultInterval
 
 // Logger carries go-redis's own log lines (such as "redis: connection pool:
 // failed to dial after 5 attempts") to a *slog.Logger at Warn level,
@@ -22,13 +23,9 @@ const DefaultLogInterval = time.Second
 // a Redis outage writes a line a second however many requests fail. It is
 // safe for concurrent use. Install it with SetLogger.
 type Logger struct {
-	log      *slog.Logger
-	interval time.Duration
-	now      func() time.Time
-
-	mu         sync.Mutex
-	last       time.Time
-	suppressed int
+	log  *slog.Logger
+	now  func() time.Time
+	gate ratelog.Gate
 }
 
 // NewLogger returns a Logger writing to log (slog.Default() when nil) at
@@ -40,21 +37,15 @@ func NewLogger(log *slog.Logger, interval time.Duration) *Logger {
 	if interval <= 0 {
 		interval = DefaultLogInterval
 	}
-	return &Logger{log: log, interval: interval, now: time.Now}
+	return &Logger{log: log, now: time.Now, gate: ratelog.Gate{Interval: interval}}
 }
 
 // Printf implements go-redis's logging interface.
 func (l *Logger) Printf(ctx context.Context, format string, v ...any) {
-	now := l.now()
-	l.mu.Lock()
-	if !l.last.IsZero() && now.Sub(l.last) < l.interval {
-		l.suppressed++
-		l.mu.Unlock()
+	ok, suppressed := l.gate.Pass(l.now())
+	if !ok {
 		return
 	}
-	suppressed := l.suppressed
-	l.last, l.suppressed = now, 0
-	l.mu.Unlock()
 	if ctx == nil {
 		ctx = context.Background()
 	}

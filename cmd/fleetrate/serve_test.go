@@ -472,3 +472,53 @@ func TestServeTLSForGRPCOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestServeLogsFailedHandshakes: 60 connections that fail the TLS
+// handshake on each port (a client speaking plain text to a TLS port)
+// write a few structured lines, rate-limited, on both ports: gRPC's
+// failures used to go unlogged, HTTP's wrote one unstructured line each.
+func TestServeLogsFailedHandshakes(t *testing.T) {
+	t.Parallel()
+	certFile, keyFile, _ := selfSigned(t)
+	path := serveWriteFile(t, "fleetrate.yaml", serveTestConfig)
+	httpAddr, grpcAddr, logs, stop := startServe(t, "--config", path, "--tls-cert-file", certFile, "--tls-key-file", keyFile)
+	const conns = 60
+	for _, addr := range []string{httpAddr, grpcAddr} {
+		for range conns {
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _ = c.Write([]byte("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"))
+			_, _ = io.Copy(io.Discard, c) // until the server closes it
+			c.Close()
+		}
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	lines := map[string]int{}
+	sc := bufio.NewScanner(strings.NewReader(logs.String()))
+	for sc.Scan() {
+		var m map[string]any
+		if json.Unmarshal(sc.Bytes(), &m) != nil {
+			t.Errorf("unstructured log line: %s", sc.Text())
+			continue
+		}
+		if msg, _ := m["msg"].(string); strings.Contains(msg, "TLS handshake error") {
+			src, _ := m["source"].(string)
+			lines[src]++
+			if m["level"] != "WARN" {
+				t.Errorf("handshake line at level %v, want WARN: %s", m["level"], sc.Text())
+			}
+		}
+	}
+	t.Logf("handshake lines by source: %v", lines)
+	for _, src := range []string{"http", "grpc"} {
+		// The connections take well under a second each on an idle
+		// machine; however slow, each second writes one line at most.
+		if n := lines[src]; n < 1 || n > conns/2 {
+			t.Errorf("%d handshake lines from %s for %d failed handshakes, want at least 1 and far fewer than %d", n, src, conns, conns)
+		}
+	}
+}

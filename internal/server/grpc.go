@@ -3,6 +3,8 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net"
 	"runtime/debug"
 	"time"
 
@@ -15,6 +17,8 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+
+	"github.com/fleetrate/fleetrate/internal/ratelog"
 )
 
 // rlsService implements envoy.service.ratelimit.v3.RateLimitService.
@@ -85,7 +89,7 @@ func (s *Server) newGRPC() *grpc.Server {
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: keepaliveMinTime, PermitWithoutStream: true}),
 	}
 	if s.opts.TLS != nil {
-		opts = append(opts, grpc.Creds(credentials.NewTLS(s.opts.TLS)))
+		opts = append(opts, grpc.Creds(loggedHandshakes{credentials.NewTLS(s.opts.TLS), &ratelog.Writer{Log: s.log, Source: "grpc"}}))
 	}
 	g := grpc.NewServer(opts...)
 	rlspb.RegisterRateLimitServiceServer(g, rlsService{s: s})
@@ -95,6 +99,30 @@ func (s *Server) newGRPC() *grpc.Server {
 	}
 	healthpb.RegisterHealthServer(g, watchEnds{s.health, s.stopping})
 	return g
+}
+
+// loggedHandshakes logs the TLS handshakes that fail, which gRPC itself
+// reports only to its own logger (silent by default), so a client without
+// the certificate the server requires read "broken pipe" and the server
+// said nothing. The lines are rate-limited: any peer can fail handshakes
+// at its connection rate.
+type loggedHandshakes struct {
+	credentials.TransportCredentials
+	log *ratelog.Writer
+}
+
+// ServerHandshake does the handshake, logging its failure.
+func (c loggedHandshakes) ServerHandshake(conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	out, info, err := c.TransportCredentials.ServerHandshake(conn)
+	if err != nil {
+		fmt.Fprintf(c.log, "grpc: TLS handshake error from %s: %v", conn.RemoteAddr(), err)
+	}
+	return out, info, err
+}
+
+// Clone keeps the logging.
+func (c loggedHandshakes) Clone() credentials.TransportCredentials {
+	return loggedHandshakes{c.TransportCredentials.Clone(), c.log}
 }
 
 // watchEnds is the health service whose Watch streams end when shutdown

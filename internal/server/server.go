@@ -17,6 +17,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"log"
 	"log/slog"
 	"net"
 	"net/http"
@@ -34,6 +35,7 @@ import (
 
 	"github.com/fleetrate/fleetrate"
 	"github.com/fleetrate/fleetrate/internal/config"
+	"github.com/fleetrate/fleetrate/internal/ratelog"
 	"github.com/fleetrate/fleetrate/overlimit"
 )
 
@@ -511,7 +513,9 @@ func (s *Server) newHTTPServer() *http.Server {
 		WriteTimeout:      s.opts.WriteTimeout,
 		IdleTimeout:       s.opts.IdleTimeout,
 		MaxHeaderBytes:    64 << 10,
-		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+		// Its lines (a failed TLS handshake, a malformed request) come
+		// at whatever rate clients connect: one a second, counted.
+		ErrorLog: log.New(&ratelog.Writer{Log: s.log, Source: "http"}, "", 0),
 	}
 }
 
