@@ -7,7 +7,10 @@
 // Redis (every decision is one atomic Lua script on Redis's own clock), or
 // package remotestore for workers of the fleetrate service. Each bucket has
 // one or more [Limit]s (a rate and a burst); in every window w the fleet
-// takes at most burst + rate × w tokens, with no slack.
+// takes at most burst + rate × w tokens, with no slack, except where
+// docs/OPERATIONS.md states a measured bound (an opt-in lease, two
+// configurations of one key during a rolling change, a Redis restart or
+// failover without their options).
 //
 //   - [Limiter.Allow] / [Limiter.AllowN] take now or say no;
 //   - [Limiter.Wait] / [Limiter.WaitN] book a slot in one round trip and

@@ -61,7 +61,7 @@ func ExampleStore_Warm() {
 }
 
 // A client for a store: ClientOptions keeps go-redis dialling while Redis
-// restarts, so decisions come back within milliseconds of Redis, and
+// restarts, so decisions come back within about 100 ms of Redis, and
 // bounds each command by the call's deadline.
 func ExampleClientOptions() {
 	opts, err := redis.ParseURL("redis://127.0.0.1:6379/0")

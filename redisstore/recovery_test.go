@@ -350,8 +350,9 @@ func TestFailureModes(t *testing.T) {
 		opts redisstore.Options
 		wrap func(t *testing.T, s fleetrate.Store) fleetrate.Store
 	}{
-		{"plain", redisstore.Options{}, nil},
-		{"batched", redisstore.Options{Batch: true}, nil},
+		// Batching is the default: plain is the store without it.
+		{"plain", redisstore.Options{Unbatched: true}, nil},
+		{"batched", redisstore.Options{}, nil},
 		{"folded", redisstore.Options{FoldHotKeys: true}, nil},
 		{"leased", redisstore.Options{}, leased},
 	}

@@ -196,12 +196,16 @@ type Options struct {
 	// may be when a request that slept for its booked slot wakes: older,
 	// and the request reads the pause markers once more before it sends
 	// (one store call), so that a pause another process announced while
-	// it slept is honoured. The default, 0, reads them whenever a request
-	// slept, so that no request is sent during a pause announced before
-	// it woke: a queued fleet then makes two store calls per request. A
-	// positive value saves the second call when this process read the
-	// markers (by another take) that recently, at the price of sending
-	// during a pause announced in the last PauseCheckAge.
+	// it slept is honoured. A transport that listens to announcements
+	// (see Announcer) since the request booked reads nothing more: it
+	// learns of a pause when it is announced (one store call per request).
+	// Otherwise (no Announcer, or its subscription down) the default, 0,
+	// reads them whenever a request slept, so that no request is sent
+	// during a pause announced before it woke: such a fleet makes two
+	// store calls per request. A positive value saves the second call when
+	// this process read the markers (by another take) that recently, at
+	// the price of sending during a pause announced in the last
+	// PauseCheckAge.
 	PauseCheckAge time.Duration
 	// Lookahead is how far ahead a request drawing from several buckets
 	// (an endpoint and its credential) may book. A booking is a point in

@@ -44,8 +44,9 @@ keeps the configuration in force and logs why.
 
 Every setting below comes from, in order of precedence: the flag, the
 environment variable FLEETRATE_<FLAG> (upper case, dashes as underscores,
-e.g. FLEETRATE_HTTP_ADDR), the file's server section (the flag's name with
-underscores, e.g. http_addr), then the default. The config file itself is
+e.g. FLEETRATE_HTTP_ADDR), the file's server section for the settings it
+accepts (the flag's name with underscores, e.g. http_addr; docs/OPERATIONS.md
+lists which), then the default. The config file itself is
 --config, else FLEETRATE_CONFIG, else fleetrate.yaml. Bearer tokens come from
 --auth-token-file (one per line) and from FLEETRATE_AUTH_TOKEN
 (comma-separated), never from a flag.
