@@ -38,7 +38,8 @@ var (
 //	go test -run TestSimulatedFleet ./internal/outbench -args -outbench.simduration=300s -outbench.simchart=docs/adaptive-sim.png
 func TestSimulatedFleet(t *testing.T) {
 	var rs []Result
-	for _, s := range Scenarios() {
+	ss, targets := scenarios()
+	for _, s := range ss {
 		if !strings.Contains(s.Name, *only) {
 			continue
 		}
@@ -62,6 +63,9 @@ func TestSimulatedFleet(t *testing.T) {
 		func() {
 			if len(r.Errors) > 0 {
 				t.Errorf("%s: worker errors: %v", s.Name, r.Errors)
+			}
+			if !targets {
+				return // another hidden limit or pace: a measurement only
 			}
 			// The target for a hidden limit is 85 %; runs of this
 			// simulation read 86-92 % over 5 minutes (the order goroutines
