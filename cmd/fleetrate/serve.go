@@ -44,9 +44,9 @@ keeps the configuration in force and logs why.
 
 Every setting below comes from, in order of precedence: the flag, the
 environment variable FLEETRATE_<FLAG> (upper case, dashes as underscores,
-e.g. FLEETRATE_HTTP_ADDR), the file's server section for the settings it
-accepts (the flag's name with underscores, e.g. http_addr; docs/OPERATIONS.md
-lists which), then the default. The config file itself is
+e.g. FLEETRATE_HTTP_ADDR), the file's server section (the flag's name with
+underscores, e.g. http_addr; not --config, --merge-domains and
+--ignore-dot-files, which say how the file is read), then the default. The config file itself is
 --config, else FLEETRATE_CONFIG, else fleetrate.yaml. Bearer tokens come from
 --auth-token-file (one per line) and from FLEETRATE_AUTH_TOKEN
 (comma-separated), never from a flag.
@@ -270,7 +270,7 @@ func (r *resolver) int64(name string, file *int64) int64 {
 }
 
 // size is int64 for a size that may be 0 (off).
-func (r *resolver) size(name string) int64 {
+func (r *resolver) size(name string, file *int64) int64 {
 	if v, ok := r.source(name); ok {
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || n < 0 {
@@ -278,18 +278,24 @@ func (r *resolver) size(name string) int64 {
 		}
 		return n
 	}
+	if file != nil {
+		return *file
+	}
 	n, _ := r.fs.GetInt64(name)
 	return n
 }
 
 // ratio reads a fraction in (0, 1].
-func (r *resolver) ratio(name string) float64 {
+func (r *resolver) ratio(name string, file *float64) float64 {
 	if v, ok := r.source(name); ok {
 		f, err := strconv.ParseFloat(v, 64)
 		if err != nil || !(f > 0 && f <= 1) {
 			r.fail(name, v, errors.New("want a number above 0 and at most 1"))
 		}
 		return f
+	}
+	if file != nil {
+		return *file
 	}
 	f, _ := r.fs.GetFloat64(name)
 	return f
@@ -336,7 +342,7 @@ func (r *resolver) settings(st *serveSettings, s config.Settings) {
 	st.idleTimeout = r.dur("idle-timeout", s.IdleTimeout)
 	st.shutdownTimeout = r.dur("shutdown-timeout", s.ShutdownTimeout)
 	st.drainDelay = r.dur("drain-delay", s.DrainDelay)
-	st.healthStore = r.boolean("health-checks-store", nil)
+	st.healthStore = r.boolean("health-checks-store", s.HealthChecksStore)
 	st.storeTimeout = r.dur("store-timeout", s.StoreTimeout)
 	st.reloadInterval = r.dur("reload-interval", s.ReloadInterval)
 	st.maxRequestBytes = r.int64("max-request-bytes", s.MaxRequestBytes)
@@ -344,22 +350,22 @@ func (r *resolver) settings(st *serveSettings, s config.Settings) {
 	st.tlsCertFile = r.str("tls-cert-file", s.TLSCertFile)
 	st.tlsKeyFile = r.str("tls-key-file", s.TLSKeyFile)
 	st.tlsClientCAFile = r.str("tls-client-ca-file", s.TLSClientCAFile)
-	st.tlsHTTP = r.boolean("tls-http", nil)
+	st.tlsHTTP = r.boolean("tls-http", s.TLSHTTP)
 	st.logFormat = r.str("log-format", s.LogFormat)
 	st.logLevel = r.str("log-level", s.LogLevel)
 	st.responseHeaders = r.boolean("response-headers", s.ResponseHeaders)
 	st.shadowMode = r.boolean("shadow-mode", s.ShadowMode)
-	st.quotaMode = r.boolean("quota-mode", nil)
-	st.dynamicMetadata = r.boolean("response-dynamic-metadata", nil)
+	st.quotaMode = r.boolean("quota-mode", s.QuotaMode)
+	st.dynamicMetadata = r.boolean("response-dynamic-metadata", s.ResponseDynamicMetadata)
 	st.storeAPI = r.boolean("store-api", s.StoreAPI)
 	st.redisBatch = r.boolean("redis-batch", s.RedisBatch)
-	st.memMaxKeys = r.int64("memory-max-keys", nil)
-	st.memMaxBytes = r.int64("memory-max-bytes", nil)
-	st.localCacheBytes = r.size("local-cache-bytes")
-	st.nearLimitRatio = r.ratio("near-limit-ratio")
-	st.maxMetricDescs = r.int64("max-metric-descriptors", nil)
-	st.metricsAddr = r.str("metrics-addr", nil)
-	st.metricsPath = r.str("metrics-path", nil)
+	st.memMaxKeys = r.int64("memory-max-keys", s.MemoryMaxKeys)
+	st.memMaxBytes = r.int64("memory-max-bytes", s.MemoryMaxBytes)
+	st.localCacheBytes = r.size("local-cache-bytes", s.LocalCacheBytes)
+	st.nearLimitRatio = r.ratio("near-limit-ratio", s.NearLimitRatio)
+	st.maxMetricDescs = r.int64("max-metric-descriptors", s.MaxMetricDescriptors)
+	st.metricsAddr = r.str("metrics-addr", s.MetricsAddr)
+	st.metricsPath = r.str("metrics-path", s.MetricsPath)
 }
 
 // check reports the first setting, or pair of settings, that cannot work.

@@ -51,6 +51,8 @@ server:
   max_wait: 3s
   log_level: warn
   response_headers: true
+  near_limit_ratio: 0.5
+  memory_max_keys: 5000
 `
 
 func serveWriteFile(t *testing.T, name, src string) string {
@@ -96,6 +98,8 @@ func TestServeSettingsPrecedence(t *testing.T) {
 		{"store-timeout: flag", st.storeTimeout, 250 * time.Millisecond},
 		{"write-timeout: default", st.writeTimeout, 10 * time.Second},
 		{"store-api: default", st.storeAPI, true},
+		{"near-limit-ratio: file", st.nearLimitRatio, 0.5},
+		{"memory-max-keys: file", st.memMaxKeys, int64(5000)},
 		{"prefix: default", st.prefix, "fleetrate:"},
 		{"tokens", strings.Join(st.tokens, ","), "first,second,third,fourth"},
 	}

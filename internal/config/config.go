@@ -284,6 +284,18 @@ type Settings struct {
 	ShadowMode      *bool
 	StoreAPI        *bool
 	RedisBatch      *bool
+
+	HealthChecksStore       *bool
+	TLSHTTP                 *bool
+	QuotaMode               *bool
+	ResponseDynamicMetadata *bool
+	MetricsAddr             *string
+	MetricsPath             *string
+	MemoryMaxKeys           *int64
+	MemoryMaxBytes          *int64
+	MaxMetricDescriptors    *int64
+	LocalCacheBytes         *int64
+	NearLimitRatio          *float64
 }
 
 // Config is a loaded configuration file. It is immutable once loaded and

@@ -206,6 +206,12 @@ server:
   response_headers: true
   redis_batch: false
   max_request_bytes: 4096
+  metrics_addr: "127.0.0.1:9102"
+  tls_http: false
+  quota_mode: true
+  memory_max_keys: 5000
+  local_cache_bytes: 0
+  near_limit_ratio: 0.5
 `)
 	r := cfg.Domain("api").Match(entries("api_key", "k")).Rule
 	if r == nil || len(r.Limits) != 2 {
@@ -239,6 +245,11 @@ server:
 		s.RedisBatch == nil || *s.RedisBatch {
 		t.Errorf("settings = %+v", s)
 	}
+	if s.MetricsAddr == nil || *s.MetricsAddr != "127.0.0.1:9102" || s.TLSHTTP == nil || *s.TLSHTTP || s.QuotaMode == nil || !*s.QuotaMode ||
+		s.MemoryMaxKeys == nil || *s.MemoryMaxKeys != 5000 || s.LocalCacheBytes == nil || *s.LocalCacheBytes != 0 ||
+		s.NearLimitRatio == nil || *s.NearLimitRatio != 0.5 || s.HealthChecksStore != nil || s.MetricsPath != nil {
+		t.Errorf("settings = %+v", s)
+	}
 }
 
 func TestErrors(t *testing.T) {
@@ -257,6 +268,12 @@ func TestErrors(t *testing.T) {
 			`test.yaml:4: descriptors[1]: duplicate descriptor "d.k" (first on line 3)`},
 		{"duplicate limit name", "domain: d\ndescriptors:\n  - key: k\n    rate_limits:\n      - {name: sec, unit: second, requests_per_unit: 5}\n      - {name: sec, unit: minute, requests_per_unit: 50}\n",
 			`test.yaml:6: descriptors[0].rate_limits[1].name: duplicate limit name "sec" (first in rate_limits[0])`},
+		{"near limit ratio above 1", "server:\n  near_limit_ratio: 1.5\n",
+			`test.yaml:2: server.near_limit_ratio: must be a number above 0 and at most 1, got "1.5"`},
+		{"memory max keys zero", "server:\n  memory_max_keys: 0\n",
+			`test.yaml:2: server.memory_max_keys: must be between 1 and 1099511627776, got 0`},
+		{"merge domains is a flag only", "server:\n  merge_domains: true\n",
+			`server.merge_domains: unknown field`},
 		{"negative rpu", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: -1}\n",
 			`descriptors[0].rate_limit.requests_per_unit: must be between 0 and 4294967295, got -1`},
 		{"unit with unlimited", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unlimited: true, unit: second}\n",

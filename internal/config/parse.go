@@ -264,6 +264,20 @@ func (p *parser) integer(n *yaml.Node, field string, lo, hi int64) (int64, bool)
 	return v, true
 }
 
+// ratio parses a number above 0 and at most 1.
+func (p *parser) ratio(n *yaml.Node, field string) (float64, bool) {
+	s, ok := p.scalar(n, field)
+	if !ok {
+		return 0, false
+	}
+	v, err := strconv.ParseFloat(s.Value, 64)
+	if err != nil || s.Tag != "!!float" && s.Tag != "!!int" || !(v > 0 && v <= 1) {
+		p.errorf(s, field, "must be a number above 0 and at most 1, got %q", s.Value)
+		return 0, false
+	}
+	return v, true
+}
+
 func (p *parser) duration(n *yaml.Node, field string) (time.Duration, bool) {
 	s, ok := p.scalar(n, field)
 	if !ok {
@@ -811,6 +825,7 @@ func (p *parser) settings(n *yaml.Node, s *Settings) {
 		"http_addr": &s.HTTPAddr, "grpc_addr": &s.GRPCAddr, "redis": &s.Redis, "prefix": &s.Prefix,
 		"auth_token_file": &s.AuthTokenFile, "tls_cert_file": &s.TLSCertFile, "tls_key_file": &s.TLSKeyFile,
 		"tls_client_ca_file": &s.TLSClientCAFile, "log_format": &s.LogFormat, "log_level": &s.LogLevel,
+		"metrics_addr": &s.MetricsAddr, "metrics_path": &s.MetricsPath,
 	}
 	durs := map[string]**time.Duration{
 		"max_wait": &s.MaxWait, "read_timeout": &s.ReadTimeout, "write_timeout": &s.WriteTimeout,
@@ -819,9 +834,24 @@ func (p *parser) settings(n *yaml.Node, s *Settings) {
 	}
 	bools := map[string]**bool{
 		"response_headers": &s.ResponseHeaders, "shadow_mode": &s.ShadowMode, "store_api": &s.StoreAPI,
-		"redis_batch": &s.RedisBatch,
+		"redis_batch": &s.RedisBatch, "health_checks_store": &s.HealthChecksStore, "tls_http": &s.TLSHTTP,
+		"quota_mode": &s.QuotaMode, "response_dynamic_metadata": &s.ResponseDynamicMetadata,
 	}
-	allowed := []string{"max_request_bytes"}
+	type bounded struct {
+		dst    **int64
+		lo, hi int64
+	}
+	ints := map[string]bounded{
+		"max_request_bytes":      {&s.MaxRequestBytes, 1, 1 << 30},
+		"memory_max_keys":        {&s.MemoryMaxKeys, 1, 1 << 40},
+		"memory_max_bytes":       {&s.MemoryMaxBytes, 1, 1 << 50},
+		"max_metric_descriptors": {&s.MaxMetricDescriptors, 1, 1 << 40},
+		"local_cache_bytes":      {&s.LocalCacheBytes, 0, 1 << 50},
+	}
+	allowed := []string{"near_limit_ratio"}
+	for k := range ints {
+		allowed = append(allowed, k)
+	}
 	for k := range strs {
 		allowed = append(allowed, k)
 	}
@@ -847,9 +877,13 @@ func (p *parser) settings(n *yaml.Node, s *Settings) {
 			if v, ok := p.boolean(kv.val, f); ok {
 				*dst = &v
 			}
-		} else if kv.key == "max_request_bytes" {
-			if v, ok := p.integer(kv.val, f, 1, 1<<30); ok {
-				s.MaxRequestBytes = &v
+		} else if b, ok := ints[kv.key]; ok {
+			if v, ok := p.integer(kv.val, f, b.lo, b.hi); ok {
+				*b.dst = &v
+			}
+		} else if kv.key == "near_limit_ratio" {
+			if v, ok := p.ratio(kv.val, f); ok {
+				s.NearLimitRatio = &v
 			}
 		}
 	}
