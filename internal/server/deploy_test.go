@@ -5,12 +5,14 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 
 	"github.com/fleetrate/fleetrate"
 	"github.com/fleetrate/fleetrate/internal/config"
@@ -118,4 +120,38 @@ func TestReloadRefusesEmptiedConfig(t *testing.T) {
 	if !metricHas(t, ts, "fleetrate_config_reload_failing 0") {
 		t.Error("after a good reload the reload-failing gauge is not 0")
 	}
+}
+
+// TestGRPCReflection: grpcurl, as docs/API.md shows it, finds the services
+// through server reflection, which needs no token (as health does not);
+// the RLS calls still do.
+func TestGRPCReflection(t *testing.T) {
+	t.Parallel()
+	ts := start(t, rlsConfig, func(o *Options) { o.AuthTokens = []string{"secret"} })
+	conn, err := grpc.NewClient(ts.grpcAdr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	stream, err := reflectionpb.NewServerReflectionClient(conn).ServerReflectionInfo(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, s := range resp.GetListServicesResponse().GetService() {
+		names = append(names, s.GetName())
+	}
+	for _, want := range []string{"envoy.service.ratelimit.v3.RateLimitService", "grpc.health.v1.Health"} {
+		if !slices.Contains(names, want) {
+			t.Errorf("reflection lists %v, want %s among them", names, want)
+		}
+	}
+	_ = stream.CloseSend()
 }

@@ -16,6 +16,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 
 	"github.com/fleetrate/fleetrate/internal/ratelog"
@@ -98,6 +99,10 @@ func (s *Server) newGRPC() *grpc.Server {
 		s.health.SetServingStatus(name, healthpb.HealthCheckResponse_SERVING)
 	}
 	healthpb.RegisterHealthServer(g, watchEnds{s.health, s.stopping})
+	// Server reflection, so that grpcurl and grpcui find the services
+	// without the Envoy protos at hand (docs/API.md's example). It names
+	// the services and their messages, nothing of the configuration.
+	reflection.Register(g)
 	return g
 }
 
