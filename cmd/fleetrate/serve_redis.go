@@ -106,12 +106,32 @@ func openServeRedis(ctx context.Context, raw string, batch bool, timeout time.Du
 	}
 	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	if err := pingRedis(pctx, c); err != nil {
+	if err := pingRedis(pctx, c); refusedSetup(err) {
+		c.Close()
+		return serveStore{}, fmt.Errorf("--redis %s: redis answered but refused the connection: %w (check the URL's user, password and database number)", name, err)
+	} else if err != nil {
 		log.Warn("redis does not answer yet; starting anyway (/readyz fails until it does)", "redis", name, "error", err.Error())
 	} else if err := st.LoadScripts(pctx); err != nil {
 		log.Warn("loading the Lua scripts into redis failed; they load on first use", "redis", name, "error", err.Error())
 	}
 	return serveStore{store: st, name: name, close: c.Close}, nil
+}
+
+// refusedSetup reports whether err is Redis refusing a connection's
+// credentials or database: a mistake in the URL, which waiting does not
+// mend, unlike a server that does not answer yet.
+func refusedSetup(err error) bool {
+	var rerr redis.Error
+	if err == nil || !errors.As(err, &rerr) {
+		return false
+	}
+	msg := rerr.Error()
+	for _, p := range []string{"NOAUTH", "WRONGPASS", "NOPERM", "ERR invalid password", "ERR invalid username-password", "ERR AUTH", "ERR DB index", "ERR invalid DB index"} {
+		if strings.HasPrefix(msg, p) {
+			return true
+		}
+	}
+	return false
 }
 
 // pingRedis pings c within ctx. go-redis retries a failed dial until the

@@ -526,3 +526,26 @@ func TestServeLogsFailedHandshakes(t *testing.T) {
 		}
 	}
 }
+
+// TestServeRefusesRedisCredentials: a Redis that answers but refuses the
+// URL's password or database fails the start, naming what to fix, where a
+// Redis that does not answer yet lets the service start.
+func TestServeRefusesRedisCredentials(t *testing.T) {
+	t.Parallel()
+	rs := redistest.Start(t, "--requirepass", "goodpw")
+	path := serveWriteFile(t, "fleetrate.yaml", serveTestConfig)
+	for name, url := range map[string]string{
+		"no password":    "redis://" + rs.Addr() + "/0",
+		"wrong password": "redis://:badpw@" + rs.Addr() + "/0",
+		"no such db":     "redis://:goodpw@" + rs.Addr() + "/99",
+	} {
+		args := []string{"serve", "--config", path, "--redis", url, "--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"}
+		err := run(context.Background(), args, func(string) string { return "" }, io.Discard, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), "refused the connection") || !strings.Contains(err.Error(), "password and database") {
+			t.Errorf("%s: %v, want a refusal naming the URL's password and database", name, err)
+		}
+		if err != nil && strings.Contains(err.Error(), "badpw") {
+			t.Errorf("%s: the error shows the password: %v", name, err)
+		}
+	}
+}
