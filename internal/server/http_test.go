@@ -87,6 +87,7 @@ func TestBadRequestsGet400AndServiceKeepsServing(t *testing.T) {
 		{"take trailing", "/v1/take", `{"bucket":"booking_com"} {}`, wire.CodeInvalidJSON, "after the JSON object"},
 		{"wait negative", "/v1/wait", `{"bucket":"booking_com","max_wait_ms":-5}`, wire.CodeInvalid, "max_wait_ms: must be between 0"},
 		{"drain both", "/v1/drain", `{"bucket":"booking_com","pause_ms":1,"until":"2030-01-01T00:00:00Z"}`, wire.CodeInvalid, "not both"},
+		{"drain without a pause", "/v1/drain", `{"bucket":"booking_com"}`, wire.CodeInvalid, "pause_ms or until is required"},
 		{"drain too long", "/v1/drain", `{"bucket":"booking_com","pause_ms":1e15}`, wire.CodeInvalid, "pause_ms"},
 		{"refund negative", "/v1/refund", `{"bucket":"booking_com","n":-3}`, wire.CodeInvalid, "n: must be >= 0"},
 		{"store take invalid", wire.TakePath, `{"buckets":[{"key":"k","limits":[{"rate":0,"burst":1}]}],"n":1}`, wire.CodeInvalid, "rate must be positive"},

@@ -166,6 +166,9 @@ func (v service) drain(ctx context.Context, req *DrainRequest) (Done, error) {
 	switch {
 	case req.PauseMS != nil && req.Until != nil:
 		return Done{}, badRequest(wire.CodeInvalid, "give pause_ms or until, not both")
+	case req.PauseMS == nil && req.Until == nil:
+		// A forgotten field would empty the buckets: 0 must be said.
+		return Done{}, badRequest(wire.CodeInvalid, "pause_ms or until is required (pause_ms 0 empties the buckets without a pause)")
 	case req.PauseMS != nil:
 		var err error
 		if d, err = fromMillis("pause_ms", *req.PauseMS, fleetrate.MaxWaitCap); err != nil {
