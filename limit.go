@@ -1,6 +1,7 @@
 package fleetrate
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"time"
@@ -135,7 +136,11 @@ func (l Limit) Validate() error {
 // apart so that Validate inlines.
 func (l Limit) validate() error {
 	switch {
-	case math.IsNaN(l.Rate) || math.IsInf(l.Rate, 0) || l.Rate <= 0:
+	case math.IsNaN(l.Rate):
+		return errors.New("rate must be positive and finite, got NaN (PerPeriod gives NaN for a count or period that is not positive)")
+	case math.IsInf(l.Rate, 1):
+		return errors.New("rate must be positive and finite, got +Inf (Every gives +Inf for an interval that is not positive)")
+	case math.IsInf(l.Rate, 0) || l.Rate <= 0:
 		return fmt.Errorf("rate must be positive and finite, got %v", l.Rate)
 	case l.Rate > MaxRate:
 		return fmt.Errorf("rate must be at most %g tokens/s, got %g", float64(MaxRate), l.Rate)

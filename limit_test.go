@@ -19,6 +19,8 @@ func TestLimitValidate(t *testing.T) {
 		{"negative rate", Limit{Rate: -1, Burst: 1}, "got -1"},
 		{"nan", Limit{Rate: math.NaN(), Burst: 1}, "got NaN"},
 		{"inf", Limit{Rate: math.Inf(1), Burst: 1}, "got +Inf"},
+		{"period zero", PerPeriod(10, 0), "PerPeriod gives NaN for a count or period that is not positive"},
+		{"interval zero", Every(0, 1), "Every gives +Inf for an interval that is not positive"},
 		{"too fast", Limit{Rate: 2e9, Burst: 1}, "rate must be at most"},
 		{"burst 0", Limit{Rate: 1, Burst: 0}, "burst must be at least 1, got 0"},
 		{"fill too long", Limit{Rate: 1.0 / 3600, Burst: 10000}, "time to fill"},

@@ -11,8 +11,10 @@ import (
 // as a bulk job that must never starve the requests that matter. A take
 // of the class conforms only when every limit of the bucket still holds
 // Reserve tokens after it, and it books at most Horizon ahead. Takes with
-// no class (or a class a bucket does not configure) are the top class:
-// they may take the reserve, and book up to the Limiter's max wait.
+// no class (or a class another bucket of the Limiter configures, but not
+// this one) are the top class: they may take the reserve, and book up to
+// the Limiter's max wait. A class no bucket of the Limiter configures is
+// an error wrapping ErrInvalid that names it: a typo, not the top class.
 //
 // The bound: once a lower class has saturated the bucket, a take of n <=
 // Reserve tokens by the class above waits at most Horizon - (Reserve-n)

@@ -190,7 +190,12 @@ def main():
     p.add_argument("--max-wait", type=float, default=5.0, help="longest wait to book, in seconds")
     p.add_argument("--on-error", choices=["open", "closed"], default="closed",
                    help="when the service is unavailable: go ahead (open) or back off and retry (closed)")
-    asyncio.run(run(p.parse_args()))
+    try:
+        asyncio.run(run(p.parse_args()))
+    except FleetrateRefused as e:
+        # A mistake to fix (an unknown bucket, a missing token): one line, no traceback.
+        print(e, file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":
