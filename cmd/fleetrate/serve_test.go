@@ -549,3 +549,30 @@ func TestServeRefusesRedisCredentials(t *testing.T) {
 		}
 	}
 }
+
+// TestServeWarnsWhenOpen: a service without tokens on an address other
+// hosts can reach warns at start, once per such port; on loopback, or
+// with tokens, it does not.
+func TestServeWarnsWhenOpen(t *testing.T) {
+	t.Parallel()
+	path := serveWriteFile(t, "fleetrate.yaml", serveTestConfig)
+	tokens := serveWriteFile(t, "tokens", "secret\n")
+	const warning = "serving without bearer tokens on an address other hosts can reach"
+	for _, tc := range []struct {
+		name  string
+		args  []string
+		warns int
+	}{
+		{"open, no tokens", []string{"--http-addr", "0.0.0.0:0", "--grpc-addr", "off"}, 1},
+		{"loopback, no tokens", nil, 0},
+		{"open, tokens", []string{"--http-addr", "0.0.0.0:0", "--grpc-addr", "off", "--auth-token-file", tokens}, 0},
+	} {
+		_, _, logs, stop := startServe(t, append([]string{"--config", path}, tc.args...)...)
+		if err := stop(); err != nil {
+			t.Fatal(err)
+		}
+		if n := strings.Count(logs.String(), warning); n != tc.warns {
+			t.Errorf("%s: %d warnings, want %d:\n%s", tc.name, n, tc.warns, logs)
+		}
+	}
+}

@@ -596,6 +596,23 @@ func (s *Server) logStart(httpLn, grpcLn net.Listener) {
 		"tls", s.opts.TLS != nil, "auth", len(s.opts.AuthTokens) > 0,
 		"store_api", !s.opts.DisableStoreAPI, "shadow_mode", s.opts.ShadowMode,
 		"reload_interval", s.opts.ReloadInterval)
+	for _, ln := range []net.Listener{httpLn, grpcLn} {
+		if ln != nil && len(s.opts.AuthTokens) == 0 && !loopback(ln.Addr()) {
+			s.log.Warn("serving without bearer tokens on an address other hosts can reach: anyone who reaches it can take, drain and reset buckets"+
+				" (and, with the store API on, any key under the prefix); set --auth-token-file, or listen on 127.0.0.1",
+				"addr", ln.Addr().String(), "store_api", !s.opts.DisableStoreAPI)
+		}
+	}
+}
+
+// loopback reports whether a listener's address is only reachable from
+// this host.
+func loopback(a net.Addr) bool {
+	tcp, ok := a.(*net.TCPAddr)
+	if !ok {
+		return true // a Unix socket: the file's permissions guard it
+	}
+	return tcp.IP.IsLoopback()
 }
 
 // authorized reports whether the Authorization value carries a known
