@@ -3,7 +3,10 @@ package redisstore
 import (
 	"context"
 	"crypto/tls"
+	"errors"
+	"fmt"
 	"net"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -46,8 +49,10 @@ const (
 // default), and the pool's dials connect within RedialInterval of Redis
 // listening again. Callers never wait for a dial beyond their own deadline;
 // while Redis is down, a call that needs a connection fails at its
-// deadline (Options.Timeout) rather than at once, and a failsafe.Store's
-// breaker then answers without calling. A dial in progress when the client
+// deadline (Options.Timeout) rather than at once, its error naming the
+// last failed dial (to which address, how long ago, why: connection
+// refused, no such host), and a failsafe.Store's breaker then answers
+// without calling. A dial in progress when the client
 // closes keeps trying until its window ends.
 //
 // There is no variant for a failover (Sentinel) client: it asks the
@@ -112,8 +117,12 @@ func redial(dial dialFunc, try time.Duration) dialFunc {
 			c, err := dial(tctx, network, addr)
 			cancel()
 			if err == nil {
+				if f := lastDialFailure.Load(); f != nil && f.addr == addr {
+					lastDialFailure.CompareAndSwap(f, nil)
+				}
 				return c, nil
 			}
+			lastDialFailure.Store(&dialFailure{addr: addr, at: time.Now(), err: err})
 			t := time.NewTimer(RedialInterval)
 			select {
 			case <-ctx.Done():
@@ -124,3 +133,35 @@ func redial(dial dialFunc, try time.Duration) dialFunc {
 		}
 	}
 }
+
+// dialFailure is a failed dial of a client built with ClientOptions or
+// ClusterClientOptions.
+type dialFailure struct {
+	addr string
+	at   time.Time
+	err  error
+}
+
+// lastDialFailure is the latest failed dial whose address has not been
+// dialled successfully since. A call that timed out waiting for a
+// connection reports only its deadline (the dial goes on in the
+// background), so the store names this as the likely cause.
+var lastDialFailure atomic.Pointer[dialFailure]
+
+// dialCause returns, for a call that failed with err, a note naming the
+// latest failed dial of the last few seconds, or "" when there is none or
+// err is not a timeout.
+func dialCause(err error) string {
+	if !errors.Is(err, context.DeadlineExceeded) {
+		return ""
+	}
+	f := lastDialFailure.Load()
+	if f == nil || time.Since(f.at) > dialCauseAge {
+		return ""
+	}
+	return fmt.Sprintf(" (the last dial, to %s, failed %v ago: %v)", f.addr, time.Since(f.at).Round(time.Millisecond), f.err)
+}
+
+// dialCauseAge is how recent a failed dial must be to be named as the
+// cause of a timeout: a few redial intervals.
+const dialCauseAge = 2 * time.Second

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/fleetrate/fleetrate"
 	"github.com/fleetrate/fleetrate/internal/redistest"
 	"github.com/fleetrate/fleetrate/redisstore"
 )
@@ -75,5 +77,28 @@ func TestClientOptionsKeepsSettings(t *testing.T) {
 	if cc.DialTimeout != redisstore.RedialWindow || !cc.ContextTimeoutEnabled || cc.Dialer == nil {
 		t.Errorf("cluster options: DialTimeout %v, ContextTimeoutEnabled %v, Dialer set %v; want %v, true, true",
 			cc.DialTimeout, cc.ContextTimeoutEnabled, cc.Dialer != nil, redisstore.RedialWindow)
+	}
+}
+
+// TestTimeoutNamesTheFailedDial: while nothing listens, a take through a
+// ClientOptions client fails at its deadline (the dial goes on in the
+// background), and its error names the refused dial instead of only the
+// deadline.
+func TestTimeoutNamesTheFailedDial(t *testing.T) {
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(redistest.FreePort(t)))
+	c := redis.NewClient(redisstore.ClientOptions(&redis.Options{Addr: addr}))
+	defer c.Close()
+	st, err := redisstore.New(c, redisstore.Options{Timeout: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim, err := fleetrate.New(st, fleetrate.Config{Limits: []fleetrate.Limit{fleetrate.PerSecond(10, 10)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = lim.Allow(context.Background(), "k")
+	if !errors.Is(err, fleetrate.ErrStoreUnavailable) || !strings.Contains(err.Error(), "the last dial, to "+addr) ||
+		!strings.Contains(err.Error(), "connection refused") {
+		t.Errorf("Allow with nothing listening: %v; want ErrStoreUnavailable naming the refused dial to %s", err, addr)
 	}
 }

@@ -362,7 +362,7 @@ func ended(ctx context.Context) error {
 }
 
 func unavailable(op string, err error) error {
-	return fmt.Errorf("%w: redis %s: %w", fleetrate.ErrStoreUnavailable, op, err)
+	return fmt.Errorf("%w: redis %s: %w%s", fleetrate.ErrStoreUnavailable, op, err, dialCause(err))
 }
 
 // sameSlot checks, on a Cluster, that the keys of one atomic call share a
