@@ -142,10 +142,10 @@ func (r Request) validate() error {
 				return fmt.Errorf("%w: buckets[%d] %q reserve: must be between 0 and burst-1 (%d), got %d", ErrInvalid, i, b.StoreKey(), l.Burst-1, b.Reserve)
 			}
 			if r.N > l.Burst {
-				return fmt.Errorf("%w: n=%d, %q burst %d", ErrBurstExceeded, r.N, b.StoreKey(), l.Burst)
+				return fmt.Errorf("%w: n=%d, bucket %q burst %d", ErrBurstExceeded, r.N, b.Key, l.Burst)
 			}
 			if r.N > l.Burst-b.Reserve {
-				return fmt.Errorf("%w: n=%d plus reserve %d, %q burst %d", ErrBurstExceeded, r.N, b.Reserve, b.StoreKey(), l.Burst)
+				return fmt.Errorf("%w: n=%d plus reserve %d, bucket %q burst %d", ErrBurstExceeded, r.N, b.Reserve, b.Key, l.Burst)
 			}
 		}
 	}

@@ -193,9 +193,13 @@ func (o Options) withDefaults() (Options, error) {
 	if o.Policy < FailOpen || o.Policy > LocalFallback {
 		return o, fmt.Errorf("%w: failsafe: policy: unknown %d", fleetrate.ErrInvalid, o.Policy)
 	}
-	if o.FleetSize < 0 || o.FailureThreshold < 0 || o.CoolOff < 0 {
-		return o, fmt.Errorf("%w: failsafe: fleet size %d, failure threshold %d and cool-off %v must not be negative",
-			fleetrate.ErrInvalid, o.FleetSize, o.FailureThreshold, o.CoolOff)
+	switch {
+	case o.FleetSize < 0:
+		return o, fmt.Errorf("%w: failsafe: fleet size must not be negative, got %d", fleetrate.ErrInvalid, o.FleetSize)
+	case o.FailureThreshold < 0:
+		return o, fmt.Errorf("%w: failsafe: failure threshold must not be negative, got %d", fleetrate.ErrInvalid, o.FailureThreshold)
+	case o.CoolOff < 0:
+		return o, fmt.Errorf("%w: failsafe: cool-off must not be negative, got %v", fleetrate.ErrInvalid, o.CoolOff)
 	}
 	if o.RecoveryWindow < 0 {
 		return o, fmt.Errorf("%w: failsafe: recovery window must not be negative, got %v", fleetrate.ErrInvalid, o.RecoveryWindow)

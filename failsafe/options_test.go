@@ -2,6 +2,7 @@ package failsafe
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -26,11 +27,15 @@ func TestOptionsWithDefaults(t *testing.T) {
 		got.CoolOff != time.Second || got.RecoveryWindow != time.Hour {
 		t.Errorf("given values: got %+v, %v", got, err)
 	}
-	for _, bad := range []Options{
-		{Policy: LocalFallback + 1}, {Policy: -1}, {FleetSize: -1}, {FailureThreshold: -1}, {CoolOff: -1}, {RecoveryWindow: -1},
+	for _, bad := range []struct {
+		o     Options
+		field string
+	}{
+		{Options{Policy: LocalFallback + 1}, "policy"}, {Options{Policy: -1}, "policy"}, {Options{FleetSize: -1}, "fleet size"},
+		{Options{FailureThreshold: -1}, "failure threshold"}, {Options{CoolOff: -1}, "cool-off"}, {Options{RecoveryWindow: -1}, "recovery window"},
 	} {
-		if _, err := bad.withDefaults(); !errors.Is(err, fleetrate.ErrInvalid) {
-			t.Errorf("%+v: err %v, want ErrInvalid", bad, err)
+		if _, err := bad.o.withDefaults(); !errors.Is(err, fleetrate.ErrInvalid) || !strings.HasPrefix(strings.TrimPrefix(err.Error(), fleetrate.ErrInvalid.Error()+": failsafe: "), bad.field) {
+			t.Errorf("%+v: err %v, want ErrInvalid naming the %s first", bad.o, err, bad.field)
 		}
 	}
 }
