@@ -371,40 +371,40 @@ func (r *resolver) settings(st *serveSettings, s config.Settings) {
 // check reports the first setting, or pair of settings, that cannot work.
 func (st *serveSettings) check() error {
 	if st.maxWait > fleetrate.MaxWaitCap {
-		return fmt.Errorf("max wait must be at most %v, got %v", fleetrate.MaxWaitCap, st.maxWait)
+		return fmt.Errorf("--max-wait must be at most %v, got %v", fleetrate.MaxWaitCap, st.maxWait)
 	}
 	// The service reads a zero as its default: refuse one given here
 	// rather than replace it silently.
 	if st.maxWait == 0 {
-		return fmt.Errorf("max wait must be above 0, got 0 (the default is %v)", server.DefaultMaxWait)
+		return fmt.Errorf("--max-wait must be above 0, got 0 (the default is %v)", server.DefaultMaxWait)
 	}
 	if st.prefix == "" {
-		return fmt.Errorf("prefix must not be empty (the default is %q): every key of a shared Redis would be the service's", server.DefaultPrefix)
+		return fmt.Errorf("--prefix must not be empty (the default is %q): every key of a shared Redis would be the service's", server.DefaultPrefix)
 	}
 	if st.storeTimeout == 0 {
-		return fmt.Errorf("store timeout must be above 0, got 0 (the default is %v)", server.DefaultStoreTimeout)
+		return fmt.Errorf("--store-timeout must be above 0, got 0 (the default is %v)", server.DefaultStoreTimeout)
 	}
 	if st.httpAddr == "off" && st.grpcAddr == "off" {
-		return errors.New("http-addr and grpc-addr are both off: nothing to serve")
+		return errors.New("--http-addr and --grpc-addr are both off: nothing to serve")
 	}
 	if (st.tlsCertFile == "") != (st.tlsKeyFile == "") {
-		return errors.New("give both tls-cert-file and tls-key-file, or neither")
+		return errors.New("give both --tls-cert-file and --tls-key-file, or neither")
 	}
 	if st.tlsClientCAFile != "" && st.tlsCertFile == "" {
 		// Client certificates are verified in the TLS handshake: without
 		// a server certificate there is none, and serving plain text
 		// would leave clients unauthenticated while the operator
 		// believes they are.
-		return errors.New("tls-client-ca-file needs tls-cert-file and tls-key-file: client certificates are verified only over TLS")
+		return errors.New("--tls-client-ca-file needs --tls-cert-file and --tls-key-file: client certificates are verified only over TLS")
 	}
 	switch st.logFormat {
 	case "text", "json":
 	default:
-		return fmt.Errorf("log-format must be text or json, got %q", st.logFormat)
+		return fmt.Errorf("--log-format must be text or json, got %q", st.logFormat)
 	}
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(st.logLevel)); err != nil {
-		return fmt.Errorf("log-level must be debug, info, warn or error, got %q", st.logLevel)
+		return fmt.Errorf("--log-level must be debug, info, warn or error, got %q", st.logLevel)
 	}
 	return nil
 }
