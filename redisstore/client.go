@@ -32,8 +32,9 @@ const (
 //     call's deadline, instead of holding the connection for ReadTimeout
 //     (3 s) after the store has stopped waiting. Without it the store
 //     hands every call to another goroutine so as to stop waiting at the
-//     deadline, which cost a lone caller about a third of its throughput
-//     (docs/BENCHMARKS.md).
+//     deadline: a lone caller then ran at a median 0.69 × redis_rate
+//     (fleetbench -plain-client), against about 1 × with this option
+//     (medians of separate runs, docs/BENCHMARKS.md).
 //   - Dialer: a dial that fails (connection refused while Redis restarts)
 //     is tried again every RedialInterval until DialTimeout passes, each
 //     try bounded by the DialTimeout o had (5 s when unset). DialTimeout
