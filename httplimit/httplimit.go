@@ -95,7 +95,10 @@ type Config struct {
 	// no forwarding header: ClientIP(IPConfig{}).
 	Key KeyFunc
 	// KeyError answers a request whose key function failed. The default
-	// answers 400 Bad Request with a problem+json body carrying the error.
+	// answers 400 Bad Request with a problem+json body carrying the error,
+	// or 500 Internal Server Error when the error wraps
+	// fleetrate.ErrInvalid: the key function is misconfigured (such as
+	// APIKey("")), which is the server's fault.
 	KeyError func(w http.ResponseWriter, r *http.Request, err error)
 	// FailClosed answers 503 Service Unavailable when the store fails or
 	// times out. The default, false, fails open: the request is served
@@ -888,6 +891,15 @@ func WriteProblem(w http.ResponseWriter, status int, p Problem) {
 }
 
 func defaultKeyError(w http.ResponseWriter, _ *http.Request, err error) {
+	if errors.Is(err, fleetrate.ErrInvalid) {
+		// The key function is misconfigured: the server's fault, not the
+		// client's.
+		writeProblem(w, http.StatusInternalServerError, &Problem{
+			Title:  http.StatusText(http.StatusInternalServerError),
+			Detail: "the rate limiter's key function is misconfigured: " + err.Error(),
+		})
+		return
+	}
 	detail := "cannot identify the client of this request"
 	if errors.Is(err, ErrNoKey) {
 		detail += ": " + err.Error()

@@ -602,3 +602,25 @@ func TestNilHandlerIsAnError(t *testing.T) {
 		t.Fatalf("a nil handler: %d %q, want 500 saying so", w.Code, w.Body)
 	}
 }
+
+// TestEmptyAPIKeyHeaderIsAServerError: APIKey("") cannot fail when it is
+// made, so every request fails with an error naming it, answered 500 (the
+// server's mistake), never 400 blaming the client for a missing " header".
+func TestEmptyAPIKeyHeaderIsAServerError(t *testing.T) {
+	t.Parallel()
+	m, err := New(Config{Store: memstore.New(memstore.Options{}), Key: APIKey("")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	limit, err := m.Limit(Policy{Name: "p", Limits: []fleetrate.Limit{fleetrate.PerSecond(1, 2)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := httptest.NewRecorder()
+	r := httptest.NewRequest(http.MethodGet, "/", nil)
+	r.Header.Set("X-API-Key", "k")
+	limit(http.NotFoundHandler()).ServeHTTP(w, r)
+	if w.Code != http.StatusInternalServerError || !strings.Contains(w.Body.String(), "header name must not be empty") {
+		t.Fatalf("APIKey(\"\"): %d %q, want 500 naming the empty header name", w.Code, w.Body)
+	}
+}

@@ -40,8 +40,16 @@ const APIKeyHashLen = 32
 // character of it can reach into another key or a hash tag. For the
 // Authorization header, a leading "Bearer " is dropped first. A missing
 // or empty header, or the header given twice, is an error wrapping
-// ErrNoKey.
+// ErrNoKey. An empty header name fails every request with an error
+// wrapping fleetrate.ErrInvalid, which the middleware answers 500.
 func APIKey(header string) KeyFunc {
+	if strings.TrimSpace(header) == "" {
+		// A KeyFunc cannot fail its construction: it fails every request
+		// with an error the middleware answers 500, a server's mistake.
+		return func(*http.Request) (string, error) {
+			return "", fmt.Errorf("%w: httplimit: APIKey: the header name must not be empty", fleetrate.ErrInvalid)
+		}
+	}
 	header = http.CanonicalHeaderKey(header)
 	return func(r *http.Request) (string, error) {
 		vals := r.Header.Values(header)
