@@ -438,7 +438,10 @@ func openRedis(ctx context.Context, url string) (*redisstore.Store, func(), erro
 	redisstore.SetLogger(slog.Default()) // go-redis's own lines: structured, one a second
 	pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
-	if err := pingRedis(pctx, client); err != nil {
+	if err := pingRedis(pctx, client); refusedSetup(err) {
+		client.Close()
+		return nil, nil, refused(name, err)
+	} else if err != nil {
 		client.Close()
 		return nil, nil, fmt.Errorf("--redis %s: %w: %w", name, fleetrate.ErrStoreUnavailable, err)
 	}

@@ -108,13 +108,19 @@ func openServeRedis(ctx context.Context, raw string, batch bool, timeout time.Du
 	defer cancel()
 	if err := pingRedis(pctx, c); refusedSetup(err) {
 		c.Close()
-		return serveStore{}, fmt.Errorf("--redis %s: redis answered but refused the connection: %w (check the URL's user, password and database number)", name, err)
+		return serveStore{}, refused(name, err)
 	} else if err != nil {
 		log.Warn("redis does not answer yet; starting anyway (/readyz fails until it does)", "redis", name, "error", err.Error())
 	} else if err := st.LoadScripts(pctx); err != nil {
 		log.Warn("loading the Lua scripts into redis failed; they load on first use", "redis", name, "error", err.Error())
 	}
 	return serveStore{store: st, name: name, close: c.Close}, nil
+}
+
+// refused is the error for a Redis at name (its URL, password masked)
+// that refused the connection's setup with err.
+func refused(name string, err error) error {
+	return fmt.Errorf("--redis %s: redis answered but refused the connection: %w (check the URL's user, password and database number)", name, err)
 }
 
 // refusedSetup reports whether err is Redis refusing a connection's
