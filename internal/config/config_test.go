@@ -388,3 +388,14 @@ func TestUnitNames(t *testing.T) {
 		t.Error("fortnight parsed")
 	}
 }
+
+// TestMisspeltFieldIsTheOnlyError: a misspelt requests_per_unit is the
+// one error reported; the burst beside it is not blamed for a
+// requests_per_unit the file did give.
+func TestMisspeltFieldIsTheOnlyError(t *testing.T) {
+	t.Parallel()
+	_, err := Load("test.yaml", []byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_uint: 5, burst: 10}\n"))
+	if err == nil || !strings.Contains(err.Error(), "requests_per_uint: unknown field") || strings.Count(err.Error(), "test.yaml:") != 1 {
+		t.Fatalf("err = %v, want the unknown field as the one error", err)
+	}
+}

@@ -163,31 +163,39 @@ func (p *parser) mappingOf(n *yaml.Node, field string, lenient bool, allowed []s
 	}
 	out := make([]pair, 0, len(n.Content)/2)
 	seen := map[string]bool{}
+	// A bad key fails the mapping after the rest are read: its caller
+	// then skips the checks across fields, which a misspelt one would
+	// fail for no reason of its own (a burst without requests_per_unit).
+	good := true
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k := p.deref(n.Content[i])
 		if k == nil || k.Kind != yaml.ScalarNode {
 			p.errorf(n.Content[i], field, "keys must be plain strings")
+			good = false
 			continue
 		}
 		name := k.Value
 		switch {
 		case k.Tag == "!!merge":
 			p.errorf(k, join(field, name), "merge keys (<<) are not supported")
+			good = false
 			continue
 		case seen[name]:
 			p.errorf(k, join(field, name), "given twice")
+			good = false
 			continue
 		case !slices.Contains(allowed, name) && lenient && slices.Contains(envoyKeys, name):
 			p.noticef(k, join(field, name), "ignored: it has no meaning at this level (envoyproxy/ratelimit ignores it here too)")
 			continue
 		case !slices.Contains(allowed, name):
 			p.errorf(k, join(field, name), "unknown field (want one of %s)", strings.Join(allowed, ", "))
+			good = false
 			continue
 		}
 		seen[name] = true
 		out = append(out, pair{key: name, knode: k, val: n.Content[i+1]})
 	}
-	return out, true
+	return out, good
 }
 
 // sequence returns the items of a sequence node; null is an empty list.
