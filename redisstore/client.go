@@ -3,10 +3,9 @@ package redisstore
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"net"
-	"sync/atomic"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -118,12 +117,12 @@ func redial(dial dialFunc, try time.Duration) dialFunc {
 			c, err := dial(tctx, network, addr)
 			cancel()
 			if err == nil {
-				if f := lastDialFailure.Load(); f != nil && f.addr == addr {
-					lastDialFailure.CompareAndSwap(f, nil)
+				if _, failed := dialFailures.Load(addr); failed {
+					dialFailures.Delete(addr)
 				}
 				return c, nil
 			}
-			lastDialFailure.Store(&dialFailure{addr: addr, at: time.Now(), err: err})
+			dialFailures.Store(addr, dialFailure{at: time.Now(), err: err})
 			t := time.NewTimer(RedialInterval)
 			select {
 			case <-ctx.Done():
@@ -138,31 +137,32 @@ func redial(dial dialFunc, try time.Duration) dialFunc {
 // dialFailure is a failed dial of a client built with ClientOptions or
 // ClusterClientOptions.
 type dialFailure struct {
-	addr string
-	at   time.Time
-	err  error
+	at  time.Time
+	err error
 }
 
-// lastDialFailure is the latest failed dial whose address has not been
-// dialled successfully since. A call that timed out waiting for a
-// connection reports only its deadline (the dial goes on in the
-// background), so the store names this as the likely cause.
-var lastDialFailure atomic.Pointer[dialFailure]
-
-// dialCause returns, for a call that failed with err, a note naming the
-// latest failed dial of the last few seconds, or "" when there is none or
-// err is not a timeout.
-func dialCause(err error) string {
-	if !errors.Is(err, context.DeadlineExceeded) {
-		return ""
-	}
-	f := lastDialFailure.Load()
-	if f == nil || time.Since(f.at) > dialCauseAge {
-		return ""
-	}
-	return fmt.Sprintf(" (the last dial, to %s, failed %v ago: %v)", f.addr, time.Since(f.at).Round(time.Millisecond), f.err)
-}
+// dialFailures maps an address to its latest failed dial, until a dial
+// to it succeeds. A call that timed out waiting for a connection reports
+// only its deadline (the dial goes on in the background), so a store
+// names its own addresses' failures as the likely cause (see
+// Store.explain).
+var dialFailures sync.Map
 
 // dialCauseAge is how recent a failed dial must be to be named as the
 // cause of a timeout: a few redial intervals.
 const dialCauseAge = 2 * time.Second
+
+// dialCause returns a note naming the latest failed dial, of the last
+// dialCauseAge, to one of addrs, or "" when there is none.
+func dialCause(addrs []string) string {
+	for _, a := range addrs {
+		v, ok := dialFailures.Load(a)
+		if !ok {
+			continue
+		}
+		if f := v.(dialFailure); time.Since(f.at) <= dialCauseAge {
+			return fmt.Sprintf("the last dial, to %s, failed %v ago: %v", a, time.Since(f.at).Round(time.Millisecond), f.err)
+		}
+	}
+	return ""
+}

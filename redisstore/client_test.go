@@ -97,8 +97,38 @@ func TestTimeoutNamesTheFailedDial(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = lim.Allow(context.Background(), "k")
-	if !errors.Is(err, fleetrate.ErrStoreUnavailable) || !strings.Contains(err.Error(), "the last dial, to "+addr) ||
-		!strings.Contains(err.Error(), "connection refused") {
+	if !errors.Is(err, fleetrate.ErrStoreUnavailable) || !errors.Is(err, context.DeadlineExceeded) ||
+		!strings.Contains(err.Error(), "the last dial, to "+addr) || !strings.Contains(err.Error(), "connection refused") {
 		t.Errorf("Allow with nothing listening: %v; want ErrStoreUnavailable naming the refused dial to %s", err, addr)
+	}
+
+	// Another store, whose Redis accepts connections and never answers,
+	// times out too: its error names no dial, least of all the first's.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	c2 := redis.NewClient(redisstore.ClientOptions(&redis.Options{Addr: ln.Addr().String(), MaxRetries: -1}))
+	defer c2.Close()
+	st2, err := redisstore.New(c2, redisstore.Options{Timeout: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim2, err := fleetrate.New(st2, fleetrate.Config{Limits: []fleetrate.Limit{fleetrate.PerSecond(10, 10)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lim2.Allow(context.Background(), "k"); !errors.Is(err, fleetrate.ErrStoreUnavailable) || strings.Contains(err.Error(), "last dial") {
+		t.Errorf("Allow against a silent Redis: %v; want ErrStoreUnavailable naming no dial", err)
 	}
 }

@@ -223,6 +223,9 @@ type Store struct {
 	// target is the master a Cluster slot's migration last moved a
 	// script's keys to (see onTarget).
 	target atomic.Pointer[target]
+	// addrs are the addresses the client dials, whose failed dials a
+	// timeout names (see explain): a Client's, or a ClusterClient's seeds.
+	addrs []string
 }
 
 var (
@@ -250,7 +253,7 @@ func New(c Client, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("%w: redisstore: client must not be nil (a nil %T)", fleetrate.ErrInvalid, c)
 	}
 	_, cluster := c.(*redis.ClusterClient)
-	s := &Store{c: c, sc: c, timeout: opts.Timeout, direct: respectsContext(c), cluster: cluster}
+	s := &Store{c: c, sc: c, timeout: opts.Timeout, direct: respectsContext(c), cluster: cluster, addrs: dialled(c)}
 	if opts.EmptyAfterFailover {
 		if err := s.guardFailovers(opts.FailoverWindow); err != nil {
 			return nil, err
@@ -362,7 +365,7 @@ func ended(ctx context.Context) error {
 }
 
 func unavailable(op string, err error) error {
-	return fmt.Errorf("%w: redis %s: %w%s", fleetrate.ErrStoreUnavailable, op, err, dialCause(err))
+	return fmt.Errorf("%w: redis %s: %w", fleetrate.ErrStoreUnavailable, op, err)
 }
 
 // sameSlot checks, on a Cluster, that the keys of one atomic call share a
@@ -477,7 +480,34 @@ func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Resu
 	if err := req.Validate(); err != nil {
 		return fleetrate.Result{}, err
 	}
-	return s.take(ctx, req)
+	res, err := s.take(ctx, req)
+	return res, s.explain(err)
+}
+
+// dialled returns the addresses c dials, as far as its options tell: a
+// Client's one, a ClusterClient's seeds; none for other clients.
+func dialled(c Client) []string {
+	switch c := c.(type) {
+	case *redis.Client:
+		return []string{c.Options().Addr}
+	case *redis.ClusterClient:
+		return c.Options().Addrs
+	}
+	return nil
+}
+
+// explain adds to a store failure that timed out the latest failed dial
+// to the store's Redis, if one failed in the last few seconds: a client
+// built with ClientOptions dials in the background while the call waits,
+// so the call's own error says only that its deadline passed.
+func (s *Store) explain(err error) error {
+	if err == nil || len(s.addrs) == 0 || !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, fleetrate.ErrStoreUnavailable) {
+		return err
+	}
+	if cause := dialCause(s.addrs); cause != "" {
+		return fmt.Errorf("%w (%s)", err, cause)
+	}
+	return err
 }
 
 // take is Take for a validated request.
@@ -530,7 +560,8 @@ type bound struct {
 // TakeKey implements fleetrate.BoundTaker.
 func (t *bound) TakeKey(ctx context.Context, key string, n int64, maxWait time.Duration) (fleetrate.Result, error) {
 	if q := t.s.queue(n); q != nil && t.s.fo == nil {
-		return q.takeKey(ctx, t.b, key, n, maxWait, t.largs)
+		res, err := q.takeKey(ctx, t.b, key, n, maxWait, t.largs)
+		return res, t.s.explain(err)
 	}
 	b := t.b
 	b.Key = key
@@ -538,10 +569,14 @@ func (t *bound) TakeKey(ctx context.Context, key string, n int64, maxWait time.D
 	if err := req.Validate(); err != nil {
 		return fleetrate.Result{}, err
 	}
+	var res fleetrate.Result
+	var err error
 	if t.s.fo != nil {
-		return t.s.take(ctx, req)
+		res, err = t.s.take(ctx, req)
+	} else {
+		res, err = t.s.takeOne(ctx, req)
 	}
-	return t.s.takeOne(ctx, req)
+	return res, t.s.explain(err)
 }
 
 // takeOne runs one take of an already validated request in one call of
@@ -747,7 +782,7 @@ func (s *Store) run(ctx context.Context, op string, script *redis.Script, bucket
 		return s.eval(ctx, script, keys, args...).Err()
 	})
 	if err != nil {
-		return failed(ctx, op, err)
+		return s.explain(failed(ctx, op, err))
 	}
 	return nil
 }
@@ -766,7 +801,7 @@ func (s *Store) Reset(ctx context.Context, keys ...string) error {
 		return nil
 	})
 	if err != nil {
-		return failed(ctx, "reset", err)
+		return s.explain(failed(ctx, "reset", err))
 	}
 	return nil
 }
