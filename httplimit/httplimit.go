@@ -96,9 +96,8 @@ type Config struct {
 	Key KeyFunc
 	// KeyError answers a request whose key function failed. The default
 	// answers 400 Bad Request with a problem+json body carrying the error,
-	// or 500 Internal Server Error when the error wraps
-	// fleetrate.ErrInvalid: the key function is misconfigured (such as
-	// APIKey("")), which is the server's fault.
+	// or 500 Internal Server Error when a key function of this package's
+	// was misconfigured (APIKey("")), the server's fault.
 	KeyError func(w http.ResponseWriter, r *http.Request, err error)
 	// FailClosed answers 503 Service Unavailable when the store fails or
 	// times out. The default, false, fails open: the request is served
@@ -891,9 +890,9 @@ func WriteProblem(w http.ResponseWriter, status int, p Problem) {
 }
 
 func defaultKeyError(w http.ResponseWriter, _ *http.Request, err error) {
-	if errors.Is(err, fleetrate.ErrInvalid) {
-		// The key function is misconfigured: the server's fault, not the
-		// client's.
+	if errors.As(err, new(misconfigured)) {
+		// A key function of httplimit's, misconfigured: the server's
+		// fault, not the client's.
 		writeProblem(w, http.StatusInternalServerError, &Problem{
 			Title:  http.StatusText(http.StatusInternalServerError),
 			Detail: "the rate limiter's key function is misconfigured: " + err.Error(),

@@ -34,6 +34,16 @@ var ErrNoKey = errors.New("httplimit: no key for request")
 // bucket names: 128 bits, so that distinct keys never share a bucket.
 const APIKeyHashLen = 32
 
+// errEmptyHeaderName is what APIKey("") answers every request: a key
+// function the server misconfigured (see defaultKeyError).
+var errEmptyHeaderName = misconfigured{fmt.Errorf("%w: httplimit: APIKey: the header name must not be empty", fleetrate.ErrInvalid)}
+
+// misconfigured marks an error of a key function httplimit made that the
+// server misconfigured: the middleware answers it 500, not 400.
+type misconfigured struct{ error }
+
+func (m misconfigured) Unwrap() error { return m.error }
+
 // APIKey keys requests by the API key in the named header, such as
 // "X-API-Key". The key is hashed with SHA-256 before it goes anywhere, so
 // the raw secret is never stored, logged or sent to Redis, and no
@@ -41,13 +51,13 @@ const APIKeyHashLen = 32
 // Authorization header, a leading "Bearer " is dropped first. A missing
 // or empty header, or the header given twice, is an error wrapping
 // ErrNoKey. An empty header name fails every request with an error
-// wrapping fleetrate.ErrInvalid, which the middleware answers 500.
+// wrapping fleetrate.ErrInvalid, which the default KeyError answers 500.
 func APIKey(header string) KeyFunc {
 	if strings.TrimSpace(header) == "" {
 		// A KeyFunc cannot fail its construction: it fails every request
 		// with an error the middleware answers 500, a server's mistake.
 		return func(*http.Request) (string, error) {
-			return "", fmt.Errorf("%w: httplimit: APIKey: the header name must not be empty", fleetrate.ErrInvalid)
+			return "", errEmptyHeaderName
 		}
 	}
 	header = http.CanonicalHeaderKey(header)

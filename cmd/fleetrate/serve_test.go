@@ -488,6 +488,15 @@ func TestServeLogsFailedHandshakes(t *testing.T) {
 	httpAddr, grpcAddr, logs, stop := startServe(t, "--config", path, "--tls-cert-file", certFile, "--tls-key-file", keyFile)
 	const conns = 60
 	for _, addr := range []string{httpAddr, grpcAddr} {
+		// Probers first: connections closed before any handshake (a load
+		// balancer's TCP check) are not logged at all.
+		for range 3 {
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.Close()
+		}
 		for range conns {
 			c, err := net.Dial("tcp", addr)
 			if err != nil {
@@ -510,6 +519,9 @@ func TestServeLogsFailedHandshakes(t *testing.T) {
 			continue
 		}
 		if msg, _ := m["msg"].(string); strings.Contains(msg, "TLS handshake error") {
+			if strings.HasSuffix(msg, ": EOF") {
+				t.Errorf("a prober's closed connection was logged: %s", sc.Text())
+			}
 			src, _ := m["source"].(string)
 			lines[src]++
 			if m["level"] != "WARN" {
@@ -540,7 +552,11 @@ func TestServeRefusesRedisCredentials(t *testing.T) {
 		"no such db":     "redis://:goodpw@" + rs.Addr() + "/99",
 	} {
 		args := []string{"serve", "--config", path, "--redis", url, "--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"}
-		err := run(context.Background(), args, func(string) string { return "" }, io.Discard, io.Discard)
+		// Bounded: should Redis's answer ever be late, serve would start
+		// and run until this context ends, not hang the package.
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		err := run(ctx, args, func(string) string { return "" }, io.Discard, io.Discard)
+		cancel()
 		if err == nil || !strings.Contains(err.Error(), "refused the connection") || !strings.Contains(err.Error(), "password and database") {
 			t.Errorf("%s: %v, want a refusal naming the URL's password and database", name, err)
 		}
@@ -557,13 +573,18 @@ func TestServeWarnsWhenOpen(t *testing.T) {
 	t.Parallel()
 	path := serveWriteFile(t, "fleetrate.yaml", serveTestConfig)
 	tokens := serveWriteFile(t, "tokens", "secret\n")
-	const warning = "serving without bearer tokens on an address other hosts can reach"
+	cert, key, _ := selfSigned(t)
+	mtls := []string{"--tls-cert-file", cert, "--tls-key-file", key, "--tls-client-ca-file", cert}
+	const warning = "without bearer tokens on an address other hosts can reach"
 	for _, tc := range []struct {
 		name  string
 		args  []string
 		warns int
 	}{
 		{"open, no tokens", []string{"--http-addr", "0.0.0.0:0", "--grpc-addr", "off"}, 1},
+		{"both open, no tokens", []string{"--http-addr", "0.0.0.0:0", "--grpc-addr", "0.0.0.0:0"}, 2},
+		{"both open, client certificates", append([]string{"--http-addr", "0.0.0.0:0", "--grpc-addr", "0.0.0.0:0"}, mtls...), 0},
+		{"both open, client certificates on gRPC only", append([]string{"--http-addr", "0.0.0.0:0", "--grpc-addr", "0.0.0.0:0", "--tls-http=false"}, mtls...), 1},
 		{"loopback, no tokens", nil, 0},
 		{"open, tokens", []string{"--http-addr", "0.0.0.0:0", "--grpc-addr", "off", "--auth-token-file", tokens}, 0},
 	} {

@@ -271,7 +271,7 @@ func TestErrors(t *testing.T) {
 		{"near limit ratio above 1", "server:\n  near_limit_ratio: 1.5\n",
 			`test.yaml:2: server.near_limit_ratio: must be a number above 0 and at most 1, got "1.5"`},
 		{"memory max keys zero", "server:\n  memory_max_keys: 0\n",
-			`test.yaml:2: server.memory_max_keys: must be between 1 and 1099511627776, got 0`},
+			`test.yaml:2: server.memory_max_keys: must be between 1 and 9223372036854775807, got 0`},
 		{"merge domains is a flag only", "server:\n  merge_domains: true\n",
 			`server.merge_domains: unknown field`},
 		{"negative rpu", "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: -1}\n",

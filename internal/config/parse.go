@@ -850,11 +850,13 @@ func (p *parser) settings(n *yaml.Node, s *Settings) {
 		lo, hi int64
 	}
 	ints := map[string]bounded{
-		"max_request_bytes":      {&s.MaxRequestBytes, 1, 1 << 30},
-		"memory_max_keys":        {&s.MemoryMaxKeys, 1, 1 << 40},
-		"memory_max_bytes":       {&s.MemoryMaxBytes, 1, 1 << 50},
-		"max_metric_descriptors": {&s.MaxMetricDescriptors, 1, 1 << 40},
-		"local_cache_bytes":      {&s.LocalCacheBytes, 0, 1 << 50},
+		"max_request_bytes": {&s.MaxRequestBytes, 1, 1 << 30},
+		// The flags' bounds: any positive count (0 or more bytes for the
+		// cache, where 0 is off).
+		"memory_max_keys":        {&s.MemoryMaxKeys, 1, math.MaxInt64},
+		"memory_max_bytes":       {&s.MemoryMaxBytes, 1, math.MaxInt64},
+		"max_metric_descriptors": {&s.MaxMetricDescriptors, 1, math.MaxInt64},
+		"local_cache_bytes":      {&s.LocalCacheBytes, 0, math.MaxInt64},
 	}
 	allowed := []string{"near_limit_ratio"}
 	for k := range ints {

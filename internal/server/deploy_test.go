@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"os"
@@ -8,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -154,4 +156,40 @@ func TestGRPCReflection(t *testing.T) {
 		}
 	}
 	_ = stream.CloseSend()
+}
+
+// TestShutdownEndsReflection: a reflection stream left open (grpcui keeps
+// one for its session) ends when shutdown begins, instead of holding the
+// graceful stop for the whole ShutdownTimeout.
+func TestShutdownEndsReflection(t *testing.T) {
+	t.Parallel()
+	ts := start(t, rlsConfig, func(o *Options) { o.ShutdownTimeout = time.Minute })
+	conn, err := grpc.NewClient(ts.grpcAdr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	stream, err := reflectionpb.NewServerReflectionClient(conn).ServerReflectionInfo(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	ts.cancel() // as SIGTERM does
+	select {
+	case err := <-ts.done:
+		if err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+		stopOnce.Store(ts, true)
+	case <-time.After(20 * time.Second):
+		t.Fatal("Serve did not return: the reflection stream held the graceful stop")
+	}
+	if _, err := stream.Recv(); err == nil {
+		t.Error("the reflection stream is still open after shutdown")
+	}
 }

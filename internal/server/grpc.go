@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"runtime/debug"
+	"strings"
 	"time"
 
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -60,6 +62,7 @@ func (s *Server) newGRPC() *grpc.Server {
 		// One interceptor rather than a chain of two: a chain adds a
 		// closure call and frames to every call's stack.
 		grpc.UnaryInterceptor(s.grpcUnary),
+		grpc.StreamInterceptor(s.grpcStream),
 		// Streams run on a pool of long-lived goroutines, whose stacks
 		// have grown once, rather than on a new goroutine each, whose
 		// stack grows (is copied) on every call: a quarter of the CPU of
@@ -119,7 +122,9 @@ type loggedHandshakes struct {
 // ServerHandshake does the handshake, logging its failure.
 func (c loggedHandshakes) ServerHandshake(conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
 	out, info, err := c.TransportCredentials.ServerHandshake(conn)
-	if err != nil {
+	// io.EOF is a TCP prober (a load balancer's, a tcpSocket probe): gRPC
+	// does not log it either. ErrConnDispatched is no failure.
+	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, credentials.ErrConnDispatched) {
 		fmt.Fprintf(c.log, "grpc: TLS handshake error from %s: %v", conn.RemoteAddr(), err)
 	}
 	return out, info, err
@@ -128,6 +133,43 @@ func (c loggedHandshakes) ServerHandshake(conn net.Conn) (net.Conn, credentials.
 // Clone keeps the logging.
 func (c loggedHandshakes) Clone() credentials.TransportCredentials {
 	return loggedHandshakes{c.TransportCredentials.Clone(), c.log}
+}
+
+// grpcStream ends reflection streams when shutdown begins: a client such
+// as grpcui keeps one open for its whole session, and a stream never ends
+// by itself, so it held every graceful stop for the whole ShutdownTimeout
+// (health Watch streams end by watchEnds).
+func (s *Server) grpcStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	if strings.HasPrefix(info.FullMethod, "/grpc.reflection.") {
+		ss = endsAtStop{ServerStream: ss, stopping: s.stopping}
+	}
+	return handler(srv, ss)
+}
+
+// endsAtStop is a server stream whose receive ends, as the client's
+// closing it would (io.EOF), once stopping closes. A receive that
+// stopping interrupts is left to fail when the stream closes; its message
+// is never read.
+type endsAtStop struct {
+	grpc.ServerStream
+	stopping <-chan struct{}
+}
+
+// RecvMsg receives the next message, or io.EOF once shutdown begins.
+func (e endsAtStop) RecvMsg(m any) error {
+	select {
+	case <-e.stopping:
+		return io.EOF
+	default:
+	}
+	done := make(chan error, 1)
+	go func() { done <- e.ServerStream.RecvMsg(m) }()
+	select {
+	case err := <-done:
+		return err
+	case <-e.stopping:
+		return io.EOF
+	}
 }
 
 // watchEnds is the health service whose Watch streams end when shutdown

@@ -513,10 +513,31 @@ func (s *Server) newHTTPServer() *http.Server {
 		WriteTimeout:      s.opts.WriteTimeout,
 		IdleTimeout:       s.opts.IdleTimeout,
 		MaxHeaderBytes:    64 << 10,
-		// Its lines (a failed TLS handshake, a malformed request) come
-		// at whatever rate clients connect: one a second, counted.
-		ErrorLog: log.New(&ratelog.Writer{Log: s.log, Source: "http"}, "", 0),
+		ErrorLog:          log.New(httpErrors{log: s.log, handshakes: &ratelog.Writer{Log: s.log, Source: "http"}}, "", 0),
 	}
+}
+
+// httpErrors is the HTTP server's ErrorLog. Failed TLS handshakes, which
+// any peer causes at its connection rate, are written at most once a
+// second, counted (ratelog), and a prober's (a connection closed before
+// its handshake: EOF) not at all, as gRPC does; every other line (an
+// accept error, a handler's panic) is written as it comes.
+type httpErrors struct {
+	log        *slog.Logger
+	handshakes *ratelog.Writer
+}
+
+// Write logs one line of the HTTP server.
+func (h httpErrors) Write(p []byte) (int, error) {
+	line := strings.TrimSpace(string(p))
+	switch {
+	case !strings.Contains(line, "TLS handshake error"):
+		h.log.Warn(line, "source", "http")
+	case strings.HasSuffix(line, ": EOF"):
+	default:
+		return h.handshakes.Write(p)
+	}
+	return len(p), nil
 }
 
 // start serves hs on httpLn and gRPC on grpcLn, those that are not nil,
@@ -596,12 +617,18 @@ func (s *Server) logStart(httpLn, grpcLn net.Listener) {
 		"tls", s.opts.TLS != nil, "auth", len(s.opts.AuthTokens) > 0,
 		"store_api", !s.opts.DisableStoreAPI, "shadow_mode", s.opts.ShadowMode,
 		"reload_interval", s.opts.ReloadInterval)
-	for _, ln := range []net.Listener{httpLn, grpcLn} {
-		if ln != nil && len(s.opts.AuthTokens) == 0 && !loopback(ln.Addr()) {
-			s.log.Warn("serving without bearer tokens on an address other hosts can reach: anyone who reaches it can take, drain and reset buckets"+
-				" (and, with the store API on, any key under the prefix); set --auth-token-file, or listen on 127.0.0.1",
-				"addr", ln.Addr().String(), "store_api", !s.opts.DisableStoreAPI)
-		}
+	if len(s.opts.AuthTokens) > 0 {
+		return
+	}
+	mtls := s.opts.TLS != nil && s.opts.TLS.ClientAuth == tls.RequireAndVerifyClientCert
+	if httpLn != nil && !loopback(httpLn.Addr()) && !(mtls && !s.opts.PlainHTTP) {
+		s.log.Warn("serving HTTP without bearer tokens on an address other hosts can reach: anyone who reaches it can take, drain and reset buckets"+
+			" (and, with the store API on, take from any key under the prefix); set --auth-token-file, or listen on 127.0.0.1",
+			"addr", httpLn.Addr().String(), "store_api", !s.opts.DisableStoreAPI)
+	}
+	if grpcLn != nil && !loopback(grpcLn.Addr()) && !mtls {
+		s.log.Warn("serving gRPC without bearer tokens on an address other hosts can reach: anyone who reaches it can ask for decisions and spend the limits' tokens;"+
+			" set --auth-token-file, or listen on 127.0.0.1", "addr", grpcLn.Addr().String())
 	}
 }
 
