@@ -588,14 +588,7 @@ func TestTwoServersShareOneBudget(t *testing.T) {
 // saying so, rather than panicking on the first request.
 func TestNilHandlerIsAnError(t *testing.T) {
 	t.Parallel()
-	m, err := New(Config{Store: memstore.New(memstore.Options{}), Key: APIKey("X-API-Key")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	limit, err := m.Limit(Policy{Name: "p", Limits: []fleetrate.Limit{fleetrate.PerSecond(1, 2)}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	limit := onePolicy(t, APIKey("X-API-Key"))
 	w := httptest.NewRecorder()
 	limit(nil).ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/", nil))
 	if w.Code != http.StatusInternalServerError || !strings.Contains(w.Body.String(), "nil http.Handler") {
@@ -608,14 +601,7 @@ func TestNilHandlerIsAnError(t *testing.T) {
 // server's mistake), never 400 blaming the client for a missing " header".
 func TestEmptyAPIKeyHeaderIsAServerError(t *testing.T) {
 	t.Parallel()
-	m, err := New(Config{Store: memstore.New(memstore.Options{}), Key: APIKey("")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	limit, err := m.Limit(Policy{Name: "p", Limits: []fleetrate.Limit{fleetrate.PerSecond(1, 2)}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	limit := onePolicy(t, APIKey(""))
 	w := httptest.NewRecorder()
 	r := httptest.NewRequest(http.MethodGet, "/", nil)
 	r.Header.Set("X-API-Key", "k")
@@ -623,4 +609,19 @@ func TestEmptyAPIKeyHeaderIsAServerError(t *testing.T) {
 	if w.Code != http.StatusInternalServerError || !strings.Contains(w.Body.String(), "header name must not be empty") {
 		t.Fatalf("APIKey(\"\"): %d %q, want 500 naming the empty header name", w.Code, w.Body)
 	}
+}
+
+// onePolicy returns the middleware of one policy, 1/s burst 2, keyed by
+// key, over an in-memory store.
+func onePolicy(t *testing.T, key KeyFunc) func(http.Handler) http.Handler {
+	t.Helper()
+	m, err := New(Config{Store: memstore.New(memstore.Options{}), Key: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	limit, err := m.Limit(Policy{Name: "p", Limits: []fleetrate.Limit{fleetrate.PerSecond(1, 2)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return limit
 }

@@ -86,17 +86,7 @@ func TestClientOptionsKeepsSettings(t *testing.T) {
 // deadline.
 func TestTimeoutNamesTheFailedDial(t *testing.T) {
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(redistest.FreePort(t)))
-	c := redis.NewClient(redisstore.ClientOptions(&redis.Options{Addr: addr}))
-	defer c.Close()
-	st, err := redisstore.New(c, redisstore.Options{Timeout: 100 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	lim, err := fleetrate.New(st, fleetrate.Config{Limits: []fleetrate.Limit{fleetrate.PerSecond(10, 10)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = lim.Allow(context.Background(), "k")
+	err := allowThrough(t, addr)
 	if !errors.Is(err, fleetrate.ErrStoreUnavailable) || !errors.Is(err, context.DeadlineExceeded) ||
 		!strings.Contains(err.Error(), "the last dial, to "+addr) || !strings.Contains(err.Error(), "connection refused") {
 		t.Errorf("Allow with nothing listening: %v; want ErrStoreUnavailable naming the refused dial to %s", err, addr)
@@ -118,17 +108,25 @@ func TestTimeoutNamesTheFailedDial(t *testing.T) {
 			defer c.Close()
 		}
 	}()
-	c2 := redis.NewClient(redisstore.ClientOptions(&redis.Options{Addr: ln.Addr().String(), MaxRetries: -1}))
-	defer c2.Close()
-	st2, err := redisstore.New(c2, redisstore.Options{Timeout: 100 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	lim2, err := fleetrate.New(st2, fleetrate.Config{Limits: []fleetrate.Limit{fleetrate.PerSecond(10, 10)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := lim2.Allow(context.Background(), "k"); !errors.Is(err, fleetrate.ErrStoreUnavailable) || strings.Contains(err.Error(), "last dial") {
+	if err := allowThrough(t, ln.Addr().String()); !errors.Is(err, fleetrate.ErrStoreUnavailable) || strings.Contains(err.Error(), "last dial") {
 		t.Errorf("Allow against a silent Redis: %v; want ErrStoreUnavailable naming no dial", err)
 	}
+}
+
+// allowThrough makes one Allow through a store of 100 ms timeout over a
+// ClientOptions client of the Redis at addr, and returns its error.
+func allowThrough(t *testing.T, addr string) error {
+	t.Helper()
+	c := redis.NewClient(redisstore.ClientOptions(&redis.Options{Addr: addr, MaxRetries: -1}))
+	defer c.Close()
+	st, err := redisstore.New(c, redisstore.Options{Timeout: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim, err := fleetrate.New(st, fleetrate.Config{Limits: []fleetrate.Limit{fleetrate.PerSecond(10, 10)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = lim.Allow(context.Background(), "k")
+	return err
 }

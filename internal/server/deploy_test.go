@@ -164,12 +164,7 @@ func TestGRPCReflection(t *testing.T) {
 func TestShutdownEndsReflection(t *testing.T) {
 	t.Parallel()
 	ts := start(t, rlsConfig, func(o *Options) { o.ShutdownTimeout = time.Minute })
-	conn, err := grpc.NewClient(ts.grpcAdr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	stream, err := reflectionpb.NewServerReflectionClient(conn).ServerReflectionInfo(context.Background())
+	stream, err := reflectionpb.NewServerReflectionClient(ts.conn).ServerReflectionInfo(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,16 +174,7 @@ func TestShutdownEndsReflection(t *testing.T) {
 	if _, err := stream.Recv(); err != nil {
 		t.Fatal(err)
 	}
-	ts.cancel() // as SIGTERM does
-	select {
-	case err := <-ts.done:
-		if err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-		stopOnce.Store(ts, true)
-	case <-time.After(20 * time.Second):
-		t.Fatal("Serve did not return: the reflection stream held the graceful stop")
-	}
+	ts.stop(t) // as SIGTERM does, and waits for Serve to return
 	if _, err := stream.Recv(); err == nil {
 		t.Error("the reflection stream is still open after shutdown")
 	}

@@ -39,6 +39,7 @@ type testServer struct {
 	url     string
 	grpcAdr string
 	rls     rlspb.RateLimitServiceClient
+	conn    *grpc.ClientConn // rls's connection, for other services' clients
 	cancel  context.CancelFunc
 	done    chan error
 	path    string
@@ -105,6 +106,7 @@ func start(t *testing.T, src string, opts ...testOpt) *testServer {
 		t.Fatal(err)
 	}
 	ts.rls = rlspb.NewRateLimitServiceClient(conn)
+	ts.conn = conn
 	t.Cleanup(func() {
 		conn.Close()
 		ts.stop(t)
@@ -125,7 +127,7 @@ func (ts *testServer) stop(t *testing.T) {
 			t.Errorf("Serve: %v", err)
 		}
 	case <-time.After(20 * time.Second):
-		t.Error("Serve did not return after cancel")
+		t.Error("Serve did not return after cancel: a stream held the graceful stop?")
 	}
 }
 

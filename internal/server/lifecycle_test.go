@@ -305,12 +305,7 @@ func writeAtomic(t *testing.T, path, src string) {
 func TestShutdownEndsHealthWatch(t *testing.T) {
 	t.Parallel()
 	ts := start(t, bucketConfig, func(o *Options) { o.ShutdownTimeout = time.Minute })
-	conn, err := grpc.NewClient(ts.grpcAdr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	stream, err := healthpb.NewHealthClient(conn).Watch(context.Background(), &healthpb.HealthCheckRequest{Service: "ratelimit"})
+	stream, err := healthpb.NewHealthClient(ts.conn).Watch(context.Background(), &healthpb.HealthCheckRequest{Service: "ratelimit"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -329,15 +324,7 @@ func TestShutdownEndsHealthWatch(t *testing.T) {
 	if len(statuses) == 0 || statuses[len(statuses)-1] != healthpb.HealthCheckResponse_NOT_SERVING {
 		t.Errorf("health read during shutdown: %v, want NOT_SERVING before the stream ends", statuses)
 	}
-	select {
-	case err := <-ts.done:
-		if err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-		stopOnce.Store(ts, true)
-	case <-time.After(20 * time.Second):
-		t.Fatal("Serve did not return: the Watch stream held the graceful stop")
-	}
+	ts.stop(t) // Serve returns, not held by the Watch stream
 }
 
 // switchStore fails every take while down is set.
