@@ -160,7 +160,7 @@ func serveCommand(getenv func(string) string) *cobra.Command {
 	f.Bool("quota-mode", false, "put every RLS descriptor in quota mode: a request is denied only when all its descriptors are over their limits")
 	f.Bool("response-dynamic-metadata", false, "add dynamic metadata (domain, descriptors, the rules' metadata) to RLS responses")
 	f.Bool("store-api", true, "serve the raw store API (/v1/store/...) used by remotestore")
-	f.Bool("redis-batch", true, "send concurrent decisions to Redis as one script call (redisstore.Options.Batch)")
+	f.Bool("redis-batch", true, "send concurrent decisions to Redis as one script call (redisstore's default; false sets redisstore.Options.Unbatched)")
 	f.Int64("memory-max-keys", memstore.DefaultMaxKeys, "in-memory store: most buckets held; beyond, the one closest to refilling among a sample is dropped")
 	f.Int64("memory-max-bytes", memstore.DefaultMaxBytes, "in-memory store: most bytes the buckets hold (key bytes plus 208 a bucket), enforced as --memory-max-keys is")
 	f.Int64("local-cache-bytes", 0, "size of the over-limit cache (package overlimit): a bucket the store denied n tokens until t is denied at once, without a store call, until t; 0 disables")
