@@ -443,7 +443,9 @@ func openRedis(ctx context.Context, url string) (*redisstore.Store, func(), erro
 		return nil, nil, refused(name, err)
 	} else if err != nil {
 		client.Close()
-		return nil, nil, fmt.Errorf("--redis %s: %w: %w", name, fleetrate.ErrStoreUnavailable, err)
+		// Not ErrStoreUnavailable's text, whose "fleetrate:" main's own
+		// prefix already gives: the line would read it twice.
+		return nil, nil, fmt.Errorf("--redis %s: redis does not answer: %w", name, err)
 	}
 	store, err := redisstore.New(client, serveStoreOptions(url, true, time.Second))
 	if err != nil {

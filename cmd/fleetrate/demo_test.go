@@ -211,7 +211,7 @@ func TestDemoFlagErrors(t *testing.T) {
 		{[]string{"--redis", "http://127.0.0.1:1"}, `--redis: redis URL http://127.0.0.1:1: scheme must be`},
 		// The cause is named (connection refused; on a loaded machine the
 		// dial that names it may time out instead), the password is not.
-		{[]string{"--redis", "redis://:s3cret@127.0.0.1:1/0"}, `--redis redis://:xxxxx@127.0.0.1:1/0: fleetrate: store unavailable: no answer in time: dial tcp 127.0.0.1:1: `},
+		{[]string{"--redis", "redis://:s3cret@127.0.0.1:1/0"}, `--redis redis://:xxxxx@127.0.0.1:1/0: redis does not answer: no answer in time: dial tcp 127.0.0.1:1: `},
 		{[]string{"extra"}, `unknown command "extra"`},
 	}
 	for _, tc := range tests {
