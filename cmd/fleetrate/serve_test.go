@@ -380,17 +380,7 @@ func TestServeTLS(t *testing.T) {
 	if resp.StatusCode != http.StatusBadRequest { // booking_com alone is not configured
 		t.Errorf("https take with token: %d, want 400 (unknown bucket) past auth", resp.StatusCode)
 	}
-	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: pool})))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ctx := metadataCtx("tls-token")
-	r, err := rlspb.NewRateLimitServiceClient(conn).ShouldRateLimit(ctx, &rlspb.RateLimitRequest{Domain: "edge",
-		Descriptors: []*rlcommon.RateLimitDescriptor{{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "k", Value: "v"}}}}})
-	if err != nil || r.OverallCode != rlspb.RateLimitResponse_OK {
-		t.Errorf("gRPC over TLS: %v %v", r, err)
-	}
+	shouldRateLimitOverTLS(t, metadataCtx("tls-token"), grpcAddr, pool)
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -462,16 +452,7 @@ func TestServeTLSForGRPCOnly(t *testing.T) {
 		t.Fatalf("plain /healthcheck: %v %v", resp, err)
 	}
 	resp.Body.Close()
-	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: pool})))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	r, err := rlspb.NewRateLimitServiceClient(conn).ShouldRateLimit(context.Background(), &rlspb.RateLimitRequest{Domain: "edge",
-		Descriptors: []*rlcommon.RateLimitDescriptor{{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "k", Value: "v"}}}}})
-	if err != nil || r.OverallCode != rlspb.RateLimitResponse_OK {
-		t.Errorf("gRPC over TLS: %v %v", r, err)
-	}
+	shouldRateLimitOverTLS(t, context.Background(), grpcAddr, pool)
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -595,5 +576,22 @@ func TestServeWarnsWhenOpen(t *testing.T) {
 		if n := strings.Count(logs.String(), warning); n != tc.warns {
 			t.Errorf("%s: %d warnings, want %d:\n%s", tc.name, n, tc.warns, logs)
 		}
+	}
+}
+
+// shouldRateLimitOverTLS asks the RLS service at addr, over TLS trusting
+// pool, for one hit of the edge domain, and fails the test unless it is
+// answered OK.
+func shouldRateLimitOverTLS(t *testing.T, ctx context.Context, addr string, pool *x509.CertPool) {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: pool})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	r, err := rlspb.NewRateLimitServiceClient(conn).ShouldRateLimit(ctx, &rlspb.RateLimitRequest{Domain: "edge",
+		Descriptors: []*rlcommon.RateLimitDescriptor{{Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "k", Value: "v"}}}}})
+	if err != nil || r.OverallCode != rlspb.RateLimitResponse_OK {
+		t.Errorf("gRPC over TLS: %v %v", r, err)
 	}
 }
