@@ -2,9 +2,7 @@ package redisstore
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
-	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -23,9 +21,7 @@ const DefaultLogInterval = ratelog.DefaultInterval
 // a Redis outage writes a line a second however many requests fail. It is
 // safe for concurrent use. Install it with SetLogger.
 type Logger struct {
-	log  *slog.Logger
-	now  func() time.Time
-	gate ratelog.Gate
+	w ratelog.Writer
 }
 
 // NewLogger returns a Logger writing to log (slog.Default() when nil) at
@@ -34,23 +30,15 @@ func NewLogger(log *slog.Logger, interval time.Duration) *Logger {
 	if log == nil {
 		log = slog.Default()
 	}
-	if interval <= 0 {
-		interval = DefaultLogInterval
-	}
-	return &Logger{log: log, now: time.Now, gate: ratelog.Gate{Interval: interval}}
+	return &Logger{w: ratelog.Writer{Log: log, Source: "go-redis", Gate: ratelog.Gate{Interval: interval}}}
 }
 
 // Printf implements go-redis's logging interface.
 func (l *Logger) Printf(ctx context.Context, format string, v ...any) {
-	ok, suppressed := l.gate.Pass(l.now())
-	if !ok {
-		return
-	}
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	l.log.LogAttrs(ctx, slog.LevelWarn, strings.TrimSpace(fmt.Sprintf(format, v...)),
-		slog.String("source", "go-redis"), slog.Int("suppressed", suppressed))
+	l.w.Logf(ctx, format, v...)
 }
 
 // SetLogger makes log, through a Logger of DefaultLogInterval, the

@@ -33,7 +33,7 @@ func TestLoggerIsRateLimited(t *testing.T) {
 	buf := &logbuf.Buffer{}
 	l := NewLogger(slog.New(slog.NewJSONHandler(buf, nil)), time.Second)
 	c := manualclock.New(time.Date(2026, 3, 2, 12, 0, 0, 0, time.UTC))
-	l.now = c.Now
+	l.w.Now = c.Now
 	for range 10_000 {
 		l.Printf(context.Background(), "redis: connection pool: failed to dial after %d attempts: %v", 5, errors.New("connection refused"))
 		c.Advance(500 * time.Microsecond)

@@ -7,6 +7,7 @@ package ratelog
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -60,13 +61,19 @@ type Writer struct {
 
 // Write logs p as one line; it never fails.
 func (w *Writer) Write(p []byte) (int, error) {
+	w.Logf(context.Background(), "%s", p)
+	return len(p), nil
+}
+
+// Logf logs one line, formatted as fmt.Sprintf does and trimmed of
+// surrounding space, unless Gate holds it back.
+func (w *Writer) Logf(ctx context.Context, format string, v ...any) {
 	now := time.Now
 	if w.Now != nil {
 		now = w.Now
 	}
 	if ok, suppressed := w.Gate.Pass(now()); ok {
-		w.Log.LogAttrs(context.Background(), slog.LevelWarn, strings.TrimSpace(string(p)),
+		w.Log.LogAttrs(ctx, slog.LevelWarn, strings.TrimSpace(fmt.Sprintf(format, v...)),
 			slog.String("source", w.Source), slog.Int("suppressed", suppressed))
 	}
-	return len(p), nil
 }
