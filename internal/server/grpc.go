@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"runtime/debug"
-	"strings"
 	"time"
 
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -101,7 +100,7 @@ func (s *Server) newGRPC() *grpc.Server {
 	for _, name := range healthServices {
 		s.health.SetServingStatus(name, healthpb.HealthCheckResponse_SERVING)
 	}
-	healthpb.RegisterHealthServer(g, watchEnds{s.health, s.stopping})
+	healthpb.RegisterHealthServer(g, s.health)
 	// Server reflection, so that grpcurl and grpcui find the services
 	// without the Envoy protos at hand (docs/API.md's example). It names
 	// the services and their messages, nothing of the configuration.
@@ -135,25 +134,37 @@ func (c loggedHandshakes) Clone() credentials.TransportCredentials {
 	return loggedHandshakes{c.TransportCredentials.Clone(), c.log}
 }
 
-// grpcStream ends reflection streams when shutdown begins: a client such
-// as grpcui keeps one open for its whole session, and a stream never ends
-// by itself, so it held every graceful stop for the whole ShutdownTimeout
-// (health Watch streams end by watchEnds).
-func (s *Server) grpcStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-	if strings.HasPrefix(info.FullMethod, "/grpc.reflection.") {
-		ss = endsAtStop{ServerStream: ss, stopping: s.stopping}
-	}
-	return handler(srv, ss)
+// grpcStream ends every stream when shutdown begins: its context ends,
+// and a receive returns io.EOF, as if the client had closed it. A stream
+// never ends by itself, so a health Watch (a plain RPC a client keeps
+// open) or a reflection stream (grpcui keeps one for its session) held
+// every graceful stop for the whole ShutdownTimeout (30 s, then the
+// connections were closed) where one without took 0.04 s. A Watch reads
+// NOT_SERVING first: the health status is set before stopping closes.
+func (s *Server) grpcStream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	ctx, cancel := context.WithCancel(ss.Context())
+	defer cancel()
+	go func() {
+		select {
+		case <-s.stopping:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return handler(srv, endsAtStop{ServerStream: ss, ctx: ctx, stopping: s.stopping})
 }
 
-// endsAtStop is a server stream whose receive ends, as the client's
-// closing it would (io.EOF), once stopping closes. A receive that
-// stopping interrupts is left to fail when the stream closes; its message
-// is never read.
+// endsAtStop is a server stream whose context and receive end once
+// stopping closes. A receive that stopping interrupts is left to fail
+// when the stream closes; its message is never read.
 type endsAtStop struct {
 	grpc.ServerStream
+	ctx      context.Context
 	stopping <-chan struct{}
 }
+
+// Context is the stream's context, which also ends at shutdown.
+func (e endsAtStop) Context() context.Context { return e.ctx }
 
 // RecvMsg receives the next message, or io.EOF once shutdown begins.
 func (e endsAtStop) RecvMsg(m any) error {
@@ -171,38 +182,6 @@ func (e endsAtStop) RecvMsg(m any) error {
 		return io.EOF
 	}
 }
-
-// watchEnds is the health service whose Watch streams end when shutdown
-// begins (stopping closes), after they have read NOT_SERVING: a stream
-// never ends by itself, so a client watching health with a plain RPC held
-// every graceful stop for the whole ShutdownTimeout (30 s, then the
-// connections were closed) where one without took 0.04 s.
-type watchEnds struct {
-	*health.Server
-	stopping <-chan struct{}
-}
-
-// Watch implements healthpb.HealthServer.
-func (h watchEnds) Watch(req *healthpb.HealthCheckRequest, stream healthpb.Health_WatchServer) error {
-	ctx, cancel := context.WithCancel(stream.Context())
-	defer cancel()
-	go func() {
-		select {
-		case <-h.stopping:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
-	return h.Server.Watch(req, endingStream{stream, ctx})
-}
-
-// endingStream is a Watch stream whose context also ends at shutdown.
-type endingStream struct {
-	healthpb.Health_WatchServer
-	ctx context.Context
-}
-
-func (e endingStream) Context() context.Context { return e.ctx }
 
 // keepaliveMinTime is the shortest interval at which the gRPC server lets
 // a client send keepalive pings.

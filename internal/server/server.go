@@ -202,7 +202,7 @@ type Server struct {
 	handler  http.Handler
 	grpc     *grpc.Server
 	health   *health.Server
-	// stopping closes when shutdown begins: health Watch streams end.
+	// stopping closes when shutdown begins: gRPC streams end (grpcStream).
 	stopping chan struct{}
 	stopOnce sync.Once
 	// storeDown is set while the store does not answer the background
