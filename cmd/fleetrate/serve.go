@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -23,6 +24,7 @@ import (
 
 	"github.com/fleetrate/fleetrate"
 	"github.com/fleetrate/fleetrate/internal/config"
+	"github.com/fleetrate/fleetrate/internal/procs"
 	"github.com/fleetrate/fleetrate/internal/server"
 	"github.com/fleetrate/fleetrate/memstore"
 )
@@ -98,6 +100,7 @@ type serveSettings struct {
 	dynamicMetadata bool
 	storeAPI        bool
 	redisBatch      bool
+	adaptiveProcs   bool
 	memMaxKeys      int64
 	memMaxBytes     int64
 	localCacheBytes int64
@@ -161,6 +164,7 @@ func serveCommand(getenv func(string) string) *cobra.Command {
 	f.Bool("response-dynamic-metadata", false, "add dynamic metadata (domain, descriptors, the rules' metadata) to RLS responses")
 	f.Bool("store-api", true, "serve the raw store API (/v1/store/...) used by remotestore")
 	f.Bool("redis-batch", true, "send concurrent decisions to Redis as one script call (redisstore's default; false sets redisstore.Options.Unbatched)")
+	f.Bool("adaptive-procs", true, "run on one processor (GOMAXPROCS=1) while the service uses under 0.75 of a CPU, on Go's default as soon as one processor is 85 % busy (checked every 100ms); false keeps Go's default; a GOMAXPROCS environment variable turns it off")
 	f.Int64("memory-max-keys", memstore.DefaultMaxKeys, "in-memory store: most buckets held; beyond, the one closest to refilling among a sample is dropped")
 	f.Int64("memory-max-bytes", memstore.DefaultMaxBytes, "in-memory store: most bytes the buckets hold (key bytes plus 208 a bucket), enforced as --memory-max-keys is")
 	f.Int64("local-cache-bytes", 0, "size of the over-limit cache (package overlimit): a bucket the store denied n tokens until t is denied at once, without a store call, until t; 0 disables")
@@ -359,6 +363,7 @@ func (r *resolver) settings(st *serveSettings, s config.Settings) {
 	st.dynamicMetadata = r.boolean("response-dynamic-metadata", s.ResponseDynamicMetadata)
 	st.storeAPI = r.boolean("store-api", s.StoreAPI)
 	st.redisBatch = r.boolean("redis-batch", s.RedisBatch)
+	st.adaptiveProcs = r.boolean("adaptive-procs", s.AdaptiveProcs)
 	st.memMaxKeys = r.int64("memory-max-keys", s.MemoryMaxKeys)
 	st.memMaxBytes = r.int64("memory-max-bytes", s.MemoryMaxBytes)
 	st.localCacheBytes = r.size("local-cache-bytes", s.LocalCacheBytes)
@@ -539,7 +544,31 @@ func serve(ctx context.Context, st serveSettings, logOut io.Writer) error {
 		defer ms.Close()
 	}
 	defer reloadOnHangup(ctx, srv, st.configPath, log)()
+	if st.adaptiveProcs {
+		defer governProcs(log)()
+	}
 	return srv.Serve(ctx, hl, gl)
+}
+
+// governProcs starts the processor governor (package procs) and returns
+// its stop; it logs what it does, or why it does nothing.
+func governProcs(log *slog.Logger) (stop func()) {
+	full := runtime.GOMAXPROCS(0)
+	stop, err := procs.Start(procs.Options{Logger: log})
+	switch {
+	case err == nil:
+		log.Info("processors: adaptive", "quiet", fmt.Sprintf("1 while under %.2f CPUs", procs.DefaultQuiet), "busy", fmt.Sprintf("%d from %.0f %% of one", full, procs.DefaultBusy*100))
+		return stop
+	case errors.Is(err, procs.ErrFixed):
+		log.Info("processors: GOMAXPROCS from the environment, not adaptive", "gomaxprocs", full)
+	case errors.Is(err, procs.ErrOneCPU):
+		log.Info("processors: one CPU, not adaptive", "gomaxprocs", full)
+	case errors.Is(err, procs.ErrRunning):
+		// Another serve in this process (tests) governs them already.
+	default:
+		log.Warn("processors: Go's default, not adaptive", "err", err)
+	}
+	return func() {}
 }
 
 // openServeStore opens the Redis store st names, or else the in-memory one.

@@ -42,49 +42,8 @@ func TestServeChildProcess(t *testing.T) {
 // still gets its answer, and the process exits 0.
 func TestServeSIGTERM(t *testing.T) {
 	t.Parallel()
-	path := serveWriteFile(t, "fleetrate.yaml", serveTestConfig)
-	args := []string{"serve", "--config", path, "--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0", "--log-format", "json", "--log-level", "info"}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestServeChildProcess$")
-	cmd.Env = append(os.Environ(), serveChildEnv+"="+strings.Join(args, "\n"))
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer cmd.Process.Kill()
-
-	lines := make(chan map[string]any, 100)
-	go func() {
-		defer close(lines)
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			var m map[string]any
-			if json.Unmarshal(sc.Bytes(), &m) == nil {
-				lines <- m
-			}
-		}
-	}()
-	waitLine := func(msg string) map[string]any {
-		t.Helper()
-		for {
-			select {
-			case m, ok := <-lines:
-				if !ok {
-					t.Fatalf("the service exited before logging %q", msg)
-				}
-				if m["msg"] == msg {
-					return m
-				}
-			case <-ctx.Done():
-				t.Fatalf("no %q log line", msg)
-			}
-		}
-	}
-	addr := waitLine("fleetrate serving")["http"].(string)
+	child := startServeChild(t)
+	addr := child.waitLine("fleetrate serving")["http"].(string)
 
 	// Requests whose bodies are half sent are in flight in the service.
 	const n = 8
@@ -107,10 +66,10 @@ func TestServeSIGTERM(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := child.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	waitLine("shutting down: finishing in-flight requests")
+	child.waitLine("shutting down: finishing in-flight requests")
 
 	var wg sync.WaitGroup
 	for i, c := range conns {
@@ -132,11 +91,71 @@ func TestServeSIGTERM(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	waitLine("stopped")
-	for range lines { // read stderr to its end before Wait
+	child.waitLine("stopped")
+	for range child.lines { // read stderr to its end before Wait
 	}
-	if err := cmd.Wait(); err != nil {
+	if err := child.cmd.Wait(); err != nil {
 		t.Errorf("the service exited with %v, want 0", err)
+	}
+}
+
+// serveChild is a `fleetrate serve` process (TestServeChildProcess) and
+// its JSON log lines.
+type serveChild struct {
+	t     *testing.T
+	ctx   context.Context
+	cmd   *exec.Cmd
+	lines chan map[string]any
+}
+
+// startServeChild starts `fleetrate serve` with serveTestConfig on
+// loopback ports, logging JSON at info level, plus args, as a child
+// process that is killed at the test's end.
+func startServeChild(t *testing.T, args ...string) *serveChild {
+	t.Helper()
+	path := serveWriteFile(t, "fleetrate.yaml", serveTestConfig)
+	args = append([]string{"serve", "--config", path, "--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0", "--log-format", "json", "--log-level", "info"}, args...)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestServeChildProcess$")
+	cmd.Env = append(os.Environ(), serveChildEnv+"="+strings.Join(args, "\n"))
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill() })
+	c := &serveChild{t: t, ctx: ctx, cmd: cmd, lines: make(chan map[string]any, 100)}
+	go func() {
+		defer close(c.lines)
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			var m map[string]any
+			if json.Unmarshal(sc.Bytes(), &m) == nil {
+				c.lines <- m
+			}
+		}
+	}()
+	return c
+}
+
+// waitLine returns the next log line whose message is msg.
+func (c *serveChild) waitLine(msg string) map[string]any {
+	c.t.Helper()
+	for {
+		select {
+		case m, ok := <-c.lines:
+			if !ok {
+				c.t.Fatalf("the service exited before logging %q", msg)
+			}
+			if m["msg"] == msg {
+				return m
+			}
+		case <-c.ctx.Done():
+			c.t.Fatalf("no %q log line", msg)
+		}
 	}
 }
 

@@ -284,6 +284,7 @@ type Settings struct {
 	ShadowMode      *bool
 	StoreAPI        *bool
 	RedisBatch      *bool
+	AdaptiveProcs   *bool
 
 	HealthChecksStore       *bool
 	TLSHTTP                 *bool

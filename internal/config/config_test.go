@@ -205,6 +205,7 @@ server:
   max_wait: 2s
   response_headers: true
   redis_batch: false
+  adaptive_procs: false
   max_request_bytes: 4096
   metrics_addr: "127.0.0.1:9102"
   tls_http: false
@@ -242,7 +243,7 @@ server:
 	s := cfg.Settings
 	if s.HTTPAddr == nil || *s.HTTPAddr != ":9090" || s.MaxWait == nil || *s.MaxWait != 2*time.Second ||
 		s.ResponseHeaders == nil || !*s.ResponseHeaders || s.MaxRequestBytes == nil || *s.MaxRequestBytes != 4096 || s.GRPCAddr != nil ||
-		s.RedisBatch == nil || *s.RedisBatch {
+		s.RedisBatch == nil || *s.RedisBatch || s.AdaptiveProcs == nil || *s.AdaptiveProcs {
 		t.Errorf("settings = %+v", s)
 	}
 	if s.MetricsAddr == nil || *s.MetricsAddr != "127.0.0.1:9102" || s.TLSHTTP == nil || *s.TLSHTTP || s.QuotaMode == nil || !*s.QuotaMode ||
