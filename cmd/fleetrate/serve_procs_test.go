@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/fleetrate/fleetrate/internal/procs"
 )
 
 // TestMain turns the processor governor off for the services the tests
@@ -39,7 +41,7 @@ func gomaxprocsOf(t *testing.T, addr string) int {
 // promised most of a CPU on a shared test machine.
 func TestServeAdaptiveProcs(t *testing.T) {
 	t.Parallel()
-	child := startServeChild(t, "--adaptive-procs", "--log-level", "debug")
+	child := startServeChild(t, nil, "--adaptive-procs", "--log-level", "debug")
 	full := runtime.GOMAXPROCS(0) // the child's default too: same machine, same environment
 	if full == 1 {
 		child.waitLine("processors: one CPU, not adaptive")
@@ -60,5 +62,21 @@ func TestServeAdaptiveProcs(t *testing.T) {
 			t.Fatalf("go_sched_gomaxprocs_threads %d after its change to 1", gomaxprocsOf(t, addr))
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestServeAdaptiveProcsLeavesGOMAXPROCS: a GOMAXPROCS variable is the
+// operator's choice, which the governor leaves, and says so.
+func TestServeAdaptiveProcsLeavesGOMAXPROCS(t *testing.T) {
+	t.Parallel()
+	child := startServeChild(t, []string{"GOMAXPROCS=3"}, "--adaptive-procs")
+	line := child.waitLine("processors: GOMAXPROCS from the environment, not adaptive")
+	if line["gomaxprocs"] != float64(3) {
+		t.Errorf("startup line says gomaxprocs %v, want 3", line["gomaxprocs"])
+	}
+	addr := child.waitLine("fleetrate serving")["http"].(string)
+	time.Sleep(2 * procs.DefaultInterval * procs.DefaultSettle) // idle past the governor's settling
+	if n := gomaxprocsOf(t, addr); n != 3 {
+		t.Errorf("go_sched_gomaxprocs_threads %d, want the environment's 3", n)
 	}
 }

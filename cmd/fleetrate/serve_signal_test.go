@@ -42,7 +42,7 @@ func TestServeChildProcess(t *testing.T) {
 // still gets its answer, and the process exits 0.
 func TestServeSIGTERM(t *testing.T) {
 	t.Parallel()
-	child := startServeChild(t)
+	child := startServeChild(t, nil)
 	addr := child.waitLine("fleetrate serving")["http"].(string)
 
 	// Requests whose bodies are half sent are in flight in the service.
@@ -110,15 +110,15 @@ type serveChild struct {
 
 // startServeChild starts `fleetrate serve` with serveTestConfig on
 // loopback ports, logging JSON at info level, plus args, as a child
-// process that is killed at the test's end.
-func startServeChild(t *testing.T, args ...string) *serveChild {
+// process with this one's environment plus env, killed at the test's end.
+func startServeChild(t *testing.T, env []string, args ...string) *serveChild {
 	t.Helper()
 	path := serveWriteFile(t, "fleetrate.yaml", serveTestConfig)
 	args = append([]string{"serve", "--config", path, "--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0", "--log-format", "json", "--log-level", "info"}, args...)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	t.Cleanup(cancel)
 	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestServeChildProcess$")
-	cmd.Env = append(os.Environ(), serveChildEnv+"="+strings.Join(args, "\n"))
+	cmd.Env = append(append(os.Environ(), env...), serveChildEnv+"="+strings.Join(args, "\n"))
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -91,7 +91,7 @@ func (f *fake) procs() (int, []int) {
 func TestGovernFollowsTheLoad(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var mu sync.Mutex
-		demand := 0.3 // CPUs of work at Go's default
+		demand := 0.0 // CPUs of work at Go's default
 		f := &fake{full: 8, n: 8, load: func(n int) float64 {
 			mu.Lock()
 			defer mu.Unlock()
@@ -105,39 +105,35 @@ func TestGovernFollowsTheLoad(t *testing.T) {
 			t.Fatal(err)
 		}
 
+		// Each step sets the demand at a sample's middle, sleeps, and
+		// reads the count half a sample before the next one.
+		step := func(d float64, samples int) int {
+			mu.Lock()
+			demand = d
+			mu.Unlock()
+			time.Sleep(time.Duration(samples) * DefaultInterval)
+			n, _ := f.procs()
+			return n
+		}
+		time.Sleep(DefaultInterval / 2)
+
 		// Quiet: one processor after DefaultSettle samples, not before.
-		time.Sleep(DefaultInterval*(DefaultSettle-1) + DefaultInterval/2)
-		if n, _ := f.procs(); n != 8 {
+		if n := step(0.3, DefaultSettle-1); n != 8 {
 			t.Fatalf("after %d quiet samples: %d processors, want 8 still", DefaultSettle-1, n)
 		}
-		time.Sleep(DefaultInterval)
-		if n, _ := f.procs(); n != 1 {
+		if n := step(0.3, 1); n != 1 {
 			t.Fatalf("after %d quiet samples: %d processors, want 1", DefaultSettle, n)
 		}
-
-		// Busy: one processor saturates; the default comes back within
-		// one sample.
-		mu.Lock()
-		demand = 3
-		mu.Unlock()
-		time.Sleep(2 * DefaultInterval)
-		if n, _ := f.procs(); n != 8 {
-			t.Fatalf("busy at one processor: %d processors, want 8 back within a sample", n)
+		// Busy: one processor saturates. The sample the change falls in
+		// is half busy; the first whole busy one gives the default back.
+		if n := step(3, 2); n != 8 {
+			t.Fatalf("busy at one processor: %d processors, want 8 back after one whole busy sample", n)
 		}
-
 		// A load between the thresholds stays where it is.
-		mu.Lock()
-		demand = 0.8
-		mu.Unlock()
-		time.Sleep(20 * DefaultInterval)
-		if n, _ := f.procs(); n != 8 {
+		if n := step(0.8, 20); n != 8 {
 			t.Fatalf("at 0.8 CPUs: %d processors, want 8", n)
 		}
-
-		mu.Lock()
-		demand = 0.1
-		mu.Unlock()
-		time.Sleep(20 * DefaultInterval)
+		step(0.1, 20)
 		stop()
 		n, history := f.procs()
 		if n != 8 {
