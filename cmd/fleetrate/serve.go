@@ -553,18 +553,18 @@ func serve(ctx context.Context, st serveSettings, logOut io.Writer) error {
 // governProcs starts the processor governor (package procs) and returns
 // its stop; it logs what it does, or why it does nothing.
 func governProcs(log *slog.Logger) (stop func()) {
-	full := runtime.GOMAXPROCS(0)
 	stop, err := procs.Start(procs.Options{Logger: log})
+	full := runtime.GOMAXPROCS(0) // Go's default, which Start has set
 	switch {
 	case err == nil:
-		log.Info("processors: adaptive", "quiet", fmt.Sprintf("1 while under %.2f CPUs", procs.DefaultQuiet), "busy", fmt.Sprintf("%d from %.0f %% of one", full, procs.DefaultBusy*100))
+		log.Info("processors: adaptive", "default", full, "one_below_cpus", procs.DefaultQuiet, "default_above_cpus", procs.DefaultBusy, "interval", procs.DefaultInterval)
 		return stop
 	case errors.Is(err, procs.ErrFixed):
 		log.Info("processors: GOMAXPROCS from the environment, not adaptive", "gomaxprocs", full)
 	case errors.Is(err, procs.ErrOneCPU):
 		log.Info("processors: one CPU, not adaptive", "gomaxprocs", full)
 	case errors.Is(err, procs.ErrRunning):
-		// Another serve in this process (tests) governs them already.
+		log.Debug("processors: governed by another service in this process", "gomaxprocs", full)
 	default:
 		log.Warn("processors: Go's default, not adaptive", "err", err)
 	}

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -106,11 +107,13 @@ type serveChild struct {
 	ctx   context.Context
 	cmd   *exec.Cmd
 	lines chan map[string]any
+	held  []map[string]any // lines read while waiting for another
 }
 
 // startServeChild starts `fleetrate serve` with serveTestConfig on
 // loopback ports, logging JSON at info level, plus args, as a child
-// process with this one's environment plus env, killed at the test's end.
+// process with this one's environment plus env, killed and reaped at the
+// test's end.
 func startServeChild(t *testing.T, env []string, args ...string) *serveChild {
 	t.Helper()
 	path := serveWriteFile(t, "fleetrate.yaml", serveTestConfig)
@@ -126,7 +129,6 @@ func startServeChild(t *testing.T, env []string, args ...string) *serveChild {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { cmd.Process.Kill() })
 	c := &serveChild{t: t, ctx: ctx, cmd: cmd, lines: make(chan map[string]any, 100)}
 	go func() {
 		defer close(c.lines)
@@ -138,23 +140,40 @@ func startServeChild(t *testing.T, env []string, args ...string) *serveChild {
 			}
 		}
 	}()
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil { // not waited for by the test
+			cmd.Process.Kill()
+			for range c.lines { // stderr to its end, then reap
+			}
+			cmd.Wait()
+		}
+	})
 	return c
 }
 
-// waitLine returns the next log line whose message is msg.
-func (c *serveChild) waitLine(msg string) map[string]any {
+// waitLine returns the first log line not yet returned whose message is
+// one of msgs, in the order the service wrote them; lines with other
+// messages are kept for later calls.
+func (c *serveChild) waitLine(msgs ...string) map[string]any {
 	c.t.Helper()
+	for i, m := range c.held {
+		if msg, _ := m["msg"].(string); slices.Contains(msgs, msg) {
+			c.held = slices.Delete(c.held, i, i+1)
+			return m
+		}
+	}
 	for {
 		select {
 		case m, ok := <-c.lines:
 			if !ok {
-				c.t.Fatalf("the service exited before logging %q", msg)
+				c.t.Fatalf("the service exited before logging %q", msgs)
 			}
-			if m["msg"] == msg {
+			if msg, _ := m["msg"].(string); slices.Contains(msgs, msg) {
 				return m
 			}
+			c.held = append(c.held, m)
 		case <-c.ctx.Done():
-			c.t.Fatalf("no %q log line", msg)
+			c.t.Fatalf("no %q log line", msgs)
 		}
 	}
 }

@@ -10,14 +10,16 @@
 // which spins looking for work before it sleeps again. With one processor
 // those hand-offs are goroutine switches on one thread. fleetrate serve
 // measured about 0.7 times the CPU per decision with one processor at a
-// single caller (docs/BENCHMARKS.md); under load the governor gives the
-// runtime all its processors back within one sampling interval.
+// single caller (docs/BENCHMARKS.md); a load that needs more than one
+// processor gets Go's default back within two samples (the sample it
+// starts in, and the first whole one above the busy threshold).
 package procs
 
 import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"runtime"
 	"sync"
@@ -38,6 +40,9 @@ const (
 	// DefaultSettle is how many quiet samples in a row it takes to go down
 	// to one processor.
 	DefaultSettle = 5
+	// MinInterval is the shortest Options.Interval: a sample costs a
+	// system call, and a change a stop of the world.
+	MinInterval = time.Millisecond
 )
 
 // ErrRunning is returned by Start when another governor already runs in
@@ -55,15 +60,15 @@ var ErrOneCPU = errors.New("procs: Go's default is one processor")
 // Options tune a governor. The zero value is the defaults.
 type Options struct {
 	// Interval between samples of the process's CPU use (DefaultInterval
-	// when zero). Going back to Go's default takes at most one interval
-	// of load.
+	// when zero; at least MinInterval). Going back to Go's default takes
+	// at most two intervals of load.
 	Interval time.Duration
 	// Quiet is the CPU use, in CPUs averaged over a sample, under which a
 	// sample is quiet (DefaultQuiet when zero). It must be below Busy.
 	Quiet float64
 	// Busy is the CPU use over a sample at one processor above which the
 	// governor restores Go's default (DefaultBusy when zero). It must be
-	// at most 1.
+	// below 1: one processor's process seldom uses more than one CPU.
 	Busy float64
 	// Settle is how many quiet samples in a row bring the process down to
 	// one processor (DefaultSettle when zero).
@@ -85,10 +90,14 @@ var running atomic.Bool
 
 // Start governs GOMAXPROCS by the process's CPU use, from a goroutine of
 // its own, until stop is called; stop restores Go's default and returns
-// once the governor has ended. Start returns ErrFixed, ErrOneCPU or
-// ErrRunning when there is nothing for it to do, an error naming the
-// field when opts is invalid, and an error when the process's CPU time
-// cannot be read; GOMAXPROCS is then as it was.
+// once the governor has ended (stop may be called more than once).
+//
+// Start first sets Go's default (runtime.SetDefaultGOMAXPROCS): a count
+// the program set itself is replaced, and stays replaced when Start
+// returns ErrOneCPU. It returns at once, governing nothing, with ErrFixed,
+// ErrOneCPU or ErrRunning when there is nothing for it to do, with an
+// error naming the field when opts is invalid, and with an error when the
+// process's CPU time cannot be read.
 func Start(opts Options) (stop func(), err error) {
 	opts.fill()
 	if err := opts.check(); err != nil {
@@ -100,17 +109,22 @@ func Start(opts Options) (stop func(), err error) {
 	if !running.CompareAndSwap(false, true) {
 		return nil, ErrRunning
 	}
+	started := false
+	defer func() {
+		if !started { // every early return, and a hook's panic
+			running.Store(false)
+		}
+	}()
 	last, err := opts.cpu()
 	if err != nil {
-		running.Store(false)
 		return nil, fmt.Errorf("procs: reading the process's CPU time: %w", err)
 	}
 	opts.setDefault()
 	if opts.gomaxprocs(0) <= 1 {
-		running.Store(false)
 		return nil, ErrOneCPU
 	}
 	quit, done := make(chan struct{}), make(chan struct{})
+	started = true
 	go func() {
 		defer close(done)
 		defer running.Store(false)
@@ -128,7 +142,6 @@ func Start(opts Options) (stop func(), err error) {
 // the CPU time so far.
 func (opts *Options) govern(quit <-chan struct{}, last time.Duration) {
 	g := governor{quiet: opts.Quiet, busy: opts.Busy, settle: opts.Settle}
-	n := opts.gomaxprocs(0)
 	tick := time.NewTicker(opts.Interval)
 	defer tick.Stop()
 	prev := time.Now()
@@ -136,36 +149,54 @@ func (opts *Options) govern(quit <-chan struct{}, last time.Duration) {
 		select {
 		case <-quit:
 			return
-		case now := <-tick.C:
-			used, err := opts.cpu()
-			if err != nil {
-				// Unreadable now after a first reading: keep Go's
-				// default rather than a count chosen blind.
-				if opts.Logger != nil {
-					opts.Logger.Warn("processors: Go's default from now on: the process's CPU time cannot be read", "err", err)
-				}
-				return
-			}
-			cpus := float64(used-last) / float64(now.Sub(prev))
-			last, prev = used, now
-			next := g.next(n, cpus)
-			if next == n {
-				continue
-			}
-			if next == 1 {
-				opts.gomaxprocs(1)
-			} else {
-				// Go's default again, with its automatic updates (a
-				// cgroup's new CPU limit) that setting a count turned off.
-				opts.setDefault()
-				next = opts.gomaxprocs(0)
-			}
+		case <-tick.C:
+		}
+		used, err := opts.cpu()
+		// The time of the reading, not the tick's: a tick read late would
+		// otherwise divide the CPU of one span by the length of another.
+		now := time.Now()
+		if err != nil {
+			// Unreadable now after a first reading: keep Go's default
+			// rather than a count chosen blind.
 			if opts.Logger != nil {
-				opts.Logger.Debug("processors", "from", n, "to", next, "cpus_used", fmt.Sprintf("%.2f", cpus))
+				opts.Logger.Warn("processors: Go's default from now on: the process's CPU time cannot be read", "err", err)
 			}
-			n = next
+			return
+		}
+		elapsed := now.Sub(prev)
+		if elapsed <= 0 || used < last {
+			// No time passed, or a CPU time that went back: no sample.
+			last, prev = max(last, used), later(prev, now)
+			continue
+		}
+		cpus := float64(used-last) / float64(elapsed)
+		last, prev = used, now
+		// Read each time: the runtime follows a cgroup's new CPU limit
+		// by itself while at its default.
+		n := opts.gomaxprocs(0)
+		next := g.next(n, cpus)
+		if next == n {
+			continue
+		}
+		if next == 1 {
+			opts.gomaxprocs(1)
+		} else {
+			// Go's default again, with its automatic updates (a cgroup's
+			// new CPU limit) that setting a count turned off.
+			opts.setDefault()
+			next = opts.gomaxprocs(0)
+		}
+		if opts.Logger != nil {
+			opts.Logger.Debug("processors", "from", n, "to", next, "cpus_used", math.Round(cpus*100)/100)
 		}
 	}
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 func (o *Options) fill() {
@@ -197,12 +228,12 @@ func (o *Options) fill() {
 
 func (o *Options) check() error {
 	switch {
-	case o.Interval < 0:
-		return fmt.Errorf("procs: Options.Interval must not be negative, got %v", o.Interval)
-	case o.Quiet < 0:
-		return fmt.Errorf("procs: Options.Quiet must not be negative, got %v", o.Quiet)
-	case o.Busy < 0 || o.Busy > 1:
-		return fmt.Errorf("procs: Options.Busy must be above 0 and at most 1 (one processor's CPU), got %v", o.Busy)
+	case o.Interval < MinInterval:
+		return fmt.Errorf("procs: Options.Interval must be at least %v, got %v", MinInterval, o.Interval)
+	case !(o.Quiet > 0):
+		return fmt.Errorf("procs: Options.Quiet must be above 0, got %v", o.Quiet)
+	case !(o.Busy > 0 && o.Busy < 1):
+		return fmt.Errorf("procs: Options.Busy must be above 0 and below 1 (one processor's CPU), got %v", o.Busy)
 	case o.Quiet >= o.Busy:
 		return fmt.Errorf("procs: Options.Quiet (%v) must be below Options.Busy (%v), or the count would swing at every sample", o.Quiet, o.Busy)
 	case o.Settle < 0:

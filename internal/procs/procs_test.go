@@ -2,6 +2,7 @@ package procs
 
 import (
 	"errors"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -164,8 +165,13 @@ func TestGovernRefuses(t *testing.T) {
 		name string
 	}{
 		{Options{Interval: -time.Second}, "Interval"},
+		{Options{Interval: time.Microsecond}, "Interval must be at least 1ms"},
 		{Options{Quiet: -1}, "Quiet"},
+		{Options{Quiet: math.NaN()}, "Quiet"},
 		{Options{Busy: 1.5}, "Busy"},
+		{Options{Busy: 1}, "Busy"},
+		{Options{Busy: -0.5}, "Busy"},
+		{Options{Busy: math.NaN()}, "Busy"},
 		{Options{Quiet: 0.9, Busy: 0.8}, "Quiet (0.9) must be below Options.Busy"},
 		{Options{Settle: -2}, "Settle"},
 	} {
@@ -206,7 +212,6 @@ func TestGovernStopsOnUnreadableCPU(t *testing.T) {
 		opts.cpu = func() (time.Duration, error) {
 			calls++
 			if calls > DefaultSettle+1 { // the first reading and the samples that go down to one
-
 				return 0, errors.New("gone")
 			}
 			return read()
@@ -224,16 +229,65 @@ func TestGovernStopsOnUnreadableCPU(t *testing.T) {
 	})
 }
 
+// TestProcessCPUAdvances: the real reading grows as the process works,
+// and stays put when read twice in a row with no work between (or grows a
+// little), never back.
 func TestProcessCPUAdvances(t *testing.T) {
 	a, err := processCPU()
 	if err != nil {
 		t.Fatal(err)
 	}
-	x := 0
-	for b := a; b == a; b, _ = processCPU() {
-		x++ // spin until the process has used measurably more CPU
+	deadline := time.Now().Add(10 * time.Second)
+	b := a
+	for b <= a && time.Now().Before(deadline) {
+		if b, err = processCPU(); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if x == 0 {
-		t.Fatal("no work done")
+	if b <= a {
+		t.Fatalf("10 s of spinning read no more CPU time: %v, then %v", a, b)
 	}
+}
+
+func TestGovernUnreadableAtStart(t *testing.T) {
+	f := &fake{full: 4, n: 4, load: func(int) float64 { return 0 }}
+	opts := f.options()
+	opts.cpu = func() (time.Duration, error) { return 0, errors.New("no rusage") }
+	if _, err := Start(opts); err == nil || !strings.Contains(err.Error(), "no rusage") {
+		t.Fatalf("Start with an unreadable CPU time: %v, want its error", err)
+	}
+	if _, h := f.procs(); len(h) != 0 {
+		t.Fatalf("settings %v, want none", h)
+	}
+	// The place is free again.
+	synctest.Test(t, func(t *testing.T) {
+		stop, err := Start(f.options())
+		if err != nil {
+			t.Fatalf("Start after a failed one: %v", err)
+		}
+		stop()
+	})
+}
+
+// TestGovernSkipsSamplesThatGoBack: a CPU time that goes back (a thread's
+// accounting corrected, a hook's quirk) is no sample, not a quiet one.
+func TestGovernSkipsSamplesThatGoBack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fake{full: 4, n: 4, load: func(int) float64 { return 0 }}
+		opts := f.options()
+		var used time.Duration
+		opts.cpu = func() (time.Duration, error) {
+			used -= time.Millisecond // always back
+			return used, nil
+		}
+		stop, err := Start(opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(DefaultInterval * (DefaultSettle + 5))
+		if n, h := f.procs(); n != 4 || len(h) != 0 {
+			t.Fatalf("%d processors (settings %v), want Go's default 4 and no change", n, h)
+		}
+		stop()
+	})
 }
