@@ -402,28 +402,37 @@ func redisImpls() []redisImpl {
 
 // measureRedis measures each implementation at each key pattern and
 // number of goroutines cfg.count times, the implementations taking turns
-// so that a slow spell of the machine hits them all; each row is the run
-// with the median throughput.
+// so that a slow spell of the machine hits them all, in the opposite
+// order every other round so that going first or second favours none;
+// each row is the run with the median throughput.
 func measureRedis(srv *redistest.Server, cfg config, impls []redisImpl, patterns []bool) ([]redisRow, error) {
-	var rows []redisRow
-	runs := map[int][]measurement{}
+	runs := make([][]measurement, len(patterns)*len(cfg.goroutines)*len(impls))
+	at := func(hi, gi, ii int) int { return (hi*len(cfg.goroutines)+gi)*len(impls) + ii }
 	for rep := range cfg.count {
-		i := 0
-		for _, hot := range patterns {
-			for _, g := range cfg.goroutines {
-				for _, im := range impls {
+		for hi, hot := range patterns {
+			for gi, g := range cfg.goroutines {
+				for k := range impls {
+					ii := k
+					if rep%2 == 1 {
+						ii = len(impls) - 1 - k
+					}
+					im := impls[ii]
 					m, err := measureImpl(srv, cfg, im, hot, g)
 					if err != nil {
 						return nil, err
 					}
-					runs[i] = append(runs[i], m)
+					runs[at(hi, gi, ii)] = append(runs[at(hi, gi, ii)], m)
 					fmt.Fprintf(os.Stderr, "redis %-26s hot=%-5v g=%-3d %9.0f/s p99 %v errors %d\n", im.name, hot, g, m.ops, m.p99, m.errors)
-					if rep == cfg.count-1 {
-						med := median(runs[i], func(m measurement) float64 { return m.ops })
-						rows = append(rows, redisRow{impl: im.name, hot: hot, g: g, m: med})
-					}
-					i++
 				}
+			}
+		}
+	}
+	var rows []redisRow
+	for hi, hot := range patterns {
+		for gi, g := range cfg.goroutines {
+			for ii, im := range impls {
+				med := median(runs[at(hi, gi, ii)], func(m measurement) float64 { return m.ops })
+				rows = append(rows, redisRow{impl: im.name, hot: hot, g: g, m: med})
 			}
 		}
 	}
