@@ -559,9 +559,14 @@ type bound struct {
 
 // TakeKey implements fleetrate.BoundTaker.
 func (t *bound) TakeKey(ctx context.Context, key string, n int64, maxWait time.Duration) (fleetrate.Result, error) {
+	res, err := t.takeKey(ctx, key, n, maxWait)
+	return res, t.s.explain(err)
+}
+
+// takeKey is TakeKey before its error is explained.
+func (t *bound) takeKey(ctx context.Context, key string, n int64, maxWait time.Duration) (fleetrate.Result, error) {
 	if q := t.s.queue(n); q != nil && t.s.fo == nil {
-		res, err := q.takeKey(ctx, t.b, key, n, maxWait, t.largs)
-		return res, t.s.explain(err)
+		return q.takeKey(ctx, t.b, key, n, maxWait, t.largs)
 	}
 	b := t.b
 	b.Key = key
@@ -569,14 +574,10 @@ func (t *bound) TakeKey(ctx context.Context, key string, n int64, maxWait time.D
 	if err := req.Validate(); err != nil {
 		return fleetrate.Result{}, err
 	}
-	var res fleetrate.Result
-	var err error
 	if t.s.fo != nil {
-		res, err = t.s.take(ctx, req)
-	} else {
-		res, err = t.s.takeOne(ctx, req)
+		return t.s.take(ctx, req)
 	}
-	return res, t.s.explain(err)
+	return t.s.takeOne(ctx, req)
 }
 
 // takeOne runs one take of an already validated request in one call of

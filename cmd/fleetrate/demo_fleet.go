@@ -438,11 +438,11 @@ func openRedis(ctx context.Context, url string) (*redisstore.Store, func(), erro
 	redisstore.SetLogger(slog.Default()) // go-redis's own lines: structured, one a second
 	pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
-	if err := pingRedis(pctx, client); refusedSetup(err) {
+	if err := pingRedis(pctx, client); err != nil {
 		client.Close()
-		return nil, nil, refused(name, err)
-	} else if err != nil {
-		client.Close()
+		if refusedSetup(err) {
+			return nil, nil, refused(name, err)
+		}
 		// Not ErrStoreUnavailable's text, whose "fleetrate:" main's own
 		// prefix already gives: the line would read it twice.
 		return nil, nil, fmt.Errorf("--redis %s: redis does not answer: %w", name, err)

@@ -165,8 +165,8 @@ func (opts *Options) govern(quit <-chan struct{}, last time.Duration) {
 		}
 		elapsed := now.Sub(prev)
 		if elapsed <= 0 || used < last {
-			// No time passed, or a CPU time that went back: no sample.
-			last, prev = max(last, used), later(prev, now)
+			// No time passed, or a CPU time that went back: no sample;
+			// the next one spans from the last good reading.
 			continue
 		}
 		cpus := float64(used-last) / float64(elapsed)
@@ -190,13 +190,6 @@ func (opts *Options) govern(quit <-chan struct{}, last time.Duration) {
 			opts.Logger.Debug("processors", "from", n, "to", next, "cpus_used", math.Round(cpus*100)/100)
 		}
 	}
-}
-
-func later(a, b time.Time) time.Time {
-	if b.After(a) {
-		return b
-	}
-	return a
 }
 
 func (o *Options) fill() {
