@@ -72,6 +72,13 @@ type Options struct {
 	// Latency and Jitter are the simulated upstream's (see Simulate): each
 	// call takes Latency plus a random share of Jitter.
 	Latency, Jitter time.Duration
+	// JitterTail, when set, in (0, 1], is the share of calls whose jitter
+	// is drawn from the whole of Jitter; the others draw from at most a
+	// millisecond of it. It models a network that is quiet but for a tail,
+	// as the outbound benchmark's wire times are (docs/BENCHMARKS.md,
+	// "The strict window under a jitter tail"). Zero: every call draws
+	// from the whole of Jitter.
+	JitterTail float64
 	// Logger, when set, receives the simulated transports' events (see
 	// Simulate): each 429, pause and rate change. Nil discards them.
 	Logger *slog.Logger

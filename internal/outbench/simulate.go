@@ -2,6 +2,7 @@ package outbench
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
@@ -17,17 +18,23 @@ import (
 
 // direct calls a handler in the caller's goroutine, after a latency: an
 // upstream without a network, for a simulation on a fake clock. Each call
-// takes the latency plus a random share of the jitter, half before the
-// handler sees the request and half after.
+// takes the latency plus a random share of the jitter (of at most a
+// millisecond of it, but for a share tail of the calls, when tail is
+// set), half before the handler sees the request and half after.
 type direct struct {
 	h               http.Handler
 	latency, jitter time.Duration
+	tail            float64
 }
 
 func (d direct) RoundTrip(req *http.Request) (*http.Response, error) {
 	latency := d.latency
 	if d.jitter > 0 {
-		latency += rand.N(d.jitter)
+		j := d.jitter
+		if d.tail > 0 && rand.Float64() >= d.tail {
+			j = min(j, time.Millisecond)
+		}
+		latency += rand.N(j)
 	}
 	if latency > 0 {
 		t := time.NewTimer(latency / 2)
@@ -54,6 +61,9 @@ func (d direct) RoundTrip(req *http.Request) (*http.Response, error) {
 // as fast as the CPU allows: the transport's real code, on a fake clock.
 func Simulate(s Scenario, o Options, adaptive transport.Adaptive) (Result, error) {
 	o = o.withDefaults(60 * time.Second)
+	if !(o.JitterTail >= 0 && o.JitterTail <= 1) {
+		return Result{}, fmt.Errorf("outbench: jitter tail must be in [0, 1], got %v", o.JitterTail)
+	}
 	adv, err := mockota.NewAdversary(s.Upstream)
 	if err != nil {
 		return Result{}, err
@@ -79,7 +89,7 @@ func Simulate(s Scenario, o Options, adaptive transport.Adaptive) (Result, error
 			return Result{}, err
 		}
 		tr, err := transport.New(lim, classify, transport.Options{
-			Base: direct{h: adv, latency: o.Latency, jitter: o.Jitter}, MaxRetryAfter: maxRetryAfter, Adaptive: adaptive,
+			Base: direct{h: adv, latency: o.Latency, jitter: o.Jitter, tail: o.JitterTail}, MaxRetryAfter: maxRetryAfter, Adaptive: adaptive,
 			Logger: logger,
 		})
 		if err != nil {

@@ -3,6 +3,7 @@ package outbench
 import (
 	"flag"
 	"log/slog"
+	"math"
 	"os"
 	"strings"
 	"testing"
@@ -16,6 +17,7 @@ var (
 	simDuration = flag.Duration("outbench.simduration", 300*time.Second, "how long TestSimulatedFleet simulates each scenario")
 	simLatency  = flag.Duration("outbench.simlatency", 2*time.Millisecond, "the simulated upstream's latency")
 	simJitter   = flag.Duration("outbench.simjitter", 10*time.Millisecond, "the simulated upstream's jitter: each call takes up to this much more")
+	simTail     = flag.Float64("outbench.simtail", 0, "the share of simulated calls that draw from the whole jitter, the others from at most 1 ms of it (0: all draw from the whole)")
 	simDecrease = flag.Float64("outbench.decrease", 0, "the adaptive decrease (0: the default)")
 	simRecovery = flag.Duration("outbench.recovery", 0, "the adaptive recovery (0: the default)")
 	simChart    = flag.String("outbench.simchart", "", "write a PNG chart of the simulated runs to this file")
@@ -46,7 +48,7 @@ func TestSimulatedFleet(t *testing.T) {
 		var r Result
 		synctest.Test(t, func(t *testing.T) {
 			var err error
-			o := Options{Duration: *simDuration, Latency: *simLatency, Jitter: *simJitter}
+			o := Options{Duration: *simDuration, Latency: *simLatency, Jitter: *simJitter, JitterTail: *simTail}
 			if *simLog {
 				o.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 			}
@@ -102,5 +104,14 @@ func TestSimulatedFleet(t *testing.T) {
 	t.Logf("simulated, %v per upstream:\n%s", *simDuration, Table(rs))
 	if *simChart != "" {
 		writeChart(t, *simChart, rs)
+	}
+}
+
+func TestSimulateRefusesABadJitterTail(t *testing.T) {
+	for _, tail := range []float64{-0.1, 1.5, math.NaN()} {
+		_, err := Simulate(Scenarios()[0], Options{Duration: time.Second, JitterTail: tail}, transport.Adaptive{})
+		if err == nil || !strings.Contains(err.Error(), "jitter tail") {
+			t.Errorf("JitterTail %v: err = %v, want one naming the jitter tail", tail, err)
+		}
 	}
 }
