@@ -337,6 +337,10 @@ type view struct {
 	// time) would otherwise cut the rate to what the few requests since
 	// the resume allow; the proof is used for that one 429 (see lower).
 	proven float64
+	// rtt and gateRTT are the quickest recent answer of an endpoint with a
+	// spacing gate, and the quickest recent take of its gate (see
+	// Transport.answered).
+	rtt, gateRTT rttFloor
 	// next is when the bucket's next token was free, as the last booking
 	// this process made left it (local clock): a request whose wait budget
 	// ends sooner fails with backpressure without asking the store.

@@ -20,6 +20,12 @@
 // request still limited after the last attempt fails with *GaveUpError
 // (errors.Is ErrGaveUp); any other upstream answer is returned as is.
 //
+// An endpoint that admits one request per interval and no burst (a
+// strict window) is declared with Endpoint.Spacing: each request then also
+// passes a fleet-wide spacing gate just before it goes out, which a late
+// answer holds shut for as long as the request may have been late on the
+// way (see Endpoint.Spacing).
+//
 // Upstream describes an API's documented limits once and yields both the
 // limiter's buckets (Upstream.Buckets) and the request mapping
 // (Upstream.Classifier). Bucket names carry the channel as a Redis Cluster
@@ -27,7 +33,8 @@
 // buckets one request draws from share a slot.
 //
 // Events are logged with log/slog (rate_throttle_wait, rate_limited,
-// rate_backpressure, rate_gave_up, rate_store_error), keyed by channel and
+// rate_backpressure, rate_gave_up, rate_store_error, rate_spacing_hold),
+// keyed by channel and
 // endpoint and by the entity id set with WithEntity. Metrics go to the
 // prometheus.Registerer in Options.
 package transport

@@ -122,3 +122,25 @@ func ExampleGaveUpError() {
 	// Output:
 	// 3 429 true
 }
+
+// Declare a strict window, one request per 50 ms and no burst: the fleet
+// paces below it, and every request also passes the fleet's spacing gate
+// just before it goes out. Pacing at the window's own rate is refused.
+func ExampleEndpoint_spacing() {
+	window := 50 * time.Millisecond
+	up := transport.Upstream{
+		Channel: "payments",
+		Endpoints: []transport.Endpoint{
+			{Name: "charge", Pattern: "POST /v1/charges", Spacing: window, Limits: []fleetrate.Limit{fleetrate.PerSecond(19, 1)}},
+		},
+	}
+	fmt.Println("19/s:", up.Validate())
+	fmt.Println("gate margin:", transport.SpacingMargin(window))
+
+	up.Endpoints[0].Limits = []fleetrate.Limit{fleetrate.Every(window, 1)}
+	fmt.Println("20/s:", up.Validate())
+	// Output:
+	// 19/s: <nil>
+	// gate margin: 1ms
+	// 20/s: fleetrate: invalid: upstream "payments": endpoints[0].limits[0]: rate 20/s is faster than spacing 50ms lets through (at most 19.61/s: one request per spacing + 1ms, its margin)
+}

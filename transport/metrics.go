@@ -41,6 +41,10 @@ const (
 	// process woke later after their slot than their buckets' bursts
 	// tolerate (see Options): a sign of CPU starvation.
 	MetricLateRebooked = "fleetrate_transport_late_rebooked_total"
+	// MetricSpacingHolds counts requests of an endpoint with a spacing gate
+	// (see Endpoint.Spacing) that left or came back late enough to hold
+	// the gate shut for the next one.
+	MetricSpacingHolds = "fleetrate_transport_spacing_holds_total"
 )
 
 // waitBuckets are the histogram bounds in seconds, from a millisecond to
@@ -57,6 +61,7 @@ type metrics struct {
 	effective    *prometheus.GaugeVec
 	persist      *prometheus.CounterVec
 	rebook       *prometheus.CounterVec
+	spacingHolds *prometheus.CounterVec
 }
 
 // newMetrics registers the transport's collectors on reg. Transports that
@@ -105,6 +110,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if m.rebook, err = counter(MetricLateRebooked, "Requests booked again because their process woke too late after their slot."); err != nil {
 		return nil, err
 	}
+	if m.spacingHolds, err = counter(MetricSpacingHolds, "Requests that left or came back late enough to hold their endpoint's spacing gate shut for the next one."); err != nil {
+		return nil, err
+	}
 	return m, nil
 }
 
@@ -151,6 +159,12 @@ func (m *metrics) effectiveRate(t Target, bucket string, limits []fleetrate.Limi
 func (m *metrics) rebooked(t Target) {
 	if m != nil {
 		m.rebook.WithLabelValues(t.Channel, t.Endpoint).Inc()
+	}
+}
+
+func (m *metrics) spacingHeld(t Target) {
+	if m != nil {
+		m.spacingHolds.WithLabelValues(t.Channel, t.Endpoint).Inc()
 	}
 }
 

@@ -406,11 +406,23 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	replayable := req.Body == nil || req.Body == http.NoBody || req.GetBody != nil
 
 	for attempt := 1; ; attempt++ {
+		began := time.Now()
 		if err := t.wait(ctx, tg, attrs); err != nil {
 			if attempt == 1 {
 				closeBody(req)
 			}
 			return nil, err
+		}
+		var gate gatePass
+		if tg.Spacing > 0 {
+			if gate, err = t.passGate(ctx, tg, t.budget(ctx)-time.Since(began)); err != nil {
+				if err = t.waitFailed(ctx, tg, attrs, err); err != nil {
+					if attempt == 1 {
+						closeBody(req)
+					}
+					return nil, err
+				}
+			}
 		}
 		out := req
 		if attempt > 1 {
@@ -421,6 +433,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		sent := time.Now()
 		resp, err := t.base.RoundTrip(out)
+		if err == nil && !gate.open.IsZero() {
+			t.answered(ctx, tg, attrs, gate, sent, time.Since(sent))
+		}
 
 		var li limitInfo
 		switch {
@@ -576,10 +591,7 @@ func (t *Transport) wait(ctx context.Context, tg Target, attrs []slog.Attr) erro
 		class = tg.Priority
 		ctx = fleetrate.WithPriority(ctx, class)
 	}
-	w.ctx, w.start, w.maxWait = ctx, time.Now(), t.maxWait
-	if dl, ok := ctx.Deadline(); ok {
-		w.maxWait = max(min(w.maxWait, time.Until(dl)), 0)
-	}
+	w.ctx, w.start, w.maxWait = ctx, time.Now(), t.budget(ctx)
 	if len(w.paced) > 1 {
 		release, err := t.queue(ctx, strings.Join(append(names, class), "\x00"), w.start, w.maxWait)
 		if err != nil {
@@ -620,6 +632,15 @@ func (t *Transport) wait(ctx context.Context, tg Target, attrs []slog.Attr) erro
 			return nil
 		}
 	}
+}
+
+// budget returns how long a request may wait for its turn: the max wait,
+// or less when ctx ends sooner.
+func (t *Transport) budget(ctx context.Context) time.Duration {
+	if dl, ok := ctx.Deadline(); ok {
+		return max(min(t.maxWait, time.Until(dl)), 0)
+	}
+	return t.maxWait
 }
 
 // errFailedOpen is book's report of a failed store when failing open.

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/fleetrate/fleetrate"
 )
@@ -47,6 +48,9 @@ type Target struct {
 	// fleetrate.Priority), unless its context names one with
 	// fleetrate.WithPriority. Empty means the top class.
 	Priority string
+	// Spacing, when set, sends the request through the endpoint's
+	// fleet-wide spacing gate (see Endpoint.Spacing).
+	Spacing time.Duration
 }
 
 // validate checks the target, naming the failing field and value.
@@ -59,6 +63,9 @@ func (t Target) validate() error {
 	}
 	if t.Cost < 0 {
 		return fmt.Errorf("%w: target: cost must be >= 0, got %d", fleetrate.ErrInvalid, t.Cost)
+	}
+	if t.Spacing != 0 && (t.Spacing < minSpacing || t.Spacing > maxSpacing) {
+		return fmt.Errorf("%w: target: spacing must be 0 or between %v and %v, got %v", fleetrate.ErrInvalid, minSpacing, maxSpacing, t.Spacing)
 	}
 	return nil
 }
@@ -156,6 +163,17 @@ type Endpoint struct {
 	Limits []fleetrate.Limit
 	// Cost is the tokens one request takes. 0 means 1.
 	Cost int64
+	// Spacing, when set, is the least time the upstream admits between
+	// two of the endpoint's requests: a strict window, which documents a
+	// rate and no burst (50ms for "20 requests per second, one at a
+	// time"). Limits must then pace below 1/(Spacing + SpacingMargin),
+	// e.g. at 95 %. Each request also passes a fleet-wide gate in the
+	// store just before it goes out (one more store call), which keeps
+	// sends Spacing + SpacingMargin apart however late they wake, and a
+	// request whose answer comes back late holds the gate shut for that
+	// long: it may have reached the upstream late, and the next one, on
+	// time, would reach it too soon. See SpacingMargin.
+	Spacing time.Duration
 	// Priority is the priority class of the endpoint's requests, one of
 	// the upstream's Priorities (a request's context may name another with
 	// fleetrate.WithPriority). Empty means the top class.
@@ -222,6 +240,9 @@ func (u Upstream) Validate() error {
 		}
 		if len(e.Limits) == 0 {
 			return fmt.Errorf("%w: %s.limits: at least one limit is required", fleetrate.ErrInvalid, field)
+		}
+		if err := checkSpacing(e, field); err != nil {
+			return err
 		}
 		if e.Priority != "" && !slices.ContainsFunc(u.Priorities, func(p fleetrate.Priority) bool { return p.Name == e.Priority }) {
 			return fmt.Errorf("%w: %s.priority: %q is not one of the upstream's priorities", fleetrate.ErrInvalid, field, e.Priority)
@@ -310,6 +331,7 @@ func (u Upstream) Classifier() (Classify, error) {
 			Fixed:           u.Fixed,
 			DrainCredential: u.DrainCredential,
 			Priority:        e.Priority,
+			Spacing:         e.Spacing,
 		}, nil
 	}, nil
 }

@@ -44,8 +44,9 @@ import (
 const workerEnv = "FLEETRATE_OUTBENCH_WORKER"
 
 // LogEnv names the environment variable that, when it holds a directory,
-// has each worker process write its transport's events (each 429, pause
-// and rate change) there, to worker-<pid>.log.
+// has each worker process write its transport's events there, debug
+// level included (each wait, 429, pause, rate change and spacing hold), to
+// worker-<pid>.log.
 const LogEnv = "FLEETRATE_OUTBENCH_LOG"
 
 // Scenario is one upstream and how the fleet is configured against it.
@@ -60,6 +61,9 @@ type Scenario struct {
 	Credential fleetrate.Limit
 	// Fixed turns adaptive pacing off.
 	Fixed bool
+	// Spacing declares the upstream's strict window on the endpoint (see
+	// transport.Endpoint.Spacing).
+	Spacing time.Duration
 	// Target is the rate the scenario should reach: the hidden rate when
 	// there is one, else the documented one.
 	Target float64
@@ -236,7 +240,7 @@ func Main() { workerproc.Main(workerEnv, work) }
 func upstreamOf(s Scenario) transport.Upstream {
 	up := transport.Upstream{
 		Channel:   "ota",
-		Endpoints: []transport.Endpoint{{Name: "avail", Pattern: "/avail", Limits: []fleetrate.Limit{s.Limit}}},
+		Endpoints: []transport.Endpoint{{Name: "avail", Pattern: "/avail", Limits: []fleetrate.Limit{s.Limit}, Spacing: s.Spacing}},
 		Fixed:     s.Fixed,
 	}
 	if s.Credential.Rate > 0 {
@@ -280,7 +284,7 @@ func work(s spec) Outcomes {
 			return Outcomes{Errors: []string{err.Error()}}
 		}
 		defer f.Close()
-		logger = slog.New(slog.NewTextHandler(f, nil))
+		logger = slog.New(slog.NewTextHandler(f, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
 	base := &http.Transport{MaxIdleConnsPerHost: s.Goroutines}
 	// As the README advises against a strict window: open the connection
@@ -553,7 +557,8 @@ func Table(rs []Result) string {
 // strict burst-1 window, and a hidden limit behind a documented one with
 // each form of Retry-After (a day's, capped to maxRetryAfter, included);
 // then endpoint + credential. The fleet is
-// configured as the README shows: 95 % of the documented 20/s, burst 1.
+// configured as the README shows: 95 % of the documented 20/s, burst 1,
+// and the strict window declared as the endpoint's Spacing (50 ms).
 func Scenarios() []Scenario {
 	return ScenariosAt(12, 19)
 }
@@ -573,7 +578,7 @@ func ScenariosAt(hidden, pace float64) []Scenario {
 	}
 	return []Scenario{
 		{Name: "documented 20/s burst 2", Limit: doc, Target: 20, Upstream: mockota.AdversaryConfig{Rate: 20, Burst: 2}},
-		{Name: "strict 20/s burst 1", Limit: strict, Target: 20, Upstream: mockota.AdversaryConfig{Rate: 20, Burst: 1}},
+		{Name: "strict 20/s burst 1", Limit: strict, Spacing: 50 * time.Millisecond, Target: 20, Upstream: mockota.AdversaryConfig{Rate: 20, Burst: 1}},
 		hiddenRow(mockota.RetrySeconds),
 		hiddenRow(mockota.RetryDate),
 		hiddenRow(mockota.RetryMissing),
