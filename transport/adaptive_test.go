@@ -22,27 +22,7 @@ import (
 func fleetOf(t *testing.T, n int, up transport.Upstream, base http.RoundTripper, opts transport.Options) ([]*transport.Transport, fleetrate.Store) {
 	t.Helper()
 	store := memstore.New(memstore.Options{})
-	classify, err := up.Classifier()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if opts.Logger == nil {
-		opts.Logger = quiet
-	}
-	opts.Base = base
-	var out []*transport.Transport
-	for range n {
-		lim, err := fleetrate.New(store, fleetrate.Config{Buckets: up.Buckets()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		tr, err := transport.New(lim, classify, opts)
-		if err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, tr)
-	}
-	return out, store
+	return fleetOver(t, store, n, up, base, opts), store
 }
 
 // gaps returns the time between consecutive arrivals from from on.

@@ -55,6 +55,9 @@ func checkSpacing(e Endpoint, field string) error {
 	}
 	gate := gateLimit(e.Spacing)
 	for j, l := range e.Limits {
+		if l.Burst != 1 {
+			return fmt.Errorf("%w: %s.limits[%d]: burst must be 1 with a spacing (a strict window has none), got %d", fleetrate.ErrInvalid, field, j, l.Burst)
+		}
 		if l.Rate > gate.Rate {
 			return fmt.Errorf("%w: %s.limits[%d]: rate %v/s is faster than spacing %v lets through (at most %.4g/s: one request per spacing + %v, its margin)",
 				fleetrate.ErrInvalid, field, j, l.Rate, e.Spacing, gate.Rate, SpacingMargin(e.Spacing))
@@ -87,54 +90,67 @@ type gatePass struct {
 	gate []fleetrate.Bucket // the gate and its hold (see gateBuckets)
 	// key is the endpoint bucket's key, which keys this process's view.
 	key string
+	// passed reports that the gate let the request go.
+	passed bool
 	// asked is when the take that let the request go was sent to the
-	// store, and open when its answer came back, each plus the wait the
-	// take booked, on this process's clock.
-	asked, open time.Time
+	// store, plus the wait it booked, on this process's clock: the
+	// request is on time when it goes then and a quickest take later.
+	asked time.Time
 	// quickest is the quickest recent round trip of a take of the gate.
 	quickest time.Duration
 }
 
-// passGate waits until tg's spacing gate lets the request go: at most
-// budget, or twice the gate's interval when that is more (a request whose
-// slot has come is not refused for the gate alone), and never past ctx.
-// It books the gate's token at most a quarter of an interval ahead, and
-// when the token is further off, sleeps until it is that near and asks
-// again: a late answer holds the gate only for the turns taken after it,
-// so a turn is taken as late as it can be.
+// passGate waits until tg's spacing gate lets the request go: within
+// budget, or twice the gate's interval when that is more but still within
+// the max wait (a request whose slot has come is not refused for the gate
+// alone), and never past ctx's deadline. It books the gate's turn at most
+// a quarter of an interval ahead, and when the turn is further off, sleeps
+// until it is that near and asks again: a late answer holds the gate only
+// for the turns taken after it, so a turn is taken as late as it can be.
+// Waiters so race for a turn rather than queue for it, whatever their
+// priority: a gate's turns come one per interval, each right after the
+// booked slot of the request that takes it.
 func (t *Transport) passGate(ctx context.Context, tg Target, budget time.Duration) (gatePass, error) {
 	b, err := t.lim.Bucket(EndpointBucket(tg.Channel, tg.Endpoint))
 	if err != nil {
-		return gatePass{}, err
+		return gatePass{}, fmt.Errorf("spacing gate: %w", err)
 	}
 	p := gatePass{gate: gateBuckets(b, tg.Spacing), key: b.Key}
 	iv := time.Duration(p.gate[0].Limits[0].Interval())
-	budget = max(budget, 2*iv)
-	ahead := min(iv/4, fleetrate.MaxWaitCap)
+	budget = max(budget, min(2*iv, t.maxWait))
+	if dl, ok := ctx.Deadline(); ok {
+		budget = min(budget, time.Until(dl))
+	}
+	ahead := iv / 4
 	start := time.Now()
 	for {
 		asked := time.Now()
-		r, err := t.lim.Store().Take(ctx, fleetrate.Request{Buckets: p.gate, N: 1, MaxWait: ahead})
+		var bk fleetrate.Booking
+		r, err := t.lim.Store().Take(ctx, fleetrate.Request{Buckets: p.gate, N: 1, MaxWait: ahead, Booking: &bk})
 		if err != nil {
-			return p, err
+			return p, fmt.Errorf("spacing gate: %w", err)
 		}
 		replied := time.Now()
 		t.views.mu.Lock()
 		p.quickest = t.views.get(p.key).gateRTT.add(asked, replied.Sub(asked))
 		t.views.mu.Unlock()
 		if r.Allowed {
-			// On time, the request goes when the store said, which the
-			// answer took a quickest round trip's half at least to tell.
-			p.asked, p.open = asked.Add(r.Wait), replied.Add(r.Wait)
+			p.asked = asked.Add(r.Wait)
 			if r.Wait > 0 {
 				if err := sleep(ctx, r.Wait); err != nil {
+					// Give the turn back, so that the next request need
+					// not wait for a send that never comes.
+					cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeTimeout)
+					_ = t.lim.Store().Cancel(cctx, p.gate, 1, bk)
+					cancel()
 					return p, fmt.Errorf("waiting for the spacing gate: %w", err)
 				}
 			}
+			p.passed = true
 			return p, nil
 		}
-		if replied.Sub(start)+r.RetryAfter > budget {
-			return p, &fleetrate.BackpressureError{RetryAfter: r.RetryAfter, MaxWait: budget, Result: r}
+		if left := budget - replied.Sub(start); r.RetryAfter > left {
+			return p, fmt.Errorf("spacing gate: %w", &fleetrate.BackpressureError{RetryAfter: r.RetryAfter, MaxWait: max(left, 0), Result: r})
 		}
 		if err := sleep(ctx, r.RetryAfter-ahead/2); err != nil {
 			return p, fmt.Errorf("waiting for the spacing gate: %w", err)
@@ -142,19 +158,21 @@ func (t *Transport) passGate(ctx context.Context, tg Target, budget time.Duratio
 	}
 }
 
-// answered learns from the answer to a request that passed the gate p,
-// sent at sent and answered after rtt. The request left the gate's
-// decision, reached the upstream and came back in the time from p.asked
-// to its answer; beyond the quickest recent take of the gate and the
-// quickest recent answer of the endpoint, that time may all have been
+// answered learns from the answer (not a rate limit) to a request that
+// passed the gate p, sent at sent and answered after rtt. The request left
+// the gate's decision, reached the upstream and came back in the time from
+// p.asked to its answer; beyond the quickest recent take of the gate and
+// the quickest recent answer of the endpoint, that time may all have been
 // spent before the request reached the upstream. When it exceeds the
-// the gate's margin, the gate's hold is drained so that the next request
-// goes no sooner than Spacing after the late one may have arrived: Spacing
+// gate's margin, the gate's hold is drained so that the next request goes
+// no sooner than Spacing after the late one may have arrived: Spacing
 // after the answer, less the endpoint's quickest answer, the time a
 // request on time would have taken to come back. (The gate's margin is
 // then spent: a request late by less than it is the one the margin is
-// for.) An endpoint whose quickest answer takes the whole Spacing tells
-// nothing in time, and its gate is never held.
+// for.) The hold reaches the next request only if the answer comes back
+// before that request takes its turn, which it may book up to a quarter of
+// an interval ahead; an endpoint whose quickest answer takes the whole
+// Spacing tells nothing in time, and its gate is never held.
 func (t *Transport) answered(ctx context.Context, tg Target, attrs []slog.Attr, p gatePass, sent time.Time, rtt time.Duration) {
 	t.views.mu.Lock()
 	quickest := t.views.get(p.key).rtt.add(sent, rtt)
@@ -168,14 +186,13 @@ func (t *Transport) answered(ctx context.Context, tg Target, attrs []slog.Attr, 
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeTimeout)
 	err := t.lim.Store().Drain(dctx, p.gate[1:], tg.Spacing-quickest)
 	cancel()
-	t.m.spacingHeld(tg)
-	level := slog.LevelDebug
+	attrs = append(attrs, slog.Float64("late_ms", float64(late)/float64(time.Millisecond)))
 	if err != nil {
-		level = slog.LevelWarn
+		t.log.LogAttrs(ctx, slog.LevelWarn, "rate_spacing_hold", append(attrs, slog.String("error", err.Error()))...)
+		return
 	}
-	t.log.LogAttrs(ctx, level, "rate_spacing_hold", append(attrs,
-		slog.Float64("late_ms", float64(late)/float64(time.Millisecond)),
-		slog.Any("error", err))...)
+	t.m.spacingHeld(tg)
+	t.log.LogAttrs(ctx, slog.LevelDebug, "rate_spacing_hold", attrs...)
 }
 
 // rttWindow is how long the quickest answer of an endpoint counts: the
@@ -183,8 +200,8 @@ func (t *Transport) answered(ctx context.Context, tg Target, attrs []slog.Attr, 
 const rttWindow = 10 * time.Second
 
 // rttSamples is how many answers the quickest is taken over before it is
-// trusted: until then an answer is compared with none (see answered), as
-// a process's first few answers may all have been slow.
+// trusted: each of them is compared with none (see answered), as a
+// process's first few answers may all have been slow.
 const rttSamples = 16
 
 // rttFloor is the quickest recent answer of one endpoint in this process.
@@ -195,8 +212,9 @@ type rttFloor struct {
 }
 
 // add records an answer after rtt to a request sent at now, and returns
-// the quickest answer of the current window and the one before, or 0
-// before rttSamples answers. Two whole windows without one start over.
+// the quickest answer of the current window and the one before, or 0 for
+// the first rttSamples answers. Two whole windows without an answer (an
+// idle spell of 20 s or more) start over.
 func (f *rttFloor) add(now time.Time, rtt time.Duration) time.Duration {
 	switch {
 	case f.start.IsZero() || now.Sub(f.start) >= 2*rttWindow:
@@ -206,7 +224,7 @@ func (f *rttFloor) add(now time.Time, rtt time.Duration) time.Duration {
 	default:
 		f.cur = min(f.cur, rtt)
 	}
-	if f.n++; f.n < rttSamples {
+	if f.n++; f.n <= rttSamples {
 		return 0
 	}
 	return min(f.cur, f.prev)

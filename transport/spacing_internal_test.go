@@ -5,21 +5,21 @@ import (
 	"time"
 )
 
-// TestRTTFloor: the quickest answer is 0 (unknown) until rttSamples
-// answers came, then the least of the current window and the one before;
+// TestRTTFloor: the quickest answer is 0 (unknown) for the first
+// rttSamples answers, then the least of the current window and the one before;
 // a window's answers stop counting two windows later, and two idle
 // windows start over.
 func TestRTTFloor(t *testing.T) {
 	var f rttFloor
 	t0 := time.Unix(1000, 0)
 	ms := time.Millisecond
-	for i := range rttSamples - 1 {
+	for i := range rttSamples {
 		if got := f.add(t0.Add(time.Duration(i)*ms), 5*ms); got != 0 {
-			t.Fatalf("answer %d: quickest %v, want 0 before %d answers", i+1, got, rttSamples)
+			t.Fatalf("answer %d: quickest %v, want 0 for the first %d answers", i+1, got, rttSamples)
 		}
 	}
 	if got := f.add(t0.Add(20*ms), 3*ms); got != 3*ms {
-		t.Fatalf("answer %d: quickest %v, want 3ms", rttSamples, got)
+		t.Fatalf("answer %d: quickest %v, want 3ms", rttSamples+1, got)
 	}
 	// The next window: the 3 ms answer still counts.
 	if got := f.add(t0.Add(rttWindow+ms), 7*ms); got != 3*ms {

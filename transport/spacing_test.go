@@ -1,7 +1,12 @@
 package transport_test
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -12,7 +17,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/fleetrate/fleetrate"
+	"github.com/fleetrate/fleetrate/internal/logbuf"
+	"github.com/fleetrate/fleetrate/internal/redistest"
 	"github.com/fleetrate/fleetrate/memstore"
+	"github.com/fleetrate/fleetrate/redisstore"
 	"github.com/fleetrate/fleetrate/transport"
 )
 
@@ -82,10 +90,11 @@ func strictUpstream(spaced bool) transport.Upstream {
 	return up
 }
 
-// runStrict sends 60 requests from 2 processes × 2 goroutines to up.
-func runStrict(t *testing.T, up *strictWindow, spaced bool, reg prometheus.Registerer) {
+// runStrict sends 60 requests from 2 processes × 2 goroutines to up, over
+// store when it is not nil.
+func runStrict(t *testing.T, up *strictWindow, spaced bool, opts transport.Options) {
 	t.Helper()
-	trs, _ := fleetOf(t, 2, strictUpstream(spaced), up, transport.Options{Registerer: reg})
+	trs, _ := fleetOf(t, 2, strictUpstream(spaced), up, opts)
 	var wg sync.WaitGroup
 	for _, tr := range trs {
 		for range 2 {
@@ -102,15 +111,39 @@ func runStrict(t *testing.T, up *strictWindow, spaced bool, reg prometheus.Regis
 	wg.Wait()
 }
 
+// holds returns the late_ms of each rate_spacing_hold a debug log holds.
+func holds(log string) []float64 {
+	var out []float64
+	for line := range strings.Lines(log) {
+		if !strings.Contains(line, "msg=rate_spacing_hold") {
+			continue
+		}
+		_, v, _ := strings.Cut(line, "late_ms=")
+		v, _, _ = strings.Cut(v, " ")
+		if f, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err == nil {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// debugLog returns a logger that writes debug events to buf.
+func debugLog(buf *logbuf.Buffer) *slog.Logger {
+	return slog.New(slog.NewTextHandler(buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
 // TestSpacingHoldsTheFleetAfterALateRequest: paced at 19/s (52.6 ms
 // apart), a request 8 ms late on the wire reaches a 50 ms strict window
 // 44.6 ms before the next one, whichever process sends that; with the
 // window declared as Spacing, the late answer holds the gate, and no two
-// requests reach the upstream less than 50 ms apart.
+// requests reach the upstream less than 50 ms apart. The late requests
+// come after each process's first 16 answers, which are compared with
+// none (see rttSamples), so their holds are lateness seen.
 func TestSpacingHoldsTheFleetAfterALateRequest(t *testing.T) {
+	late := map[int]bool{45: true, 55: true}
 	synctest.Test(t, func(t *testing.T) {
-		up := &strictWindow{late: map[int]bool{20: true, 41: true}}
-		runStrict(t, up, false, nil)
+		up := &strictWindow{late: late}
+		runStrict(t, up, false, transport.Options{})
 		least, n := up.closest()
 		t.Logf("without spacing: closest %v of %d", least, n)
 		if n != 60 || least >= 50*time.Millisecond {
@@ -119,17 +152,27 @@ func TestSpacingHoldsTheFleetAfterALateRequest(t *testing.T) {
 	})
 	synctest.Test(t, func(t *testing.T) {
 		reg := prometheus.NewRegistry()
-		up := &strictWindow{late: map[int]bool{20: true, 41: true}}
-		runStrict(t, up, true, reg)
+		var buf logbuf.Buffer
+		up := &strictWindow{late: late}
+		runStrict(t, up, true, transport.Options{Registerer: reg, Logger: debugLog(&buf)})
 		least, n := up.closest()
 		t.Logf("with spacing: closest %v of %d", least, n)
 		if n != 60 || least < 50*time.Millisecond {
 			t.Errorf("with spacing: %d arrivals, closest %v apart; want 60, none under 50ms", n, least)
 		}
-		// The two late requests held the gate, and so did each process's
-		// first answers, before it knew its quickest (see rttSamples).
-		if got := testutil.ToFloat64(counter(t, reg, transport.MetricSpacingHolds)); got < 2 {
-			t.Errorf("%s = %v, want at least the 2 late requests", transport.MetricSpacingHolds, got)
+		// Each late request came back 16 ms late; the others' holds are
+		// the processes' first answers (2 ms each, over the 1 ms margin).
+		var lateHolds int
+		for _, ms := range holds(buf.String()) {
+			if ms >= 15 {
+				lateHolds++
+			}
+		}
+		if lateHolds != 2 {
+			t.Errorf("holds of 15 ms or more: %d, want the 2 late requests'; all: %v", lateHolds, holds(buf.String()))
+		}
+		if got, want := testutil.ToFloat64(counter(t, reg, transport.MetricSpacingHolds)), float64(len(holds(buf.String()))); got != want {
+			t.Errorf("%s = %v, want one per logged hold, %v", transport.MetricSpacingHolds, got, want)
 		}
 	})
 }
@@ -144,7 +187,7 @@ func TestSpacingHoldsTheFleetAfterALateRequest(t *testing.T) {
 func TestSpacingHoldsOnlyAsLongAsTheLateness(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		up := &strictWindow{late: map[int]bool{50: true}, oneWay: 15 * time.Millisecond, extra: 4 * time.Millisecond}
-		runStrict(t, up, true, nil)
+		runStrict(t, up, true, transport.Options{})
 		least, n := up.closest()
 		gap := up.after(50)
 		t.Logf("closest %v of %d; the late one to the next: %v", least, n, gap)
@@ -218,4 +261,209 @@ func TestSpacingFromAClassifyOfOwnIsChecked(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "spacing must be 0 or between") || sent != 0 {
 		t.Fatalf("err = %v, %d sent; want the spacing named, nothing sent", err, sent)
 	}
+}
+
+// slowStore answers every call of its store d later, and sends it d later:
+// a store a round trip of 2d away, inside a synctest bubble.
+type slowStore struct {
+	fleetrate.Store
+	d time.Duration
+}
+
+func (s slowStore) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Result, error) {
+	time.Sleep(s.d)
+	r, err := s.Store.Take(ctx, req)
+	time.Sleep(s.d)
+	return r, err
+}
+
+// TestSpacingCountsTheGatesRoundTrip: a gate 2 ms away by round trip is
+// not lateness: after each process's first answers, no request holds the
+// gate, and none reaches the upstream under 50 ms after another.
+func TestSpacingCountsTheGatesRoundTrip(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var buf logbuf.Buffer
+		up := &strictWindow{}
+		store := slowStore{Store: memstore.New(memstore.Options{}), d: time.Millisecond}
+		trs := fleetOver(t, store, 2, strictUpstream(true), up, transport.Options{Logger: debugLog(&buf)})
+		var wg sync.WaitGroup
+		for _, tr := range trs {
+			wg.Go(func() {
+				for range 30 {
+					if _, err := get(t, t.Context(), tr, "/avail"); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		least, n := up.closest()
+		if n != 60 || least < 50*time.Millisecond {
+			t.Errorf("%d arrivals, closest %v apart; want 60, none under 50ms", n, least)
+		}
+		// Each process's first 16 answers are compared with none.
+		if got := len(holds(buf.String())); got > 32 {
+			t.Errorf("%d holds, want at most the 2 × 16 first answers': %v", got, holds(buf.String()))
+		}
+	})
+}
+
+// failingGate is a store whose takes of a spacing gate fail.
+type failingGate struct{ fleetrate.Store }
+
+func (s failingGate) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Result, error) {
+	if strings.HasSuffix(req.Buckets[0].Key, "#gate") {
+		return fleetrate.Result{}, fmt.Errorf("%w: the gate's shard is down", fleetrate.ErrStoreUnavailable)
+	}
+	return s.Store.Take(ctx, req)
+}
+
+// TestSpacingGateFailures: a store failure at the gate fails the request
+// (sending nothing) unless the transport fails open; a gate held past the
+// request's budget fails it at once with backpressure that says so.
+func TestSpacingGateFailures(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		up := &strictWindow{}
+		trs := fleetOver(t, failingGate{memstore.New(memstore.Options{})}, 1, strictUpstream(true), up, transport.Options{})
+		_, err := get(t, t.Context(), trs[0], "/avail")
+		if !errors.Is(err, fleetrate.ErrStoreUnavailable) || !strings.Contains(err.Error(), "spacing gate") {
+			t.Errorf("store down at the gate: err = %v, want ErrStoreUnavailable, naming the spacing gate", err)
+		}
+		if _, n := up.closest(); n != 0 {
+			t.Errorf("store down at the gate: %d sent, want none", n)
+		}
+		open := fleetOver(t, failingGate{memstore.New(memstore.Options{})}, 1, strictUpstream(true), up, transport.Options{FailOpen: true})
+		if _, err := get(t, t.Context(), open[0], "/avail"); err != nil {
+			t.Errorf("store down at the gate, failing open: %v, want the request sent", err)
+		}
+	})
+	synctest.Test(t, func(t *testing.T) {
+		store := memstore.New(memstore.Options{})
+		up := &strictWindow{}
+		trs := fleetOver(t, store, 1, strictUpstream(true), up, transport.Options{MaxWait: time.Second})
+		lim, err := fleetrate.New(store, fleetrate.Config{Buckets: strictUpstream(true).Buckets()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := lim.Bucket(transport.EndpointBucket("ota", "avail"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		hold := fleetrate.Bucket{Prefix: b.Prefix, Key: b.Key + "#hold", Limits: []fleetrate.Limit{transport.PauseLimit}}
+		if err := store.Drain(t.Context(), []fleetrate.Bucket{hold}, 10*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		began := time.Now()
+		_, err = get(t, t.Context(), trs[0], "/avail")
+		var bp *fleetrate.BackpressureError
+		if !errors.As(err, &bp) || !strings.Contains(err.Error(), "spacing gate") || bp.MaxWait > time.Second || time.Since(began) > 0 {
+			t.Errorf("gate held 10 s, max wait 1 s: err = %v after %v; want backpressure at once, naming the spacing gate, within the 1 s", err, time.Since(began))
+		}
+	})
+}
+
+// TestSpacingOnRedis: the gate and its hold are one atomic take on a real
+// redis-server, and a late answer's hold is a drain of the hold marker:
+// requests flow, the 16 ms late one holds the gate, and no store call
+// fails.
+func TestSpacingOnRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	store, err := redisstore.New(srv.Client(), redisstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf logbuf.Buffer
+	up := &strictWindow{late: map[int]bool{18: true}, oneWay: 100 * time.Microsecond, extra: 8 * time.Millisecond}
+	trs := fleetOver(t, store, 1, strictUpstream(true), up, transport.Options{Logger: debugLog(&buf)})
+	for range 20 {
+		if _, err := get(t, t.Context(), trs[0], "/avail"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, n := up.closest(); n != 20 {
+		t.Errorf("%d arrivals, want 20", n)
+	}
+	// Real time: the late request's 16 ms, less whatever its gate take
+	// and answer gained on their quickest, is well over 8 ms.
+	var lateHolds int
+	for _, ms := range holds(buf.String()) {
+		if ms >= 8 {
+			lateHolds++
+		}
+	}
+	if lateHolds < 1 || strings.Contains(buf.String(), "error=") {
+		t.Errorf("holds %v, want the late request's (8 ms or more) and no store error; log:\n%s", holds(buf.String()), buf.String())
+	}
+}
+
+// fleetOver is fleetOf over a given store.
+func fleetOver(t *testing.T, store fleetrate.Store, n int, up transport.Upstream, base http.RoundTripper, opts transport.Options) []*transport.Transport {
+	t.Helper()
+	classify, err := up.Classifier()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if opts.Logger == nil {
+		opts.Logger = quiet
+	}
+	opts.Base = base
+	var out []*transport.Transport
+	for range n {
+		lim, err := fleetrate.New(store, fleetrate.Config{Buckets: up.Buckets()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr, err := transport.New(lim, classify, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, tr)
+	}
+	return out
+}
+
+// TestSpacingCancelGivesTheTurnBack: a request cancelled while it sleeps
+// for its booked turn at the gate gives the turn back, and the next
+// request goes on that turn, not an interval after it.
+func TestSpacingCancelGivesTheTurnBack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := memstore.New(memstore.Options{})
+		up := &strictWindow{}
+		trs := fleetOver(t, store, 1, strictUpstream(true), up, transport.Options{})
+		lim, err := fleetrate.New(store, fleetrate.Config{Buckets: strictUpstream(true).Buckets()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := lim.Bucket(transport.EndpointBucket("ota", "avail"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		hold := fleetrate.Bucket{Prefix: b.Prefix, Key: b.Key + "#hold", Limits: []fleetrate.Limit{transport.PauseLimit}}
+		if _, err := get(t, t.Context(), trs[0], "/avail"); err != nil {
+			t.Fatal(err)
+		}
+		// Hold the gate until 60 ms from now: the next request's slot
+		// comes at 52.6 ms, and it books the gate's turn at 60 ms.
+		start := time.Now()
+		if err := store.Drain(t.Context(), []fleetrate.Bucket{hold}, 60*time.Millisecond); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		time.AfterFunc(56*time.Millisecond, cancel)
+		if _, err := get(t, ctx, trs[0], "/avail"); !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "spacing gate") {
+			t.Fatalf("cancelled at the gate: err = %v, want context.Canceled while waiting for the spacing gate", err)
+		}
+		// The next request's slot is 52.6 ms after the cancelled one's;
+		// the gate's turn at 60 ms was given back, so it goes on its slot.
+		if _, err := get(t, t.Context(), trs[0], "/avail"); err != nil {
+			t.Fatal(err)
+		}
+		up.mu.Lock()
+		last := up.arrivals[len(up.arrivals)-1].Sub(start)
+		up.mu.Unlock()
+		if last > 110*time.Millisecond {
+			t.Errorf("the request after the cancelled one arrived %v after the hold began, want on its slot (about 106 ms), not a gate interval after the given-up turn (111 ms or later)", last)
+		}
+	})
 }

@@ -159,7 +159,10 @@ type Options struct {
 	// *fleetrate.BackpressureError, and nothing is sent. A context
 	// deadline that comes sooner lowers it. The default, and the most it
 	// may be, is the limiter's max wait (fleetrate.DefaultMaxWait, 5 s,
-	// unless configured).
+	// unless configured). A request of an endpoint with a Spacing may then
+	// wait for its spacing gate up to two of the gate's intervals more,
+	// within MaxWait again and never past the deadline (see
+	// Endpoint.Spacing).
 	MaxWait time.Duration
 	// MaxAttempts is how many times a rate-limited request is sent in all.
 	// 1 disables retries. The default is DefaultMaxAttempts (4).
@@ -407,22 +410,12 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 
 	for attempt := 1; ; attempt++ {
 		began := time.Now()
-		if err := t.wait(ctx, tg, attrs); err != nil {
+		paced, err := t.wait(ctx, tg, attrs)
+		if err != nil {
 			if attempt == 1 {
 				closeBody(req)
 			}
 			return nil, err
-		}
-		var gate gatePass
-		if tg.Spacing > 0 {
-			if gate, err = t.passGate(ctx, tg, t.budget(ctx)-time.Since(began)); err != nil {
-				if err = t.waitFailed(ctx, tg, attrs, err); err != nil {
-					if attempt == 1 {
-						closeBody(req)
-					}
-					return nil, err
-				}
-			}
 		}
 		out := req
 		if attempt > 1 {
@@ -431,11 +424,17 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 				return nil, fmt.Errorf("transport: %s/%s: rebuilding the body for attempt %d: %w", tg.Channel, tg.Endpoint, attempt, err)
 			}
 		}
+		var gate gatePass
+		if tg.Spacing > 0 && paced {
+			if gate, err = t.passGate(ctx, tg, t.budget(ctx)-time.Since(began)); err != nil {
+				if err = t.waitFailed(ctx, tg, attrs, err); err != nil {
+					closeBody(out)
+					return nil, err
+				}
+			}
+		}
 		sent := time.Now()
 		resp, err := t.base.RoundTrip(out)
-		if err == nil && !gate.open.IsZero() {
-			t.answered(ctx, tg, attrs, gate, sent, time.Since(sent))
-		}
 
 		var li limitInfo
 		switch {
@@ -446,6 +445,11 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			}
 		case err == nil:
 			t.admitted(tg)
+			if gate.passed {
+				// A 429 may come back sooner than an answer, and its
+				// pause holds the fleet anyway: only answers count.
+				t.answered(ctx, tg, attrs, gate, sent, time.Since(sent))
+			}
 		}
 
 		retry, cerr := t.checkRetry(ctx, resp, err)
@@ -576,13 +580,16 @@ func (t *Transport) gaveUp(ctx context.Context, tg Target, attrs []slog.Attr, at
 // pause this process knows of. It knows of a pause from its own 429s (at
 // once), from its takes, from announcements (see Announcer), and otherwise
 // by reading the markers once more before it sends (see PauseCheckAge).
-func (t *Transport) wait(ctx context.Context, tg Target, attrs []slog.Attr) error {
+//
+// It reports paced false when the store failed and the request goes
+// unpaced (Options.FailOpen).
+func (t *Transport) wait(ctx context.Context, tg Target, attrs []slog.Attr) (paced bool, err error) {
 	names := tg.buckets()
 	w := &waiter{t: t, tg: tg, attrs: attrs, n: tg.cost(), paced: make([]fleetrate.Bucket, len(names))}
 	for i, name := range names {
 		b, err := t.lim.Bucket(name)
 		if err != nil {
-			return fmt.Errorf("transport: %s/%s: %w", tg.Channel, tg.Endpoint, err)
+			return false, fmt.Errorf("transport: %s/%s: %w", tg.Channel, tg.Endpoint, err)
 		}
 		w.paced[i] = b
 	}
@@ -596,9 +603,9 @@ func (t *Transport) wait(ctx context.Context, tg Target, attrs []slog.Attr) erro
 		release, err := t.queue(ctx, strings.Join(append(names, class), "\x00"), w.start, w.maxWait)
 		if err != nil {
 			if errors.Is(err, errQueueBudget) {
-				return w.backpressure(w.maxWait, fleetrate.Result{})
+				return false, w.backpressure(w.maxWait, fleetrate.Result{})
 			}
-			return w.failed("waiting for the bucket", err)
+			return false, w.failed("waiting for the bucket", err)
 		}
 		// The next request of this process may book once this one's slot
 		// has come (or its wait has failed).
@@ -606,30 +613,30 @@ func (t *Transport) wait(ctx context.Context, tg Target, attrs []slog.Attr) erro
 	}
 	for {
 		if err := ctx.Err(); err != nil {
-			return w.failed("waiting for the bucket", err)
+			return false, w.failed("waiting for the bucket", err)
 		}
 		again, err := w.outsidePause()
 		if err != nil || again {
 			if err != nil {
-				return err
+				return false, err
 			}
 			continue
 		}
 		r, tk, err := w.book()
 		switch {
 		case errors.Is(err, errFailedOpen):
-			return nil // the store failed: send unpaced (Options.FailOpen)
+			return false, nil // the store failed: send unpaced (Options.FailOpen)
 		case err != nil:
-			return err
+			return false, err
 		case r == nil:
 			continue
 		}
 		if again, err = w.sleep(r, tk); err != nil {
-			return err
+			return false, err
 		}
 		if !again {
 			t.waited(ctx, tg, attrs, time.Since(w.start))
-			return nil
+			return true, nil
 		}
 	}
 }

@@ -49,7 +49,9 @@ type Target struct {
 	// fleetrate.WithPriority. Empty means the top class.
 	Priority string
 	// Spacing, when set, sends the request through the endpoint's
-	// fleet-wide spacing gate (see Endpoint.Spacing).
+	// fleet-wide spacing gate (see Endpoint.Spacing). Set by a Classify of
+	// your own, it is checked against its bounds but not against the
+	// endpoint's limits, as Upstream.Validate checks Endpoint.Spacing.
 	Spacing time.Duration
 }
 
@@ -163,16 +165,20 @@ type Endpoint struct {
 	Limits []fleetrate.Limit
 	// Cost is the tokens one request takes. 0 means 1.
 	Cost int64
-	// Spacing, when set, is the least time the upstream admits between
-	// two of the endpoint's requests: a strict window, which documents a
-	// rate and no burst (50ms for "20 requests per second, one at a
-	// time"). Limits must then pace below 1/(Spacing + SpacingMargin),
-	// e.g. at 95 %. Each request also passes a fleet-wide gate in the
-	// store just before it goes out (one more store call), which keeps
-	// sends Spacing + SpacingMargin apart however late they wake, and a
-	// request whose answer comes back late holds the gate shut for that
-	// long: it may have reached the upstream late, and the next one, on
-	// time, would reach it too soon. See SpacingMargin.
+	// Spacing, when set (between 1ms and 1m), is the least time the
+	// upstream admits between two of the endpoint's requests: a strict
+	// window, which documents a rate and no burst (50ms for "20 requests
+	// per second, one at a time"). Limits must then have burst 1 and pace
+	// at most one request per Spacing + SpacingMargin, better at 95 % of
+	// the window. Each request also passes a fleet-wide gate in the store
+	// just before it goes out, which keeps sends Spacing + SpacingMargin
+	// apart however late they wake; and a request whose answer comes back
+	// late holds the gate shut for that long, since it may have reached
+	// the upstream late, and the next one, on time, would reach it too
+	// soon. The gate costs a store call per request, and one per late
+	// answer. Its hold reaches the next request only if the answer comes
+	// back within about three quarters of Spacing. See docs/OPERATIONS.md,
+	// "Strict windows: the spacing gate".
 	Spacing time.Duration
 	// Priority is the priority class of the endpoint's requests, one of
 	// the upstream's Priorities (a request's context may name another with
