@@ -17,7 +17,8 @@ import (
 // before it, draws a 429 and, from most upstreams, a pause of the whole
 // credential. The outbound benchmark's wire has such a tail (up to 20 ms),
 // and the strict window then read 78-95 % of its rate with 0-3 429s a
-// minute (docs/BENCHMARKS.md, "The strict window under a jitter tail").
+// minute (docs/BENCHMARKS.md, "The strict window under a jitter tail, and
+// the spacing gate").
 //
 // A response cannot leave the upstream before its request reached it, so
 // the sender of a request whose answer came back late knows, long before
@@ -25,9 +26,9 @@ import (
 // by at most how much. The spacing gate shares that: a bucket in the store
 // beside the endpoint's, of one token per Spacing + SpacingMargin, that
 // every request takes just before it goes out (waiting for it when
-// needed), and that a late answer drains, so that the next request,
-// whichever process sends it, leaves a whole interval after the late
-// answer came back.
+// needed), together with a hold marker that a late answer drains, so that
+// the next request, whichever process sends it, leaves no sooner than
+// Spacing after the late one may have arrived (see answered).
 
 // SpacingMargin returns what the spacing gate adds to an endpoint's
 // Spacing: a millisecond, or a twentieth of spacing when that is less. A
@@ -45,7 +46,8 @@ const (
 )
 
 // checkSpacing checks an endpoint's Spacing against its bounds and its
-// limits, which must pace below the gate, naming field.
+// limits, which must have burst 1 and pace at most as fast as the gate,
+// naming field.
 func checkSpacing(e Endpoint, field string) error {
 	if e.Spacing == 0 {
 		return nil
