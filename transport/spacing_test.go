@@ -90,16 +90,22 @@ func strictUpstream(spaced bool) transport.Upstream {
 	return up
 }
 
-// runStrict sends 60 requests from 2 processes × 2 goroutines to up, over
-// store when it is not nil.
+// runStrict sends 60 requests from 2 processes × 2 goroutines to up.
 func runStrict(t *testing.T, up *strictWindow, spaced bool, opts transport.Options) {
 	t.Helper()
 	trs, _ := fleetOf(t, 2, strictUpstream(spaced), up, opts)
+	sendAll(t, trs, 2, 15)
+}
+
+// sendAll has goroutines goroutines of each transport send n requests
+// each, one after the other, and waits for them.
+func sendAll(t *testing.T, trs []*transport.Transport, goroutines, n int) {
+	t.Helper()
 	var wg sync.WaitGroup
 	for _, tr := range trs {
-		for range 2 {
+		for range goroutines {
 			wg.Go(func() {
-				for range 15 {
+				for range n {
 					if _, err := get(t, t.Context(), tr, "/avail"); err != nil {
 						t.Error(err)
 						return
@@ -109,6 +115,21 @@ func runStrict(t *testing.T, up *strictWindow, spaced bool, opts transport.Optio
 		}
 	}
 	wg.Wait()
+}
+
+// holdOf returns the hold marker of the strict upstream's spacing gate in
+// store, for a test to drain.
+func holdOf(t *testing.T, store fleetrate.Store) fleetrate.Bucket {
+	t.Helper()
+	lim, err := fleetrate.New(store, fleetrate.Config{Buckets: strictUpstream(true).Buckets()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := lim.Bucket(transport.EndpointBucket("ota", "avail"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fleetrate.Bucket{Prefix: b.Prefix, Key: b.Key + "#hold", Limits: []fleetrate.Limit{transport.PauseLimit}}
 }
 
 // holds returns the late_ms of each rate_spacing_hold a debug log holds.
@@ -286,18 +307,7 @@ func TestSpacingCountsTheGatesRoundTrip(t *testing.T) {
 		up := &strictWindow{}
 		store := slowStore{Store: memstore.New(memstore.Options{}), d: time.Millisecond}
 		trs := fleetOver(t, store, 2, strictUpstream(true), up, transport.Options{Logger: debugLog(&buf)})
-		var wg sync.WaitGroup
-		for _, tr := range trs {
-			wg.Go(func() {
-				for range 30 {
-					if _, err := get(t, t.Context(), tr, "/avail"); err != nil {
-						t.Error(err)
-						return
-					}
-				}
-			})
-		}
-		wg.Wait()
+		sendAll(t, trs, 1, 30)
 		least, n := up.closest()
 		if n != 60 || least < 50*time.Millisecond {
 			t.Errorf("%d arrivals, closest %v apart; want 60, none under 50ms", n, least)
@@ -342,20 +352,12 @@ func TestSpacingGateFailures(t *testing.T) {
 		store := memstore.New(memstore.Options{})
 		up := &strictWindow{}
 		trs := fleetOver(t, store, 1, strictUpstream(true), up, transport.Options{MaxWait: time.Second})
-		lim, err := fleetrate.New(store, fleetrate.Config{Buckets: strictUpstream(true).Buckets()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, err := lim.Bucket(transport.EndpointBucket("ota", "avail"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		hold := fleetrate.Bucket{Prefix: b.Prefix, Key: b.Key + "#hold", Limits: []fleetrate.Limit{transport.PauseLimit}}
+		hold := holdOf(t, store)
 		if err := store.Drain(t.Context(), []fleetrate.Bucket{hold}, 10*time.Second); err != nil {
 			t.Fatal(err)
 		}
 		began := time.Now()
-		_, err = get(t, t.Context(), trs[0], "/avail")
+		_, err := get(t, t.Context(), trs[0], "/avail")
 		var bp *fleetrate.BackpressureError
 		if !errors.As(err, &bp) || !strings.Contains(err.Error(), "spacing gate") || bp.MaxWait > time.Second || time.Since(began) > 0 {
 			t.Errorf("gate held 10 s, max wait 1 s: err = %v after %v; want backpressure at once, naming the spacing gate, within the 1 s", err, time.Since(began))
@@ -431,15 +433,7 @@ func TestSpacingCancelGivesTheTurnBack(t *testing.T) {
 		store := memstore.New(memstore.Options{})
 		up := &strictWindow{}
 		trs := fleetOver(t, store, 1, strictUpstream(true), up, transport.Options{})
-		lim, err := fleetrate.New(store, fleetrate.Config{Buckets: strictUpstream(true).Buckets()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, err := lim.Bucket(transport.EndpointBucket("ota", "avail"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		hold := fleetrate.Bucket{Prefix: b.Prefix, Key: b.Key + "#hold", Limits: []fleetrate.Limit{transport.PauseLimit}}
+		hold := holdOf(t, store)
 		if _, err := get(t, t.Context(), trs[0], "/avail"); err != nil {
 			t.Fatal(err)
 		}
