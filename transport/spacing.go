@@ -45,6 +45,14 @@ const (
 	maxSpacing = time.Minute
 )
 
+// spacingBounds checks a spacing against the bounds of Endpoint.Spacing.
+func spacingBounds(d time.Duration) error {
+	if d != 0 && (d < minSpacing || d > maxSpacing) {
+		return fmt.Errorf("must be 0 or between %v and %v, got %v", minSpacing, maxSpacing, d)
+	}
+	return nil
+}
+
 // checkSpacing checks an endpoint's Spacing against its bounds and its
 // limits, which must have burst 1 and pace at most as fast as the gate,
 // naming field.
@@ -52,8 +60,8 @@ func checkSpacing(e Endpoint, field string) error {
 	if e.Spacing == 0 {
 		return nil
 	}
-	if e.Spacing < minSpacing || e.Spacing > maxSpacing {
-		return fmt.Errorf("%w: %s.spacing: must be 0 or between %v and %v, got %v", fleetrate.ErrInvalid, field, minSpacing, maxSpacing, e.Spacing)
+	if err := spacingBounds(e.Spacing); err != nil {
+		return fmt.Errorf("%w: %s.spacing: %w", fleetrate.ErrInvalid, field, err)
 	}
 	gate := gateLimit(e.Spacing)
 	for j, l := range e.Limits {
@@ -119,10 +127,7 @@ func (t *Transport) passGate(ctx context.Context, tg Target, budget time.Duratio
 	}
 	p := gatePass{gate: gateBuckets(b, tg.Spacing), key: b.Key}
 	iv := time.Duration(p.gate[0].Limits[0].Interval())
-	budget = max(budget, min(2*iv, t.maxWait))
-	if dl, ok := ctx.Deadline(); ok {
-		budget = min(budget, time.Until(dl))
-	}
+	budget = min(max(budget, min(2*iv, t.maxWait)), t.budget(ctx))
 	ahead := iv / 4
 	start := time.Now()
 	for {

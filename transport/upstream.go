@@ -66,8 +66,8 @@ func (t Target) validate() error {
 	if t.Cost < 0 {
 		return fmt.Errorf("%w: target: cost must be >= 0, got %d", fleetrate.ErrInvalid, t.Cost)
 	}
-	if t.Spacing != 0 && (t.Spacing < minSpacing || t.Spacing > maxSpacing) {
-		return fmt.Errorf("%w: target: spacing must be 0 or between %v and %v, got %v", fleetrate.ErrInvalid, minSpacing, maxSpacing, t.Spacing)
+	if err := spacingBounds(t.Spacing); err != nil {
+		return fmt.Errorf("%w: target: spacing %w", fleetrate.ErrInvalid, err)
 	}
 	return nil
 }
