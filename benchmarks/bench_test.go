@@ -21,7 +21,7 @@ import (
 
 	"github.com/fleetrate/fleetrate"
 	"github.com/fleetrate/fleetrate/benchmarks/workload"
-	"github.com/fleetrate/fleetrate/internal/redistest"
+	"github.com/fleetrate/fleetrate/internal/harness/redistest"
 	"github.com/fleetrate/fleetrate/memstore"
 	"github.com/fleetrate/fleetrate/redisstore"
 )

@@ -16,8 +16,8 @@ import (
 
 	"github.com/fleetrate/fleetrate"
 	"github.com/fleetrate/fleetrate/failsafe"
-	"github.com/fleetrate/fleetrate/internal/redistest"
-	"github.com/fleetrate/fleetrate/internal/schednoise"
+	"github.com/fleetrate/fleetrate/internal/harness/redistest"
+	"github.com/fleetrate/fleetrate/internal/harness/schednoise"
 	"github.com/fleetrate/fleetrate/redisstore"
 )
 

@@ -17,8 +17,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fleetrate/fleetrate"
+	"github.com/fleetrate/fleetrate/internal/harness/manualclock"
 	"github.com/fleetrate/fleetrate/internal/headers"
-	"github.com/fleetrate/fleetrate/internal/manualclock"
 	"github.com/fleetrate/fleetrate/memstore"
 )
 

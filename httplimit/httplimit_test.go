@@ -16,8 +16,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fleetrate/fleetrate"
+	"github.com/fleetrate/fleetrate/internal/harness/logbuf"
 	"github.com/fleetrate/fleetrate/internal/headers"
-	"github.com/fleetrate/fleetrate/internal/logbuf"
 	"github.com/fleetrate/fleetrate/memstore"
 	"github.com/fleetrate/fleetrate/transport"
 )

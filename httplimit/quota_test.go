@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/fleetrate/fleetrate"
+	"github.com/fleetrate/fleetrate/internal/harness/manualclock"
 	"github.com/fleetrate/fleetrate/internal/headers"
-	"github.com/fleetrate/fleetrate/internal/manualclock"
 	"github.com/fleetrate/fleetrate/memstore"
 	"github.com/fleetrate/fleetrate/transport"
 )

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/fleetrate/fleetrate"
-	"github.com/fleetrate/fleetrate/internal/manualclock"
+	"github.com/fleetrate/fleetrate/internal/harness/manualclock"
 	"github.com/fleetrate/fleetrate/lease"
 	"github.com/fleetrate/fleetrate/memstore"
 )

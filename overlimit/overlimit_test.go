@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/fleetrate/fleetrate"
-	"github.com/fleetrate/fleetrate/internal/manualclock"
+	"github.com/fleetrate/fleetrate/internal/harness/manualclock"
 	"github.com/fleetrate/fleetrate/memstore"
 	"github.com/fleetrate/fleetrate/overlimit"
 	"github.com/fleetrate/fleetrate/storetest"

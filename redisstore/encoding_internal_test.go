@@ -11,7 +11,7 @@ import (
 
 	"github.com/fleetrate/fleetrate"
 	"github.com/fleetrate/fleetrate/gcra"
-	"github.com/fleetrate/fleetrate/internal/redistest"
+	"github.com/fleetrate/fleetrate/internal/harness/redistest"
 )
 
 // oneLimitValue is the binary value of a one-limit bucket, as the scripts

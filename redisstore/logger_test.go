@@ -12,8 +12,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetrate/fleetrate"
-	"github.com/fleetrate/fleetrate/internal/logbuf"
-	"github.com/fleetrate/fleetrate/internal/manualclock"
+	"github.com/fleetrate/fleetrate/internal/harness/logbuf"
+	"github.com/fleetrate/fleetrate/internal/harness/manualclock"
 )
 
 func logLines(s string) []string {

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/fleetrate/fleetrate"
-	"github.com/fleetrate/fleetrate/internal/redistest"
+	"github.com/fleetrate/fleetrate/internal/harness/redistest"
 )
 
 // TestPlaceholderIsAFullBucket checks what gathering a script's keys on a

@@ -19,8 +19,8 @@ import (
 
 	"github.com/fleetrate/fleetrate"
 	"github.com/fleetrate/fleetrate/failsafe"
-	"github.com/fleetrate/fleetrate/internal/redistest"
-	"github.com/fleetrate/fleetrate/internal/schednoise"
+	"github.com/fleetrate/fleetrate/internal/harness/redistest"
+	"github.com/fleetrate/fleetrate/internal/harness/schednoise"
 	"github.com/fleetrate/fleetrate/lease"
 	"github.com/fleetrate/fleetrate/redisstore"
 	"github.com/fleetrate/fleetrate/storetest"

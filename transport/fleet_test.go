@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/fleetrate/fleetrate"
-	"github.com/fleetrate/fleetrate/internal/mockota"
+	"github.com/fleetrate/fleetrate/internal/cli/mockota"
 	"github.com/fleetrate/fleetrate/memstore"
 	"github.com/fleetrate/fleetrate/transport"
 )

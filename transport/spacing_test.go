@@ -17,8 +17,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/fleetrate/fleetrate"
-	"github.com/fleetrate/fleetrate/internal/logbuf"
-	"github.com/fleetrate/fleetrate/internal/redistest"
+	"github.com/fleetrate/fleetrate/internal/harness/logbuf"
+	"github.com/fleetrate/fleetrate/internal/harness/redistest"
 	"github.com/fleetrate/fleetrate/memstore"
 	"github.com/fleetrate/fleetrate/redisstore"
 	"github.com/fleetrate/fleetrate/transport"

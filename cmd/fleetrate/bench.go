@@ -17,7 +17,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/fleetrate/fleetrate"
-	"github.com/fleetrate/fleetrate/internal/loadgen"
+	"github.com/fleetrate/fleetrate/internal/cli/loadgen"
 	"github.com/fleetrate/fleetrate/lease"
 	"github.com/fleetrate/fleetrate/redisstore"
 )

@@ -10,7 +10,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/fleetrate/fleetrate/internal/loadgen"
+	"github.com/fleetrate/fleetrate/internal/cli/loadgen"
 	"github.com/fleetrate/fleetrate/redisstore"
 )
 

@@ -13,7 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/fleetrate/fleetrate/internal/redistest"
+	"github.com/fleetrate/fleetrate/internal/harness/redistest"
 )
 
 // benchShort are the flags of a bench run that is short on a loaded

@@ -19,7 +19,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/fleetrate/fleetrate/internal/mockota"
+	"github.com/fleetrate/fleetrate/internal/cli/mockota"
 )
 
 // Bounds on the demo's flags.

@@ -10,7 +10,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/fleetrate/fleetrate/internal/mockota"
+	"github.com/fleetrate/fleetrate/internal/cli/mockota"
 	"github.com/fleetrate/fleetrate/transport"
 )
 

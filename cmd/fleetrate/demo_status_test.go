@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fleetrate/fleetrate/internal/logbuf"
+	"github.com/fleetrate/fleetrate/internal/harness/logbuf"
 	"github.com/fleetrate/fleetrate/statuspage"
 )
 

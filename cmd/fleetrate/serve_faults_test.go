@@ -16,8 +16,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
-	"github.com/fleetrate/fleetrate/internal/redistest"
-	"github.com/fleetrate/fleetrate/internal/schednoise"
+	"github.com/fleetrate/fleetrate/internal/harness/redistest"
+	"github.com/fleetrate/fleetrate/internal/harness/schednoise"
 )
 
 var serveFaults = flag.Bool("servefaults", false, "TestServeFailureModes: measure fleetrate serve's row of the failure-mode table in docs/OPERATIONS.md")

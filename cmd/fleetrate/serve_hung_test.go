@@ -15,8 +15,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
-	"github.com/fleetrate/fleetrate/internal/redistest"
-	"github.com/fleetrate/fleetrate/internal/schednoise"
+	"github.com/fleetrate/fleetrate/internal/harness/redistest"
+	"github.com/fleetrate/fleetrate/internal/harness/schednoise"
 )
 
 // TestServeHungRedisBoundsEveryDecision freezes Redis (SIGSTOP) under a

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/fleetrate/fleetrate"
-	"github.com/fleetrate/fleetrate/internal/redistest"
+	"github.com/fleetrate/fleetrate/internal/harness/redistest"
 )
 
 // TestServeStoreTimeoutReachesBatchedCalls checks that --store-timeout

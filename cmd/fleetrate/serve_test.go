@@ -32,8 +32,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 
-	"github.com/fleetrate/fleetrate/internal/logbuf"
-	"github.com/fleetrate/fleetrate/internal/redistest"
+	"github.com/fleetrate/fleetrate/internal/harness/logbuf"
+	"github.com/fleetrate/fleetrate/internal/harness/redistest"
 )
 
 const serveTestConfig = `

@@ -12,7 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/fleetrate/fleetrate/internal/simulate"
+	"github.com/fleetrate/fleetrate/internal/cli/simulate"
 )
 
 const simulateLong = `simulate plays the same simulated seconds of traffic through a fixed-window

@@ -18,9 +18,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetrate/fleetrate/httplimit"
+	"github.com/fleetrate/fleetrate/internal/harness/manualclock"
+	"github.com/fleetrate/fleetrate/internal/harness/redistest"
 	"github.com/fleetrate/fleetrate/internal/headers"
-	"github.com/fleetrate/fleetrate/internal/manualclock"
-	"github.com/fleetrate/fleetrate/internal/redistest"
 	"github.com/fleetrate/fleetrate/memstore"
 	"github.com/fleetrate/fleetrate/redisstore"
 	"github.com/fleetrate/fleetrate/transport"

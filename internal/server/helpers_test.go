@@ -23,7 +23,7 @@ import (
 
 	"github.com/fleetrate/fleetrate"
 	"github.com/fleetrate/fleetrate/internal/config"
-	"github.com/fleetrate/fleetrate/internal/manualclock"
+	"github.com/fleetrate/fleetrate/internal/harness/manualclock"
 	"github.com/fleetrate/fleetrate/memstore"
 )
 

@@ -26,7 +26,7 @@ import (
 
 	"github.com/fleetrate/fleetrate"
 	"github.com/fleetrate/fleetrate/internal/config"
-	"github.com/fleetrate/fleetrate/internal/logbuf"
+	"github.com/fleetrate/fleetrate/internal/harness/logbuf"
 	"github.com/fleetrate/fleetrate/memstore"
 )
 

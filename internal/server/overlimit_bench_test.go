@@ -15,7 +15,7 @@ import (
 
 	"github.com/fleetrate/fleetrate"
 	"github.com/fleetrate/fleetrate/internal/config"
-	"github.com/fleetrate/fleetrate/internal/redistest"
+	"github.com/fleetrate/fleetrate/internal/harness/redistest"
 	"github.com/fleetrate/fleetrate/memstore"
 	"github.com/fleetrate/fleetrate/redisstore"
 )

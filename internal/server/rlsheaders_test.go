@@ -11,8 +11,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/fleetrate/fleetrate/internal/harness/redistest"
 	"github.com/fleetrate/fleetrate/internal/headers"
-	"github.com/fleetrate/fleetrate/internal/redistest"
 	"github.com/fleetrate/fleetrate/redisstore"
 )
 

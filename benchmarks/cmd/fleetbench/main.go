@@ -34,8 +34,8 @@ import (
 
 	"github.com/fleetrate/fleetrate"
 	"github.com/fleetrate/fleetrate/benchmarks/workload"
-	"github.com/fleetrate/fleetrate/internal/loadgen"
-	"github.com/fleetrate/fleetrate/internal/redistest"
+	"github.com/fleetrate/fleetrate/internal/cli/loadgen"
+	"github.com/fleetrate/fleetrate/internal/harness/redistest"
 	"github.com/fleetrate/fleetrate/memstore"
 	"github.com/fleetrate/fleetrate/redisstore"
 )

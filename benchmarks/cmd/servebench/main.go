@@ -52,7 +52,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 
 	"github.com/fleetrate/fleetrate/benchmarks/workload"
-	"github.com/fleetrate/fleetrate/internal/redistest"
+	"github.com/fleetrate/fleetrate/internal/harness/redistest"
 )
 
 func main() {

@@ -1,4 +1,4 @@
-package outbench
+package outbound
 
 import (
 	"flag"
@@ -14,14 +14,14 @@ import (
 )
 
 var (
-	simDuration = flag.Duration("outbench.simduration", 300*time.Second, "how long TestSimulatedFleet simulates each scenario")
-	simLatency  = flag.Duration("outbench.simlatency", 2*time.Millisecond, "the simulated upstream's latency")
-	simJitter   = flag.Duration("outbench.simjitter", 10*time.Millisecond, "the simulated upstream's jitter: each call takes up to this much more")
-	simTail     = flag.Float64("outbench.simtail", 0, "the share of simulated calls that draw from the whole jitter, the others from at most 1 ms of it (0: all draw from the whole)")
-	simDecrease = flag.Float64("outbench.decrease", 0, "the adaptive decrease (0: the default)")
-	simRecovery = flag.Duration("outbench.recovery", 0, "the adaptive recovery (0: the default)")
-	simChart    = flag.String("outbench.simchart", "", "write a PNG chart of the simulated runs to this file")
-	simLog      = flag.Bool("outbench.simlog", false, "print the simulated transports' warnings (429s, pauses, rate changes) to stderr")
+	simDuration = flag.Duration("outbound.simduration", 300*time.Second, "how long TestSimulatedFleet simulates each scenario")
+	simLatency  = flag.Duration("outbound.simlatency", 2*time.Millisecond, "the simulated upstream's latency")
+	simJitter   = flag.Duration("outbound.simjitter", 10*time.Millisecond, "the simulated upstream's jitter: each call takes up to this much more")
+	simTail     = flag.Float64("outbound.simtail", 0, "the share of simulated calls that draw from the whole jitter, the others from at most 1 ms of it (0: all draw from the whole)")
+	simDecrease = flag.Float64("outbound.decrease", 0, "the adaptive decrease (0: the default)")
+	simRecovery = flag.Duration("outbound.recovery", 0, "the adaptive recovery (0: the default)")
+	simChart    = flag.String("outbound.simchart", "", "write a PNG chart of the simulated runs to this file")
+	simLog      = flag.Bool("outbound.simlog", false, "print the simulated transports' warnings (429s, pauses, rate changes) to stderr")
 )
 
 // TestSimulatedFleet runs every scenario of the outbound benchmark in a
@@ -34,10 +34,10 @@ var (
 // hidden limit reads 86-92 % (over the first 60 s alone, 82-88 %: the
 // first two 429s each cost the upstream's 2 s pause). It asserts the
 // issue's other targets as they are, and the hidden limit's 85 % less
-// that spread. With -outbench.simchart it draws the chart of
+// that spread. With -outbound.simchart it draws the chart of
 // docs/BENCHMARKS.md:
 //
-//	go test -run TestSimulatedFleet ./internal/outbench -args -outbench.simduration=300s -outbench.simchart=docs/adaptive-sim.png
+//	go test -run TestSimulatedFleet ./benchmarks/outbound -args -outbound.simduration=300s -outbound.simchart=docs/adaptive-sim.png
 func TestSimulatedFleet(t *testing.T) {
 	var rs []Result
 	ss, targets := scenarios()

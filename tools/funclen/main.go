@@ -2,8 +2,8 @@
 // longer than a bound, longest first, to keep the code's functions short
 // (issue 17: none over about 60 lines without a reason in its comment).
 //
-//	go run ./internal/funclen            # this module, over 60 lines
-//	go run ./internal/funclen -max 45 ./httplimit
+//	go run ./tools/funclen            # this module, over 60 lines
+//	go run ./tools/funclen -max 45 ./httplimit
 //
 // Each line gives the length in lines (signature to closing brace), the
 // place and the name, and "reason" when the doc comment says why it is

@@ -1,4 +1,4 @@
-package outbench
+package outbound
 
 import (
 	"fmt"
@@ -14,7 +14,7 @@ import (
 	"gonum.org/v1/plot/vg/draw"
 	"gonum.org/v1/plot/vg/vgimg"
 
-	"github.com/fleetrate/fleetrate/internal/mockota"
+	"github.com/fleetrate/fleetrate/internal/cli/mockota"
 )
 
 // Series is one scenario's arrivals, second by second, for a chart.

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fleetrate/fleetrate/internal/manualclock"
+	"github.com/fleetrate/fleetrate/internal/harness/manualclock"
 )
 
 func TestClockMovesOnlyWhenTold(t *testing.T) {

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fleetrate/fleetrate/internal/manualclock"
-	"github.com/fleetrate/fleetrate/internal/mockota"
+	"github.com/fleetrate/fleetrate/internal/cli/mockota"
+	"github.com/fleetrate/fleetrate/internal/harness/manualclock"
 )
 
 func newOTA(t *testing.T, cfg mockota.Config) (*mockota.OTA, *manualclock.Clock) {

@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/fleetrate/fleetrate"
-	"github.com/fleetrate/fleetrate/internal/loadgen"
-	"github.com/fleetrate/fleetrate/internal/redistest"
+	"github.com/fleetrate/fleetrate/internal/cli/loadgen"
+	"github.com/fleetrate/fleetrate/internal/harness/redistest"
 )
 
 func TestMeasureCountsCallsAndErrors(t *testing.T) {

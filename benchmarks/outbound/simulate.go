@@ -1,4 +1,4 @@
-package outbench
+package outbound
 
 import (
 	"context"
@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/fleetrate/fleetrate"
-	"github.com/fleetrate/fleetrate/internal/mockota"
+	"github.com/fleetrate/fleetrate/internal/cli/mockota"
 	"github.com/fleetrate/fleetrate/memstore"
 	"github.com/fleetrate/fleetrate/transport"
 )
@@ -62,7 +62,7 @@ func (d direct) RoundTrip(req *http.Request) (*http.Response, error) {
 func Simulate(s Scenario, o Options, adaptive transport.Adaptive) (Result, error) {
 	o = o.withDefaults(60 * time.Second)
 	if !(o.JitterTail >= 0 && o.JitterTail <= 1) {
-		return Result{}, fmt.Errorf("outbench: jitter tail must be in [0, 1], got %v", o.JitterTail)
+		return Result{}, fmt.Errorf("outbound: jitter tail must be in [0, 1], got %v", o.JitterTail)
 	}
 	adv, err := mockota.NewAdversary(s.Upstream)
 	if err != nil {

@@ -1,4 +1,4 @@
-// Package outbench measures the outbound transport where the upstream
+// Package outbound measures the outbound transport where the upstream
 // stands: a fleet of worker processes (each its own Limiter and Transport
 // over one real Redis) sends to an adversarial mock upstream
 // (mockota.Adversary: exact token buckets, a hidden limit, strict windows,
@@ -8,7 +8,7 @@
 //
 // A test package that uses Run must call Main from its TestMain, so that
 // the test binary can re-execute itself as a worker process.
-package outbench
+package outbound
 
 import (
 	"context"
@@ -34,9 +34,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetrate/fleetrate"
-	"github.com/fleetrate/fleetrate/internal/mockota"
-	"github.com/fleetrate/fleetrate/internal/redistest"
-	"github.com/fleetrate/fleetrate/internal/workerproc"
+	"github.com/fleetrate/fleetrate/internal/cli/mockota"
+	"github.com/fleetrate/fleetrate/internal/harness/redistest"
+	"github.com/fleetrate/fleetrate/internal/harness/workerproc"
 	"github.com/fleetrate/fleetrate/redisstore"
 	"github.com/fleetrate/fleetrate/transport"
 )

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/fleetrate/fleetrate"
-	"github.com/fleetrate/fleetrate/internal/redistest"
+	"github.com/fleetrate/fleetrate/internal/harness/redistest"
 )
 
 var priorityBench = flag.Duration("priority.bench", 0, "run the priority benchmark for this long per run (with and without classes) and print its table")

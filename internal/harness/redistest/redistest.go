@@ -18,7 +18,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/fleetrate/fleetrate/internal/logbuf"
+	"github.com/fleetrate/fleetrate/internal/harness/logbuf"
 )
 
 // InstallHint is the command that installs redis-server on Debian/Ubuntu.

@@ -30,8 +30,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetrate/fleetrate"
-	"github.com/fleetrate/fleetrate/internal/redistest"
-	"github.com/fleetrate/fleetrate/internal/workerproc"
+	"github.com/fleetrate/fleetrate/internal/harness/redistest"
+	"github.com/fleetrate/fleetrate/internal/harness/workerproc"
 	"github.com/fleetrate/fleetrate/lease"
 	"github.com/fleetrate/fleetrate/redisstore"
 )
