@@ -244,6 +244,11 @@ var (
 	_ fleetrate.Binder = (*Store)(nil)
 )
 
+// ProcessLocal reports true: the buckets live in this process only, so a
+// transport over this store has no fleet to tell of its pauses (see
+// transport.Announcer) and does not warn that it cannot.
+func (s *Store) ProcessLocal() bool { return true }
+
 // New returns a ready Store.
 func New(opts Options) *Store {
 	n := opts.Shards

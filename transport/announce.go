@@ -57,19 +57,30 @@ type listener struct {
 }
 
 // announcerOf returns the Announcer of store, looking through wrappers
-// that unwrap to the store they wrap (failsafe.Store does), or nil.
-func announcerOf(store fleetrate.Store) Announcer {
+// that unwrap to the store they wrap (every wrapper this module ships
+// does: failsafe, lease, overlimit, statuspage.Counter), or nil and the
+// store where the search stopped: one that neither announces nor
+// unwraps.
+func announcerOf(store fleetrate.Store) (Announcer, fleetrate.Store) {
 	for store != nil {
 		if a, ok := store.(Announcer); ok {
-			return a
+			return a, nil
 		}
 		u, ok := store.(interface{ Unwrap() fleetrate.Store })
 		if !ok {
-			return nil
+			return nil, store
 		}
 		store = u.Unwrap()
 	}
-	return nil
+	return nil, nil
+}
+
+// processLocal reports whether store keeps its buckets in this process
+// only, so that no other process could hear an announcement: a
+// memstore.Store does, and says so with ProcessLocal.
+func processLocal(store fleetrate.Store) bool {
+	l, ok := store.(interface{ ProcessLocal() bool })
+	return ok && l.ProcessLocal()
 }
 
 // listen starts listening on a, for the transport t.

@@ -373,7 +373,15 @@ func New(limiter *fleetrate.Limiter, classify Classify, opts Options) (*Transpor
 	t.m = m
 	ann := opts.Announcer
 	if ann == nil {
-		ann = announcerOf(limiter.Store())
+		var stopped fleetrate.Store
+		ann, stopped = announcerOf(limiter.Store())
+		if ann == nil && stopped != nil && !processLocal(stopped) {
+			// A fleet whose processes do not all announce sends during
+			// pauses it was not told of: never let that happen silently.
+			t.log.Warn("rate_announcer_missing",
+				slog.String("store", fmt.Sprintf("%T", stopped)),
+				slog.String("why", "the store neither announces nor unwraps to one that does: this process will not tell the fleet of its pauses; give it an Unwrap() fleetrate.Store method or set Options.Announcer"))
+		}
 	}
 	if ann != nil {
 		t.listen(ann, limiter.Prefix())
