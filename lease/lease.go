@@ -81,6 +81,12 @@ type Store struct {
 
 var _ fleetrate.Store = (*Store)(nil)
 
+// Unwrap returns the shared store that s leases from, so that callers can
+// find what it offers beyond fleetrate.Store: a transport over a Limiter
+// on s finds the shared store's Announcer through it and keeps telling
+// the fleet of its pauses (see transport.Announcer).
+func (s *Store) Unwrap() fleetrate.Store { return s.inner }
+
 // lease is one bucket's leased tokens. sem (a lock that a waiting caller
 // can give up on) guards the rest: one caller at a time asks the shared
 // store for a new lease while the others of the bucket wait for it.

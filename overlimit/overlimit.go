@@ -183,6 +183,13 @@ func (s *Store) MultipleClocks() bool {
 	return ok && mc.MultipleClocks()
 }
 
+// Unwrap returns the store whose denials s caches, so that callers can
+// find what it offers beyond fleetrate.Store: a transport over a Limiter
+// on s finds the store's Announcer through it and keeps telling the fleet
+// of its pauses (see transport.Announcer). It is not nil when New was
+// given a nil store: it is then a store whose every call fails.
+func (s *Store) Unwrap() fleetrate.Store { return s.next }
+
 // Take implements fleetrate.Store. A take of N > 0 tokens is denied at
 // once when a bucket of it has a cached denial that has not ended, for
 // the same limits and a cost (N plus the bucket's Reserve) no larger than

@@ -7,6 +7,18 @@
 // be reached, answers with an error, or times out, the call returns an
 // error wrapping fleetrate.ErrStoreUnavailable, and the caller decides
 // whether to fail open or closed.
+//
+// A Store neither announces (transport.Announcer) nor unwraps: the
+// service offers no announcement channel, and there is no store in this
+// process to unwrap to. A transport over it therefore logs
+// rate_announcer_missing at New, and its process does not tell the fleet
+// of its pauses; they are still kept in the shared markers, which a
+// request that slept reads before it is sent. Since a listening process
+// trusts that a pause it was not told of did not happen, either every
+// process sharing the service's buckets goes without announcements (all of
+// them on remotestore, for instance), or each is given the same
+// Announcer in transport.Options.Announcer (such as a redisstore.Store on
+// the Redis the service uses).
 package remotestore
 
 import (

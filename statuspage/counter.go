@@ -93,7 +93,8 @@ func NewCounter() *Counter {
 // Wrap returns store with every take it decides counted by c. The
 // returned store keeps store's optional methods that Limiters use
 // (fleetrate.Binder, fleetrate.MultiClock), so wrapping keeps the
-// Limiter's fast path.
+// Limiter's fast path, and unwraps to store (an Unwrap() fleetrate.Store
+// method), so a transport over it still finds store's Announcer.
 func (c *Counter) Wrap(store fleetrate.Store) fleetrate.Store {
 	s := &counted{Store: store, c: c}
 	if b, ok := store.(fleetrate.Binder); ok {
@@ -300,6 +301,12 @@ func (s *counted) MultipleClocks() bool {
 	mc, ok := s.Store.(fleetrate.MultiClock)
 	return ok && mc.MultipleClocks()
 }
+
+// Unwrap returns the store whose takes are counted, so that callers can
+// find what it offers beyond fleetrate.Store: a transport over a Limiter
+// on a Counter's store finds the wrapped store's Announcer through it and
+// keeps telling the fleet of its pauses (see transport.Announcer).
+func (s *counted) Unwrap() fleetrate.Store { return s.Store }
 
 // countedBinder is counted for a store that binds takers.
 type countedBinder struct {

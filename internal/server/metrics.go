@@ -150,6 +150,10 @@ type instrumented struct {
 
 var _ fleetrate.Store = instrumented{}
 
+// Unwrap returns the store being measured, so that callers can find what
+// it offers beyond fleetrate.Store (such as transport's Announcer).
+func (s instrumented) Unwrap() fleetrate.Store { return s.Store }
+
 // decisionKey is the labels of a decisions counter.
 type decisionKey struct{ api, domain, descriptor, result string }
 
