@@ -1,0 +1,116 @@
+package fleetrate
+
+import (
+	"fmt"
+	"time"
+)
+
+// Defaults applied by New when a Config field is zero.
+const (
+	// DefaultPrefix namespaces every store key.
+	DefaultPrefix = "fleetrate:"
+	// DefaultMaxWait bounds how long Wait and Reserve may book ahead.
+	DefaultMaxWait = 5 * time.Second
+	// MaxNameLen is the longest bucket name a Limiter accepts. Callers that
+	// key buckets by client input (API keys, IPs) should hash it first, as
+	// httplimit does.
+	MaxNameLen = 512
+	// refundTimeout bounds the best-effort refund after a cancelled wait.
+	refundTimeout = time.Second
+)
+
+// BucketConfig gives a named bucket its own limits, e.g. one bucket per
+// (channel, endpoint) of an upstream API.
+type BucketConfig struct {
+	// Name identifies the bucket, e.g. "booking_com/availability". The
+	// store key is Config.Prefix + Name. To keep buckets that are taken
+	// together on one Redis Cluster slot, give them a common {hash tag}:
+	// "{booking_com}/availability" and "{booking_com}".
+	Name string
+	// Limits are enforced together.
+	Limits []Limit
+	// Priorities are the classes of takes below the top one on this
+	// bucket (see Priority and WithPriority). When empty, the bucket has
+	// Config.Priorities.
+	Priorities []Priority
+}
+
+// Config configures a Limiter. The zero value of each field means its
+// default.
+type Config struct {
+	// Prefix is prepended to every bucket name to form the store key.
+	// The default is DefaultPrefix ("fleetrate:").
+	Prefix string
+	// Limits apply to every name that has no entry in Buckets, e.g. one
+	// bucket per API key. When empty, only the names in Buckets are valid.
+	Limits []Limit
+	// Buckets are named buckets with limits of their own.
+	Buckets []BucketConfig
+	// Priorities are the classes of takes below the top one (see Priority
+	// and WithPriority) on every bucket that configures none of its own.
+	// None by default: every take is of one class.
+	Priorities []Priority
+	// MaxWait is the longest Wait and Reserve may book ahead; a longer wait
+	// fails at once with a *BackpressureError. The default is
+	// DefaultMaxWait (5 s).
+	MaxWait time.Duration
+	// Clock is used only to turn the absolute time given to DrainUntil
+	// into a duration. Decisions use the store's clock. Default time.Now.
+	Clock func() time.Time
+}
+
+// Validate checks the configuration, naming the failing field and value.
+func (c Config) Validate() error {
+	if len(c.Limits) == 0 && len(c.Buckets) == 0 {
+		return fmt.Errorf("%w: config: limits or buckets must be set", ErrInvalid)
+	}
+	if len(c.Limits) > 0 {
+		if err := validateLimits("limits", c.Limits); err != nil {
+			return fmt.Errorf("%w: config: %w", ErrInvalid, err)
+		}
+	}
+	if c.MaxWait < 0 || c.MaxWait > MaxWaitCap {
+		return fmt.Errorf("%w: config: max wait must be between 0 and %v, got %v", ErrInvalid, MaxWaitCap, c.MaxWait)
+	}
+	if err := validatePriorities("priorities", c.Priorities, c.Limits); err != nil {
+		return fmt.Errorf("%w: config: %w", ErrInvalid, err)
+	}
+	seen := make(map[string]bool, len(c.Buckets))
+	for i, b := range c.Buckets {
+		if err := validateName(b.Name); err != nil {
+			return fmt.Errorf("%w: config: buckets[%d].name: %w", ErrInvalid, i, err)
+		}
+		if seen[b.Name] {
+			return fmt.Errorf("%w: config: buckets[%d].name: duplicate %q", ErrInvalid, i, b.Name)
+		}
+		seen[b.Name] = true
+		if err := validateLimits(fmt.Sprintf("buckets[%d] %q limits", i, b.Name), b.Limits); err != nil {
+			return fmt.Errorf("%w: config: %w", ErrInvalid, err)
+		}
+		field, ps := fmt.Sprintf("buckets[%d] %q priorities", i, b.Name), b.Priorities
+		if len(ps) == 0 {
+			field, ps = fmt.Sprintf("priorities (of buckets[%d] %q)", i, b.Name), c.Priorities
+		}
+		if err := validatePriorities(field, ps, b.Limits); err != nil {
+			return fmt.Errorf("%w: config: %w", ErrInvalid, err)
+		}
+	}
+	return nil
+}
+
+// validName reports whether name may name a bucket; validateName says why
+// not.
+func validName(name string) bool { return name != "" && len(name) <= MaxNameLen }
+
+func validateName(name string) error {
+	if validName(name) {
+		return nil
+	}
+	switch {
+	case name == "":
+		return fmt.Errorf("name must not be empty")
+	case len(name) > MaxNameLen:
+		return fmt.Errorf("name must be at most %d bytes, got %d", MaxNameLen, len(name))
+	}
+	return nil
+}

@@ -1,0 +1,135 @@
+package gcra
+
+import (
+	"time"
+
+	"github.com/fleetrate/fleetrate"
+)
+
+// Refund gives back, at now (µs), n tokens of a grant made at at (µs) that
+// was never used (an Allow whose work was not done), as far as giving them
+// back cannot grant anything the grant's absence would not have:
+//
+//   - only what time has not refilled since the grant: a bucket that the
+//     grant emptied refills from at, and refill beyond the burst is lost,
+//     so n tokens given back after the bucket would have been full again
+//     would be granted twice. Each limit gets back n × interval less the
+//     time since at (never below zero), at most its debt: exact when the
+//     bucket was otherwise idle, less when others took from it meanwhile;
+//   - nothing while a slot is booked ahead on the limit, or it is drained:
+//     a later take would then be granted a slot before one booked already,
+//     closer to it than the limit allows. That is when the debt is above
+//     the fill time less reserve tokens (reserve: the largest
+//     Bucket.Reserve a take from the bucket uses, whose slots are booked
+//     ahead while the debt is below the fill time).
+//
+// It reports whether any limit changed. A booking made ahead (Reserve,
+// Wait) is given back with Cancel.
+func Refund(now int64, limits []fleetrate.Limit, s *State, n, at, reserve int64) bool {
+	s.Elapse(now, limits)
+	// A grant older than the longest fill time has been refilled in full
+	// by every limit: clamping there keeps el below 2^53, as the Lua
+	// mirror needs, and changes no answer.
+	el := min(max(now-at, 0), refundHorizonUS) * 1000
+	changed := false
+	for i := range limits {
+		l := &limits[i]
+		iv := l.Interval()
+		d := s.Debts[i]
+		if d <= 0 || d > (l.Burst-min(max(reserve, 0), l.Burst))*iv {
+			continue
+		}
+		// No grant took more than a burst: n × iv is then at most the
+		// fill time, below el's clamp.
+		back := min(n, l.Burst)*iv - el
+		back = min(back, d)
+		if back > 0 {
+			s.Debts[i] = d - back
+			changed = true
+		}
+	}
+	return changed
+}
+
+// refundHorizonUS is how far back (µs) Refund counts the time since a
+// grant: one µs beyond MaxFillTime.
+const refundHorizonUS = int64(fleetrate.MaxFillTime/time.Microsecond) + 1
+
+// giveBack returns debt less n tokens of interval iv, at least 0. It
+// compares before multiplying: n × iv can overflow for a huge n.
+func giveBack(debt, n, iv int64) int64 {
+	if n > debt/iv {
+		return 0
+	}
+	return debt - n*iv
+}
+
+// Cancel gives back, at now (µs), a booking of n tokens that a take made
+// at stamp and that left the limits of this bucket at debts booked (the
+// bucket's part of a fleetrate.Booking), whose slot began wait ns after
+// stamp (see BookedWait). Once the slot has begun nothing goes back, as
+// x/time/rate's Cancel restores nothing after its time to act: a caller
+// may have acted on it. Before that, each limit is handled on its own: a
+// limit whose debt is still the one the booking left had nothing booked
+// after it, and gets the n tokens back; a limit that another take has
+// booked since (or that was drained, refunded or converted to other
+// limits) keeps them, because the later booking's slot was computed from
+// them and giving them back would grant that slot twice. This is
+// x/time/rate's Reservation.Cancel for a token bucket shared by a fleet:
+// what no later booking relies on goes back, nothing else.
+//
+// It reports whether any limit changed.
+func Cancel(now int64, limits []fleetrate.Limit, s *State, n, stamp int64, booked []int64, wait int64) bool {
+	s.Elapse(now, limits)
+	if len(booked) != len(limits) {
+		return false
+	}
+	// Both sides below 2^53: the difference of two stamps of one clock
+	// within the life of a booking, and debts.
+	el := (now - stamp) * 1000
+	if el > wait {
+		return false
+	}
+	changed := false
+	for i := range limits {
+		if d := s.Debts[i]; d > 0 && d+el == booked[i] {
+			s.Debts[i] = giveBack(d, n, limits[i].Interval())
+			changed = true
+		}
+	}
+	return changed
+}
+
+// BookedWait returns how long (ns) after its stamp the slot of a booking
+// begins, from the debts it left (booked, bucket by bucket in the order of
+// buckets, limit by limit): a take books every limit at its slot, so each
+// limit's debt less its fill time is at most the wait, and the limit that
+// decided it has exactly that. A bucket's reserve, which the take counted
+// as tokens needed, is not counted here: a reserve makes the wait longer
+// than this, never shorter, so a cancel may find the slot begun up to the
+// reserve's intervals early, and give back nothing, but never late. It is
+// 0 when booked does not match the buckets' limits.
+func BookedWait(buckets []fleetrate.Bucket, booked []int64) int64 {
+	var wait int64
+	pos := 0
+	for b := range buckets {
+		for i := range buckets[b].Limits {
+			if pos == len(booked) {
+				return 0
+			}
+			wait = max(wait, booked[pos]-fill(&buckets[b].Limits[i]))
+			pos++
+		}
+	}
+	return wait
+}
+
+// Drain empties every limit of the state until d from now (µs): the bucket
+// admits nothing before now+d and then refills from empty, as if every
+// token had been taken at now+d. A drain never shortens an existing debt.
+func Drain(now int64, limits []fleetrate.Limit, s *State, d time.Duration) {
+	s.Elapse(now, limits)
+	for i := range limits {
+		s.Debts[i] = max(s.Debts[i], int64(d)+fill(&limits[i]))
+	}
+}

@@ -1,0 +1,206 @@
+package gcra
+
+import (
+	"math"
+	"time"
+	"unsafe"
+
+	"github.com/fleetrate/fleetrate"
+)
+
+// needs returns how long from now (ns) until n tokens conform in every
+// limit of this bucket, which may be negative, and the limit that needs the
+// longest. A take that must leave a reserve of r tokens needs n+r: it
+// conforms when the bucket holds its n tokens and the reserve.
+func needs(limits []fleetrate.Limit, debts []int64, n int64) (need int64, worst int) {
+	need = math.MinInt64
+	for i := range limits {
+		l := &limits[i]
+		iv := l.Interval()
+		// (Burst-n)*T first keeps every intermediate below 2^53, as the Lua
+		// mirror needs; n (with the reserve) <= Burst is validated.
+		if w := debts[i] - (l.Burst-n)*iv; w > need {
+			need, worst = w, i
+		}
+	}
+	return need, worst
+}
+
+// book consumes n tokens in every limit for a grant that happens wait ns
+// from now. Booking every limit at the same moment keeps each limit exact
+// even when another limit delays the grant.
+func book(limits []fleetrate.Limit, debts []int64, n, wait int64) {
+	for i := range limits {
+		debts[i] = max(debts[i], wait) + n*limits[i].Interval()
+	}
+}
+
+// status reports the tokens left in the tightest limit, which limit that is,
+// and how long until every limit is full.
+func status(limits []fleetrate.Limit, debts []int64) (remaining int64, tightest int, reset int64) {
+	remaining = math.MaxInt64
+	for i := range limits {
+		l := &limits[i]
+		iv := l.Interval()
+		tokens := int64(0)
+		if left := l.Burst*iv - debts[i]; left > 0 {
+			tokens = left / iv
+		}
+		if tokens < remaining {
+			remaining, tightest = tokens, i
+		}
+		reset = max(reset, debts[i])
+	}
+	return remaining, tightest, reset
+}
+
+// plain returns l as callers see it, without a Limiter's cached fields.
+func plain(l *fleetrate.Limit) fleetrate.Limit {
+	return fleetrate.Limit{Name: l.Name, Rate: l.Rate, Burst: l.Burst}
+}
+
+// Decide applies one take of req.N tokens, all or nothing, across every
+// bucket in req at time now (the store's clock, µs since the epoch). The
+// states must be in the order of req.Buckets and are updated in place; the
+// second result reports whether they changed and must be written back.
+//
+// The take conforms when the wait until n tokens are available in every
+// limit, beyond the reserve its bucket keeps for higher priorities
+// (Bucket.Reserve), is at most req.MaxWait. Then all limits are booked at that moment
+// and the result is allowed with Wait set; otherwise nothing changes and
+// RetryAfter says how long until the take would conform. N = 0 peeks. When
+// req.Booking is set, a granted take of N > 0 records in it where it left
+// every limit, for a later Cancel.
+//
+// Priorities. A bucket's Reserve R makes the take one of a lower class:
+// it conforms only when, at its grant, every limit still holds R tokens
+// beyond its n, and its MaxWait is its class's horizon D. It books as any
+// take does, so every booking is an ordinary GCRA booking and the bound
+// of each limit (Burst tokens plus the rate over any window) holds over
+// all classes together. After a take of the lower class a limit's debt
+// is at most (Burst-R)*T + D, so a take of a higher class (reserve r, n
+// <= R-r tokens) that finds only lower-class bookings waits at most
+// D - (R-r-n)*T, and not at all when D <= (R-r-n)*T.
+//
+// Decide assumes a validated request.
+func Decide(now int64, req fleetrate.Request, states []State) (fleetrate.Result, bool) {
+	if len(req.Buckets) == 1 && len(req.Buckets[0].Limits) == 1 && req.Booking == nil {
+		var res fleetrate.Result
+		b := &req.Buckets[0]
+		changed := decideOne(now, &b.Limits[0], req.N, b.Reserve, req.MaxWait, &states[0], &res)
+		return res, changed
+	}
+	return decide(now, req, states)
+}
+
+// DecideOne is Decide for a take from a single bucket, for a store's hot
+// path: limits are the bucket's, s its state, and the result is written
+// into *res rather than returned. It reports whether s changed. It is the
+// same as Decide(now, Request{Buckets: []Bucket{{Limits: limits}}, N: n,
+// MaxWait: maxWait}, []State{*s}) without the slices and the copies of the
+// Result. It assumes a validated request and keeps no pointer.
+func DecideOne(now int64, limits []fleetrate.Limit, n int64, maxWait time.Duration, s *State, res *fleetrate.Result) bool {
+	if len(limits) == 1 {
+		return decideOne(now, &limits[0], n, 0, maxWait, s, res)
+	}
+	bs, states := [1]fleetrate.Bucket{{Limits: limits}}, [1]State{*s}
+	r, changed := decide(now, fleetrate.Request{Buckets: bs[:], N: n, MaxWait: maxWait}, states[:])
+	*s, *res = states[0], r
+	return changed
+}
+
+// decideOne is Decide for one bucket with one limit, the common case: the
+// same steps as decide, with the loops over buckets and limits unrolled.
+// reserve is the bucket's Reserve.
+func decideOne(now int64, lim *fleetrate.Limit, n, reserve int64, maxWait time.Duration, s *State, res *fleetrate.Result) (booked bool) {
+	// A one-limit slice over lim, without allocating.
+	s.Elapse(now, unsafe.Slice(lim, 1))
+	iv := lim.Interval()
+	debt := s.Debts[0]
+	wait := max(debt-(lim.Burst-(n+reserve))*iv, 0) // see needs
+	// Field by field: building a Result aside and copying it is slower.
+	*res = fleetrate.Result{}
+	res.At, res.N = time.UnixMicro(now), n
+	res.Limit.Name, res.Limit.Rate, res.Limit.Burst = lim.Name, lim.Rate, lim.Burst
+	if wait > int64(maxWait) {
+		res.RetryAfter = time.Duration(wait)
+	} else {
+		res.Allowed = true
+		res.Wait = time.Duration(wait)
+		if n > 0 {
+			debt = max(debt, wait) + n*iv // see book
+			s.Debts[0], booked = debt, true
+		}
+	}
+	if left := lim.Burst*iv - debt; left > 0 { // see status
+		res.Remaining = left / iv
+	}
+	res.ResetAfter = time.Duration(max(debt, 0))
+	res.NextToken = time.Duration(max(debt-(lim.Burst-res.Remaining-1)*iv, 0)) // see nextToken
+	return booked
+}
+
+// nextToken is Result.NextToken for limit l at debt: the time until it
+// holds one token more than its whole tokens now.
+func nextToken(l *fleetrate.Limit, debt int64) time.Duration {
+	iv := l.Interval()
+	var rem int64
+	if left := l.Burst*iv - debt; left > 0 {
+		rem = left / iv
+	}
+	return time.Duration(max(debt-(l.Burst-rem-1)*iv, 0))
+}
+
+// decide is Decide for any number of buckets and limits.
+func decide(now int64, req fleetrate.Request, states []State) (fleetrate.Result, bool) {
+	need, wb, wl := int64(math.MinInt64), 0, 0
+	for b, bk := range req.Buckets {
+		states[b].Elapse(now, bk.Limits)
+		if w, l := needs(bk.Limits, states[b].Debts, req.N+bk.Reserve); w > need {
+			need, wb, wl = w, b, l
+		}
+	}
+	wait := max(need, 0)
+	res := fleetrate.Result{At: time.UnixMicro(now), N: req.N}
+	if wait > int64(req.MaxWait) {
+		res.RetryAfter = time.Duration(wait)
+		res.Bucket, res.LimitIndex, res.Limit = wb, wl, plain(&req.Buckets[wb].Limits[wl])
+		fillStatus(&res, req, states, false)
+		return res, false
+	}
+	res.Allowed = true
+	res.Wait = time.Duration(wait)
+	if req.N > 0 {
+		for b, bk := range req.Buckets {
+			book(bk.Limits, states[b].Debts, req.N, wait)
+		}
+		if bk := req.Booking; bk != nil {
+			bk.Stamp, bk.Debts = now, bk.Debts[:0]
+			for b := range req.Buckets {
+				bk.Debts = append(bk.Debts, states[b].Debts...)
+			}
+		}
+	}
+	fillStatus(&res, req, states, true)
+	return res, req.N > 0
+}
+
+// fillStatus sets Remaining and ResetAfter from every bucket, and, for an
+// allowed take, names the tightest limit as the one that decided; then
+// NextToken for the limit that decided.
+func fillStatus(res *fleetrate.Result, req fleetrate.Request, states []State, pickTightest bool) {
+	res.Remaining = math.MaxInt64
+	var reset int64
+	for b, bk := range req.Buckets {
+		rem, tight, rs := status(bk.Limits, states[b].Debts)
+		if rem < res.Remaining {
+			res.Remaining = rem
+			if pickTightest {
+				res.Bucket, res.LimitIndex, res.Limit = b, tight, plain(&bk.Limits[tight])
+			}
+		}
+		reset = max(reset, rs)
+	}
+	res.ResetAfter = time.Duration(reset)
+	res.NextToken = nextToken(&req.Buckets[res.Bucket].Limits[res.LimitIndex], states[res.Bucket].Debts[res.LimitIndex])
+}

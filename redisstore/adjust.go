@@ -1,0 +1,93 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetrate/fleetrate"
+	"github.com/fleetrate/fleetrate/gcra"
+)
+
+// Refund implements fleetrate.Store.
+func (s *Store) Refund(ctx context.Context, buckets []fleetrate.Bucket, n int64, at time.Time) error {
+	if err := fleetrate.ValidateRefund(buckets, n, at); err != nil {
+		return err
+	}
+	return s.run(ctx, "refund", refundScript, buckets, appendTakeLimits([]any{n, at.UnixMicro()}, buckets))
+}
+
+// Cancel implements fleetrate.Store.
+func (s *Store) Cancel(ctx context.Context, buckets []fleetrate.Bucket, n int64, b fleetrate.Booking) error {
+	if err := fleetrate.ValidateCancel(buckets, n, b); err != nil {
+		return err
+	}
+	return s.cancel(ctx, buckets, n, b, gcra.BookedWait(buckets, b.Debts))
+}
+
+// cancel is Cancel of a booking whose slot began wait ns after its stamp:
+// after that, nothing goes back.
+func (s *Store) cancel(ctx context.Context, buckets []fleetrate.Bucket, n int64, b fleetrate.Booking, wait int64) error {
+	args := make([]any, 3, 3+len(buckets)*3+len(b.Debts)*3)
+	args[0], args[1], args[2] = n, b.Stamp, wait
+	off := 0
+	for i := range buckets {
+		args = appendLimits(args, buckets[i:i+1])
+		for _, d := range b.Debts[off : off+len(buckets[i].Limits)] {
+			args = append(args, d)
+		}
+		off += len(buckets[i].Limits)
+	}
+	return s.run(ctx, "cancel", cancelScript, buckets, args)
+}
+
+// Drain implements fleetrate.Store.
+func (s *Store) Drain(ctx context.Context, buckets []fleetrate.Bucket, d time.Duration) error {
+	if d < 0 || d > fleetrate.MaxWaitCap {
+		return fmt.Errorf("%w: drain duration must be between 0 and %v, got %v", fleetrate.ErrInvalid, fleetrate.MaxWaitCap, d)
+	}
+	if err := fleetrate.ValidateBuckets(buckets); err != nil {
+		return err
+	}
+	return s.run(ctx, "drain", drainScript, buckets, appendLimits([]any{int64(d)}, buckets))
+}
+
+// run runs a script that changes buckets (already validated), with args
+// as its ARGV, and returns nothing the client needs, within the store's
+// timeout. The buckets must share a hash slot.
+func (s *Store) run(ctx context.Context, op string, script *redis.Script, buckets []fleetrate.Bucket, args []any) error {
+	keys := storeKeys(buckets)
+	if err := s.sameSlot(keys); err != nil {
+		return err
+	}
+	sctx, cancel := s.ctx(ctx)
+	defer cancel()
+	err := s.bounded(sctx, func(ctx context.Context) error {
+		return s.eval(ctx, script, keys, args...).Err()
+	})
+	if err != nil {
+		return s.explain(failed(ctx, op, err))
+	}
+	return nil
+}
+
+// Reset implements fleetrate.Store. Each key is deleted on its own so that
+// keys on different Cluster slots work.
+func (s *Store) Reset(ctx context.Context, keys ...string) error {
+	sctx, cancel := s.ctx(ctx)
+	defer cancel()
+	err := s.bounded(sctx, func(ctx context.Context) error {
+		for _, k := range keys {
+			if err := s.c.Del(ctx, k).Err(); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return s.explain(failed(ctx, "reset", err))
+	}
+	return nil
+}
