@@ -108,6 +108,15 @@ func (s *State) Elapse(now int64, limits []fleetrate.Limit) {
 		}
 		return
 	}
+	s.carry(now, read, el, limits)
+}
+
+// carry is Elapse for a state written for other limits (see Converts),
+// read at read and advanced to now, el ns later (capped): it carries each
+// limit's debt over (see carried), refilled and converted (see refill),
+// and anchors the state where a shorter limit replaced a longer one.
+func (s *State) carry(now, read, el int64, limits []fleetrate.Limit) {
+	m := len(limits)
 	oldDebts, oldFills, anchor := s.Debts, s.Fills, s.Anchor
 	buf := make([]int64, 2*m)
 	s.Debts, s.Fills = buf[:m:m], buf[m:]

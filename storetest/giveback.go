@@ -101,13 +101,18 @@ func cancelBooking(t *testing.T, s fleetrate.Store, key func(string) string) {
 	if err := s.Cancel(ctx, b, 1, secondBk); err != nil {
 		t.Fatal(err)
 	}
-	fifth, fifthBk := reserve(1)
+	fifth, _ := reserve(1)
 	if got, want := slot(fifth), slot(fourth).Add(iv); !got.Equal(want) {
 		t.Fatalf("after cancelling a relied-on booking the next slot is %v, want %v", got, want)
 	}
-	// A booking whose slot has begun gives nothing back, as x/time/rate's
-	// Cancel restores nothing after its time to act: its caller may have
-	// acted on it.
+}
+
+// cancelBegun checks that a booking whose slot has begun gives nothing
+// back, as x/time/rate's Cancel restores nothing after its time to act:
+// its caller may have acted on it.
+func cancelBegun(t *testing.T, s fleetrate.Store, key func(string) string) {
+	ctx := context.Background()
+	lim := fleetrate.Every(10*time.Second, 2)
 	nb := []fleetrate.Bucket{{Key: key("cancel-begun"), Limits: []fleetrate.Limit{lim}}}
 	var nowBk fleetrate.Booking
 	if res := mustTake(t, s, fleetrate.Request{Buckets: nb, N: 1, MaxWait: time.Minute, Booking: &nowBk}); !res.Allowed || res.Wait != 0 {
@@ -120,16 +125,28 @@ func cancelBooking(t *testing.T, s fleetrate.Store, key func(string) string) {
 	if res := mustTake(t, s, one(nb[0].Key, 0, 0, lim)); res.Remaining != 1 {
 		t.Fatalf("a cancel after the slot began gave the token back: %d left, want 1", res.Remaining)
 	}
+}
+
+// cancelInvalid checks that a cancel whose booking does not match its
+// buckets, or of a number of tokens no take booked, is an ErrInvalid.
+func cancelInvalid(t *testing.T, s fleetrate.Store, key func(string) string) {
+	ctx := context.Background()
+	lim := fleetrate.Every(10*time.Second, 2)
+	b := []fleetrate.Bucket{{Key: key("cancel-invalid"), Limits: []fleetrate.Limit{lim}}}
+	var bk fleetrate.Booking
+	if res := mustTake(t, s, fleetrate.Request{Buckets: b, N: 1, MaxWait: time.Minute, Booking: &bk}); !res.Allowed || len(bk.Debts) != 1 {
+		t.Fatalf("reserve 1: %+v, booking %+v", res, bk)
+	}
 	// A booking that does not match the buckets is an error, not a guess.
 	if err := s.Cancel(ctx, b, 1, fleetrate.Booking{Stamp: 1}); !errors.Is(err, fleetrate.ErrInvalid) {
 		t.Fatalf("cancel with an empty booking: %v, want ErrInvalid", err)
 	}
-	if err := s.Cancel(ctx, b, -1, secondBk); !errors.Is(err, fleetrate.ErrInvalid) {
+	if err := s.Cancel(ctx, b, -1, bk); !errors.Is(err, fleetrate.ErrInvalid) {
 		t.Fatalf("cancel of -1 tokens: %v, want ErrInvalid", err)
 	}
 	// More tokens than a burst: no take booked them (and n × interval
 	// overflowed into a lockout of centuries in memstore).
-	if err := s.Cancel(ctx, b, fleetrate.MaxBurst, fifthBk); !errors.Is(err, fleetrate.ErrInvalid) || !strings.Contains(err.Error(), "cancel n") {
+	if err := s.Cancel(ctx, b, fleetrate.MaxBurst, bk); !errors.Is(err, fleetrate.ErrInvalid) || !strings.Contains(err.Error(), "cancel n") {
 		t.Fatalf("cancel of MaxBurst tokens: %v, want ErrInvalid naming n", err)
 	}
 }

@@ -60,6 +60,8 @@ func Run(t *testing.T, newStore func(t *testing.T) fleetrate.Store) {
 		{"LimitsChanged", limitsChanged},
 		{"LimitChangeKeepsFraction", limitChangeKeepsFraction},
 		{"CancelGivesBackWhatNoLaterBookingRelieson", cancelBooking},
+		{"CancelAfterTheSlotBeganGivesNothing", cancelBegun},
+		{"CancelInvalid", cancelInvalid},
 		{"CancelSeveralBuckets", cancelSeveralBuckets},
 		{"ConcurrentExact", concurrentExact},
 		{"CancelledContext", cancelledContext},

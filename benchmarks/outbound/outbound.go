@@ -249,12 +249,15 @@ func upstreamOf(s Scenario) transport.Upstream {
 	return up
 }
 
-func work(s spec) Outcomes {
+// workerLimiter returns the Limiter of a worker of s over the benchmark's
+// Redis, its connections dialled and its scripts loaded, and the client
+// to close when the worker is done.
+func workerLimiter(s spec, up transport.Upstream) (*fleetrate.Limiter, *redis.Client, error) {
 	c := redis.NewClient(&redis.Options{Addr: s.Addr, PoolSize: s.Goroutines + 4, MinIdleConns: s.Goroutines})
-	defer c.Close()
 	store, err := redisstore.New(c, redisstore.Options{Timeout: 2 * time.Second})
 	if err != nil {
-		return Outcomes{Errors: []string{err.Error()}}
+		c.Close()
+		return nil, nil, err
 	}
 	// As the README shows: dial and load the scripts before the first
 	// booking, whose answer would otherwise come late.
@@ -262,13 +265,24 @@ func work(s spec) Outcomes {
 	err = store.Warm(wctx)
 	cancel()
 	if err != nil {
-		return Outcomes{Errors: []string{err.Error()}}
+		c.Close()
+		return nil, nil, err
 	}
-	up := upstreamOf(s.Scenario)
 	lim, err := fleetrate.New(store, fleetrate.Config{Prefix: s.Prefix, Buckets: up.Buckets()})
+	if err != nil {
+		c.Close()
+		return nil, nil, err
+	}
+	return lim, c, nil
+}
+
+func work(s spec) Outcomes {
+	up := upstreamOf(s.Scenario)
+	lim, c, err := workerLimiter(s, up)
 	if err != nil {
 		return Outcomes{Errors: []string{err.Error()}}
 	}
+	defer c.Close()
 	classify, err := up.Classifier()
 	if err != nil {
 		return Outcomes{Errors: []string{err.Error()}}
@@ -459,19 +473,7 @@ func Run(t testing.TB, addr string, s Scenario, o Options) Result {
 	// climbs' first reads) and the end (bookings whose requests are never
 	// sent when the run stops).
 	from, to := start.Add(o.Duration/6), start.Add(o.Duration*5/6)
-	steady := make(chan [2]int64, 1)
-	go func() {
-		var n [2]int64
-		var err error
-		for i, at := range []time.Time{from, to} {
-			time.Sleep(time.Until(at))
-			if n[i], err = redistest.ScriptCalls(addr); err != nil {
-				n = [2]int64{}
-				break
-			}
-		}
-		steady <- n
-	}()
+	steady := scriptCallsAt(addr, from, to)
 	workerproc.Run(t, workerEnv, specs, func(_ int, out Outcomes, err error) {
 		if err != nil {
 			res.Errors = append(res.Errors, err.Error())
@@ -493,6 +495,25 @@ func Run(t testing.TB, addr string, s Scenario, o Options) Result {
 		}
 	}
 	return res
+}
+
+// scriptCallsAt reads the script calls of the Redis at addr at from and
+// at to, and sends both on the channel it returns; zeros if a read failed.
+func scriptCallsAt(addr string, from, to time.Time) <-chan [2]int64 {
+	steady := make(chan [2]int64, 1)
+	go func() {
+		var n [2]int64
+		var err error
+		for i, at := range []time.Time{from, to} {
+			time.Sleep(time.Until(at))
+			if n[i], err = redistest.ScriptCalls(addr); err != nil {
+				n = [2]int64{}
+				break
+			}
+		}
+		steady <- n
+	}()
+	return steady
 }
 
 // arrivalsBetween counts the arrivals in [from, to).

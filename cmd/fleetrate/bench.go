@@ -202,32 +202,7 @@ func runBench(ctx context.Context, cfg benchConfig, stdout, stderr io.Writer) (e
 		return err
 	}
 	rep := benchReport{Redis: name, Prefix: cfg.prefix, Duration: cfg.duration.String(), PoolSize: poolSize(c)}
-	defer func() {
-		budget := 30 * time.Second
-		if err != nil && !errors.Is(err, context.Canceled) {
-			budget = 5 * time.Second // Redis failed the run: it may not answer a DEL either
-		}
-		n, cerr := r.cleanup(ctx, budget)
-		rep.KeysDeleted = n
-		if err != nil {
-			// What was measured before the failure is still printed,
-			// marked as stopped, and without recommendations.
-			rep.Stopped, rep.Recommendations = err.Error(), nil
-		}
-		if len(rep.Ceilings) > 0 && !errors.Is(err, context.Canceled) {
-			if perr := printBench(stdout, rep, cfg.json); err == nil {
-				err = perr
-			}
-		}
-		switch {
-		case err == nil:
-			err = cerr
-		case errors.Is(err, context.Canceled) && cerr == nil:
-			err = fmt.Errorf("interrupted; deleted the %d bench keys: %w", n, err)
-		default:
-			err = errors.Join(err, cerr)
-		}
-	}()
+	defer func() { err = r.finish(ctx, &rep, stdout, err) }()
 	r.steps = len(cfg.keys) * (1 + 3*len(cfg.concurrency))
 	if slices.Contains(cfg.keys, 1) {
 		r.steps++ // the hot key through a lease
@@ -242,6 +217,38 @@ func runBench(ctx context.Context, cfg benchConfig, stdout, stderr io.Writer) (e
 	}
 	rep.Recommendations = recommend(cfg, rep)
 	return nil
+}
+
+// finish ends a run whose measurement returned err: it deletes the run's
+// keys, prints what was measured (marked as stopped, without
+// recommendations, when err is set) into rep, and returns the error of
+// the whole run.
+func (r *benchRun) finish(ctx context.Context, rep *benchReport, stdout io.Writer, err error) error {
+	budget := 30 * time.Second
+	if err != nil && !errors.Is(err, context.Canceled) {
+		budget = 5 * time.Second // Redis failed the run: it may not answer a DEL either
+	}
+	n, cerr := r.cleanup(ctx, budget)
+	rep.KeysDeleted = n
+	if err != nil {
+		// What was measured before the failure is still printed,
+		// marked as stopped, and without recommendations.
+		rep.Stopped, rep.Recommendations = err.Error(), nil
+	}
+	if len(rep.Ceilings) > 0 && !errors.Is(err, context.Canceled) {
+		if perr := printBench(stdout, *rep, r.cfg.json); err == nil {
+			err = perr
+		}
+	}
+	switch {
+	case err == nil:
+		err = cerr
+	case errors.Is(err, context.Canceled) && cerr == nil:
+		err = fmt.Errorf("interrupted; deleted the %d bench keys: %w", n, err)
+	default:
+		err = errors.Join(err, cerr)
+	}
+	return err
 }
 
 func (r *benchRun) logf(format string, a ...any) {

@@ -828,6 +828,9 @@ func checkBucketPart(s string, optional bool) error {
 	return nil
 }
 
+// settings parses the server section into s. It is long because it is a
+// table: each key names its field once, grouped by the parser of its
+// type, and the loop that follows dispatches on the group.
 func (p *parser) settings(n *yaml.Node, s *Settings) {
 	strs := map[string]**string{
 		"http_addr": &s.HTTPAddr, "grpc_addr": &s.GRPCAddr, "redis": &s.Redis, "prefix": &s.Prefix,

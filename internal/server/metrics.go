@@ -77,6 +77,9 @@ const OverflowDescriptor = "_overflow"
 // Options.MaxMetricDescriptors.
 const DefaultMaxMetricDescriptors = 10000
 
+// newMetrics returns the service's metrics, registered with reg. It is
+// long because it is a table: each metric's name and help stand beside
+// the field that holds it.
 func newMetrics(reg *prometheus.Registry, maxDescriptors int64) *metrics {
 	m := &metrics{
 		reg:            reg,
