@@ -220,7 +220,8 @@ type Result struct {
 	Degraded bool
 }
 
-// Store keeps token buckets and applies the algorithm in Decide atomically.
+// Store keeps token buckets and applies the algorithm of gcra.Decide
+// (package github.com/fleetrate/fleetrate/gcra) atomically.
 // Implementations must be safe for concurrent use, must honour the
 // context, must validate their arguments (errors wrap ErrInvalid or
 // ErrBurstExceeded), and must report their own failures as errors wrapping

@@ -2,10 +2,14 @@
 // authors: what a store keeps for a bucket (State) and the pure functions
 // that decide a take, cancel a booking, refund, drain and convert a bucket
 // whose limits changed. Users of fleetrate never call it; they call
-// fleetrate.Limiter, whose Store runs these functions (package memstore
-// directly, package redisstore through Lua scripts that mirror this file
-// line for line, held to the same answers by the conformance suite in
-// package storetest and by the replay of every decision).
+// fleetrate.Limiter, whose Store runs these functions: package memstore
+// directly, package redisstore through Lua scripts that compute the same
+// integers (common.lua mirrors Convert, refill, carried and the decision
+// of Decide; take_one.lua unrolls decideOne for a one-limit take), though
+// not line for line: they keep a bucket in encodings of their own (a packed
+// one-limit value, a text form) rather than as a State. The conformance
+// suite in package storetest and the replay of every decision hold them to
+// the same answers.
 //
 // Everything here is pure: time comes in as an argument (the store's clock,
 // in microseconds since the Unix epoch) and state goes out as a value.

@@ -17,7 +17,7 @@ import (
 // TestBatchMatchesSequentialModel sends batches of random takes, many on
 // the same keys and some naming a key with a different number of limits,
 // through one call of the batch script, and checks every decision and the
-// stored state against fleetrate.Decide applied to the takes one after the
+// stored state against gcra.Decide applied to the takes one after the
 // other at the batch's instant.
 func TestBatchMatchesSequentialModel(t *testing.T) {
 	srv := redistest.Start(t)

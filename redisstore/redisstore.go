@@ -1,7 +1,7 @@
 // Package redisstore is the fleetrate.Store kept in Redis, shared by every
 // process of a fleet. Each operation is one Lua script and so one round trip;
 // the scripts read the server's clock (TIME), so workers' clocks never
-// matter, and they implement exactly the algorithm of fleetrate.Decide.
+// matter, and they compute exactly the answers of gcra.Decide (package gcra).
 //
 // Any go-redis v9 client works: *redis.Client, *redis.ClusterClient,
 // *redis.Ring, a failover (Sentinel) client or a redis.UniversalClient.

@@ -53,7 +53,7 @@ func decodeReply(reply []int64, n int, take func(i int) (fleetrate.Request, int,
 // replay reads one take's part of a script's reply, the number of
 // decisions the script made for count identical takes of req and the debts
 // of req's buckets before them, and returns those decisions and the rest of
-// the reply. It makes the decisions again with fleetrate.Decide from that
+// the reply. It makes the decisions again with gcra.Decide from that
 // state, at the script's instant now (µs): the scripts mirror Decide, so
 // the replay is exact, and a script need not report anything per decision.
 // A reply the replay does not agree with is an error, never a decision.

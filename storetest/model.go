@@ -12,7 +12,7 @@ import (
 )
 
 // matchesModel drives random operations and checks every decision, and
-// every stored state the store can show, against fleetrate.Decide run on
+// every stored state the store can show, against gcra.Decide run on
 // the store's own clock.
 func matchesModel(t *testing.T, s fleetrate.Store, key func(string) string) {
 	m := &modelRun{t: t, s: s, rng: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7)), model: map[string]*gcra.State{}}

@@ -1,5 +1,10 @@
--- fleetrate: shared helpers, prepended to every script. They mirror the
--- pure Go algorithm in the fleetrate package (gcra.go) line for line.
+-- fleetrate: shared helpers, prepended to every script. They implement the
+-- pure Go algorithm of package gcra with the same integer arithmetic, so
+-- that they give the same answers: convert, refill and carried mirror the
+-- gcra functions of those names, take_all the decision of gcra.Decide.
+-- They are not a line-for-line copy: they read and write the state in the
+-- encodings below, not as gcra.State, and report no decision (see
+-- take_all); take_one.lua has its own path for a one-limit take.
 --
 -- A bucket key holds the server time of the last write (its stamp, µs)
 -- and, per limit, its debt (ns of TAT beyond the stamp) and the fill time
@@ -286,7 +291,7 @@ end
 -- later take would be denied the same way) and returns the number of
 -- decisions made, that denial included, and whether any tokens were booked.
 -- The scripts reply with the debts from before the takes; the client
--- replays the decisions from them with fleetrate.Decide, so the script
+-- replays the decisions from them with gcra.Decide, so the script
 -- computes no report of its own.
 local function take_all(debts, lims, ms, nb, n, max_wait, count)
   local made, booked = 0, false
