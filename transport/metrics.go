@@ -7,8 +7,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/fleetrate/fleetrate"
 	"github.com/fleetrate/fleetrate/internal/promreg"
+	"github.com/fleetrate/fleetrate/transport/internal/pacer"
 )
 
 // Metric names, all labelled by channel and endpoint.
@@ -116,61 +116,72 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	return m, nil
 }
 
-func (m *metrics) waited(t Target, d time.Duration) {
-	if m == nil {
-		return
-	}
-	if d > 0 {
-		m.waits.WithLabelValues(t.Channel, t.Endpoint).Inc()
-	}
-	m.waitSeconds.WithLabelValues(t.Channel, t.Endpoint).Observe(d.Seconds())
-}
-
+// rateLimited counts a rate-limited answer to tg's request.
 func (m *metrics) rateLimited(t Target, code int) {
 	if m != nil {
 		m.limited.WithLabelValues(t.Channel, t.Endpoint, strconv.Itoa(code)).Inc()
 	}
 }
 
+// retried counts a retry of tg's request.
 func (m *metrics) retried(t Target) {
 	if m != nil {
 		m.retries.WithLabelValues(t.Channel, t.Endpoint).Inc()
 	}
 }
 
-func (m *metrics) backpressured(t Target) {
-	if m != nil {
-		m.backpressure.WithLabelValues(t.Channel, t.Endpoint).Inc()
-	}
-}
-
+// gaveUpOn counts a request of tg that gave up.
 func (m *metrics) gaveUpOn(t Target) {
 	if m != nil {
 		m.gaveUp.WithLabelValues(t.Channel, t.Endpoint).Inc()
 	}
 }
 
-func (m *metrics) effectiveRate(t Target, bucket string, limits []fleetrate.Limit) {
-	if m != nil && len(limits) > 0 {
-		m.effective.WithLabelValues(t.Channel, t.Endpoint, bucket).Set(limits[0].Rate)
+// The pacer's events (pacer.Events).
+var _ pacer.Events = (*metrics)(nil)
+
+// Waited implements pacer.Events.
+func (m *metrics) Waited(channel, endpoint string, d time.Duration) {
+	if m == nil {
+		return
+	}
+	if d > 0 {
+		m.waits.WithLabelValues(channel, endpoint).Inc()
+	}
+	m.waitSeconds.WithLabelValues(channel, endpoint).Observe(d.Seconds())
+}
+
+// Backpressured implements pacer.Events.
+func (m *metrics) Backpressured(channel, endpoint string) {
+	m.inc(func(m *metrics) *prometheus.CounterVec { return m.backpressure }, channel, endpoint)
+}
+
+// EffectiveRate implements pacer.Events.
+func (m *metrics) EffectiveRate(channel, endpoint, bucket string, rate float64) {
+	if m != nil {
+		m.effective.WithLabelValues(channel, endpoint, bucket).Set(rate)
 	}
 }
 
-func (m *metrics) rebooked(t Target) {
-	if m != nil {
-		m.rebook.WithLabelValues(t.Channel, t.Endpoint).Inc()
-	}
+// Persistent implements pacer.Events.
+func (m *metrics) Persistent(channel, endpoint string) {
+	m.inc(func(m *metrics) *prometheus.CounterVec { return m.persist }, channel, endpoint)
 }
 
-func (m *metrics) spacingHeld(t Target) {
-	if m != nil {
-		m.spacingHolds.WithLabelValues(t.Channel, t.Endpoint).Inc()
-	}
+// Rebooked implements pacer.Events.
+func (m *metrics) Rebooked(channel, endpoint string) {
+	m.inc(func(m *metrics) *prometheus.CounterVec { return m.rebook }, channel, endpoint)
 }
 
-func (m *metrics) persistent(t Target) {
+// SpacingHeld implements pacer.Events.
+func (m *metrics) SpacingHeld(channel, endpoint string) {
+	m.inc(func(m *metrics) *prometheus.CounterVec { return m.spacingHolds }, channel, endpoint)
+}
+
+// inc increments the counter c selects, when there are metrics.
+func (m *metrics) inc(c func(*metrics) *prometheus.CounterVec, channel, endpoint string) {
 	if m != nil {
-		m.persist.WithLabelValues(t.Channel, t.Endpoint).Inc()
+		c(m).WithLabelValues(channel, endpoint).Inc()
 	}
 }
 

@@ -8,14 +8,13 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
-	"runtime"
-	"strings"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fleetrate/fleetrate"
+	"github.com/fleetrate/fleetrate/transport/internal/hold"
+	"github.com/fleetrate/fleetrate/transport/internal/pacer"
 )
 
 // Defaults applied by New when an Options field is zero.
@@ -239,10 +238,10 @@ func (o Options) check(limiter *fleetrate.Limiter) error {
 		return fmt.Errorf("%w: transport: pause check age must not be negative, got %v", fleetrate.ErrInvalid, o.PauseCheckAge)
 	case o.MaxWait < 0 || o.MaxWait > limiter.MaxWait():
 		return fmt.Errorf("%w: transport: max wait must be between 0 and the limiter's max wait %v, got %v", fleetrate.ErrInvalid, limiter.MaxWait(), o.MaxWait)
-	case o.MaxWait == 0 && limiter.MaxWait() > maxMarkedWait:
-		return fmt.Errorf("%w: transport: max wait must be at most %v (set Options.MaxWait: the limiter's is %v)", fleetrate.ErrInvalid, maxMarkedWait, limiter.MaxWait())
-	case o.MaxWait > maxMarkedWait:
-		return fmt.Errorf("%w: transport: max wait must be at most %v, got %v", fleetrate.ErrInvalid, maxMarkedWait, o.MaxWait)
+	case o.MaxWait == 0 && limiter.MaxWait() > hold.MaxMarkedWait:
+		return fmt.Errorf("%w: transport: max wait must be at most %v (set Options.MaxWait: the limiter's is %v)", fleetrate.ErrInvalid, hold.MaxMarkedWait, limiter.MaxWait())
+	case o.MaxWait > hold.MaxMarkedWait:
+		return fmt.Errorf("%w: transport: max wait must be at most %v, got %v", fleetrate.ErrInvalid, hold.MaxMarkedWait, o.MaxWait)
 	case o.MaxAttempts < 0:
 		return fmt.Errorf("%w: transport: max attempts must be >= 0, got %d", fleetrate.ErrInvalid, o.MaxAttempts)
 	case o.BackoffMin < 0:
@@ -290,10 +289,8 @@ type Transport struct {
 	adaptive      Adaptive
 	pauseCheckAge time.Duration
 	lookahead     time.Duration
-	views         views
-	ann           *listener // nil without an Announcer
-	qmu           sync.Mutex
-	queues        map[string]chan struct{} // see queue
+	now           func() time.Time // the clock, injected here only
+	pacer         *pacer.Pacer
 }
 
 var _ http.RoundTripper = (*Transport)(nil)
@@ -323,6 +320,7 @@ func New(limiter *fleetrate.Limiter, classify Classify, opts Options) (*Transpor
 		log:           opts.Logger,
 		failOpen:      opts.FailOpen,
 		pauseCheckAge: opts.PauseCheckAge,
+		now:           time.Now,
 	}
 	adaptive, err := opts.Adaptive.withDefaults()
 	if err != nil {
@@ -371,20 +369,14 @@ func New(limiter *fleetrate.Limiter, classify Classify, opts Options) (*Transpor
 		return nil, err
 	}
 	t.m = m
-	ann := opts.Announcer
-	if ann == nil {
-		var stopped fleetrate.Store
-		ann, stopped = announcerOf(limiter.Store())
-		if ann == nil && stopped != nil && !processLocal(stopped) {
-			// A fleet whose processes do not all announce sends during
-			// pauses it was not told of: never let that happen silently.
-			t.log.Warn("rate_announcer_missing",
-				slog.String("store", fmt.Sprintf("%T", stopped)),
-				slog.String("why", "the store neither announces nor unwraps to one that does: this process will not tell the fleet of its pauses; give it an Unwrap() fleetrate.Store method or set Options.Announcer"))
-		}
-	}
-	if ann != nil {
-		t.listen(ann, limiter.Prefix())
+	t.pacer = pacer.New(pacer.Config{
+		Limiter: limiter, Adaptive: !adaptive.Off, Rates: adaptive.settings(), Refresh: adaptive.Refresh,
+		MaxWait: t.maxWait, Lookahead: t.lookahead, CheckAge: t.pauseCheckAge,
+		BackoffMin: t.backoffMin, BackoffMax: t.backoffMax, FailOpen: t.failOpen,
+		StoreTimeout: storeTimeout, Log: t.log, Events: m, Now: t.now,
+	})
+	if ann := announcerFor(limiter, opts.Announcer, t.log); ann != nil {
+		t.pacer.Listen(ann)
 	}
 	return t, nil
 }
@@ -411,14 +403,15 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	ctx := req.Context()
 	attrs := tg.attrs()
+	pt := tg.pace(attrs)
 	// A body that cannot be rebuilt is sent once: resending a half-read
 	// body would corrupt it, and a request sent with no body would be a
 	// different request.
 	replayable := req.Body == nil || req.Body == http.NoBody || req.GetBody != nil
 
 	for attempt := 1; ; attempt++ {
-		began := time.Now()
-		paced, err := t.wait(ctx, tg, attrs)
+		began := t.now()
+		paced, err := t.pacer.Wait(ctx, pt)
 		if err != nil {
 			if attempt == 1 {
 				closeBody(req)
@@ -432,31 +425,31 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 				return nil, fmt.Errorf("transport: %s/%s: rebuilding the body for attempt %d: %w", tg.Channel, tg.Endpoint, attempt, err)
 			}
 		}
-		var gate gatePass
+		var gate pacer.GatePass
 		if tg.Spacing > 0 && paced {
-			if gate, err = t.passGate(ctx, tg, t.budget(ctx)-time.Since(began)); err != nil {
-				if err = t.waitFailed(ctx, tg, attrs, err); err != nil {
+			if gate, err = t.pacer.PassGate(ctx, pt, t.pacer.Budget(ctx)-t.now().Sub(began)); err != nil {
+				if err = t.pacer.WaitFailed(ctx, pt, err); err != nil {
 					closeBody(out)
 					return nil, err
 				}
 			}
 		}
-		sent := time.Now()
+		sent := t.now()
 		resp, err := t.base.RoundTrip(out)
 
 		var li limitInfo
 		switch {
 		case err == nil && IsRateLimited(resp):
-			if li, err = t.onLimited(ctx, tg, resp, sent, attempt, attrs); err != nil {
+			if li, err = t.onLimited(ctx, tg, pt, resp, sent, attempt); err != nil {
 				discard(resp)
 				return nil, err
 			}
 		case err == nil:
-			t.admitted(tg)
-			if gate.passed {
+			t.pacer.Admitted(pt)
+			if gate.Passed {
 				// A 429 may come back sooner than an answer, and its
 				// pause holds the fleet anyway: only answers count.
-				t.answered(ctx, tg, attrs, gate, sent, time.Since(sent))
+				t.pacer.Answered(ctx, pt, gate, sent, t.now().Sub(sent))
 			}
 		}
 
@@ -505,637 +498,6 @@ func (t *Transport) target(req *http.Request) (Target, error) {
 	return tg, nil
 }
 
-// backOff sleeps before the attempt after attempt: the backoff, and never
-// less than the pause a rate limit set. When ctx's deadline leaves no time
-// for the next attempt, it gives up at once rather than sleep into it.
-func (t *Transport) backOff(ctx context.Context, tg Target, attrs []slog.Attr, attempt int, resp *http.Response, li limitInfo) error {
-	delay := max(t.backoff(attempt, t.backoffMin, t.backoffMax), li.pause)
-	if dl, ok := ctx.Deadline(); ok && li.limited && time.Until(dl) < delay {
-		return t.gaveUp(ctx, tg, attrs, attempt, resp, li, context.DeadlineExceeded)
-	}
-	if resp != nil {
-		discard(resp)
-	}
-	if err := sleep(ctx, delay); err != nil {
-		return fmt.Errorf("transport: %s/%s: backing off before attempt %d: %w", tg.Channel, tg.Endpoint, attempt+1, err)
-	}
-	return nil
-}
-
-// limitInfo is what a rate-limited answer told the transport.
-type limitInfo struct {
-	limited           bool
-	retryAfter, pause time.Duration
-	atFloor           bool // the rate was at its floor already
-}
-
-// onLimited handles a 429 (or 503 with Retry-After) to a request sent at
-// sent: every rate limit pauses the fleet (without a usable Retry-After,
-// for the backoff of this attempt) and lowers the rate (see drain).
-func (t *Transport) onLimited(ctx context.Context, tg Target, resp *http.Response, sent time.Time, attempt int, attrs []slog.Attr) (limitInfo, error) {
-	ra, ok := ParseRetryAfter(resp.Header.Get(HeaderRetryAfter), time.Now(), t.maxRetryAfter)
-	lim := limited{sent: sent, soon: t.limitedAtOnce(tg, sent)}
-	li := limitInfo{limited: true, retryAfter: ra, pause: t.pauseFor(ra, tg, lim)}
-	t.m.rateLimited(tg, resp.StatusCode)
-	t.log.LogAttrs(ctx, slog.LevelWarn, "rate_limited", append(attrs,
-		slog.Int("status", resp.StatusCode),
-		slog.String("retry_after", resp.Header.Get(HeaderRetryAfter)),
-		slog.Bool("retry_after_valid", ok),
-		slog.Int64("pause_ms", li.pause.Milliseconds()),
-		slog.Int("attempt", attempt))...)
-	var err error
-	li.atFloor, err = t.drain(ctx, tg, li.pause, lim, attrs)
-	return li, err
-}
-
-// gaveUp ends a request still rate limited after attempt attempts.
-func (t *Transport) gaveUp(ctx context.Context, tg Target, attrs []slog.Attr, attempt int, resp *http.Response, li limitInfo, cause error) error {
-	if cause == nil && li.atFloor {
-		cause = ErrPersistentLimit
-	}
-	t.m.gaveUpOn(tg)
-	t.log.LogAttrs(ctx, slog.LevelError, "rate_gave_up", append(attrs,
-		slog.Int("attempts", attempt),
-		slog.Int("status", resp.StatusCode))...)
-	discard(resp)
-	return &GaveUpError{Channel: tg.Channel, Endpoint: tg.Endpoint, Entity: tg.Entity,
-		Attempts: attempt, StatusCode: resp.StatusCode, RetryAfter: li.retryAfter, Cause: cause}
-}
-
-// wait takes the request's turn on its buckets, within the max wait from
-// its start (lowered by ctx's deadline), and returns when it may be sent.
-// A wait known to exceed that fails at once with backpressure.
-//
-// A request is: book, sleep, send. The booking is one atomic take, through
-// the Limiter (fleetrate.Limiter.Book), of the request's buckets at their
-// effective (adapted) rates and of their markers (see adaptive.go): a pause
-// drained into a marker books the take after the pause, so requests queue
-// behind it in booking order without polling, and the take's booking tells
-// this process the pauses and, every Adaptive.Refresh, the rates of the
-// buckets. The request then sleeps until its slot.
-//
-// A request drawing from several buckets (an endpoint and its credential)
-// books them all in that one take too, but waits first for the requests of
-// this process that draw from the same buckets and booked before it (see
-// queue): a booking is a point in time on every bucket, and a token bucket
-// cannot leave a hole before it, so a fleet that booked a slow endpoint far
-// ahead would idle the credential for every other endpoint until then.
-// With one booking per process ahead, a credential waits for no more than
-// the fleet's processes' next slots on an endpoint.
-//
-// A request that wakes inside a pause announced after it booked gives its
-// booking back and queues again behind the pause: nothing is sent during a
-// pause this process knows of. It knows of a pause from its own 429s (at
-// once), from its takes, from announcements (see Announcer), and otherwise
-// by reading the markers once more before it sends (see PauseCheckAge).
-//
-// It reports paced false when the store failed and the request goes
-// unpaced (Options.FailOpen).
-func (t *Transport) wait(ctx context.Context, tg Target, attrs []slog.Attr) (paced bool, err error) {
-	names := tg.buckets()
-	w := &waiter{t: t, tg: tg, attrs: attrs, n: tg.cost(), paced: make([]fleetrate.Bucket, len(names))}
-	for i, name := range names {
-		b, err := t.lim.Bucket(name)
-		if err != nil {
-			return false, fmt.Errorf("transport: %s/%s: %w", tg.Channel, tg.Endpoint, err)
-		}
-		w.paced[i] = b
-	}
-	class := fleetrate.PriorityFrom(ctx)
-	if class == "" && tg.Priority != "" {
-		class = tg.Priority
-		ctx = fleetrate.WithPriority(ctx, class)
-	}
-	w.ctx, w.start, w.maxWait = ctx, time.Now(), t.budget(ctx)
-	if len(w.paced) > 1 {
-		release, err := t.queue(ctx, strings.Join(append(names, class), "\x00"), w.start, w.maxWait)
-		if err != nil {
-			if errors.Is(err, errQueueBudget) {
-				return false, w.backpressure(w.maxWait, fleetrate.Result{})
-			}
-			return false, w.failed("waiting for the bucket", err)
-		}
-		// The next request of this process may book once this one's slot
-		// has come (or its wait has failed).
-		defer release()
-	}
-	for {
-		if err := ctx.Err(); err != nil {
-			return false, w.failed("waiting for the bucket", err)
-		}
-		again, err := w.outsidePause()
-		if err != nil || again {
-			if err != nil {
-				return false, err
-			}
-			continue
-		}
-		r, tk, err := w.book()
-		switch {
-		case errors.Is(err, errFailedOpen):
-			return false, nil // the store failed: send unpaced (Options.FailOpen)
-		case err != nil:
-			return false, err
-		case r == nil:
-			continue
-		}
-		if again, err = w.sleep(r, tk); err != nil {
-			return false, err
-		}
-		if !again {
-			t.waited(ctx, tg, attrs, time.Since(w.start))
-			return true, nil
-		}
-	}
-}
-
-// budget returns how long a request may wait for its turn: the max wait,
-// or less when ctx ends sooner.
-func (t *Transport) budget(ctx context.Context) time.Duration {
-	if dl, ok := ctx.Deadline(); ok {
-		return max(min(t.maxWait, time.Until(dl)), 0)
-	}
-	return t.maxWait
-}
-
-// errFailedOpen is book's report of a failed store when failing open.
-var errFailedOpen = errors.New("transport: store unavailable, failing open")
-
-// waiter is one request's wait: its buckets, its budget and how its
-// failures read.
-type waiter struct {
-	t       *Transport
-	ctx     context.Context
-	tg      Target
-	attrs   []slog.Attr
-	n       int64
-	paced   []fleetrate.Bucket
-	start   time.Time
-	maxWait time.Duration
-	// lateAnswer is set once a booking whose slot had begun before its
-	// answer came was booked again for lateness: from then on, such a
-	// booking's lateness counts from its answer, so that a slow round
-	// trip to an idle bucket does not book it again and again.
-	lateAnswer bool
-}
-
-// resumeLead is how long before a pause this process knows of ends its
-// waiting requests book. The pause drained the buckets until its end, so
-// their slots still begin at the end at the earliest; booked that early,
-// the answers come before the slots do, and the first requests after the
-// pause go out on time rather than as late answers of a fleet that woke
-// and booked at once (whose first request would go out late, and the
-// next on its slot: too close to it for a strict window).
-const resumeLead = 100 * time.Millisecond
-
-// outsidePause sits out a pause this process knows of (its own 429 sets
-// it before the drain returns), or fails at once when the pause, or the
-// queue this process's last booking left, outlasts the budget. It reports
-// whether it slept (the caller then looks again).
-func (w *waiter) outsidePause() (slept bool, err error) {
-	if until, _ := w.t.pausedUntil(w.paced, time.Time{}); until.After(time.Now().Add(resumeLead)) {
-		// Book resumeLead before the pause ends: the drained bucket gives
-		// the first slot at its end, and its answer comes before it.
-		if err := w.sitOut(until, resumeLead); err != nil {
-			return false, err
-		}
-		return true, nil
-	}
-	if d := time.Until(w.t.nextFree(w.paced)); d > w.remaining() {
-		// This process's last booking already queued the buckets past the
-		// budget: no need to ask the store to say so.
-		return false, w.backpressure(d, fleetrate.Result{})
-	}
-	return false, nil
-}
-
-// sitOut sleeps until lead before until, the end of a pause this process
-// knows of, or fails at once with backpressure when the pause outlasts
-// the wait budget.
-func (w *waiter) sitOut(until time.Time, lead time.Duration) error {
-	d := time.Until(until)
-	if d > w.remaining() {
-		return w.backpressure(d, fleetrate.Result{})
-	}
-	if err := sleep(w.ctx, d-lead); err != nil {
-		return w.failed("waiting out a pause", err)
-	}
-	return nil
-}
-
-// book books the request's turn (see Transport.wait). It returns
-// errFailedOpen when the store failed and the transport fails open, and no
-// reservation and no error when the caller should look again: a
-// multi-bucket turn was beyond the look-ahead and has come nearer, or the
-// booking was behind a pause this process did not know of.
-func (w *waiter) book() (*fleetrate.Reservation, take, error) {
-	t := w.t
-	tk := t.layout(w.ctx, w.tg, w.paced)
-	horizon := w.remaining()
-	if len(w.paced) > 1 {
-		horizon = min(horizon, t.lookahead)
-	}
-	r, err := t.lim.Book(w.ctx, fleetrate.Request{Buckets: tk.buckets, N: w.n, MaxWait: horizon})
-	if err != nil {
-		var bp *fleetrate.BackpressureError
-		if !errors.As(err, &bp) {
-			if err := t.waitFailed(w.ctx, w.tg, w.attrs, err); err != nil {
-				return nil, tk, err
-			}
-			return nil, tk, errFailedOpen
-		}
-		if len(w.paced) == 1 {
-			t.learnNext(w.paced[0].Key, time.Now().Add(bp.RetryAfter))
-		}
-		if bp.RetryAfter > w.remaining() || bp.MaxWait < horizon {
-			// Beyond the budget (or the horizon of the request's priority
-			// class): say so at once.
-			return nil, tk, w.backpressure(bp.RetryAfter, bp.Result)
-		}
-		// A multi-bucket turn beyond the look-ahead: sleep until it is
-		// within it, then book.
-		if err := sleep(w.ctx, bp.RetryAfter-horizon); err != nil {
-			return nil, tk, w.failed("waiting for the bucket", err)
-		}
-		return nil, tk, nil
-	}
-	if t.learn(tk, r.Booking(), time.Now()) && !t.adaptive.Off && !w.tg.Fixed {
-		// Booked behind a pause this process did not know of, at a rate
-		// the 429 behind it may have lowered: give the booking back, read
-		// the rate, book again.
-		w.cancel(r)
-		return nil, tk, nil
-	}
-	return r, tk, nil
-}
-
-// sleep sleeps until the booked slot, then checks that it still holds. It
-// reports whether the booking was void (given back: the caller books
-// again).
-//
-// The markers' store read (see PauseCheckAge) happens before the slot
-// when the request wakes early for it (see sleepUntil), so that its round
-// trip does not make the request late; the lateness check (spread) comes
-// after everything but the send.
-func (w *waiter) sleep(r *fleetrate.Reservation, tk take) (void bool, err error) {
-	t := w.t
-	booked := time.Now()
-	woke := w.sleepUntil(r.Due(), spinLead(tk.buckets[:tk.paced]))
-	if woke {
-		if void, err := w.checkPauses(r, tk, booked); err != nil || void {
-			return void, err
-		}
-		w.spin(r.Due())
-	}
-	if err := r.Sleep(w.ctx); err != nil {
-		// Sleep gave the booking back: only what no later booking relies
-		// on returns, and nothing while a 429's drain has moved the bucket
-		// on, so a cancel never shortens a pause or grants a slot twice.
-		var bp *fleetrate.BackpressureError
-		if errors.As(err, &bp) {
-			return false, w.backpressure(bp.RetryAfter, bp.Result)
-		}
-		return false, w.failed("waiting for the bucket", err)
-	}
-	if !woke { // else read before the spin
-		if void, err := w.checkPauses(r, tk, booked); err != nil || void {
-			return void, err
-		}
-	}
-	// A request woken well after its slot (a stalled process: CPU
-	// starvation, a GC pause) would go out together with the other overdue
-	// requests of its process, or too close to the next slot's, whichever
-	// process holds it: a burst the upstream sees. So would one whose
-	// booking's answer came back late (at a fleet's start, the first
-	// requests book at once and the next slots follow theirs). Booking
-	// again gives such a request a later slot when others were booked
-	// behind it, or the same late answer when none were: it is booked
-	// again once at most (see waiter.lateAnswer).
-	due := r.Due()
-	begunBefore := !due.After(booked) // the slot had begun before the answer came
-	if begunBefore && w.lateAnswer {
-		due = booked
-	}
-	d, void := t.spread(tk, due, time.Now())
-	switch {
-	case void:
-		w.lateAnswer = w.lateAnswer || begunBefore
-		t.m.rebooked(w.tg)
-		w.cancel(r)
-		return true, nil
-	case d > 0:
-		if err := sleep(w.ctx, d); err != nil {
-			w.cancel(r)
-			return false, w.failed("spacing a late request", err)
-		}
-	}
-	if until, _ := t.pausedUntil(w.paced, time.Time{}); until.After(time.Now()) || t.pausedSince(w.paced, booked) {
-		// Paused, or a pause began after this booking: the 429 that drew
-		// it voided every booking made before it (see drain), so book
-		// again behind it, at the rate it may have lowered. A slot that
-		// came before the end of a pause this process knows of (booked
-		// resumeLead ahead, on a clock a little off the store's) books
-		// again once the pause is over, not at once.
-		w.cancel(r)
-		if until.After(time.Now()) {
-			if err := w.sitOut(until, 0); err != nil {
-				return false, err
-			}
-		}
-		return true, nil
-	}
-	return false, nil
-}
-
-// checkPauses reads the buckets' pause markers once more, when the request
-// slept on its booking and this process has not read them within
-// PauseCheckAge nor listens to announcements since it booked: a pause
-// drained after the booking voids it (given back: the caller books again).
-func (w *waiter) checkPauses(r *fleetrate.Reservation, tk take, booked time.Time) (void bool, err error) {
-	t := w.t
-	slept := r.Result.Wait > 0
-	if _, fresh := t.pausedUntil(w.paced, time.Now().Add(-t.pauseCheckAge)); !slept || fresh || t.listening(booked) {
-		return false, nil
-	}
-	drained, err := t.readPauses(w.ctx, tk, r.Booking())
-	if err != nil {
-		w.cancel(r)
-		return false, t.waitFailed(w.ctx, w.tg, w.attrs, err)
-	}
-	if drained {
-		w.cancel(r)
-		return true, nil
-	}
-	return false, nil
-}
-
-// sleepUntil sleeps until lead before due, when the request's buckets
-// tolerate little send jitter (lead, from spinLead, is above 0): Go's
-// timers wake a sleeper up to about 1 ms late (the runtime's poller sleeps
-// in whole milliseconds), which is a third of the margin of a fleet paced
-// at 95 % of a strict burst-1 window, so such a request wakes early and
-// waits out the rest in spin. It reports whether it woke so; otherwise
-// (no lead, a slot past the context's deadline, a context that ended) it
-// leaves the wait, the deadline and a cancel to Reservation.Sleep.
-func (w *waiter) sleepUntil(due time.Time, lead time.Duration) bool {
-	if lead <= 0 {
-		return false
-	}
-	if dl, ok := w.ctx.Deadline(); ok && due.After(dl) {
-		return false // past the deadline: Reservation.Sleep says so at once
-	}
-	if d := time.Until(due) - lead; d > 0 {
-		if sleep(w.ctx, d) != nil {
-			return false // cancelled: Reservation.Sleep gives the booking back
-		}
-	}
-	return w.ctx.Err() == nil
-}
-
-// spin yields the processor until due comes.
-func (w *waiter) spin(due time.Time) {
-	var last time.Time
-	for w.ctx.Err() == nil {
-		now := time.Now()
-		if !now.Before(due) || now.Equal(last) {
-			// Due, or a clock that stood still while this goroutine ran
-			// (a coarse clock source, or testing/synctest's, which moves
-			// only when every goroutine blocks): the timer does the rest.
-			return
-		}
-		last = now
-		runtime.Gosched()
-	}
-}
-
-// remaining returns what is left of the wait budget.
-func (w *waiter) remaining() time.Duration {
-	return max(w.maxWait-time.Since(w.start), 0)
-}
-
-// backpressure fails the wait: it would last retryAfter. The error
-// reports the wait budget that was left, not the whole max wait: that is
-// what the wait exceeded.
-func (w *waiter) backpressure(retryAfter time.Duration, res fleetrate.Result) error {
-	return w.t.waitFailed(w.ctx, w.tg, w.attrs, &fleetrate.BackpressureError{RetryAfter: retryAfter, MaxWait: w.remaining(), Result: res})
-}
-
-func (w *waiter) failed(what string, err error) error {
-	return fmt.Errorf("transport: %s/%s: %s: %w", w.tg.Channel, w.tg.Endpoint, what, err)
-}
-
-// cancel gives a booking back, best effort, even once the request's
-// context has ended.
-func (w *waiter) cancel(r *fleetrate.Reservation) {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(w.ctx), storeTimeout)
-	defer cancel()
-	_ = r.Cancel(rctx)
-}
-
-// errQueueBudget is queue's error for a request whose wait budget ran out
-// while it queued in its process.
-var errQueueBudget = errors.New("transport: wait budget spent in the process's queue")
-
-// queue waits for the request's turn among this process's requests with
-// the same key (in arrival order: a channel's waiting senders are served
-// first in, first out), within the wait budget, and returns the function
-// that lets the next one go.
-func (t *Transport) queue(ctx context.Context, key string, start time.Time, maxWait time.Duration) (release func(), err error) {
-	t.qmu.Lock()
-	if t.queues == nil {
-		t.queues = map[string]chan struct{}{}
-	}
-	q := t.queues[key]
-	if q == nil {
-		q = make(chan struct{}, 1)
-		t.queues[key] = q
-	}
-	t.qmu.Unlock()
-	timer := time.NewTimer(max(maxWait-time.Since(start), 0))
-	defer timer.Stop()
-	select {
-	case q <- struct{}{}:
-		var once sync.Once
-		return func() { once.Do(func() { <-q }) }, nil
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	case <-timer.C:
-		return nil, errQueueBudget
-	}
-}
-
-// readPauses reads the pause markers of the take's paced buckets (one
-// peek) into this process's views, and reports whether a 429 drained them
-// since the take booked bk, voiding the booking (see drain). A drain
-// leaves a marker's debt at least markerFill past the drain, while takes
-// only move it past their slots (at most the max wait ahead) by a
-// nanosecond each: so, on the store's clock, a marker whose debt now ends
-// past both the booking's time + markerFill and what the booking left it
-// was drained since.
-func (t *Transport) readPauses(ctx context.Context, tk take, bk fleetrate.Booking) (drained bool, err error) {
-	paced := tk.buckets[:tk.paced]
-	res, err := t.lim.Store().Take(ctx, fleetrate.Request{Buckets: tk.buckets[tk.paced:]})
-	if err != nil {
-		return false, err
-	}
-	now := time.Now()
-	if !res.At.IsZero() && bk.Stamp > 0 && len(bk.Debts) >= tk.paced {
-		booked := time.UnixMicro(bk.Stamp)
-		left := booked.Add(markerFill)
-		for _, d := range bk.Debts[len(bk.Debts)-tk.paced:] {
-			left = later(left, booked.Add(time.Duration(d)+time.Millisecond))
-		}
-		drained = !res.At.Add(res.ResetAfter).Before(left)
-	}
-	t.views.mu.Lock()
-	defer t.views.mu.Unlock()
-	for _, b := range paced {
-		v := t.views.get(b.Key)
-		if !res.Allowed {
-			t.learnPause(v, b.Key, now.Add(res.RetryAfter))
-		}
-		v.seen = now
-		if drained {
-			v.read = time.Time{} // the 429 may have lowered the rate
-		}
-	}
-	return drained, nil
-}
-
-// waited records a granted wait.
-func (t *Transport) waited(ctx context.Context, tg Target, attrs []slog.Attr, d time.Duration) {
-	t.m.waited(tg, d)
-	if d > 0 {
-		t.log.LogAttrs(ctx, slog.LevelDebug, "rate_throttle_wait", append(attrs, slog.Int64("wait_ms", d.Milliseconds()))...)
-	}
-}
-
-// waitFailed turns a failed take into the request's error: backpressure,
-// a store failure (nil when failing open) or an invalid configuration.
-func (t *Transport) waitFailed(ctx context.Context, tg Target, attrs []slog.Attr, err error) error {
-	var bp *fleetrate.BackpressureError
-	switch {
-	case errors.As(err, &bp):
-		t.m.backpressured(tg)
-		t.log.LogAttrs(ctx, slog.LevelWarn, "rate_backpressure", append(attrs,
-			slog.Int64("retry_after_ms", bp.RetryAfter.Milliseconds()),
-			slog.Int64("max_wait_ms", bp.MaxWait.Milliseconds()))...)
-	case errors.Is(err, fleetrate.ErrStoreUnavailable):
-		t.log.LogAttrs(ctx, slog.LevelError, "rate_store_error", append(attrs,
-			slog.String("error", err.Error()), slog.Bool("fail_open", t.failOpen))...)
-		if t.failOpen {
-			return nil
-		}
-	}
-	return fmt.Errorf("transport: %s/%s: %w", tg.Channel, tg.Endpoint, err)
-}
-
-// drain pauses the target's buckets and their pause markers for d across
-// the fleet (see Target.drained), after pausing this process's own
-// requests at once, and lowers their effective rates (see decrease) for
-// the 429 lim, before the pause is visible to the fleet,
-// so that a process that learns of the pause reads the lowered rate. It
-// runs even if the caller's context has ended, since the whole fleet needs
-// it. It reports whether a bucket was at its floor rate already.
-func (t *Transport) drain(ctx context.Context, tg Target, d time.Duration, lim limited, attrs []slog.Attr) (atFloor bool, err error) {
-	names := tg.drained()
-	paced := make([]fleetrate.Bucket, len(names))
-	keys := make([]string, len(names))
-	for i, name := range names {
-		b, err := t.lim.Bucket(name)
-		if err != nil {
-			return false, fmt.Errorf("transport: %s/%s: %w", tg.Channel, tg.Endpoint, err)
-		}
-		paced[i], keys[i] = b, b.Key
-	}
-	resume := time.Now().Add(d)
-	resumed := t.pauseLocally(keys, resume)
-	atFloor = t.decrease(ctx, tg, paced, lim, resume, resumed, attrs)
-	// The buckets at their effective limits, and their pause markers.
-	// The markers first: from then on every take waits out the pause.
-	// Then the buckets start again from the pause, empty: the slots booked
-	// before the 429, at the rate that drew it, are void (each waiter
-	// books again behind the pause when it learns of it).
-	bs := t.layout(ctx, tg, paced).buckets
-	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeTimeout)
-	defer cancel()
-	store := t.lim.Store()
-	err = store.Drain(dctx, bs[len(paced):], d)
-	if err == nil {
-		skeys := make([]string, len(paced))
-		for i, b := range paced {
-			skeys[i] = b.StoreKey()
-		}
-		err = store.Reset(dctx, skeys...)
-	}
-	if err == nil {
-		err = store.Drain(dctx, bs[:len(paced)], d)
-	}
-	if err == nil {
-		for _, b := range paced {
-			t.announcePause(ctx, b, d)
-		}
-		return atFloor, nil
-	}
-	if errors.Is(err, fleetrate.ErrStoreUnavailable) && t.failOpen {
-		t.log.LogAttrs(ctx, slog.LevelError, "rate_store_error", append(attrs,
-			slog.String("error", err.Error()), slog.Bool("fail_open", true))...)
-		return atFloor, nil
-	}
-	return atFloor, fmt.Errorf("transport: %s/%s: draining after a rate limit: %w", tg.Channel, tg.Endpoint, err)
-}
-
-// limited is a rate limit on a request: when the request was sent, and
-// whether it came at once after the fleet's last pause (decided once, by
-// limitedAtOnce, for both the pause and the rate).
-type limited struct {
-	sent time.Time
-	soon bool
-}
-
-// limitedAtOnce reports whether a rate limit on tg's request sent at sent
-// came before the second slot after the fleet's last pause of tg's
-// endpoint, at the effective rate (see limitRange): then the pause was too
-// short, and the rate is not to blame.
-func (t *Transport) limitedAtOnce(tg Target, sent time.Time) bool {
-	key := EndpointBucket(tg.Channel, tg.Endpoint)
-	b, err := t.lim.Bucket(key)
-	if err != nil {
-		return false
-	}
-	rate := paceRate(b)
-	now := time.Now()
-	t.views.mu.Lock()
-	defer t.views.mu.Unlock()
-	v := t.views.get(key)
-	if !t.adaptive.Off && !tg.Fixed {
-		rate *= t.adaptive.factor(v.climb, now)
-	}
-	_, _, soon := limitRange(1, rate, sent, v.pauseUntil)
-	return soon
-}
-
-// pauseFor returns how long the rate limit lim pauses the fleet: the
-// Retry-After when the upstream sent a usable one. Without one, as long as
-// the fleet's longest pause (at first the backoff's floor), and twice that
-// (up to the backoff's ceiling) when the limit came at once after that
-// pause: an upstream that limits the first request after a pause has a
-// longer pause of its own.
-func (t *Transport) pauseFor(retryAfter time.Duration, tg Target, lim limited) time.Duration {
-	if retryAfter > 0 {
-		return retryAfter
-	}
-	t.views.mu.Lock()
-	defer t.views.mu.Unlock()
-	v := t.views.get(EndpointBucket(tg.Channel, tg.Endpoint))
-	d := min(max(t.backoffMin, v.lastPause), t.backoffMax)
-	if lim.soon && v.lastPause > 0 {
-		d = min(2*v.lastPause, t.backoffMax)
-	}
-	v.lastPause = d
-	return d
-}
-
 // rewind returns a copy of req with a fresh body for a retry.
 func rewind(req *http.Request) (*http.Request, error) {
 	out := req.Clone(req.Context())
@@ -1148,21 +510,6 @@ func rewind(req *http.Request) (*http.Request, error) {
 	}
 	out.Body = body
 	return out, nil
-}
-
-// sleep waits d or until ctx ends, whichever is first.
-func sleep(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
-	}
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	select {
-	case <-timer.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
 
 func closeBody(req *http.Request) {
@@ -1181,6 +528,15 @@ func urlPath(req *http.Request) string {
 		return ""
 	}
 	return req.URL.Path
+}
+
+// pace returns what the pacer needs of the target, with attrs.
+func (tg Target) pace(attrs []slog.Attr) pacer.Target {
+	return pacer.Target{
+		Channel: tg.Channel, Endpoint: tg.Endpoint, EndpointKey: EndpointBucket(tg.Channel, tg.Endpoint),
+		Buckets: tg.buckets(), Drained: tg.drained(), N: tg.cost(),
+		Priority: tg.Priority, Spacing: tg.Spacing, Fixed: tg.Fixed, Attrs: attrs,
+	}
 }
 
 // attrs are the log attributes every event of the request carries.

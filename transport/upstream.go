@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fleetrate/fleetrate"
+	"github.com/fleetrate/fleetrate/transport/internal/hold"
 )
 
 // ErrNoRoute is returned (wrapped) when a Classify built by
@@ -139,13 +140,14 @@ func CredentialBucket(channel string) string {
 // is so large (PauseLimit) that takes never deplete it: it holds exactly
 // the pause.
 func PauseBucket(bucket string) string {
-	return bucket + "#pause"
+	return hold.PauseKey(bucket)
 }
 
 // PauseLimit is the limit of pause markers, which Upstream.Buckets
 // configures so that a Limiter (or a status page) can peek them: a peek's
-// RetryAfter is what is left of the pause. See the markers in adaptive.go.
-var PauseLimit = markerLimit.Named("pause")
+// RetryAfter is what is left of the pause. See the holds in
+// transport/internal/hold.
+var PauseLimit = hold.PauseLimit
 
 // Classify maps an outgoing request to the buckets it draws from. An error
 // fails the request before anything is sent.
