@@ -24,13 +24,13 @@ import (
 	"github.com/fleetrate/fleetrate/transport"
 )
 
-// repoRoot is the module's root, seen from this package's directory.
-const repoRoot = "../.."
+// refRoot is the module's root, seen from this package's directory.
+const refRoot = "../.."
 
-// readDoc returns the text of the repository file at rel.
-func readDoc(t *testing.T, rel string) string {
+// readRefDoc returns the text of the repository file at rel.
+func readRefDoc(t *testing.T, rel string) string {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(repoRoot, rel))
+	b, err := os.ReadFile(filepath.Join(refRoot, rel))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,7 +41,7 @@ func readDoc(t *testing.T, rel string) string {
 // docs/OPERATIONS.md, "The minimal ACL user".
 func documentedACLs(t *testing.T) (standalone, cluster string) {
 	t.Helper()
-	doc := readDoc(t, "docs/OPERATIONS.md")
+	doc := readRefDoc(t, "docs/OPERATIONS.md")
 	i := strings.Index(doc, "#### The minimal ACL user")
 	if i < 0 {
 		t.Fatal(`docs/OPERATIONS.md has no "#### The minimal ACL user" section`)
@@ -115,11 +115,11 @@ func TestDocumentedACL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stats := &commandStats{srv: srv}
+	stats := &aclCommandStats{srv: srv}
 	aclCalls(t, srv, s, stats)
 	announceAndListen(t, srv, s)
 
-	if refused := aclLog(t, srv); len(refused) > 0 {
+	if refused := aclRefusals(t, srv); len(refused) > 0 {
 		t.Errorf("Redis refused the documented user %v (ACL LOG)", refused)
 	}
 	ran := stats.read(t)
@@ -132,7 +132,7 @@ func TestDocumentedACL(t *testing.T) {
 
 // aclCalls makes, through s, every call of a Limiter's store but the
 // announcements, and fails t on any error.
-func aclCalls(t *testing.T, srv *redistest.Server, s *redisstore.Store, stats *commandStats) {
+func aclCalls(t *testing.T, srv *redistest.Server, s *redisstore.Store, stats *aclCommandStats) {
 	t.Helper()
 	ctx := context.Background()
 	b := []fleetrate.Bucket{{Prefix: "fleetrate:", Key: "doc/acl", Limits: []fleetrate.Limit{fleetrate.PerSecond(100, 50)}}}
@@ -215,7 +215,7 @@ func announceAndListen(t *testing.T, srv *redistest.Server, s *redisstore.Store)
 	select {
 	case <-on:
 	case <-deadline:
-		t.Fatalf("Listen never subscribed as the documented ACL user; ACL LOG: %v", aclLog(t, srv))
+		t.Fatalf("Listen never subscribed as the documented ACL user; ACL LOG: %v", aclRefusals(t, srv))
 	}
 	if err := s.Announce(ctx, transport.AnnounceTopic, "p doc 1"); err != nil {
 		t.Fatalf("Announce as the documented ACL user: %v", err)
@@ -240,31 +240,31 @@ func announceAndListen(t *testing.T, srv *redistest.Server, s *redisstore.Store)
 		}
 		select {
 		case <-deadline:
-			t.Fatalf("Listen never pinged its quiet subscription; CLIENT LIST: %v; ACL LOG: %v", v, aclLog(t, srv))
+			t.Fatalf("Listen never pinged its quiet subscription; CLIENT LIST: %v; ACL LOG: %v", v, aclRefusals(t, srv))
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
 }
 
-// commandStats reads the server's INFO commandstats, less the INFO
+// aclCommandStats reads the server's INFO commandstats, less the INFO
 // commands it sent itself.
-type commandStats struct {
+type aclCommandStats struct {
 	srv   *redistest.Server
 	reads int
 }
 
-var cmdstat = regexp.MustCompile(`(?m)^cmdstat_([a-z|]+):calls=(\d+)`)
+var aclCmdstat = regexp.MustCompile(`(?m)^cmdstat_([a-z|]+):calls=(\d+)`)
 
 // read returns the calls of each command since the test's CONFIG
 // RESETSTAT (subcommands as "script|load").
-func (c *commandStats) read(t *testing.T) map[string]int {
+func (c *aclCommandStats) read(t *testing.T) map[string]int {
 	t.Helper()
 	v, err := c.srv.Do("info", "commandstats")
 	if err != nil {
 		t.Fatal(err)
 	}
 	calls := map[string]int{}
-	for _, m := range cmdstat.FindAllStringSubmatch(fmt.Sprint(v), -1) {
+	for _, m := range aclCmdstat.FindAllStringSubmatch(fmt.Sprint(v), -1) {
 		n, _ := strconv.Atoi(m[2])
 		calls[m[1]] = n
 	}
@@ -275,9 +275,9 @@ func (c *commandStats) read(t *testing.T) map[string]int {
 	return calls
 }
 
-// aclLog returns what ACL LOG recorded as refused: the command, key or
+// aclRefusals returns what ACL LOG recorded as refused: the command, key or
 // channel, with its context.
-func aclLog(t *testing.T, srv *redistest.Server) []string {
+func aclRefusals(t *testing.T, srv *redistest.Server) []string {
 	t.Helper()
 	v, err := srv.Do("acl", "log", 100)
 	if err != nil {

@@ -10,25 +10,25 @@ import (
 	"testing"
 )
 
-// goFolders returns the folders of the repository that hold Go code (both
+// archGoFolders returns the folders of the repository that hold Go code (both
 // modules: the root's and benchmarks'), as slash paths from the root, the
 // root itself as ".".
-func goFolders(t *testing.T) []string {
+func archGoFolders(t *testing.T) []string {
 	t.Helper()
 	seen := map[string]bool{}
-	err := filepath.WalkDir(repoRoot, func(path string, d fs.DirEntry, err error) error {
+	err := filepath.WalkDir(refRoot, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
 		name := d.Name()
 		if d.IsDir() {
-			if path != repoRoot && (strings.HasPrefix(name, ".") || strings.HasPrefix(name, "_") || name == "testdata" || name == "node_modules") {
+			if path != refRoot && (strings.HasPrefix(name, ".") || strings.HasPrefix(name, "_") || name == "testdata" || name == "node_modules") {
 				return filepath.SkipDir
 			}
 			return nil
 		}
 		if strings.HasSuffix(name, ".go") {
-			rel, err := filepath.Rel(repoRoot, filepath.Dir(path))
+			rel, err := filepath.Rel(refRoot, filepath.Dir(path))
 			if err != nil {
 				return err
 			}
@@ -47,12 +47,12 @@ func goFolders(t *testing.T) []string {
 	return dirs
 }
 
-var backticked = regexp.MustCompile("`([^`]+)`")
+var archBackticked = regexp.MustCompile("`([^`]+)`")
 
-// namedFolders returns the folders the tables of ARCHITECTURE.md's
+// archNamedFolders returns the folders the tables of ARCHITECTURE.md's
 // "Packages, folder by folder" name in their first column; "fleetrate"
 // (the root package) is ".".
-func namedFolders(t *testing.T, doc string) []string {
+func archNamedFolders(t *testing.T, doc string) []string {
 	t.Helper()
 	i := strings.Index(doc, "### Packages, folder by folder")
 	if i < 0 {
@@ -68,7 +68,7 @@ func namedFolders(t *testing.T, doc string) []string {
 		if len(cells) < 3 || !strings.HasPrefix(line, "|") {
 			continue
 		}
-		for _, m := range backticked.FindAllStringSubmatch(cells[1], -1) {
+		for _, m := range archBackticked.FindAllStringSubmatch(cells[1], -1) {
 			name := m[1]
 			if name == "fleetrate" {
 				name = "."
@@ -83,9 +83,9 @@ func namedFolders(t *testing.T, doc string) []string {
 // tables against the folders: every folder holding Go code is named, and
 // every name is such a folder.
 func TestArchitectureNamesEveryPackage(t *testing.T) {
-	doc := readDoc(t, "docs/ARCHITECTURE.md")
-	named := namedFolders(t, doc)
-	folders := goFolders(t)
+	doc := readRefDoc(t, "docs/ARCHITECTURE.md")
+	named := archNamedFolders(t, doc)
+	folders := archGoFolders(t)
 	for _, f := range folders {
 		if !slices.Contains(named, f) {
 			t.Errorf("docs/ARCHITECTURE.md, \"Packages, folder by folder\", does not name %s", f)
@@ -103,7 +103,7 @@ func TestArchitectureNamesEveryPackage(t *testing.T) {
 // repository (globs such as redisstore/scripts/*.lua included), Go and Lua
 // files named alone, and relative links.
 func TestDocPathsExist(t *testing.T) {
-	entries, err := os.ReadDir(repoRoot)
+	entries, err := os.ReadDir(refRoot)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,12 +116,12 @@ func TestDocPathsExist(t *testing.T) {
 	path := regexp.MustCompile(`(?:^|[\s(\x60"])((?:` + strings.Join(tops, "|") + `)/[A-Za-z0-9_.*/-]*[A-Za-z0-9_*/])`)
 	file := regexp.MustCompile("`([A-Za-z0-9_]+\\.(?:go|lua))`")
 	link := regexp.MustCompile(`\]\(([A-Za-z0-9_./-]+?)(?:#[^)]*)?\)`)
-	sources := sourceFiles(t)
+	sources := archSourceFiles(t)
 	for _, name := range []string{"docs/OPERATIONS.md", "docs/API.md", "docs/HEADERS.md", "docs/ARCHITECTURE.md"} {
-		doc := readDoc(t, name)
+		doc := readRefDoc(t, name)
 		for _, m := range path.FindAllStringSubmatch(doc, -1) {
 			p := strings.TrimSuffix(m[1], ".")
-			got, err := filepath.Glob(filepath.Join(repoRoot, filepath.FromSlash(p)))
+			got, err := filepath.Glob(filepath.Join(refRoot, filepath.FromSlash(p)))
 			if err != nil || len(got) == 0 {
 				t.Errorf("%s names %s, which does not exist", name, p)
 			}
@@ -135,22 +135,22 @@ func TestDocPathsExist(t *testing.T) {
 			if strings.Contains(m[1], "://") || m[1] == "" {
 				continue
 			}
-			if _, err := os.Stat(filepath.Join(repoRoot, "docs", filepath.FromSlash(m[1]))); err != nil {
+			if _, err := os.Stat(filepath.Join(refRoot, "docs", filepath.FromSlash(m[1]))); err != nil {
 				t.Errorf("%s links to %s, which does not exist", name, m[1])
 			}
 		}
 	}
 }
 
-// sourceFiles returns the base names of the repository's Go and Lua files.
-func sourceFiles(t *testing.T) map[string]bool {
+// archSourceFiles returns the base names of the repository's Go and Lua files.
+func archSourceFiles(t *testing.T) map[string]bool {
 	t.Helper()
 	names := map[string]bool{}
-	err := filepath.WalkDir(repoRoot, func(path string, d fs.DirEntry, err error) error {
+	err := filepath.WalkDir(refRoot, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
-		if d.IsDir() && path != repoRoot && strings.HasPrefix(d.Name(), ".") {
+		if d.IsDir() && path != refRoot && strings.HasPrefix(d.Name(), ".") {
 			return filepath.SkipDir
 		}
 		if ext := filepath.Ext(d.Name()); ext == ".go" || ext == ".lua" {
