@@ -1,6 +1,7 @@
 package doccheck
 
 import (
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -8,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"unicode"
 )
 
 // archGoFolders returns the folders of the repository that hold Go code (both
@@ -115,7 +117,7 @@ func TestDocPathsExist(t *testing.T) {
 	}
 	path := regexp.MustCompile(`(?:^|[\s(\x60"])((?:` + strings.Join(tops, "|") + `)/[A-Za-z0-9_.*/-]*[A-Za-z0-9_*/])`)
 	file := regexp.MustCompile("`([A-Za-z0-9_]+\\.(?:go|lua))`")
-	link := regexp.MustCompile(`\]\(([A-Za-z0-9_./-]+?)(?:#[^)]*)?\)`)
+	link := regexp.MustCompile(`\]\(([A-Za-z0-9_./-]*?)(?:#([^)]*))?\)`)
 	sources := archSourceFiles(t)
 	for _, name := range []string{"docs/OPERATIONS.md", "docs/API.md", "docs/HEADERS.md", "docs/ARCHITECTURE.md"} {
 		doc := readRefDoc(t, name)
@@ -132,14 +134,60 @@ func TestDocPathsExist(t *testing.T) {
 			}
 		}
 		for _, m := range link.FindAllStringSubmatch(doc, -1) {
-			if strings.Contains(m[1], "://") || m[1] == "" {
+			target, anchor := m[1], m[2]
+			if target == "" {
+				target = filepath.Base(name)
+			}
+			file := filepath.Join(refRoot, "docs", filepath.FromSlash(target))
+			if _, err := os.Stat(file); err != nil {
+				t.Errorf("%s links to %s, which does not exist", name, target)
 				continue
 			}
-			if _, err := os.Stat(filepath.Join(refRoot, "docs", filepath.FromSlash(m[1]))); err != nil {
-				t.Errorf("%s links to %s, which does not exist", name, m[1])
+			if anchor != "" && strings.HasSuffix(target, ".md") && !archAnchors(t, file)[anchor] {
+				t.Errorf("%s links to %s#%s, a heading %s does not have", name, target, anchor, target)
 			}
 		}
 	}
+}
+
+// archAnchors returns the anchors GitHub gives the headings of the
+// Markdown file at path: lower case, punctuation dropped, spaces as
+// hyphens, a repeated one numbered.
+func archAnchors(t *testing.T, path string) map[string]bool {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	anchors := map[string]bool{}
+	seen := map[string]int{}
+	inCode := false
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, "```") {
+			inCode = !inCode
+		}
+		if inCode || !strings.HasPrefix(line, "#") {
+			continue
+		}
+		h := strings.TrimSpace(strings.TrimLeft(line, "#"))
+		var slug strings.Builder
+		for _, r := range strings.ToLower(h) {
+			switch {
+			case r == ' ':
+				slug.WriteRune('-')
+			case r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r):
+				slug.WriteRune(r)
+			}
+		}
+		a := slug.String()
+		if n := seen[a]; n > 0 {
+			anchors[fmt.Sprintf("%s-%d", a, n)] = true
+		} else {
+			anchors[a] = true
+		}
+		seen[a]++
+	}
+	return anchors
 }
 
 // archSourceFiles returns the base names of the repository's Go and Lua files.
