@@ -228,8 +228,8 @@ func TestCluster(t *testing.T) {
 			{"no_slots", append(slices.Clone(fleetCommands), "+command")},
 			{"no_command", append(slices.Clone(fleetCommands), "+cluster|slots")},
 		}
-		if got := "ACL SETUSER fleet " + strings.Join(aclRules("fleetrate:*", users[0].cmds), " "); got != documentedClusterACL {
-			t.Fatalf("the tested ACL line\n%s\ndiffers from the documented one\n%s", got, documentedClusterACL)
+		if got := "ACL SETUSER fleet " + strings.Join(aclRules("fleetrate:*", users[0].cmds), " "); got != scriptClusterACL {
+			t.Fatalf("the tested ACL line\n%s\ndiffers from scriptClusterACL\n%s", got, scriptClusterACL)
 		}
 		for _, n := range cl.Nodes() {
 			for _, u := range users {

@@ -46,12 +46,15 @@ keeps the configuration in force and logs why.
 
 Every setting below comes from, in order of precedence: the flag, the
 environment variable FLEETRATE_<FLAG> (upper case, dashes as underscores,
-e.g. FLEETRATE_HTTP_ADDR), the file's server section (the flag's name with
-underscores, e.g. http_addr; not --config, --merge-domains and
---ignore-dot-files, which say how the file is read), then the default. The config file itself is
---config, else FLEETRATE_CONFIG, else fleetrate.yaml. Bearer tokens come from
---auth-token-file (one per line) and from FLEETRATE_AUTH_TOKEN
-(comma-separated), never from a flag.
+e.g. FLEETRATE_HTTP_ADDR), envoyproxy/ratelimit's variable for it if it has
+one (PORT, REDIS_URL, LOG_LEVEL, ...: docs/OPERATIONS.md), the file's
+server section (the flag's name with underscores, e.g. http_addr; not
+--config, --merge-domains and --ignore-dot-files, which say how the file
+is read), then the default. The config file itself is --config, else
+FLEETRATE_CONFIG, else RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY
+if one of the first two is set, else fleetrate.yaml. Bearer tokens come
+from --auth-token-file (one per line) and from FLEETRATE_AUTH_TOKEN
+(comma-separated; the environment only, never a flag or the file).
 
 The store is the embedded in-memory one unless --redis gives a URL:
   redis://[user:password@]host:6379[/db]        standalone Redis
