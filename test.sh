@@ -26,12 +26,12 @@ install_tools() {
     || [ -n "${FLEETRATE_CHROMIUM:-}" ] || missing+=(chromium)
   command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
   [ "${#missing[@]}" -eq 0 ] && return 0
-  echo "test.sh: missing ${missing[*]}, which the tests need; installing"
+  echo "test.sh: missing ${missing[*]}, which the tests need"
   if [ "$(id -u)" -ne 0 ]; then
     if command -v sudo >/dev/null 2>&1; then sudo=sudo; else missing=(); fi
   fi
   if [ "${FLEETRATE_NO_INSTALL:-}" != 1 ] && [ "${#missing[@]}" -gt 0 ] && command -v apt-get >/dev/null 2>&1 \
-    && $sudo apt-get update && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y --no-install-recommends "${missing[@]}"; then
+    && echo "test.sh: installing them: $sudo apt-get install ${missing[*]}" && $sudo apt-get update && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y --no-install-recommends "${missing[@]}"; then
     return 0
   fi
   echo "test.sh: could not install the tools the tests need; run: sudo sh -c '$install_cmd'" >&2
