@@ -31,7 +31,7 @@ install_tools() {
     if command -v sudo >/dev/null 2>&1; then sudo=sudo; else missing=(); fi
   fi
   if [ "${FLEETRATE_NO_INSTALL:-}" != 1 ] && [ "${#missing[@]}" -gt 0 ] && command -v apt-get >/dev/null 2>&1 \
-    && echo "test.sh: installing them: $sudo apt-get install ${missing[*]}" && $sudo apt-get update && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y --no-install-recommends "${missing[@]}"; then
+    && echo "test.sh: installing them: $sudo apt-get install ${missing[*]}" && $sudo apt-get update && $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"; then
     return 0
   fi
   echo "test.sh: could not install the tools the tests need; run: sudo sh -c '$install_cmd'" >&2
