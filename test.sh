@@ -1,13 +1,47 @@
 #!/usr/bin/env bash
-# The whole test suite: formatting, vet, staticcheck, every test with the
-# race detector (real redis-server processes included), brief fuzzing of
-# every parser, and one run of every benchmark.
+# The whole test suite: installs the tools the tests need when they are
+# missing, then formatting, vet, staticcheck, every test with the race
+# detector (real redis-server processes included), brief fuzzing of every
+# parser, and one run of every benchmark.
 #
 # Every stage runs even when an earlier one fails, so that one failing test
 # never hides what the later stages would say; the summary at the end lists
 # each stage's outcome and the script fails if any stage did.
 set -uo pipefail
 cd "$(dirname "$0")"
+
+# The tools the tests need, beside Go 1.26: redis-server and redis-sentinel
+# (the store tests start their own on free loopback ports), chromium (the
+# status page's browser tests) and promtool, from Debian's prometheus
+# package (the alert rules' checks). Missing ones are installed with apt-get
+# (through sudo when not root); where that cannot be done the script stops
+# with the one command that does it. FLEETRATE_NO_INSTALL=1 skips installing
+# and only reports.
+install_cmd="apt-get update && apt-get install -y --no-install-recommends redis-server redis-sentinel chromium prometheus"
+install_tools() {
+  local missing=() sudo=
+  command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+  command -v redis-sentinel >/dev/null 2>&1 || missing+=(redis-sentinel)
+  command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 \
+    || [ -n "${FLEETRATE_CHROMIUM:-}" ] || missing+=(chromium)
+  command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+  [ "${#missing[@]}" -eq 0 ] && return 0
+  echo "test.sh: missing ${missing[*]}, which the tests need"
+  if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null 2>&1; then sudo=sudo; else missing=(); fi
+  fi
+  if [ "${FLEETRATE_NO_INSTALL:-}" != 1 ] && [ "${#missing[@]}" -gt 0 ] && command -v apt-get >/dev/null 2>&1 \
+    && echo "test.sh: installing them: $sudo apt-get install ${missing[*]}" && $sudo apt-get update && $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"; then
+    return 0
+  fi
+  echo "test.sh: could not install the tools the tests need; run: sudo sh -c '$install_cmd'" >&2
+  return 1
+}
+install_tools || exit 2
+# A test whose tool is missing fails (with the install command) rather
+# than skipping, here and wherever CI is set.
+export FLEETRATE_REQUIRE_TOOLS=1
+
 log=$(mktemp)
 fuzzlog=$(mktemp)
 trap 'rm -f "$log" "$fuzzlog"' EXIT

@@ -15,6 +15,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/fleetrate/fleetrate/internal/harness/tool"
 )
 
 const (
@@ -157,14 +159,11 @@ func TestDashboardCoversWhatOperatorsNeed(t *testing.T) {
 	}
 }
 
-// promtool returns promtool's path, or skips saying how to get it.
+// promtool returns promtool's path, or fails or skips the test (package
+// tool) saying how to install it.
 func promtool(t *testing.T) string {
 	t.Helper()
-	p, err := exec.LookPath("promtool")
-	if err != nil {
-		t.Skip("promtool not found: install Debian's prometheus package (apt-get install prometheus), which ships it; .ci/run does")
-	}
-	return p
+	return tool.Find(t, "the alert rules' checks; Debian's prometheus package ships it", "promtool")
 }
 
 func runPromtool(t *testing.T, bin string, args ...string) {

@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/fleetrate/fleetrate/internal/harness/tool"
 )
 
 const statusTestConfig = `
@@ -29,21 +31,15 @@ buckets:
     rate_limit: {unit: second, requests_per_unit: 5}
 `
 
-// chromium returns the path of a headless-capable Chromium, or skips the
-// test saying how to get one.
+// chromium returns the path of a headless-capable Chromium, or fails or
+// skips the test (package tool) saying how to install one.
 func chromium(t *testing.T) string {
 	t.Helper()
 	if p := os.Getenv("FLEETRATE_CHROMIUM"); p != "" {
 		return p
 	}
-	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
-		if p, err := exec.LookPath(name); err == nil {
-			return p
-		}
-	}
-	t.Skip("no Chromium found (chromium, chromium-browser or google-chrome, or FLEETRATE_CHROMIUM): " +
-		"install Debian's chromium (apt-get install chromium) to run the browser test; .ci/run does")
-	return ""
+	return tool.Find(t, "the status page's browser tests; or set FLEETRATE_CHROMIUM",
+		"chromium", "chromium-browser", "google-chrome")
 }
 
 // runChromium loads url headless, lets its scripts run for budget of
