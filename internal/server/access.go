@@ -160,7 +160,9 @@ func (a *access) refuse(c caller, reason string, status int, code, msg string) *
 }
 
 // logStart says, once at start, who may do what on these listeners.
-func (a *access) logStart(httpLn, grpcLn net.Listener) {
+// A listener whose clients must show a certificate the service trusts
+// (mtlsHTTP, mtlsGRPC) is not warned about.
+func (a *access) logStart(httpLn, grpcLn net.Listener, mtlsHTTP, mtlsGRPC bool) {
 	if len(a.tokens) > 0 {
 		n := map[Scope]int{}
 		for _, t := range a.tokens {
@@ -178,13 +180,13 @@ func (a *access) logStart(httpLn, grpcLn net.Listener) {
 		a.log.Warn("access: no tokens and --allow-unauthenticated-admin-from-network: any client that reaches the HTTP address can reset, drain, give back without a grant and use the raw store API")
 		return
 	}
-	if httpLn != nil && !loopback(httpLn.Addr()) {
+	if httpLn != nil && !loopback(httpLn.Addr()) && !mtlsHTTP {
 		a.log.Warn("access: no tokens: the decision path (RLS, /json, /v1/take, /v1/wait, give-backs with a grant) is open to every client;"+
 			" reset, drain, give-backs without a grant, /v1/config, the status page and the raw store API are served to loopback clients only."+
 			" To open them, give tokens with the store or admin scope (--auth-token-file), or start with --allow-unauthenticated-admin-from-network",
 			"addr", httpLn.Addr().String())
 	}
-	if grpcLn != nil && !loopback(grpcLn.Addr()) {
+	if grpcLn != nil && !loopback(grpcLn.Addr()) && !mtlsGRPC {
 		a.log.Warn("access: no tokens: gRPC RLS is open to every client that reaches it, as envoyproxy/ratelimit's; set --auth-token-file, or listen on 127.0.0.1",
 			"addr", grpcLn.Addr().String())
 	}

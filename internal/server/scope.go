@@ -147,6 +147,9 @@ func ParseTokenList(list string, def Scope) ([]Token, error) {
 			}
 			tok = Token{Secret: item[:at], Scopes: s}
 		}
+		if tok.Secret == "" {
+			return nil, fmt.Errorf("%w: token %d: empty before its scopes", fleetrate.ErrInvalid, i+1)
+		}
 		toks = append(toks, tok)
 	}
 	return toks, nil

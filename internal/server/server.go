@@ -620,7 +620,8 @@ func (s *Server) logStart(httpLn, grpcLn net.Listener) {
 		"tls", s.opts.TLS != nil, "auth", len(s.access.tokens) > 0,
 		"store_api", !s.opts.DisableStoreAPI, "shadow_mode", s.opts.ShadowMode,
 		"reload_interval", s.opts.ReloadInterval)
-	s.access.logStart(httpLn, grpcLn)
+	mtls := s.opts.TLS != nil && s.opts.TLS.ClientAuth == tls.RequireAndVerifyClientCert
+	s.access.logStart(httpLn, grpcLn, mtls && !s.opts.PlainHTTP, mtls)
 }
 
 // loopback reports whether a listener's address is only reachable from
