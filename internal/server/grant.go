@@ -129,7 +129,7 @@ func (g *grants) issue(kind grantKind, callerID string, bs []fleetrate.Bucket, n
 // parseGrant checks a grant's form and signature and returns its claim,
 // or the reason it is refused.
 func (g *grants) parseGrant(s string) (claim, string) {
-	raw, err := base64.RawURLEncoding.DecodeString(s)
+	raw, err := base64.RawURLEncoding.Strict().DecodeString(s) // one spelling per grant
 	if err != nil || len(raw) != grantBody+grantMAC || raw[0] != grantV1 {
 		return claim{}, reasonForged
 	}

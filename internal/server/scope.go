@@ -111,9 +111,9 @@ func ParseTokenFile(data []byte, def Scope) ([]Token, error) {
 		if text == "" || strings.HasPrefix(text, "#") {
 			continue
 		}
-		secret, scopes, _ := strings.Cut(strings.ReplaceAll(text, "\t", " "), " ")
-		tok := Token{Secret: secret, Scopes: def}
-		if scopes = strings.TrimSpace(scopes); scopes != "" {
+		fields := strings.Fields(text)
+		tok := Token{Secret: fields[0], Scopes: def}
+		if scopes := strings.Join(fields[1:], ""); scopes != "" {
 			s, err := ParseScopes(scopes)
 			if err != nil {
 				return nil, fmt.Errorf("line %d: %w", line, err)
@@ -149,6 +149,9 @@ func ParseTokenList(list string, def Scope) ([]Token, error) {
 		}
 		if tok.Secret == "" {
 			return nil, fmt.Errorf("%w: token %d: empty before its scopes", fleetrate.ErrInvalid, i+1)
+		}
+		if strings.ContainsAny(tok.Secret, " \t\r\n") {
+			return nil, fmt.Errorf("%w: token %d: holds a space", fleetrate.ErrInvalid, i+1)
 		}
 		toks = append(toks, tok)
 	}
