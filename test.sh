@@ -93,6 +93,7 @@ targets=(
   ./internal/headers:FuzzFormatRateLimit ./internal/headers:FuzzRetryAfter
   ./httplimit:FuzzBucketName
   ./internal/config:FuzzLoad ./internal/server:FuzzJSONAPI
+  ./internal/server:FuzzParseTokens ./internal/server:FuzzParseGrant
 )
 fuzz() {
   local target pkg name attempt bad=0

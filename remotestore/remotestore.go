@@ -25,6 +25,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -64,6 +65,7 @@ type Store struct {
 	client  *http.Client
 	auth    string
 	timeout time.Duration
+	grants  grantBook
 }
 
 var (
@@ -120,6 +122,12 @@ func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Resu
 	if bk := req.Booking; bk != nil && res.Booking != nil {
 		bk.Stamp, bk.Debts = res.Booking.StampUnixMicro, append(bk.Debts[:0], res.Booking.DebtsNS...)
 	}
+	if res.Grant != "" {
+		s.grants.put(grantKey(grantRefund, req.Buckets, res.AtUnixMicro), res.Grant)
+	}
+	if res.Booking != nil && res.Booking.Grant != "" {
+		s.grants.put(grantKey(grantCancel, req.Buckets, res.Booking.StampUnixMicro), res.Booking.Grant)
+	}
 	if res.Bucket < 0 || res.Bucket >= len(req.Buckets) {
 		return fleetrate.Result{}, fmt.Errorf("%w: remote: answer names bucket %d of %d", fleetrate.ErrStoreUnavailable, res.Bucket, len(req.Buckets))
 	}
@@ -129,21 +137,37 @@ func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Resu
 	return res.ToResult(), nil
 }
 
-// Cancel implements fleetrate.Store.
+// Cancel implements fleetrate.Store. It presents the grant the service
+// issued with the booking's take through this Store; without one (the
+// take went through another Store, or too long ago), the service gives
+// the booking back only to a token with the admin scope.
 func (s *Store) Cancel(ctx context.Context, buckets []fleetrate.Bucket, n int64, b fleetrate.Booking) error {
 	if err := fleetrate.ValidateCancel(buckets, n, b); err != nil {
 		return err
 	}
-	body := wire.CancelRequest{Buckets: wire.FromBuckets(buckets), N: n, Booking: wire.Booking{StampUnixMicro: b.Stamp, DebtsNS: b.Debts}}
-	return s.call(ctx, wire.CancelPath, body, &wire.OK{})
+	key := grantKey(grantCancel, buckets, b.Stamp)
+	grant := s.grants.take(key)
+	body := wire.CancelRequest{Buckets: wire.FromBuckets(buckets), N: n, Booking: wire.Booking{StampUnixMicro: b.Stamp, DebtsNS: b.Debts, Grant: grant}}
+	err := s.call(ctx, wire.CancelPath, body, &wire.OK{})
+	if err != nil && errors.Is(err, fleetrate.ErrStoreUnavailable) {
+		s.grants.put(key, grant) // the service gives it back on a store failure
+	}
+	return err
 }
 
-// Refund implements fleetrate.Store.
+// Refund implements fleetrate.Store. It presents the grant the service
+// issued with the take at at through this Store, as Cancel does.
 func (s *Store) Refund(ctx context.Context, buckets []fleetrate.Bucket, n int64, at time.Time) error {
 	if err := fleetrate.ValidateRefund(buckets, n, at); err != nil {
 		return err
 	}
-	return s.call(ctx, wire.RefundPath, wire.RefundRequest{Buckets: wire.FromBuckets(buckets), N: n, AtUnixMicro: at.UnixMicro()}, &wire.OK{})
+	key := grantKey(grantRefund, buckets, at.UnixMicro())
+	grant := s.grants.take(key)
+	err := s.call(ctx, wire.RefundPath, wire.RefundRequest{Buckets: wire.FromBuckets(buckets), N: n, AtUnixMicro: at.UnixMicro(), Grant: grant}, &wire.OK{})
+	if err != nil && errors.Is(err, fleetrate.ErrStoreUnavailable) {
+		s.grants.put(key, grant) // the service gives it back on a store failure
+	}
+	return err
 }
 
 // Drain implements fleetrate.Store.

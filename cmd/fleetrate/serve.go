@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -53,8 +52,15 @@ server section (the flag's name with underscores, e.g. http_addr; not
 is read), then the default. The config file itself is --config, else
 FLEETRATE_CONFIG, else RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY
 if one of the first two is set, else fleetrate.yaml. Bearer tokens come
-from --auth-token-file (one per line) and from FLEETRATE_AUTH_TOKEN
-(comma-separated; the environment only, never a flag or the file).
+from --auth-token-file (one per line: the token, then optionally its
+scopes, e.g. "s3cret decide,store") and from FLEETRATE_AUTH_TOKEN
+(comma-separated, each optionally token:scope+scope; the environment only,
+never a flag or the file). Scopes: decide (RLS, /json, /v1/take, /v1/wait,
+refund and cancel with the grant the service issued), store
+(/v1/store/...), admin (reset, drain, give-backs without a grant,
+/v1/config, /status/). Without tokens, decide is open to everyone and store
+and admin to loopback clients only. See docs/OPERATIONS.md, "Security
+model".
 
 The store is the embedded in-memory one unless --redis gives a URL:
   redis://[user:password@]host:6379[/db]        standalone Redis
@@ -109,7 +115,7 @@ type serveSettings struct {
 	localCacheBytes int64
 	nearLimitRatio  float64
 	maxMetricDescs  int64
-	tokens          []string
+	access          accessSettings
 }
 
 // Flag names and their defaults.
@@ -154,7 +160,8 @@ func serveCommand(getenv func(string) string) *cobra.Command {
 	f.Duration("store-timeout", server.DefaultStoreTimeout, "bound on each store call")
 	f.Duration("reload-interval", 2*time.Second, "how often to check the config file for changes; 0 reloads on SIGHUP only")
 	f.Int64("max-request-bytes", server.DefaultMaxRequestBytes, "largest request body (HTTP) or message (gRPC)")
-	f.String("auth-token-file", "", "file of bearer tokens, one per line; when set, the APIs need one")
+	f.String("auth-token-file", "", "file of bearer tokens, one per line, each optionally followed by its scopes (decide, store, admin); when set, the APIs need one")
+	accessFlags(f)
 	f.String("tls-cert-file", "", "TLS certificate (PEM); with --tls-key-file, serves HTTPS and gRPC over TLS")
 	f.String("tls-key-file", "", "TLS private key (PEM)")
 	f.Bool("tls-http", true, "with --tls-cert-file, serve HTTP over TLS too; false keeps HTTP plain (gRPC only over TLS), as envoyproxy/ratelimit's GRPC_SERVER_USE_TLS does")
@@ -332,7 +339,7 @@ func resolveSettings(fs *pflag.FlagSet, getenv func(string) string) (serveSettin
 	if err := st.check(); err != nil {
 		return st, err
 	}
-	st.tokens, err = authTokens(st.authTokenFile, getenv)
+	st.access, err = r.resolveAccess(st.authTokenFile, getenv)
 	return st, err
 }
 
@@ -415,50 +422,6 @@ func (st *serveSettings) check() error {
 		return fmt.Errorf("--log-level must be debug, info, warn or error, got %q", st.logLevel)
 	}
 	return nil
-}
-
-// authTokens are the bearer tokens of the file at path (none when path is
-// empty) followed by those of FLEETRATE_AUTH_TOKEN, comma-separated.
-func authTokens(path string, getenv func(string) string) ([]string, error) {
-	var toks []string
-	if path != "" {
-		var err error
-		if toks, err = readTokens(path); err != nil {
-			return nil, err
-		}
-	}
-	for _, t := range strings.Split(getenv(envPrefix+"AUTH_TOKEN"), ",") {
-		if t = strings.TrimSpace(t); t != "" {
-			toks = append(toks, t)
-		}
-	}
-	return toks, nil
-}
-
-// readTokens reads bearer tokens, one per line; blank lines and lines
-// starting with # are skipped.
-func readTokens(path string) ([]string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, fmt.Errorf("auth token file: %w", err)
-	}
-	defer f.Close()
-	var toks []string
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		toks = append(toks, line)
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("auth token file %s: %w", path, err)
-	}
-	if len(toks) == 0 {
-		return nil, fmt.Errorf("auth token file %s holds no token", path)
-	}
-	return toks, nil
 }
 
 func newLogger(format, level string, w io.Writer) *slog.Logger {
@@ -608,7 +571,7 @@ func (st *serveSettings) serverOptions(store serveStore, tlsCfg *tls.Config, log
 		ShutdownTimeout:         st.shutdownTimeout,
 		DrainDelay:              st.drainDelay,
 		HealthChecksStore:       st.healthStore,
-		AuthTokens:              st.tokens,
+		Access:                  st.access.options(),
 		TLS:                     tlsCfg,
 		PlainHTTP:               !st.tlsHTTP,
 		ResponseHeaders:         st.responseHeaders,

@@ -122,7 +122,7 @@ func serviceDecisions(t *testing.T, base string) map[string]int {
 func TestStatusPageInABrowser(t *testing.T) {
 	bin := chromium(t)
 	path := serveWriteFile(t, "fleetrate.yaml", statusTestConfig)
-	tokens := serveWriteFile(t, "tokens", "ops-token\n")
+	tokens := serveWriteFile(t, "tokens", "ops-token all\n")
 	httpAddr, _, _, _ := startServe(t, "--config", path, "--reload-interval", "0", "--auth-token-file", tokens)
 	base := "http://" + httpAddr
 	client := &http.Client{Transport: bearer{"ops-token"}}

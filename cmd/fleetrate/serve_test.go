@@ -67,14 +67,14 @@ func serveWriteFile(t *testing.T, name, src string) string {
 func TestServeSettingsPrecedence(t *testing.T) {
 	t.Parallel()
 	path := serveWriteFile(t, "fleetrate.yaml", serveTestConfig)
-	tokens := serveWriteFile(t, "tokens", "# rotate monthly\nfirst\n\n second \n")
+	tokens := serveWriteFile(t, "tokens", "# rotate monthly\nfirst\n\n second \n ops\tadmin,decide\n")
 	env := map[string]string{
 		"FLEETRATE_CONFIG":          "ignored-because-the-flag-wins.yaml",
 		"FLEETRATE_HTTP_ADDR":       "127.0.0.1:3",
 		"FLEETRATE_GRPC_ADDR":       "127.0.0.1:4",
 		"FLEETRATE_SHADOW_MODE":     "true",
 		"FLEETRATE_AUTH_TOKEN_FILE": tokens,
-		"FLEETRATE_AUTH_TOKEN":      "third, fourth",
+		"FLEETRATE_AUTH_TOKEN":      "third, fourth:store+admin",
 	}
 	cmd := serveCommand(func(k string) string { return env[k] })
 	if err := cmd.ParseFlags([]string{"--config", path, "--http-addr", "127.0.0.1:5", "--store-timeout", "250ms"}); err != nil {
@@ -101,7 +101,7 @@ func TestServeSettingsPrecedence(t *testing.T) {
 		{"near-limit-ratio: file", st.nearLimitRatio, 0.5},
 		{"memory-max-keys: file", st.memMaxKeys, int64(5000)},
 		{"prefix: default", st.prefix, "fleetrate:"},
-		{"tokens", strings.Join(st.tokens, ","), "first,second,third,fourth"},
+		{"tokens", fmt.Sprint(st.access.tokens), "[{first decide,store} {second decide,store} {ops decide,admin} {third decide,store} {fourth store,admin}]"},
 	}
 	for _, c := range checks {
 		if c.got != c.want {
@@ -556,7 +556,7 @@ func TestServeWarnsWhenOpen(t *testing.T) {
 	tokens := serveWriteFile(t, "tokens", "secret\n")
 	cert, key, _ := selfSigned(t)
 	mtls := []string{"--tls-cert-file", cert, "--tls-key-file", key, "--tls-client-ca-file", cert}
-	const warning = "without bearer tokens on an address other hosts can reach"
+	const warning = `"msg":"access: no tokens: `
 	for _, tc := range []struct {
 		name  string
 		args  []string

@@ -107,11 +107,18 @@ class Fleetrate:
 
     def refund(self, bucket, decision):
         """Give back the tokens of a take (/v1/take) whose work was not done,
-        as far as the bucket has not refilled since."""
-        self._post("/v1/refund", {"bucket": bucket, "n": decision["n"], "at_unix_micro": decision["at_unix_micro"]})
+        as far as the bucket has not refilled since. The decision's grant
+        (signed by the service, for this token, good once) proves the take;
+        without one, only a token with the admin scope may refund."""
+        body = {"bucket": bucket, "n": decision["n"], "at_unix_micro": decision["at_unix_micro"]}
+        if decision.get("grant"):
+            body["grant"] = decision["grant"]
+        self._post("/v1/refund", body)
 
     def drain(self, bucket, seconds):
-        """Pause the whole fleet on this bucket, e.g. after an upstream 429."""
+        """Pause the whole fleet on this bucket, e.g. after an upstream 429.
+        Needs a token with the admin scope (or, without tokens, a client on
+        the service's host)."""
         self._post("/v1/drain", {"bucket": bucket, "pause_ms": seconds * 1000})
 
 

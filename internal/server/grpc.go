@@ -16,7 +16,6 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 
@@ -227,24 +226,18 @@ func (s *Server) grpcUnary(ctx context.Context, req any, info *grpc.UnaryServerI
 			resp, err = nil, status.Error(codes.Internal, "internal error")
 		}
 	}()
-	if !s.grpcAuthorized(ctx, info) {
-		return nil, status.Error(codes.Unauthenticated, "missing or wrong bearer token in the authorization metadata")
+	if err := s.grpcAuthorized(ctx, info); err != nil {
+		return nil, err
 	}
 	return next(ctx, req)
 }
 
-// grpcAuthorized reports whether a call may go on: no tokens are
-// configured, it is a health check, or its authorization metadata holds a
-// known bearer token.
-func (s *Server) grpcAuthorized(ctx context.Context, info *grpc.UnaryServerInfo) bool {
-	if len(s.opts.AuthTokens) == 0 || info.FullMethod == healthpb.Health_Check_FullMethodName {
-		return true
+// grpcAuthorized refuses a call (but a health check) whose caller lacks
+// the decide scope: UNAUTHENTICATED without a known bearer token when
+// tokens are configured, PERMISSION_DENIED for a token without decide.
+func (s *Server) grpcAuthorized(ctx context.Context, info *grpc.UnaryServerInfo) error {
+	if info.FullMethod == healthpb.Health_Check_FullMethodName {
+		return nil
 	}
-	md, _ := metadata.FromIncomingContext(ctx)
-	for _, v := range md.Get("authorization") {
-		if s.authorized(v) {
-			return true
-		}
-	}
-	return false
+	return s.access.admitGRPC(ctx, info.FullMethod)
 }

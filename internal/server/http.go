@@ -45,20 +45,21 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("/readyz", s.open(http.MethodGet, s.readyz))
 	mux.HandleFunc("/healthcheck", s.open(http.MethodGet, s.healthcheck))
 	mux.Handle("/metrics", s.open(http.MethodGet, promhttp.HandlerFor(s.opts.Registry, promhttp.HandlerOpts{}).ServeHTTP))
-	mux.HandleFunc("/json", s.api(http.MethodPost, s.handleJSON))
+	// Each endpoint's scope (see scope.go; docs/API.md lists them).
+	mux.HandleFunc("/json", s.api(http.MethodPost, ScopeDecide, s.handleJSON))
 	v := service{s}
-	mux.HandleFunc("/v1/take", s.api(http.MethodPost, endpoint(s, v.take)))
-	mux.HandleFunc("/v1/wait", s.api(http.MethodPost, endpoint(s, v.wait)))
-	mux.HandleFunc("/v1/refund", s.api(http.MethodPost, endpoint(s, v.refund)))
-	mux.HandleFunc("/v1/cancel", s.api(http.MethodPost, endpoint(s, v.cancel)))
-	mux.HandleFunc("/v1/drain", s.api(http.MethodPost, endpoint(s, v.drain)))
-	mux.HandleFunc("/v1/reset", s.api(http.MethodPost, endpoint(s, v.reset)))
-	mux.HandleFunc("/v1/config", s.api(http.MethodGet, s.handleConfig))
-	mux.HandleFunc(wire.TakePath, s.api(http.MethodPost, s.storeAPI(endpoint(s, v.storeTake))))
-	mux.HandleFunc(wire.RefundPath, s.api(http.MethodPost, s.storeAPI(endpoint(s, v.storeRefund))))
-	mux.HandleFunc(wire.CancelPath, s.api(http.MethodPost, s.storeAPI(endpoint(s, v.storeCancel))))
-	mux.HandleFunc(wire.DrainPath, s.api(http.MethodPost, s.storeAPI(endpoint(s, v.storeDrain))))
-	mux.HandleFunc(wire.ResetPath, s.api(http.MethodPost, s.storeAPI(endpoint(s, v.storeReset))))
+	mux.HandleFunc("/v1/take", s.api(http.MethodPost, ScopeDecide, endpoint(s, v.take)))
+	mux.HandleFunc("/v1/wait", s.api(http.MethodPost, ScopeDecide, endpoint(s, v.wait)))
+	mux.HandleFunc("/v1/refund", s.api(http.MethodPost, ScopeDecide, endpoint(s, v.refund)))
+	mux.HandleFunc("/v1/cancel", s.api(http.MethodPost, ScopeDecide, endpoint(s, v.cancel)))
+	mux.HandleFunc("/v1/drain", s.api(http.MethodPost, ScopeAdmin, endpoint(s, v.drain)))
+	mux.HandleFunc("/v1/reset", s.api(http.MethodPost, ScopeAdmin, endpoint(s, v.reset)))
+	mux.HandleFunc("/v1/config", s.api(http.MethodGet, ScopeAdmin, s.handleConfig))
+	mux.HandleFunc(wire.TakePath, s.api(http.MethodPost, ScopeStore, s.storeAPI(endpoint(s, v.storeTake))))
+	mux.HandleFunc(wire.RefundPath, s.api(http.MethodPost, ScopeStore, s.storeAPI(endpoint(s, v.storeRefund))))
+	mux.HandleFunc(wire.CancelPath, s.api(http.MethodPost, ScopeStore, s.storeAPI(endpoint(s, v.storeCancel))))
+	mux.HandleFunc(wire.DrainPath, s.api(http.MethodPost, ScopeStore, s.storeAPI(endpoint(s, v.storeDrain))))
+	mux.HandleFunc(wire.ResetPath, s.api(http.MethodPost, ScopeStore, s.storeAPI(endpoint(s, v.storeReset))))
 	s.mountPages(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &httpError{status: http.StatusNotFound, code: wire.CodeNotFound, msg: fmt.Sprintf("no such endpoint %s %s", r.Method, r.URL.Path)})
@@ -93,16 +94,17 @@ func (s *Server) open(method string, h http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
-// api serves an API endpoint: method check, bearer token, body limit.
-func (s *Server) api(method string, h func(http.ResponseWriter, *http.Request) error) http.HandlerFunc {
+// api serves an API endpoint: method check, the caller's scope (need),
+// body limit.
+func (s *Server) api(method string, need Scope, h func(http.ResponseWriter, *http.Request) error) http.HandlerFunc {
 	return s.open(method, func(w http.ResponseWriter, r *http.Request) {
 		s.metrics.inflight.Inc()
 		defer s.metrics.inflight.Dec()
-		if !s.authorized(r.Header.Get("Authorization")) {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="fleetrate"`)
-			writeError(w, &httpError{status: http.StatusUnauthorized, code: wire.CodeUnauthorized, msg: "missing or wrong bearer token in the Authorization header"})
+		ctx, ok := s.access.admit(w, r, r.URL.Path, need)
+		if !ok {
 			return
 		}
+		r = r.WithContext(ctx)
 		r.Body = http.MaxBytesReader(w, r.Body, s.opts.MaxRequestBytes)
 		if err := h(w, r); err != nil {
 			var he *httpError
@@ -318,16 +320,22 @@ type WaitRequest struct {
 // tokens of a grant that was not used. AtUnixMicro, required, is the
 // grant's time (its decision's at_unix_micro); Reserve is the largest
 // reserve the takes from these buckets use (see fleetrate.Store.Refund).
+//
+// Grant is the decision's grant: with it, N defaults to the tokens
+// granted, AtUnixMicro may be left out, and the decide scope suffices;
+// without it, the refund needs the admin scope.
 type RefundRequest struct {
 	Bucket      string   `json:"bucket,omitempty"`
 	Buckets     []string `json:"buckets,omitempty"`
 	N           *int64   `json:"n,omitempty"`
 	AtUnixMicro int64    `json:"at_unix_micro"`
 	Reserve     int64    `json:"reserve,omitempty"`
+	Grant       string   `json:"grant,omitempty"`
 }
 
 // CancelRequest is the body of POST /v1/cancel: give back a booking of
-// /v1/wait that will not be used, with the decision's n and booking.
+// /v1/wait that will not be used, with the decision's n and booking (whose
+// grant proves it; without one, the cancel needs the admin scope).
 type CancelRequest struct {
 	Bucket  string        `json:"bucket,omitempty"`
 	Buckets []string      `json:"buckets,omitempty"`
@@ -361,8 +369,11 @@ type Decision struct {
 	// the grant gives as its at_unix_micro.
 	AtUnixMicro int64 `json:"at_unix_micro"`
 	// Booking, for a booking of /v1/wait, is what /v1/cancel needs to
-	// give it back.
+	// give it back, with its grant.
 	Booking *wire.Booking `json:"booking,omitempty"`
+	// Grant, for a grant of n > 0 tokens, is what /v1/refund presents to
+	// give them back: signed by the service, for this caller's token, once.
+	Grant string `json:"grant,omitempty"`
 	// retryAfter is RetryAfter unrounded, for the Retry-After header.
 	retryAfter time.Duration
 }

@@ -11,7 +11,7 @@ func TestPagesAreBehindTheTokens(t *testing.T) {
 	t.Parallel()
 	page := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "page "+r.URL.Path) })
 	ts := start(t, bucketConfig, func(o *Options) {
-		o.AuthTokens = []string{"tok"}
+		o.Access.Tokens = []Token{{Secret: "tok", Scopes: ScopeAdmin}}
 		o.Pages = map[string]http.Handler{"/status/": page}
 	})
 	for _, tc := range []struct {

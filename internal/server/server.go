@@ -13,7 +13,6 @@ package server
 
 import (
 	"context"
-	"crypto/subtle"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -125,8 +124,12 @@ type Options struct {
 	// answering.
 	HealthChecksStore bool
 	// AuthTokens, when not empty, are the bearer tokens accepted on the
-	// APIs (everything but /healthz, /readyz and /metrics).
+	// APIs (everything but /healthz, /readyz and /metrics), each with
+	// Access.DefaultScopes.
 	AuthTokens []string
+	// Access says who may do what: tokens with scopes, what a caller
+	// without a token may do, and the key that signs grants.
+	Access AccessOptions
 	// TLS, when set, serves HTTP and gRPC over TLS (gRPC only with
 	// PlainHTTP).
 	TLS *tls.Config
@@ -208,6 +211,7 @@ type Server struct {
 	// storeDown is set while the store does not answer the background
 	// probe (see checkStore).
 	storeDown atomic.Bool
+	access    *access
 }
 
 // state is a loaded configuration with its buckets resolved.
@@ -266,6 +270,10 @@ func New(opts Options) (*Server, error) {
 	opts = opts.withDefaults()
 	s := &Server{opts: opts, log: opts.Logger, stopping: make(chan struct{})}
 	s.metrics = newMetrics(opts.Registry, opts.MaxMetricDescriptors)
+	var err error
+	if s.access, err = newAccess(opts); err != nil {
+		return nil, err
+	}
 	s.store = instrumented{Store: opts.Store, m: s.metrics}
 	if opts.LocalCacheBytes > 0 {
 		s.store = overlimit.New(s.store, overlimit.Options{MaxBytes: opts.LocalCacheBytes, Clock: opts.Clock, Registerer: opts.Registry})
@@ -290,12 +298,7 @@ func (opts Options) validate() error {
 	if opts.MaxWait < 0 || opts.MaxWait > fleetrate.MaxWaitCap {
 		return fmt.Errorf("%w: server: max wait must be between 0 and %v, got %v", fleetrate.ErrInvalid, fleetrate.MaxWaitCap, opts.MaxWait)
 	}
-	for i, t := range opts.AuthTokens {
-		if t == "" || strings.ContainsAny(t, " \t\r\n") {
-			return fmt.Errorf("%w: server: auth token %d must be non-empty and without spaces", fleetrate.ErrInvalid, i+1)
-		}
-	}
-	return nil
+	return opts.Access.validate(opts.AuthTokens)
 }
 
 // withDefaults returns opts with every zero field that has a default set
@@ -614,22 +617,11 @@ func (s *Server) logStart(httpLn, grpcLn net.Listener) {
 	s.log.Info("fleetrate serving",
 		"http", addr(httpLn), "grpc", addr(grpcLn), "store", s.opts.StoreName,
 		"config", cfg.Path, "domains", domains, "rules", rules, "buckets", buckets,
-		"tls", s.opts.TLS != nil, "auth", len(s.opts.AuthTokens) > 0,
+		"tls", s.opts.TLS != nil, "auth", len(s.access.tokens) > 0,
 		"store_api", !s.opts.DisableStoreAPI, "shadow_mode", s.opts.ShadowMode,
 		"reload_interval", s.opts.ReloadInterval)
-	if len(s.opts.AuthTokens) > 0 {
-		return
-	}
 	mtls := s.opts.TLS != nil && s.opts.TLS.ClientAuth == tls.RequireAndVerifyClientCert
-	if httpLn != nil && !loopback(httpLn.Addr()) && !(mtls && !s.opts.PlainHTTP) {
-		s.log.Warn("serving HTTP without bearer tokens on an address other hosts can reach: anyone who reaches it can take, drain and reset buckets"+
-			" (and, with the store API on, take from any key under the prefix); set --auth-token-file, or listen on 127.0.0.1",
-			"addr", httpLn.Addr().String(), "store_api", !s.opts.DisableStoreAPI)
-	}
-	if grpcLn != nil && !loopback(grpcLn.Addr()) && !mtls {
-		s.log.Warn("serving gRPC without bearer tokens on an address other hosts can reach: anyone who reaches it can ask for decisions and spend the limits' tokens;"+
-			" set --auth-token-file, or listen on 127.0.0.1", "addr", grpcLn.Addr().String())
-	}
+	s.access.logStart(httpLn, grpcLn, mtls && !s.opts.PlainHTTP, mtls)
 }
 
 // loopback reports whether a listener's address is only reachable from
@@ -640,24 +632,6 @@ func loopback(a net.Addr) bool {
 		return true // a Unix socket: the file's permissions guard it
 	}
 	return tcp.IP.IsLoopback()
-}
-
-// authorized reports whether the Authorization value carries a known
-// bearer token. It is true when no tokens are configured.
-func (s *Server) authorized(header string) bool {
-	if len(s.opts.AuthTokens) == 0 {
-		return true
-	}
-	scheme, tok, ok := strings.Cut(header, " ")
-	if !ok || !strings.EqualFold(scheme, "Bearer") {
-		return false
-	}
-	tok = strings.TrimSpace(tok)
-	found := 0
-	for _, t := range s.opts.AuthTokens {
-		found |= subtle.ConstantTimeCompare([]byte(tok), []byte(t))
-	}
-	return found == 1
 }
 
 // storeCtx bounds a store call by StoreTimeout, unless the store does

@@ -106,6 +106,9 @@ func (v service) takeBuckets(ctx context.Context, api, one string, many []string
 			d.Booking = &wire.Booking{StampUnixMicro: booking.Stamp, DebtsNS: booking.Debts}
 		}
 	}
+	if res.Allowed && n > 0 {
+		d.Grant, d.Booking = v.grantsFor(ctx, bs, n, res.At, d.Booking)
+	}
 	return d, nil
 }
 
@@ -115,8 +118,8 @@ func (v service) refund(ctx context.Context, req *RefundRequest) (Done, error) {
 	if err == nil {
 		err = maxRefund(n)
 	}
-	if err == nil && req.AtUnixMicro <= 0 {
-		err = badRequest(wire.CodeInvalid, "at_unix_micro: the grant's time (its decision's at_unix_micro) is required, got %d", req.AtUnixMicro)
+	if err == nil && req.AtUnixMicro <= 0 && req.Grant == "" {
+		err = badRequest(wire.CodeInvalid, "at_unix_micro: the grant's time (its decision's at_unix_micro) is required without a grant, got %d", req.AtUnixMicro)
 	}
 	if err == nil && req.Reserve < 0 {
 		err = badRequest(wire.CodeInvalid, "reserve: must be at least 0, got %d", req.Reserve)
@@ -131,7 +134,22 @@ func (v service) refund(ctx context.Context, req *RefundRequest) (Done, error) {
 	for i := range bs {
 		bs[i].Reserve = req.Reserve // resolve's own copies
 	}
-	return Done{OK: true}, v.store.Refund(ctx, bs, n, time.UnixMicro(req.AtUnixMicro))
+	cl, err := v.prove(ctx, giveBack{kind: grantRefund, grant: req.Grant, bs: bs, n: n, at: max(req.AtUnixMicro, 0)})
+	if err != nil {
+		return Done{}, err
+	}
+	at := req.AtUnixMicro
+	if cl.exp != 0 {
+		at = cl.at
+		if req.N == nil {
+			n = cl.n // a grant's refund gives back all of it unless told
+		}
+	}
+	if err := v.store.Refund(ctx, bs, n, time.UnixMicro(at)); err != nil {
+		v.unspend(ctx, cl)
+		return Done{}, err
+	}
+	return Done{OK: true}, nil
 }
 
 // maxRefund bounds a refund's n. The stores check n >= 0, but not that it
@@ -157,7 +175,21 @@ func (v service) cancel(ctx context.Context, req *CancelRequest) (Done, error) {
 	if err != nil {
 		return Done{}, err
 	}
-	return Done{OK: true}, v.store.Cancel(ctx, bs, n, fleetrate.Booking{Stamp: req.Booking.StampUnixMicro, Debts: req.Booking.DebtsNS})
+	return v.cancelBooking(ctx, bs, n, req.Booking)
+}
+
+// cancelBooking gives back a booking, proven by its grant (or by the
+// admin scope).
+func (v service) cancelBooking(ctx context.Context, bs []fleetrate.Bucket, n int64, b *wire.Booking) (Done, error) {
+	cl, err := v.prove(ctx, giveBack{kind: grantCancel, grant: b.Grant, bs: bs, n: n, at: b.StampUnixMicro, debts: b.DebtsNS})
+	if err != nil {
+		return Done{}, err
+	}
+	if err := v.store.Cancel(ctx, bs, n, fleetrate.Booking{Stamp: b.StampUnixMicro, Debts: b.DebtsNS}); err != nil {
+		v.unspend(ctx, cl)
+		return Done{}, err
+	}
+	return Done{OK: true}, nil
 }
 
 // drain serves POST /v1/drain.
@@ -218,6 +250,9 @@ func (v service) storeTake(ctx context.Context, req *wire.TakeRequest) (wire.Res
 	if err := v.ownBuckets(freq.Buckets); err != nil {
 		return wire.Result{}, err
 	}
+	if err := v.pinned(ctx, freq.Buckets, false); err != nil {
+		return wire.Result{}, err
+	}
 	res, err := v.store.Take(ctx, freq)
 	if err != nil {
 		return wire.Result{}, err
@@ -226,17 +261,27 @@ func (v service) storeTake(ctx context.Context, req *wire.TakeRequest) (wire.Res
 	if len(booked.Debts) > 0 {
 		out.Booking = &wire.Booking{StampUnixMicro: booked.Stamp, DebtsNS: booked.Debts}
 	}
+	if res.Allowed && freq.N > 0 {
+		out.Grant, out.Booking = v.grantsFor(ctx, freq.Buckets, freq.N, res.At, out.Booking)
+	}
 	return out, nil
 }
 
 // storeCancel serves the raw store API's cancel.
 func (v service) storeCancel(ctx context.Context, req *wire.CancelRequest) (wire.OK, error) {
 	bs, err := v.storeBuckets(req.Buckets)
+	if err == nil {
+		err = v.pinned(ctx, bs, false)
+	}
+	if err == nil {
+		// Checked before the grant is spent, with the store's own words.
+		err = fleetrate.ValidateCancel(bs, req.N, fleetrate.Booking{Stamp: req.Booking.StampUnixMicro, Debts: req.Booking.DebtsNS})
+	}
 	if err != nil {
 		return wire.OK{}, err
 	}
-	b := fleetrate.Booking{Stamp: req.Booking.StampUnixMicro, Debts: req.Booking.DebtsNS}
-	return wire.OK{OK: true}, v.store.Cancel(ctx, bs, req.N, b)
+	_, err = v.cancelBooking(ctx, bs, req.N, &req.Booking)
+	return wire.OK{OK: err == nil}, err
 }
 
 // storeRefund serves the raw store API's refund.
@@ -245,6 +290,9 @@ func (v service) storeRefund(ctx context.Context, req *wire.RefundRequest) (wire
 	if err == nil {
 		err = maxRefund(req.N)
 	}
+	if err == nil {
+		err = v.pinned(ctx, bs, false)
+	}
 	if err != nil {
 		return wire.OK{}, err
 	}
@@ -252,12 +300,32 @@ func (v service) storeRefund(ctx context.Context, req *wire.RefundRequest) (wire
 	if req.AtUnixMicro > 0 {
 		at = time.UnixMicro(req.AtUnixMicro)
 	}
-	return wire.OK{OK: true}, v.store.Refund(ctx, bs, req.N, at)
+	if req.Grant == "" {
+		// Checked before the grant is asked for, with the store's words.
+		if err := fleetrate.ValidateRefund(bs, req.N, at); err != nil {
+			return wire.OK{}, err
+		}
+	}
+	cl, err := v.prove(ctx, giveBack{kind: grantRefund, grant: req.Grant, bs: bs, n: req.N, at: max(req.AtUnixMicro, 0)})
+	if err != nil {
+		return wire.OK{}, err
+	}
+	if cl.exp != 0 {
+		at = time.UnixMicro(cl.at)
+	}
+	if err := v.store.Refund(ctx, bs, req.N, at); err != nil {
+		v.unspend(ctx, cl)
+		return wire.OK{}, err
+	}
+	return wire.OK{OK: true}, nil
 }
 
 // storeDrain serves the raw store API's drain.
 func (v service) storeDrain(ctx context.Context, req *wire.DrainRequest) (wire.OK, error) {
 	bs, err := v.storeBuckets(req.Buckets)
+	if err == nil {
+		err = v.pinned(ctx, bs, true)
+	}
 	if err != nil {
 		return wire.OK{}, err
 	}
@@ -273,6 +341,9 @@ func (v service) storeReset(ctx context.Context, req *wire.ResetRequest) (wire.O
 	for i, k := range req.Keys {
 		keys[i] = string(k)
 		if err := v.ownKey(fmt.Sprintf("keys[%d]", i), keys[i]); err != nil {
+			return wire.OK{}, err
+		}
+		if err := v.pinnedKey(ctx, fmt.Sprintf("keys[%d]", i), keys[i], nil, true); err != nil {
 			return wire.OK{}, err
 		}
 	}

@@ -117,6 +117,9 @@ type TakeRequest struct {
 type Booking struct {
 	StampUnixMicro int64   `json:"stamp_unix_micro"`
 	DebtsNS        []int64 `json:"debts_ns"`
+	// Grant, in an answer, is the signed grant a cancel of this booking
+	// presents (in its booking) to give it back.
+	Grant string `json:"grant,omitempty"`
 }
 
 // CancelRequest asks for Store.Cancel.
@@ -148,6 +151,9 @@ type Result struct {
 	// Booking is where a granted take left its buckets, when the request
 	// asked for it.
 	Booking *Booking `json:"booking,omitempty"`
+	// Grant, for a granted take, is the signed grant a refund of it
+	// presents.
+	Grant string `json:"grant,omitempty"`
 }
 
 // RefundRequest asks for Store.Refund.
@@ -156,6 +162,9 @@ type RefundRequest struct {
 	N       int64    `json:"n"`
 	// AtUnixMicro is the grant's time (its decision's at_unix_micro).
 	AtUnixMicro int64 `json:"at_unix_micro"`
+	// Grant is the take's signed grant (Result.Grant). Without one, the
+	// refund needs the admin scope.
+	Grant string `json:"grant,omitempty"`
 }
 
 // DrainRequest asks for Store.Drain.
