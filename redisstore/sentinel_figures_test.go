@@ -36,7 +36,7 @@ func TestSentinelOvershootFigures(t *testing.T) {
 		{"config", "set", "min-replicas-max-lag", "1"},
 	}
 	empty := redisstore.Options{Timeout: 2 * time.Second, EmptyAfterFailover: true}
-	plain := redisstore.Options{Timeout: 2 * time.Second}
+	plain := redisstore.Options{Timeout: 2 * time.Second, KeepAfterFailover: true}
 	unbatched, folded := empty, empty
 	unbatched.Unbatched = true
 	folded.FoldHotKeys = true
@@ -47,9 +47,10 @@ func TestSentinelOvershootFigures(t *testing.T) {
 	}
 	settings := []setting{
 		{"defaults, EmptyAfterFailover", nil, empty},
-		{"defaults", nil, plain},
+		{"library defaults (Options{})", nil, redisstore.Options{}},
+		{"defaults, KeepAfterFailover", nil, plain},
 		{"min-replicas-to-write 1, min-replicas-max-lag 1, EmptyAfterFailover", minReplicas, empty},
-		{"min-replicas-to-write 1, min-replicas-max-lag 1", minReplicas, plain},
+		{"min-replicas-to-write 1, min-replicas-max-lag 1, KeepAfterFailover", minReplicas, plain},
 		{"defaults, EmptyAfterFailover, Unbatched", nil, unbatched},
 		{"defaults, EmptyAfterFailover, FoldHotKeys", nil, folded},
 	}
@@ -133,7 +134,7 @@ func sentinelOvershoot(t *testing.T, sn *redistest.Sentinel, opts redisstore.Opt
 		}
 	}
 	time.Sleep(failAt)
-	_, err := sn.Failover()
+	_, err := sentinelFault(sn)
 	wg.Wait()
 	if err != nil {
 		t.Fatal(err)

@@ -23,13 +23,17 @@ import (
 // DEL for Reset, and inside the scripts TIME, GET, MGET (batched takes),
 // SET and DEL (commands a script calls are checked against the caller's
 // ACL too).
-var fleetCommands = []string{"+evalsha", "+eval", "+script|load", "+get", "+mget", "+set", "+del", "+time"}
+var fleetCommands = []string{"+evalsha", "+eval", "+script|load", "+get", "+mget", "+set", "+del", "+time", "+info"}
+
+// clusterCommands are fleetCommands without +info, which only the
+// failover guard of a single master (Options.EmptyAfterFailover) runs.
+var clusterCommands = slices.DeleteFunc(slices.Clone(fleetCommands), func(c string) bool { return c == "+info" })
 
 // The lines docs/OPERATIONS.md gives operators, for a standalone
 // (or Sentinel) server and for every node of a Cluster.
 const (
-	documentedACL        = "ACL SETUSER fleet on >secret resetkeys ~fleetrate:* resetchannels -@all +evalsha +eval +script|load +get +mget +set +del +time"
-	documentedClusterACL = documentedACL + " +cluster|slots +command"
+	documentedACL        = "ACL SETUSER fleet on >secret resetkeys ~fleetrate:* resetchannels -@all +evalsha +eval +script|load +get +mget +set +del +time +info"
+	documentedClusterACL = "ACL SETUSER fleet on >secret resetkeys ~fleetrate:* resetchannels -@all +evalsha +eval +script|load +get +mget +set +del +time +cluster|slots +command"
 )
 
 // aclRules are the ACL SETUSER rules of a user that may run cmds on keys
