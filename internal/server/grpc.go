@@ -95,7 +95,7 @@ func (s *Server) newGRPC() *grpc.Server {
 		opts = append(opts, grpc.Creds(loggedHandshakes{credentials.NewTLS(s.opts.TLS), &ratelog.Writer{Log: s.log, Source: "grpc"}}))
 	}
 	g := grpc.NewServer(opts...)
-	rlspb.RegisterRateLimitServiceServer(g, rlsService{s: s})
+	rlspb.RegisterRateLimitServiceServer(g, shedRLS{rlsService{s: s}, s.shed})
 	s.health = health.NewServer()
 	for _, name := range healthServices {
 		s.health.SetServingStatus(name, healthpb.HealthCheckResponse_SERVING)
