@@ -119,8 +119,8 @@ func TestServeKilledRedisUnderLoadWithBreaker(t *testing.T) {
 	wait := rlsLoad(rlspb.NewRateLimitServiceClient(conn), 8, done)
 	time.Sleep(time.Second)
 	failures0 := metricValue(t, base+"/metrics", `fleetrate_store_failures_total{store="redis"}`)
+	rs.Kill() // returns once redis-server has exited
 	killed := time.Now()
-	rs.Kill()
 	time.Sleep(time.Second)
 	var ready map[string]string
 	code := getJSON(t, base+"/readyz", &ready)

@@ -24,7 +24,7 @@ import (
 // end.
 func TestShedBeyondMaxInFlight(t *testing.T) {
 	g := &gatedStore{Store: memstore.New(memstore.Options{}), gate: make(chan struct{})}
-	ts := start(t, rlsConfig, func(o *Options) { o.Store, o.MaxInFlight = g, 2 })
+	ts := start(t, rlsConfig, func(o *Options) { o.Store, o.MaxInFlight, o.StoreTimeout = g, 2, time.Minute })
 	held := make(chan error, 2)
 	for range 2 {
 		go func() {
