@@ -13,6 +13,7 @@
 //
 //	cd benchmarks && ./peers.sh && go run ./cmd/faultbench -ratelimit bin/ratelimit
 //	go run ./cmd/faultbench -overload
+//	go build -o /tmp/faultbench ./cmd/faultbench && taskset -c 1 /tmp/faultbench -overload -server-cpu 0
 //
 // envoyproxy/ratelimit is built from its source by peers.sh; without
 // -ratelimit only fleetrate is measured.
@@ -85,6 +86,7 @@ func run(args []string, out io.Writer) error {
 	fs.DurationVar(&f.fault, "fault", 3*time.Second, "how long the fault lasts")
 	fs.DurationVar(&f.after, "after", 2*time.Second, "load after the fault clears")
 	fs.BoolVar(&f.overload, "overload", false, "run the overload measurement instead")
+	fs.StringVar(&serverCPU, "server-cpu", "", "run fleetrate on this CPU only (taskset -c, GOMAXPROCS=1), so that a load generator pinned elsewhere can offer it more than it decides")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -130,6 +132,9 @@ func run(args []string, out io.Writer) error {
 	return nil
 }
 
+// serverCPU is -server-cpu.
+var serverCPU string
+
 // service is one way to run an RLS service: its gRPC address, and where
 // its goroutines (and fleetrate's calls in flight) are read.
 type service struct {
@@ -168,6 +173,10 @@ func fleetrateService(bin, dir, redisURL string, extra ...string) service {
 		args := append([]string{"serve", "--config", filepath.Join(dir, "fleetrate.yaml"), "--grpc-addr", g, "--http-addr", h,
 			"--log-level", "error", "--redis", redisURL}, extra...)
 		cmd := exec.Command(bin, args...)
+		if serverCPU != "" {
+			cmd = exec.Command("taskset", append([]string{"-c", serverCPU, bin}, args...)...)
+			cmd.Env = append(os.Environ(), "GOMAXPROCS=1")
+		}
 		cmd.Stderr = os.Stderr
 		return &proc{cmd: cmd, grpc: g, metrics: "http://" + h + "/metrics", inFlight: true}, cmd.Start()
 	}}
