@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/tap"
 )
 
 // DefaultMaxInFlightPerCPU is the default Options.MaxInFlight per CPU
@@ -89,6 +90,23 @@ func (r shedRLS) ShouldRateLimit(ctx context.Context, req *rlspb.RateLimitReques
 	defer r.sh.release()
 	return r.rlsService.ShouldRateLimit(ctx, req)
 }
+
+// tap refuses an RLS call with RESOURCE_EXHAUSTED before gRPC reads and
+// decodes its request when every slot is taken: at 10 times the
+// decisions a CPU makes, decoding the calls it then refuses took the
+// CPU the admitted ones needed (docs/OPERATIONS.md, Overload). The
+// slot itself is claimed in ShouldRateLimit, which sheds the calls
+// that pass this check in a race.
+func (sh *shedder) tap(ctx context.Context, info *tap.Info) (context.Context, error) {
+	if info.FullMethodName == rlsMethod && sh.inFlight.Load() >= sh.max {
+		sh.shed.WithLabelValues("grpc").Inc()
+		return ctx, status.Error(codes.ResourceExhausted, sh.message())
+	}
+	return ctx, nil
+}
+
+// rlsMethod is the full gRPC name of ShouldRateLimit.
+const rlsMethod = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
 
 func (sh *shedder) message() string {
 	return fmt.Sprintf("fleetrate: overloaded: %d decisions in flight (--max-in-flight); try again", sh.max)

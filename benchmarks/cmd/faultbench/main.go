@@ -13,7 +13,7 @@
 //
 //	cd benchmarks && ./peers.sh && go run ./cmd/faultbench -ratelimit bin/ratelimit
 //	go run ./cmd/faultbench -overload
-//	go build -o /tmp/faultbench ./cmd/faultbench && taskset -c 1 /tmp/faultbench -overload -server-cpu 0
+//	go build -o /tmp/faultbench ./cmd/faultbench && taskset -c 1 /tmp/faultbench -overload -server-cpu 0 -descriptors 32
 //
 // envoyproxy/ratelimit is built from its source by peers.sh; without
 // -ratelimit only fleetrate is measured.
@@ -86,6 +86,8 @@ func run(args []string, out io.Writer) error {
 	fs.DurationVar(&f.fault, "fault", 3*time.Second, "how long the fault lasts")
 	fs.DurationVar(&f.after, "after", 2*time.Second, "load after the fault clears")
 	fs.BoolVar(&f.overload, "overload", false, "run the overload measurement instead")
+	fs.StringVar(&overloadBounds, "bounds", overloadBounds, "with -overload: the --max-in-flight values to run, comma-separated (default: the service's default)")
+	fs.IntVar(&descriptors, "descriptors", 1, "descriptors (buckets) per RLS call: more make each decision dearer for the service than for the load generator")
 	fs.StringVar(&serverCPU, "server-cpu", "", "run fleetrate on this CPU only (taskset -c, GOMAXPROCS=1), so that a load generator pinned elsewhere can offer it more than it decides")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -134,6 +136,9 @@ func run(args []string, out io.Writer) error {
 
 // serverCPU is -server-cpu.
 var serverCPU string
+
+// descriptors is -descriptors: the descriptors (buckets) of each call.
+var descriptors = 1
 
 // service is one way to run an RLS service: its gRPC address, and where
 // its goroutines (and fleetrate's calls in flight) are read.
@@ -304,8 +309,11 @@ func openLoop(ctx context.Context, rls rlspb.RateLimitServiceClient, rate int, d
 func one(rls rlspb.RateLimitServiceClient, i int, deadline time.Duration) call {
 	ctx, cancel := context.WithTimeout(context.Background(), deadline)
 	defer cancel()
-	req := &rlspb.RateLimitRequest{Domain: "bench", HitsAddend: 1, Descriptors: []*rlcommon.RateLimitDescriptor{{
-		Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "k", Value: "key" + strconv.Itoa(i%1000)}}}}}
+	req := &rlspb.RateLimitRequest{Domain: "bench", HitsAddend: 1}
+	for d := range descriptors {
+		req.Descriptors = append(req.Descriptors, &rlcommon.RateLimitDescriptor{
+			Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "k", Value: "key" + strconv.Itoa((i*descriptors+d)%1000)}}})
+	}
 	start := time.Now()
 	resp, err := rls.ShouldRateLimit(ctx, req)
 	c := call{start: start, took: time.Since(start), code: status.Code(err)}

@@ -4,7 +4,10 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os/exec"
+	"regexp"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,14 +22,27 @@ import (
 // by default.
 const envoyDeadline = 20 * time.Millisecond
 
-// overload measures fleetrate on Redis, on its defaults and with the bound
-// on decisions in flight lifted, at 3 and 10 times the decisions a second
+// overloadBounds is -bounds: the --max-in-flight values to run.
+var overloadBounds = "default,1000000000"
+
+// overload measures fleetrate on Redis at each -bounds value of
+// --max-in-flight ("default": its default; 1000000000: no bound), at 3 and 10 times the decisions a second
 // it makes at its best (measured first, closed loop).
 func overload(out io.Writer, dir, bin string, srv *redistest.Server) error {
-	for _, s := range []service{
-		fleetrateService(bin, dir, srv.URL()),
-		fleetrateService(bin, dir, srv.URL(), "--max-in-flight", "1000000000"),
-	} {
+	if serverCPU != "" {
+		if err := pinRedis(srv); err != nil {
+			return err
+		}
+	}
+	var services []service
+	for _, b := range strings.Split(overloadBounds, ",") {
+		if b == "default" {
+			services = append(services, fleetrateService(bin, dir, srv.URL()))
+		} else {
+			services = append(services, fleetrateService(bin, dir, srv.URL(), "--max-in-flight", b))
+		}
+	}
+	for _, s := range services {
 		if err := overloadService(out, s); err != nil {
 			return fmt.Errorf("%s: %w", s.name, err)
 		}
@@ -165,4 +181,22 @@ func overloadRow(cs []call, ss []sample, begin, end time.Time, capacity float64)
 		answers[codes.OK], answers[codes.ResourceExhausted], answers[codes.DeadlineExceeded],
 		len(cs)-answers[codes.OK]-answers[codes.ResourceExhausted]-answers[codes.DeadlineExceeded],
 		num(d.inFlight), triple(b.goroutines, d.goroutines, a.goroutines, "%.0f"), triple(b.rss, d.rss, a.rss, "%.0f"))
+}
+
+// pinRedis moves redis-server to -server-cpu, with the service: the
+// service's capacity includes its Redis, and the load generator's CPU is
+// then its own.
+func pinRedis(srv *redistest.Server) error {
+	info, err := srv.Do("info", "server")
+	if err != nil {
+		return err
+	}
+	m := regexp.MustCompile(`process_id:(\d+)`).FindStringSubmatch(fmt.Sprint(info))
+	if m == nil {
+		return fmt.Errorf("no process_id in INFO server")
+	}
+	if b, err := exec.Command("taskset", "-a", "-p", "-c", serverCPU, m[1]).CombinedOutput(); err != nil {
+		return fmt.Errorf("taskset of redis-server: %v: %s", err, b)
+	}
+	return nil
 }
