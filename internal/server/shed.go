@@ -22,10 +22,12 @@ import (
 )
 
 // DefaultMaxInFlightPerCPU is the default Options.MaxInFlight per CPU
-// (runtime.NumCPU): 64 decisions in flight a CPU keep every admitted one
-// within Envoy's 20 ms deadline at the service's throughput
-// (docs/OPERATIONS.md, Overload), and leave room for bursts of a large
-// Envoy fleet.
+// (runtime.NumCPU): 64 decisions of one descriptor (about 50 µs of CPU
+// each, 20,000/s on one CPU) queue for about 3 ms, well within Envoy's
+// 20 ms, and leave room for bursts of a large Envoy fleet. Decisions of
+// many descriptors need a lower bound: 64 of 32 descriptors queued for
+// about 58 ms (docs/OPERATIONS.md, "Failure policy, breaker and load
+// shedding").
 const DefaultMaxInFlightPerCPU = 64
 
 // DefaultMaxInFlight is the default Options.MaxInFlight on this machine.
