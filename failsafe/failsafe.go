@@ -392,6 +392,11 @@ func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Resu
 	if ok {
 		return res, err
 	}
+	return s.degrade(ctx, req, err)
+}
+
+// degrade answers req by the policy, the store having failed with err.
+func (s *Store) degrade(ctx context.Context, req fleetrate.Request, err error) (fleetrate.Result, error) {
 	switch s.opts.Policy {
 	case FailClosed:
 		return fleetrate.Result{}, err

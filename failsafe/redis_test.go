@@ -241,14 +241,16 @@ func TestRedisOutOfMemory(t *testing.T) {
 
 // TestEmptyAfterOutage restarts Redis, losing every bucket: with
 // EmptyAfterOutage the buckets start empty and refill at their rate, so
-// the fleet does not spend an extra burst.
+// the fleet does not spend an extra burst. The Redis store's own guard
+// (redisstore.Options.EmptyAfterFailover, its default) would empty them
+// too: it is turned off here, to see failsafe's option alone.
 func TestEmptyAfterOutage(t *testing.T) {
 	for _, empty := range []bool{false, true} {
 		t.Run(fmt.Sprintf("EmptyAfterOutage=%v", empty), func(t *testing.T) {
 			srv := redistest.Start(t)
 			c := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
 			t.Cleanup(func() { _ = c.Close() })
-			rs, err := redisstore.New(c, redisstore.Options{Timeout: storeTimeout})
+			rs, err := redisstore.New(c, redisstore.Options{Timeout: storeTimeout, KeepAfterFailover: true})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -224,9 +224,9 @@ func TestCluster(t *testing.T) {
 			name string
 			cmds []string
 		}{
-			{"fleet", append(slices.Clone(fleetCommands), "+cluster|slots", "+command")},
-			{"no_slots", append(slices.Clone(fleetCommands), "+command")},
-			{"no_command", append(slices.Clone(fleetCommands), "+cluster|slots")},
+			{"fleet", append(slices.Clone(clusterCommands), "+cluster|slots", "+command")},
+			{"no_slots", append(slices.Clone(clusterCommands), "+command")},
+			{"no_command", append(slices.Clone(clusterCommands), "+cluster|slots")},
 		}
 		if got := "ACL SETUSER fleet " + strings.Join(aclRules("fleetrate:*", users[0].cmds), " "); got != scriptClusterACL {
 			t.Fatalf("the tested ACL line\n%s\ndiffers from scriptClusterACL\n%s", got, scriptClusterACL)

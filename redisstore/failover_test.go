@@ -35,7 +35,7 @@ func TestEmptyAfterFailoverOnRestart(t *testing.T) {
 				c := redis.NewClient(redisstore.ClientOptions(&redis.Options{Addr: srv.Addr()}))
 				t.Cleanup(func() { _ = c.Close() })
 				opts := m.opts
-				opts.Timeout, opts.EmptyAfterFailover = 5*time.Second, empty
+				opts.Timeout, opts.EmptyAfterFailover, opts.KeepAfterFailover = 5*time.Second, empty, !empty
 				s, err := redisstore.New(c, opts)
 				if err != nil {
 					t.Fatal(err)

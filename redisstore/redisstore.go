@@ -83,8 +83,12 @@ type Options struct {
 	// master granted after the replica's last copy is then not granted
 	// again (docs/OPERATIONS.md, Sentinel). It costs Redis about 4 µs per
 	// script call and one extra round trip per bucket per failover. Not
-	// for Cluster or Ring clients, whose masters differ per key.
+	// for Cluster or Ring clients, whose masters differ per key. It is the
+	// default on a *redis.Client, plain or Sentinel's (failoverdefault.go).
 	EmptyAfterFailover bool
+	// KeepAfterFailover turns off the default EmptyAfterFailover of a
+	// *redis.Client: buckets then start full on a new or restarted master.
+	KeepAfterFailover bool
 	// FailoverWindow is how long after a failover EmptyAfterFailover
 	// empties buckets at their first take. The default is
 	// DefaultFailoverWindow (1 minute).
@@ -156,6 +160,10 @@ func New(c Client, opts Options) (*Store, error) {
 	}
 	_, cluster := c.(*redis.ClusterClient)
 	s := &Store{c: c, sc: c, timeout: opts.Timeout, direct: respectsContext(c), cluster: cluster, addrs: dialled(c)}
+	opts, err := failoverDefault(c, opts)
+	if err != nil {
+		return nil, err
+	}
 	if opts.EmptyAfterFailover {
 		if err := s.guardFailovers(opts.FailoverWindow); err != nil {
 			return nil, err

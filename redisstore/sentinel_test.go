@@ -45,7 +45,7 @@ func TestSentinelFailoverDuringFleet(t *testing.T) {
 		{"FillTimeLongerThanTheSwitch", false, 8, 100, 300},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			sentinelFailoverDuringFleet(t, redisstore.Options{Timeout: 2 * time.Second, EmptyAfterFailover: tc.empty}, tc.goroutines, tc.rate, tc.burst)
+			sentinelFailoverDuringFleet(t, redisstore.Options{Timeout: 2 * time.Second, EmptyAfterFailover: tc.empty, KeepAfterFailover: !tc.empty}, tc.goroutines, tc.rate, tc.burst)
 		})
 	}
 }

@@ -23,7 +23,11 @@ import (
 // DEL for Reset, and inside the scripts TIME, GET, MGET (batched takes),
 // SET and DEL (commands a script calls are checked against the caller's
 // ACL too).
-var fleetCommands = []string{"+evalsha", "+eval", "+script|load", "+get", "+mget", "+set", "+del", "+time"}
+var fleetCommands = []string{"+evalsha", "+eval", "+script|load", "+get", "+mget", "+set", "+del", "+time", "+info"}
+
+// clusterCommands are fleetCommands without +info, which only the
+// failover guard of a single master (Options.EmptyAfterFailover) runs.
+var clusterCommands = slices.DeleteFunc(slices.Clone(fleetCommands), func(c string) bool { return c == "+info" })
 
 // The script and key part of the ACL lines docs/OPERATIONS.md gives
 // operators, for a standalone (or Sentinel) server and for every node of a
@@ -31,7 +35,7 @@ var fleetCommands = []string{"+evalsha", "+eval", "+script|load", "+get", "+mget
 // PUBLISH, SUBSCRIBE, PING and INFO: internal/doccheck's TestDocumentedACL
 // reads them from the doc and runs every call through them.
 const (
-	scriptACL        = "ACL SETUSER fleet on >secret resetkeys ~fleetrate:* resetchannels -@all +evalsha +eval +script|load +get +mget +set +del +time"
+	scriptACL        = "ACL SETUSER fleet on >secret resetkeys ~fleetrate:* resetchannels -@all +evalsha +eval +script|load +get +mget +set +del +time +info"
 	scriptClusterACL = scriptACL + " +cluster|slots +command"
 )
 

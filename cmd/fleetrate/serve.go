@@ -116,6 +116,7 @@ type serveSettings struct {
 	nearLimitRatio  float64
 	maxMetricDescs  int64
 	access          accessSettings
+	safety          safetySettings
 }
 
 // Flag names and their defaults.
@@ -180,6 +181,7 @@ func serveCommand(getenv func(string) string) *cobra.Command {
 	f.Int64("local-cache-bytes", 0, "size of the over-limit cache (package overlimit): a bucket the store denied n tokens until t is denied at once, without a store call, until t; 0 disables")
 	f.Float64("near-limit-ratio", server.DefaultNearLimitRatio, "fraction of a limit's burst in use above which RLS hits count in fleetrate_near_limit_total")
 	f.Int64("max-metric-descriptors", server.DefaultMaxMetricDescriptors, "most descriptor label values in fleetrate_decisions_total and fleetrate_near_limit_total; decisions of others count under descriptor=\"_overflow\" (rules with detailed_metric or value_to_metric label each request value)")
+	addSafetyFlags(f)
 	return cmd
 }
 
@@ -381,6 +383,7 @@ func (r *resolver) settings(st *serveSettings, s config.Settings) {
 	st.maxMetricDescs = r.int64("max-metric-descriptors", s.MaxMetricDescriptors)
 	st.metricsAddr = r.str("metrics-addr", s.MetricsAddr)
 	st.metricsPath = r.str("metrics-path", s.MetricsPath)
+	st.safety = r.safety(s)
 }
 
 // check reports the first setting, or pair of settings, that cannot work.
@@ -485,7 +488,11 @@ func serve(ctx context.Context, st serveSettings, logOut io.Writer) error {
 		return err
 	}
 	defer store.close()
-	srv, err := newServerWithStatus(st.serverOptions(store, tlsCfg, log))
+	opts, err := st.safeServerOptions(store, tlsCfg, log)
+	if err != nil {
+		return err
+	}
+	srv, err := newServerWithStatus(opts)
 	if err != nil {
 		return err
 	}

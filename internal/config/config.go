@@ -297,6 +297,13 @@ type Settings struct {
 	MaxMetricDescriptors    *int64
 	LocalCacheBytes         *int64
 	NearLimitRatio          *float64
+
+	// The failure policy, breaker and load bound of the service.
+	FailurePolicy   *string
+	BreakerFailures *int64
+	BreakerCoolOff  *time.Duration
+	FleetSize       *int64
+	MaxInFlight     *int64
 }
 
 // Config is a loaded configuration file. It is immutable once loaded and

@@ -837,11 +837,13 @@ func (p *parser) settings(n *yaml.Node, s *Settings) {
 		"auth_token_file": &s.AuthTokenFile, "tls_cert_file": &s.TLSCertFile, "tls_key_file": &s.TLSKeyFile,
 		"tls_client_ca_file": &s.TLSClientCAFile, "log_format": &s.LogFormat, "log_level": &s.LogLevel,
 		"metrics_addr": &s.MetricsAddr, "metrics_path": &s.MetricsPath,
+		"failure_policy": &s.FailurePolicy,
 	}
 	durs := map[string]**time.Duration{
 		"max_wait": &s.MaxWait, "read_timeout": &s.ReadTimeout, "write_timeout": &s.WriteTimeout,
 		"idle_timeout": &s.IdleTimeout, "shutdown_timeout": &s.ShutdownTimeout, "drain_delay": &s.DrainDelay, "store_timeout": &s.StoreTimeout,
-		"reload_interval": &s.ReloadInterval,
+		"reload_interval":  &s.ReloadInterval,
+		"breaker_cool_off": &s.BreakerCoolOff,
 	}
 	bools := map[string]**bool{
 		"response_headers": &s.ResponseHeaders, "shadow_mode": &s.ShadowMode, "store_api": &s.StoreAPI,
@@ -860,6 +862,9 @@ func (p *parser) settings(n *yaml.Node, s *Settings) {
 		"memory_max_bytes":       {&s.MemoryMaxBytes, 1, math.MaxInt64},
 		"max_metric_descriptors": {&s.MaxMetricDescriptors, 1, math.MaxInt64},
 		"local_cache_bytes":      {&s.LocalCacheBytes, 0, math.MaxInt64},
+		"breaker_failures":       {&s.BreakerFailures, 1, math.MaxInt32},
+		"fleet_size":             {&s.FleetSize, 1, math.MaxInt32},
+		"max_in_flight":          {&s.MaxInFlight, 1, math.MaxInt64},
 	}
 	allowed := []string{"near_limit_ratio"}
 	for k := range ints {

@@ -89,12 +89,14 @@ func (s *Server) newGRPC() *grpc.Server {
 		// closed with GOAWAY too_many_pings the connections of a client
 		// whose keepalive pinged every 10 s, as many clients configure.
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: keepaliveMinTime, PermitWithoutStream: true}),
+		// Shed before the request is read and decoded (shed.go).
+		grpc.InTapHandle(s.shed.tap),
 	}
 	if s.opts.TLS != nil {
 		opts = append(opts, grpc.Creds(loggedHandshakes{credentials.NewTLS(s.opts.TLS), &ratelog.Writer{Log: s.log, Source: "grpc"}}))
 	}
 	g := grpc.NewServer(opts...)
-	rlspb.RegisterRateLimitServiceServer(g, rlsService{s: s})
+	rlspb.RegisterRateLimitServiceServer(g, shedRLS{rlsService{s: s}, s.shed})
 	s.health = health.NewServer()
 	for _, name := range healthServices {
 		s.health.SetServingStatus(name, healthpb.HealthCheckResponse_SERVING)

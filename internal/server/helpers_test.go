@@ -81,6 +81,9 @@ func start(t *testing.T, src string, opts ...testOpt) *testServer {
 		ConfigPath: path,
 		Logger:     quietLogger(t),
 		Clock:      clk.Now,
+		// 1 s unless a test sets it: the default (15 ms, for Envoy's
+		// 20 ms) is for production, not for -race on a loaded machine.
+		StoreTimeout: time.Second,
 	}
 	for _, opt := range opts {
 		opt(&o)

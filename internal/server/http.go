@@ -248,10 +248,10 @@ func (s *Server) healthcheck(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	if err := s.ready(r.Context()); err != nil {
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "not ready", "error": err.Error()})
+		writeJSON(w, http.StatusServiceUnavailable, s.readyBody(map[string]string{"status": "not ready", "error": err.Error()}))
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+	writeJSON(w, http.StatusOK, s.readyBody(map[string]string{"status": "ready"}))
 }
 
 // handleJSON is envoyproxy/ratelimit's /json: a RateLimitRequest in

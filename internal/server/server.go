@@ -42,7 +42,7 @@ import (
 const (
 	DefaultPrefix          = fleetrate.DefaultPrefix
 	DefaultMaxWait         = fleetrate.DefaultMaxWait
-	DefaultStoreTimeout    = time.Second
+	DefaultStoreTimeout    = 15 * time.Millisecond
 	DefaultMaxRequestBytes = 128 << 10
 	DefaultReadTimeout     = 10 * time.Second
 	DefaultWriteTimeout    = 10 * time.Second
@@ -90,7 +90,9 @@ type Options struct {
 	// MaxWait is the default and the largest max wait of /v1/wait.
 	// Default 5 s.
 	MaxWait time.Duration
-	// StoreTimeout bounds each store call. Default 1 s.
+	// StoreTimeout bounds each store call. Default DefaultStoreTimeout
+	// (15 ms): within Envoy's 20 ms RLS timeout, with room for the call's
+	// way to and from the service.
 	StoreTimeout time.Duration
 	// StoreBounded says that Store bounds each call by StoreTimeout (or
 	// sooner) itself, as a redisstore.Store whose Options.Timeout is
@@ -186,6 +188,13 @@ type Options struct {
 	// Clock is used to turn /v1/drain's "until" into a duration. Default
 	// time.Now.
 	Clock func() time.Time
+	// MaxInFlight bounds the decisions in flight (RLS calls, API
+	// requests); beyond it they are shed (shed.go). Default
+	// DefaultMaxInFlight().
+	MaxInFlight int64
+	// Breaker, when set, is the circuit breaker in front of Store
+	// (failsafe.Store): /readyz reports its state (breaker.go).
+	Breaker Breaker
 	// Registry receives the metrics. Default a new registry, so that
 	// several servers can live in one process.
 	Registry *prometheus.Registry
@@ -212,6 +221,7 @@ type Server struct {
 	// probe (see checkStore).
 	storeDown atomic.Bool
 	access    *access
+	shed      *shedder
 }
 
 // state is a loaded configuration with its buckets resolved.
@@ -282,7 +292,8 @@ func New(opts Options) (*Server, error) {
 	s.logNotices(opts.Config)
 	s.tried = opts.Config.Hash
 	s.metrics.lastReload.SetToCurrentTime()
-	s.handler = s.routes()
+	s.shed = newShedder(opts.MaxInFlight, opts.Registry)
+	s.handler = s.shedHTTP(s.routes())
 	s.grpc = s.newGRPC()
 	return s, nil
 }
@@ -320,6 +331,9 @@ func (opts Options) withDefaults() Options {
 	def(&opts.ShutdownTimeout, DefaultShutdownTimeout)
 	if opts.MaxRequestBytes <= 0 {
 		opts.MaxRequestBytes = DefaultMaxRequestBytes
+	}
+	if opts.MaxInFlight <= 0 {
+		opts.MaxInFlight = DefaultMaxInFlight()
 	}
 	if opts.MaxMetricDescriptors <= 0 {
 		opts.MaxMetricDescriptors = DefaultMaxMetricDescriptors
@@ -686,8 +700,8 @@ func (s *Server) ready(ctx context.Context) error {
 	}
 	ctx, cancel := s.storeCtx(ctx)
 	defer cancel()
-	_, err := s.store.Take(ctx, fleetrate.Request{
+	res, err := s.store.Take(ctx, fleetrate.Request{
 		Buckets: []fleetrate.Bucket{{Prefix: s.opts.Prefix, Key: ProbeKey, Limits: []fleetrate.Limit{{Name: "probe", Rate: 1, Burst: 1}}}},
 	})
-	return err
+	return degradedErr(res, err)
 }

@@ -101,7 +101,9 @@ func Ceiling(ctx context.Context, c Client, d time.Duration, clients, depth int,
 	if clients < 1 || depth < 1 {
 		return 0, fmt.Errorf("loadgen: clients and depth must be at least 1, got %d and %d", clients, depth)
 	}
-	s, err := redisstore.New(c, redisstore.Options{Timeout: 5 * time.Second})
+	// The bare take script, which KeepAfterFailover loads (the default
+	// failover guard would load its guarded twin instead).
+	s, err := redisstore.New(c, redisstore.Options{Timeout: 5 * time.Second, KeepAfterFailover: true})
 	if err != nil {
 		return 0, err
 	}

@@ -1,0 +1,202 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os/exec"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/codes"
+
+	"github.com/fleetrate/fleetrate/internal/harness/redistest"
+)
+
+// envoyDeadline is the deadline Envoy's rate-limit filter gives each call
+// by default.
+const envoyDeadline = 20 * time.Millisecond
+
+// overloadBounds is -bounds: the --max-in-flight values to run.
+var overloadBounds = "default,1000000000"
+
+// overload measures fleetrate on Redis at each -bounds value of
+// --max-in-flight ("default": its default; 1000000000: no bound), at 3 and 10 times the decisions a second
+// it makes at its best (measured first, closed loop).
+func overload(out io.Writer, dir, bin string, srv *redistest.Server) error {
+	if serverCPU != "" {
+		if err := pinRedis(srv); err != nil {
+			return err
+		}
+	}
+	var services []service
+	for _, b := range strings.Split(overloadBounds, ",") {
+		if b == "default" {
+			services = append(services, fleetrateService(bin, dir, srv.URL()))
+		} else {
+			services = append(services, fleetrateService(bin, dir, srv.URL(), "--max-in-flight", b))
+		}
+	}
+	for _, s := range services {
+		if err := overloadService(out, s); err != nil {
+			return fmt.Errorf("%s: %w", s.name, err)
+		}
+	}
+	return nil
+}
+
+func overloadService(out io.Writer, s service) error {
+	p, err := s.start()
+	if err != nil {
+		return err
+	}
+	defer p.stop()
+	var clients []rlspb.RateLimitServiceClient
+	for range 4 {
+		conn, err := dial(p.grpc)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		clients = append(clients, rlspb.NewRateLimitServiceClient(conn))
+	}
+	if err := waitServing(clients[0]); err != nil {
+		return err
+	}
+	capacity := 0.0
+	for _, callers := range []int{16, 64} {
+		capacity = max(capacity, closedLoop(clients, callers, 2*time.Second))
+	}
+	if capacity == 0 {
+		return errNoDecisions
+	}
+	fmt.Fprintf(out, "\n%s: at most %.0f decisions/s (closed loop, 16 and 64 callers, 2 s each)\n\n", s.name, capacity)
+	fmt.Fprintln(out, "| offered | sent/s | goodput/s (decided within 20 ms) | of the maximum | p99 of decisions | p99 of all answers | answers | in flight max | goroutines before/max/after | RSS MiB before/max/after |")
+	fmt.Fprintln(out, "|---|---|---|---|---|---|---|---|---|---|")
+	for _, mult := range []float64{3, 10} {
+		ctx, cancel := context.WithCancel(context.Background())
+		var inFlight atomic.Int64
+		samples := sampler(ctx, p, &inFlight)
+		time.Sleep(300 * time.Millisecond)
+		begin := time.Now()
+		calls := burstLoop(ctx, clients, mult*capacity, &inFlight)
+		time.Sleep(3 * time.Second)
+		end := time.Now()
+		cs := calls()
+		time.Sleep(time.Second) // the after sample
+		cancel()
+		ss := samples()
+		fmt.Fprintf(out, "| %.0fx (%.0f/s) | %s\n", mult, mult*capacity, overloadRow(cs, ss, begin, end, capacity))
+	}
+	return nil
+}
+
+// closedLoop runs callers goroutines, each making one call after another,
+// for d and returns the decisions a second.
+func closedLoop(clients []rlspb.RateLimitServiceClient, callers int, d time.Duration) float64 {
+	var n atomic.Int64
+	var wg sync.WaitGroup
+	stop := time.Now().Add(d)
+	for g := range callers {
+		wg.Go(func() {
+			for i := g; time.Now().Before(stop); i += callers {
+				if c := one(clients[g%len(clients)], i, time.Second); c.code == codes.OK {
+					n.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return float64(n.Load()) / d.Seconds()
+}
+
+// burstLoop offers rate calls a second, each with Envoy's deadline, by
+// starting every millisecond the calls due, until ctx ends or the
+// returned function is called, which waits for them and returns them.
+func burstLoop(ctx context.Context, clients []rlspb.RateLimitServiceClient, rate float64, inFlight *atomic.Int64) func() []call {
+	var mu sync.Mutex
+	var calls []call
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	wg.Go(func() {
+		start := time.Now()
+		sent := 0
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-stop:
+				return
+			default:
+			}
+			due := int(rate * time.Since(start).Seconds())
+			for ; sent < due; sent++ {
+				wg.Go(func() {
+					inFlight.Add(1)
+					defer inFlight.Add(-1)
+					c := one(clients[sent%len(clients)], sent, envoyDeadline)
+					mu.Lock()
+					calls = append(calls, c)
+					mu.Unlock()
+				})
+			}
+			time.Sleep(time.Millisecond)
+		}
+	})
+	return func() []call { close(stop); wg.Wait(); return calls }
+}
+
+// overloadRow is an overload run's table row.
+func overloadRow(cs []call, ss []sample, begin, end time.Time, capacity float64) string {
+	span := end.Sub(begin).Seconds()
+	var all, decided []time.Duration
+	answers := map[codes.Code]int{}
+	good := 0
+	for _, c := range cs {
+		all = append(all, c.took)
+		answers[c.code]++
+		if c.code == codes.OK {
+			decided = append(decided, c.took)
+			if c.took <= envoyDeadline {
+				good++
+			}
+		}
+	}
+	slices.Sort(all)
+	slices.Sort(decided)
+	p99 := func(s []time.Duration) string {
+		if len(s) == 0 {
+			return "—"
+		}
+		return ms(pct(s, 0.99))
+	}
+	b, d, a := phases(ss, begin, end)
+	return fmt.Sprintf("%.0f | %.0f | %.0f %% | %s | %s | OK %d, RESOURCE_EXHAUSTED %d, DEADLINE_EXCEEDED %d, other %d | %s | %s | %s |",
+		float64(len(cs))/span, float64(good)/span, 100*float64(good)/span/capacity, p99(decided), p99(all),
+		answers[codes.OK], answers[codes.ResourceExhausted], answers[codes.DeadlineExceeded],
+		len(cs)-answers[codes.OK]-answers[codes.ResourceExhausted]-answers[codes.DeadlineExceeded],
+		num(d.inFlight), triple(b.goroutines, d.goroutines, a.goroutines, "%.0f"), triple(b.rss, d.rss, a.rss, "%.0f"))
+}
+
+// pinRedis moves redis-server to -server-cpu, with the service: the
+// service's capacity includes its Redis, and the load generator's CPU is
+// then its own.
+func pinRedis(srv *redistest.Server) error {
+	info, err := srv.Do("info", "server")
+	if err != nil {
+		return err
+	}
+	m := regexp.MustCompile(`process_id:(\d+)`).FindStringSubmatch(fmt.Sprint(info))
+	if m == nil {
+		return fmt.Errorf("no process_id in INFO server")
+	}
+	if b, err := exec.Command("taskset", "-a", "-p", "-c", serverCPU, m[1]).CombinedOutput(); err != nil {
+		return fmt.Errorf("taskset of redis-server: %v: %s", err, b)
+	}
+	return nil
+}
