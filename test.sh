@@ -88,7 +88,7 @@ fuzztime=${FUZZTIME:-20000x}
 targets=(
   ./gcra:FuzzDecide .:FuzzLimitValidate
   ./redisstore:FuzzSlot
-  ./transport:FuzzParseRetryAfter
+  ./transport:FuzzParseRetryAfter ./transport/internal/notice:FuzzParse
   ./internal/headers:FuzzParseList ./internal/headers:FuzzFormatPolicy
   ./internal/headers:FuzzFormatRateLimit ./internal/headers:FuzzRetryAfter
   ./httplimit:FuzzBucketName

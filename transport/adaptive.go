@@ -43,7 +43,7 @@ var ErrPersistentLimit = errors.New("transport: still rate limited at the floor 
 // the next w is set halfway between the new rate and the old one
 // (CUBIC's fast convergence). The climb starts when the 429's pause ends.
 // A 429 a few requests after a resume keeps w at what the stretch before
-// the pause proved of the limit from below (see limitRange): jitter on a
+// the pause proved of the limit from below (see ratecontrol.LimitRange): jitter on a
 // strict window, or a limit that fell, which the next such 429 shows.
 //
 // The rate is kept in the shared store beside the bucket, so every process
