@@ -49,7 +49,9 @@ func (v service) wait(ctx context.Context, req *WaitRequest) (Decision, error) {
 
 // takeBuckets takes n tokens from the named buckets, each keeping reserve
 // tokens, and waiting up to *maxWait for /v1/wait (maxWait is nil for
-// /v1/take, which does not wait).
+// /v1/take, which does not wait). It is long because the decision, its
+// metric and its answer (with the booking and grant a give-back needs)
+// read best in the order they happen.
 func (v service) takeBuckets(ctx context.Context, api, one string, many []string, n, reserve int64, maxWait *time.Duration) (Decision, error) {
 	names, bs, err := v.resolve(one, many)
 	if err != nil {

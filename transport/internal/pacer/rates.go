@@ -93,21 +93,6 @@ func (p *Pacer) readClimbs(ctx context.Context, paced []fleetrate.Bucket) {
 	}
 }
 
-// readClimb reads bucket b's climb from its #rate and #peak markers: two
-// peeks.
-func readClimb(ctx context.Context, store fleetrate.Store, b fleetrate.Bucket, now func() time.Time) (ratecontrol.Climb, error) {
-	var states [2]time.Duration
-	rate, peak := hold.RateMarkers(b)
-	for i, m := range []fleetrate.Bucket{rate, peak} {
-		res, err := store.Take(ctx, fleetrate.Request{Buckets: []fleetrate.Bucket{m}})
-		if err != nil {
-			return ratecontrol.Climb{}, err
-		}
-		states[i] = hold.State(int64(res.ResetAfter))
-	}
-	return hold.DecodeClimb(states[0], states[1], now()), nil
-}
-
 // admitted records an answer to a request of tg that was not a rate
 // limit: the 429s after it start a new row (see ratecontrol.MaxSoon).
 func (p *Pacer) Admitted(tg Target) {
