@@ -36,7 +36,9 @@ var clusterCommands = slices.DeleteFunc(slices.Clone(fleetCommands), func(c stri
 // reads them from the doc and runs every call through them.
 const (
 	scriptACL        = "ACL SETUSER fleet on >secret resetkeys ~fleetrate:* resetchannels -@all +evalsha +eval +script|load +get +mget +set +del +time +info"
-	scriptClusterACL = scriptACL + " +cluster|slots +command"
+	// A Cluster store keeps no failover guard (EmptyAfterFailover is the
+	// default only on a *redis.Client), so it needs no INFO.
+	scriptClusterACL = "ACL SETUSER fleet on >secret resetkeys ~fleetrate:* resetchannels -@all +evalsha +eval +script|load +get +mget +set +del +time +cluster|slots +command"
 )
 
 // aclRules are the ACL SETUSER rules of a user that may run cmds on keys

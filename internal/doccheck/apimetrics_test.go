@@ -26,6 +26,8 @@ type apiMetric struct {
 	labels []string
 	// values are the documented values of the op label, if listed.
 	values []string
+	// redisOnly: the row says the service exports it only with Redis.
+	redisOnly bool
 }
 
 // apiMetrics parses the table of docs/API.md, "GET /metrics".
@@ -49,6 +51,7 @@ func apiMetrics(t *testing.T) map[string]apiMetric {
 			continue
 		}
 		var m apiMetric
+		m.redisOnly = strings.HasPrefix(strings.TrimSpace(cells[3]), "with Redis:")
 		for _, l := range archBackticked.FindAllStringSubmatch(parens.ReplaceAllString(cells[2], ""), -1) {
 			m.labels = append(m.labels, l[1])
 		}
@@ -100,7 +103,9 @@ buckets:
 	}
 	send := func(path, body string) *httptest.ResponseRecorder {
 		rec := httptest.NewRecorder()
-		srv.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodPost, path, strings.NewReader(body)))
+		req := httptest.NewRequest(http.MethodPost, path, strings.NewReader(body))
+		req.RemoteAddr = "127.0.0.1:1234" // a loopback caller: no tokens, every scope
+		srv.Handler().ServeHTTP(rec, req)
 		return rec
 	}
 	post := func(path, body string) map[string]any {
@@ -118,10 +123,11 @@ buckets:
 	const b = `"bucket":"booking_com/availability"`
 	took := post("/v1/take", `{`+b+`}`)
 	at, _ := json.Marshal(took["at_unix_micro"])
-	post("/v1/refund", `{`+b+`,"at_unix_micro":`+string(at)+`}`)
+	grant, _ := json.Marshal(took["grant"])
+	post("/v1/refund", `{`+b+`,"at_unix_micro":`+string(at)+`,"grant":`+string(grant)+`}`)
 	waited := post("/v1/wait", `{`+b+`,"n":15,"max_wait_ms":2000}`)
 	booking, _ := json.Marshal(waited["booking"])
-	post("/v1/cancel", `{`+b+`,"n":15,"booking":`+string(booking)+`}`)
+	post("/v1/cancel", `{`+b+`,"n":15,"booking":`+string(booking)+`}`) // the booking carries its grant
 	post("/v1/drain", `{`+b+`,"pause_ms":1}`)
 	post("/v1/reset", `{"buckets":["booking_com/availability"]}`)
 	// Nine of ten tokens: past the near-limit ratio (0.8).
@@ -167,8 +173,10 @@ buckets:
 			t.Errorf("%s: op values %v after every kind of store call; docs/API.md lists %v", name, ops, doc.values)
 		}
 	}
-	for name := range documented {
-		if !exported[name] {
+	for name, doc := range documented {
+		// The failsafe breaker's metrics exist only over Redis; this test
+		// runs the in-memory store (failsafe has tests of its own).
+		if !exported[name] && !doc.redisOnly {
 			t.Errorf("docs/API.md lists %s; the service does not export it", name)
 		}
 	}
