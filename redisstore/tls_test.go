@@ -35,7 +35,7 @@ var clusterCommands = slices.DeleteFunc(slices.Clone(fleetCommands), func(c stri
 // PUBLISH, SUBSCRIBE, PING and INFO: internal/doccheck's TestDocumentedACL
 // reads them from the doc and runs every call through them.
 const (
-	scriptACL        = "ACL SETUSER fleet on >secret resetkeys ~fleetrate:* resetchannels -@all +evalsha +eval +script|load +get +mget +set +del +time +info"
+	scriptACL = "ACL SETUSER fleet on >secret resetkeys ~fleetrate:* resetchannels -@all +evalsha +eval +script|load +get +mget +set +del +time +info"
 	// A Cluster store keeps no failover guard (EmptyAfterFailover is the
 	// default only on a *redis.Client), so it needs no INFO.
 	scriptClusterACL = "ACL SETUSER fleet on >secret resetkeys ~fleetrate:* resetchannels -@all +evalsha +eval +script|load +get +mget +set +del +time +cluster|slots +command"
