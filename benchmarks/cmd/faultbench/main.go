@@ -48,6 +48,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/fleetrate/fleetrate/benchmarks/internal/benchsvc"
 	"github.com/fleetrate/fleetrate/internal/harness/redistest"
 )
 
@@ -103,10 +104,10 @@ func run(args []string, out io.Writer) error {
 	}
 	defer srv.Stop()
 	bin := filepath.Join(dir, "fleetrate")
-	if err := buildFleetrate(bin); err != nil {
+	if err := benchsvc.BuildFleetrate(bin); err != nil {
 		return err
 	}
-	if err := writeConfigs(dir); err != nil {
+	if err := benchsvc.WriteConfigs(dir, "bench.yaml", config); err != nil {
 		return err
 	}
 	if f.overload {
@@ -496,36 +497,6 @@ func waitServing(rls rlspb.RateLimitServiceClient) error {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-}
-
-// buildFleetrate builds the fleetrate command of the module this one
-// replaces it with into path.
-func buildFleetrate(path string) error {
-	root, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/fleetrate/fleetrate").Output()
-	if err != nil {
-		return fmt.Errorf("finding the fleetrate module: %w", err)
-	}
-	build := exec.Command("go", "build", "-o", path, "./cmd/fleetrate")
-	build.Dir = strings.TrimSpace(string(root))
-	if b, err := build.CombinedOutput(); err != nil {
-		return fmt.Errorf("building fleetrate: %v: %s", err, b)
-	}
-	return nil
-}
-
-// writeConfigs writes config where fleetrate (dir/fleetrate.yaml) and
-// envoyproxy/ratelimit (its runtime directory under dir) read it.
-func writeConfigs(dir string) error {
-	rlDir := filepath.Join(dir, "runtime", "ratelimit", "config")
-	if err := os.MkdirAll(rlDir, 0o755); err != nil {
-		return err
-	}
-	for _, p := range []string{filepath.Join(dir, "fleetrate.yaml"), filepath.Join(rlDir, "bench.yaml")} {
-		if err := os.WriteFile(p, []byte(config), 0o644); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 func freePort() int {

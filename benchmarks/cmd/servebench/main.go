@@ -51,6 +51,7 @@ import (
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
 
+	"github.com/fleetrate/fleetrate/benchmarks/internal/benchsvc"
 	"github.com/fleetrate/fleetrate/benchmarks/workload"
 	"github.com/fleetrate/fleetrate/internal/harness/redistest"
 )
@@ -137,10 +138,10 @@ func run(args []string, out io.Writer) error {
 	}
 	defer srv.Stop()
 	fleetrate := filepath.Join(dir, "fleetrate")
-	if err := buildFleetrate(fleetrate); err != nil {
+	if err := benchsvc.BuildFleetrate(fleetrate); err != nil {
 		return err
 	}
-	if err := writeConfigs(dir); err != nil {
+	if err := benchsvc.WriteConfigs(dir, "bench.yaml", config); err != nil {
 		return err
 	}
 	services := slices.DeleteFunc(allServices(f, dir, fleetrate, srv), func(s service) bool { return !strings.Contains(s.name, f.only) })
@@ -162,36 +163,6 @@ func run(args []string, out io.Writer) error {
 		}
 	}
 	printTable(out, services, f.callers, results, f.rounds, f.duration)
-	return nil
-}
-
-// buildFleetrate builds the fleetrate command of the module this one
-// replaces it with (its own module, with its own go.sum) into path.
-func buildFleetrate(path string) error {
-	root, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/fleetrate/fleetrate").Output()
-	if err != nil {
-		return fmt.Errorf("finding the fleetrate module: %w", err)
-	}
-	build := exec.Command("go", "build", "-o", path, "./cmd/fleetrate")
-	build.Dir = strings.TrimSpace(string(root))
-	if b, err := build.CombinedOutput(); err != nil {
-		return fmt.Errorf("building fleetrate: %v: %s", err, b)
-	}
-	return nil
-}
-
-// writeConfigs writes config where fleetrate (dir/fleetrate.yaml) and
-// envoyproxy/ratelimit (its runtime directory under dir) read it.
-func writeConfigs(dir string) error {
-	rlDir := filepath.Join(dir, "runtime", "ratelimit", "config")
-	if err := os.MkdirAll(rlDir, 0o755); err != nil {
-		return err
-	}
-	for _, p := range []string{filepath.Join(dir, "fleetrate.yaml"), filepath.Join(rlDir, "bench.yaml")} {
-		if err := os.WriteFile(p, []byte(config), 0o644); err != nil {
-			return err
-		}
-	}
 	return nil
 }
 
