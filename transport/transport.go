@@ -530,11 +530,19 @@ func urlPath(req *http.Request) string {
 	return req.URL.Path
 }
 
-// pace returns what the pacer needs of the target, with attrs.
+// pace returns what the pacer needs of the target, with attrs. It runs
+// once per request: the buckets a 429 drains are the ones it takes unless
+// the target drains its credential without taking from it (or the other
+// way round), so the common case builds the names once.
 func (tg Target) pace(attrs []slog.Attr) pacer.Target {
+	buckets := tg.buckets()
+	drained := buckets
+	if tg.DrainCredential != tg.Credential {
+		drained = tg.drained()
+	}
 	return pacer.Target{
-		Channel: tg.Channel, Endpoint: tg.Endpoint, EndpointKey: EndpointBucket(tg.Channel, tg.Endpoint),
-		Buckets: tg.buckets(), Drained: tg.drained(), N: tg.cost(),
+		Channel: tg.Channel, Endpoint: tg.Endpoint, EndpointKey: buckets[0],
+		Buckets: buckets, Drained: drained, N: tg.cost(),
 		Priority: tg.Priority, Spacing: tg.Spacing, Fixed: tg.Fixed, Attrs: attrs,
 	}
 }

@@ -69,7 +69,8 @@ type Target struct {
 	// EndpointKey names the endpoint's bucket.
 	EndpointKey string
 	// Buckets are the buckets a request takes, Drained those a 429
-	// pauses.
+	// pauses; the two may share an array, and neither is written to.
+	// (Buckets[0] is the endpoint's.)
 	Buckets, Drained []string
 	N                int64
 	Priority         string
@@ -155,7 +156,7 @@ func (p *Pacer) Wait(ctx context.Context, tg Target) (paced bool, err error) {
 	q.Failed = func(err error) error { return p.WaitFailed(ctx, tg, err) }
 	q.Start, q.MaxWait = p.cfg.Now(), p.Budget(ctx)
 	if len(q.Paced) > 1 {
-		release, err := p.queues.Wait(ctx, strings.Join(append(tg.Buckets, class), "\x00"), q.MaxWait)
+		release, err := p.queues.Wait(ctx, strings.Join(tg.Buckets, "\x00")+"\x00"+class, q.MaxWait)
 		switch {
 		case errors.Is(err, schedule.ErrQueueBudget):
 			return false, q.Failed(&fleetrate.BackpressureError{RetryAfter: q.MaxWait, MaxWait: q.Remaining()})
