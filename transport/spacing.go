@@ -17,9 +17,6 @@ func SpacingMargin(spacing time.Duration) time.Duration {
 	return sendtime.Margin(spacing)
 }
 
-// spacingBounds checks a spacing against the bounds of Endpoint.Spacing.
-func spacingBounds(d time.Duration) error { return sendtime.CheckSpacing(d) }
-
 // checkSpacing checks an endpoint's Spacing against its bounds and its
 // limits, which must have burst 1 and pace at most as fast as the gate,
 // naming field.
@@ -27,7 +24,7 @@ func checkSpacing(e Endpoint, field string) error {
 	if e.Spacing == 0 {
 		return nil
 	}
-	if err := spacingBounds(e.Spacing); err != nil {
+	if err := sendtime.CheckSpacing(e.Spacing); err != nil {
 		return fmt.Errorf("%w: %s.spacing: %w", fleetrate.ErrInvalid, field, err)
 	}
 	gate := sendtime.GateLimit(e.Spacing)

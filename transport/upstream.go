@@ -10,6 +10,7 @@ import (
 
 	"github.com/fleetrate/fleetrate"
 	"github.com/fleetrate/fleetrate/transport/internal/hold"
+	"github.com/fleetrate/fleetrate/transport/internal/sendtime"
 )
 
 // ErrNoRoute is returned (wrapped) when a Classify built by
@@ -67,7 +68,7 @@ func (t Target) validate() error {
 	if t.Cost < 0 {
 		return fmt.Errorf("%w: target: cost must be >= 0, got %d", fleetrate.ErrInvalid, t.Cost)
 	}
-	if err := spacingBounds(t.Spacing); err != nil {
+	if err := sendtime.CheckSpacing(t.Spacing); err != nil {
 		return fmt.Errorf("%w: target: spacing %w", fleetrate.ErrInvalid, err)
 	}
 	return nil
