@@ -59,16 +59,6 @@ func main() {
 	}
 }
 
-// config is the envoyproxy/ratelimit file both services load: one
-// descriptor whose limit is never reached.
-const config = `domain: bench
-descriptors:
-  - key: k
-    rate_limit:
-      unit: second
-      requests_per_unit: 1000000000
-`
-
 type flags struct {
 	ratelimit, faults, policies string
 	rate                        int
@@ -107,7 +97,7 @@ func run(args []string, out io.Writer) error {
 	if err := benchsvc.BuildFleetrate(bin); err != nil {
 		return err
 	}
-	if err := benchsvc.WriteConfigs(dir, "bench.yaml", config); err != nil {
+	if err := benchsvc.WriteConfigs(dir); err != nil {
 		return err
 	}
 	if f.overload {
@@ -198,7 +188,7 @@ func ratelimitService(bin, dir, addr string) service {
 			"USE_STATSD=false", "DISABLE_STATS=true", "LOG_LEVEL=error", "BACKEND_TYPE=redis",
 			"REDIS_SOCKET_TYPE=tcp", "REDIS_URL="+addr,
 			"RUNTIME_ROOT="+filepath.Join(dir, "runtime"), "RUNTIME_SUBDIRECTORY=ratelimit", "RUNTIME_WATCH_ROOT=false",
-			"HOST=127.0.0.1", "PORT="+strconv.Itoa(freePort()), "DEBUG_HOST=127.0.0.1", "DEBUG_PORT="+dport,
+			"HOST=127.0.0.1", "PORT="+strconv.Itoa(benchsvc.FreePort()), "DEBUG_HOST=127.0.0.1", "DEBUG_PORT="+dport,
 			"GRPC_HOST=127.0.0.1", "GRPC_PORT="+gport)
 		cmd.Stderr = os.Stderr
 		return &proc{cmd: cmd, grpc: g, pprof: "http://" + d + "/debug/pprof/goroutine?debug=1"}, cmd.Start()
@@ -499,15 +489,6 @@ func waitServing(rls rlspb.RateLimitServiceClient) error {
 	}
 }
 
-func freePort() int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		panic(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
-func freeAddr() string { return "127.0.0.1:" + strconv.Itoa(freePort()) }
+func freeAddr() string { return "127.0.0.1:" + strconv.Itoa(benchsvc.FreePort()) }
 
 var errNoDecisions = errors.New("no decision was answered")

@@ -32,7 +32,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -62,17 +61,6 @@ func main() {
 		os.Exit(1)
 	}
 }
-
-// config is the envoyproxy/ratelimit file both services load: one
-// descriptor whose limit is never reached, so that every call is a
-// decision that books a token.
-const config = `domain: bench
-descriptors:
-  - key: k
-    rate_limit:
-      unit: second
-      requests_per_unit: 1000000000
-`
 
 // service is one way to run a rate-limit service on a gRPC port, and the
 // call that asks it for one decision on key i.
@@ -141,7 +129,7 @@ func run(args []string, out io.Writer) error {
 	if err := benchsvc.BuildFleetrate(fleetrate); err != nil {
 		return err
 	}
-	if err := benchsvc.WriteConfigs(dir, "bench.yaml", config); err != nil {
+	if err := benchsvc.WriteConfigs(dir); err != nil {
 		return err
 	}
 	services := slices.DeleteFunc(allServices(f, dir, fleetrate, srv), func(s service) bool { return !strings.Contains(s.name, f.only) })
@@ -210,7 +198,7 @@ func ratelimitStart(bin, dir, addr string) func(int) (*exec.Cmd, error) {
 			"USE_STATSD=false", "DISABLE_STATS=true", "LOG_LEVEL=warn", "BACKEND_TYPE=redis",
 			"REDIS_SOCKET_TYPE=tcp", "REDIS_URL="+addr,
 			"RUNTIME_ROOT="+filepath.Join(dir, "runtime"), "RUNTIME_SUBDIRECTORY=ratelimit", "RUNTIME_WATCH_ROOT=false",
-			"HOST=127.0.0.1", "PORT="+strconv.Itoa(freePort()), "DEBUG_HOST=127.0.0.1", "DEBUG_PORT="+strconv.Itoa(freePort()),
+			"HOST=127.0.0.1", "PORT="+strconv.Itoa(benchsvc.FreePort()), "DEBUG_HOST=127.0.0.1", "DEBUG_PORT="+strconv.Itoa(benchsvc.FreePort()),
 			"GRPC_HOST=127.0.0.1", "GRPC_PORT="+strconv.Itoa(port))
 		return startCmd(cmd)
 	}
@@ -219,11 +207,11 @@ func ratelimitStart(bin, dir, addr string) func(int) (*exec.Cmd, error) {
 // gubernatorStart runs gubernator as one node with its buckets in memory.
 func gubernatorStart(bin string) func(int) (*exec.Cmd, error) {
 	return func(port int) (*exec.Cmd, error) {
-		ml := "127.0.0.1:" + strconv.Itoa(freePort())
+		ml := "127.0.0.1:" + strconv.Itoa(benchsvc.FreePort())
 		cmd := exec.Command(bin)
 		cmd.Env = append(os.Environ(),
 			"GUBER_GRPC_ADDRESS=127.0.0.1:"+strconv.Itoa(port), "GUBER_ADVERTISE_ADDRESS=127.0.0.1:"+strconv.Itoa(port),
-			"GUBER_HTTP_ADDRESS=127.0.0.1:"+strconv.Itoa(freePort()),
+			"GUBER_HTTP_ADDRESS=127.0.0.1:"+strconv.Itoa(benchsvc.FreePort()),
 			"GUBER_MEMBERLIST_ADDRESS="+ml, "GUBER_MEMBERLIST_BIND_ADDRESS="+ml, "GUBER_MEMBERLIST_KNOWN_NODES="+ml,
 			"GUBER_LOG_LEVEL=error", "OTEL_TRACES_EXPORTER=none")
 		cmd.Stdout, cmd.Stderr = io.Discard, io.Discard // it logs every memberlist event
@@ -307,7 +295,7 @@ func ratio(a, b float64) string {
 // callers goroutines calling ShouldRateLimit for d and reads the service's
 // CPU time around them.
 func measureService(s service, callers int, d time.Duration) (result, error) {
-	port := freePort()
+	port := benchsvc.FreePort()
 	cmd, err := s.start(port)
 	if err != nil {
 		return result{}, err
@@ -425,15 +413,6 @@ const clockTicks = 100
 func startCmd(cmd *exec.Cmd) (*exec.Cmd, error) {
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	return cmd, cmd.Start()
-}
-
-func freePort() int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		panic(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 // rlsCall asks an Envoy RLS v3 service for one hit on descriptor k=key i.

@@ -5,6 +5,7 @@ package benchsvc
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -26,18 +27,38 @@ func BuildFleetrate(path string) error {
 	return nil
 }
 
-// WriteConfigs writes config where fleetrate (dir/fleetrate.yaml) and
-// envoyproxy/ratelimit (its runtime directory under dir, file name) read
-// it.
-func WriteConfigs(dir, name, config string) error {
+// Config is the envoyproxy/ratelimit file every service of a comparison
+// loads: one descriptor, k, whose limit is never reached, so that every
+// call is a decision that books a token.
+const Config = `domain: bench
+descriptors:
+  - key: k
+    rate_limit:
+      unit: second
+      requests_per_unit: 1000000000
+`
+
+// WriteConfigs writes Config where fleetrate (dir/fleetrate.yaml) and
+// envoyproxy/ratelimit (its runtime directory under dir) read it.
+func WriteConfigs(dir string) error {
 	rlDir := filepath.Join(dir, "runtime", "ratelimit", "config")
 	if err := os.MkdirAll(rlDir, 0o755); err != nil {
 		return err
 	}
-	for _, p := range []string{filepath.Join(dir, "fleetrate.yaml"), filepath.Join(rlDir, name)} {
-		if err := os.WriteFile(p, []byte(config), 0o644); err != nil {
+	for _, p := range []string{filepath.Join(dir, "fleetrate.yaml"), filepath.Join(rlDir, "bench.yaml")} {
+		if err := os.WriteFile(p, []byte(Config), 0o644); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// FreePort returns a TCP port free on 127.0.0.1 a moment ago.
+func FreePort() int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
 }
