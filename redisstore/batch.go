@@ -22,7 +22,7 @@ import (
 //
 // A take that finds its queue idle (no call in flight, none waiting) is
 // sent at once by its own caller, as one call of the take script, exactly
-// as without batching: a lone caller pays nothing for batching. Takes that
+// as without batching: no hand-off to another goroutine, no queue. Takes that
 // arrive while calls are in flight queue up and go out together in the
 // next call, which a goroutine of the batcher sends.
 //

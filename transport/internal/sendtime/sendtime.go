@@ -20,11 +20,14 @@ import (
 // LateSlack is how late after its slot a request may go out as booked:
 // the send jitter a limit of burst 1 is assumed to absorb. A probe of the
 // workers' wake-up lateness at load 4 read 0.6 ms at p50, 1.2 ms at p90,
-// 10 ms at p95 and 25 ms at p99 (docs/BENCHMARKS.md, "late requests").
+// 10 ms at p95 and 25 ms at p99 when this value was chosen (the "late
+// requests" section of docs/BENCHMARKS.md in git history; not re-measured
+// since).
 // Less would serve a strict window better, but every request booked again
 // loses its slot: at 2 ms the documented 20/s burst-2 upstream, whose
 // burst absorbs the lateness, booked 9 of its 1,140 requests a minute
-// again, at 5 ms one, while the strict window's 429s, which come from
+// again, at 5 ms one (the outbound benchmark's "booked again, late"
+// column, which docs/BENCHMARKS.md shows at 5 ms today), while the strict window's 429s, which come from
 // jitter after the check, did not fall. A process's first requests are
 // the exception (see ColdSends).
 const LateSlack = 5 * time.Millisecond
