@@ -29,10 +29,11 @@ func serve(t *testing.T, tokens ...string) string {
 		t.Fatal(err)
 	}
 	srv, err := server.New(server.Options{
-		Store:      memstore.New(memstore.Options{}),
-		Config:     cfg,
-		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
-		AuthTokens: tokens,
+		Store:        memstore.New(memstore.Options{}),
+		StoreBounded: true, // as serve runs it: a memstore never waits
+		Config:       cfg,
+		Logger:       slog.New(slog.NewTextHandler(io.Discard, nil)),
+		AuthTokens:   tokens,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -161,9 +162,10 @@ func TestInvalidArgumentsNeedNoRoundTrip(t *testing.T) {
 func ExampleNew() {
 	cfg, _ := config.Load("fleetrate.yaml", nil)
 	srv, err := server.New(server.Options{
-		Store:  memstore.New(memstore.Options{}),
-		Config: cfg,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Store:        memstore.New(memstore.Options{}),
+		StoreBounded: true, // as serve runs it: a memstore never waits
+		Config:       cfg,
+		Logger:       slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	if err != nil {
 		panic(err)
