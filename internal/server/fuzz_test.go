@@ -26,6 +26,7 @@ func FuzzJSONAPI(f *testing.F) {
 	}
 	s, err := New(Options{
 		Store:           memstore.New(memstore.Options{MaxKeys: 10000}),
+		StoreBounded:    true, // the memory store never waits: no timer per call, as serve runs it
 		Config:          cfg,
 		Logger:          slog.New(slog.NewTextHandler(io.Discard, nil)),
 		MaxRequestBytes: 1 << 14,
