@@ -10,6 +10,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/fleetrate/fleetrate"
@@ -129,8 +130,11 @@ func (g *grants) issue(kind grantKind, callerID string, bs []fleetrate.Bucket, n
 // parseGrant checks a grant's form and signature and returns its claim,
 // or the reason it is refused.
 func (g *grants) parseGrant(s string) (claim, string) {
-	raw, err := base64.RawURLEncoding.Strict().DecodeString(s) // one spelling per grant
-	if err != nil || len(raw) != grantBody+grantMAC || raw[0] != grantV1 {
+	// One spelling per grant: Strict refuses non-zero padding bits, but
+	// every base64 decoder skips CR and LF, so a grant with a line break
+	// inside would decode to the same claim under another spelling.
+	raw, err := base64.RawURLEncoding.Strict().DecodeString(s)
+	if err != nil || strings.ContainsAny(s, "\r\n") || len(raw) != grantBody+grantMAC || raw[0] != grantV1 {
 		return claim{}, reasonForged
 	}
 	if !hmac.Equal(raw[grantBody:], g.mac(raw[:grantBody])) {
