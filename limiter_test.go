@@ -242,6 +242,15 @@ func (failingStore) Drain(context.Context, []fleetrate.Bucket, time.Duration) er
 	return errDown
 }
 func (failingStore) Reset(context.Context, ...string) error { return errDown }
+func (failingStore) Settle(context.Context, []fleetrate.Bucket, fleetrate.Settlement) error {
+	return errDown
+}
+func (failingStore) Release(context.Context, []fleetrate.Bucket, string) (int, error) {
+	return 0, errDown
+}
+func (failingStore) Renew(context.Context, []fleetrate.Bucket, fleetrate.Permit) (int, error) {
+	return 0, errDown
+}
 
 func TestStoreFailureIsAnErrorNotADenial(t *testing.T) {
 	t.Parallel()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -62,6 +63,11 @@ type Bucket struct {
 	// from the bucket uses (see Store.Refund); cancels, drains and resets
 	// ignore it.
 	Reserve int64
+	// InFlight, when above 0, bounds how many permits of the bucket may be
+	// held at once across the fleet: a take from it acquires a permit
+	// (Request.Permit) together with its tokens, and Store.Release gives
+	// it back. 0, the default, bounds nothing. At most MaxInFlight.
+	InFlight int64
 }
 
 // compiled reports whether b is valid for a take of n tokens because its
@@ -75,7 +81,7 @@ func (b *Bucket) compiled(n int64) bool {
 			return false
 		}
 	}
-	return true
+	return b.InFlight == 0
 }
 
 // StoreKey returns the full store key, Prefix + Key.
@@ -90,11 +96,65 @@ type Request struct {
 	// MaxWait is how far in the future the take may be booked. 0 means
 	// now or never (Allow).
 	MaxWait time.Duration
+	// Costs, when set, are the cost of each bucket, in the order of
+	// Buckets: "1 request and 1,200 tokens" from a requests bucket and a
+	// tokens bucket, all or nothing. N must then be 0, and Result.N is the
+	// cost of the bucket that decided. When nil, every bucket costs N.
+	Costs []int64
 	// Booking, when set, receives where a granted take of N > 0 left every
 	// limit, so that the booking can be given back exactly with
 	// Store.Cancel. Reserve and Wait set it; Allow does not, which keeps
 	// its path free of allocations.
 	Booking *Booking
+	// Permit, when its ID is set, acquires a permit of every bucket that
+	// bounds in-flight takes (Bucket.InFlight), all or nothing with the
+	// tokens. A take that costs tokens from such a bucket must carry one.
+	// With MaxWait above 0, a take that finds no permit free waits in the
+	// bucket's queue, first come first served (Result.InFlight.Queued),
+	// and takes again when a permit frees (see PermitNotifier).
+	Permit Permit
+}
+
+// Permit names a holder of in-flight permits and its lease.
+type Permit struct {
+	// ID names the holder: unique to one acquisition across the fleet
+	// (a Limiter makes one), 1 to MaxPermitIDLen bytes of printable ASCII
+	// without spaces.
+	ID string
+	// TTL is the lease, on the store's clock: the permit (or the place in
+	// the queue) lapses TTL after the take, or after the last Store.Renew,
+	// unless it is released first. Between MinPermitTTL and MaxPermitTTL.
+	TTL time.Duration
+}
+
+// Bounds of the in-flight permits a store keeps.
+const (
+	// MaxInFlight is the largest Bucket.InFlight.
+	MaxInFlight = 1 << 16
+	// MaxPermitIDLen is the longest Permit.ID.
+	MaxPermitIDLen = 128
+	// MinPermitTTL is the shortest permit lease: a holder renews at a
+	// third of it, and a store call may take a good part of a second
+	// under load.
+	MinPermitTTL = time.Second
+	// MaxPermitTTL is the longest permit lease.
+	MaxPermitTTL = time.Hour
+)
+
+// Validate checks a permit's id and lease, naming the failing field.
+func (p Permit) Validate() error {
+	if p.ID == "" || len(p.ID) > MaxPermitIDLen {
+		return fmt.Errorf("%w: permit.id: must be 1 to %d bytes, got %d", ErrInvalid, MaxPermitIDLen, len(p.ID))
+	}
+	for i := 0; i < len(p.ID); i++ {
+		if c := p.ID[i]; c <= ' ' || c > '~' {
+			return fmt.Errorf("%w: permit.id: %q has byte %#x at %d: printable ASCII without spaces only", ErrInvalid, p.ID, c, i)
+		}
+	}
+	if p.TTL < MinPermitTTL || p.TTL > MaxPermitTTL {
+		return fmt.Errorf("%w: permit.ttl: must be between %v and %v (the holder renews at a third of it), got %v", ErrInvalid, MinPermitTTL, MaxPermitTTL, p.TTL)
+	}
+	return nil
 }
 
 // Booking records where a granted take left its buckets: the store's clock
@@ -107,11 +167,22 @@ type Booking struct {
 	Stamp int64
 	// Debts are the limits' debts (ns) after the take.
 	Debts []int64
+	// Costs are the take's Request.Costs (nil: every bucket cost N).
+	Costs []int64
+}
+
+// Cost returns what a take of n tokens, or of costs by bucket when set,
+// cost bucket i.
+func Cost(n int64, costs []int64, i int) int64 {
+	if costs != nil {
+		return costs[i]
+	}
+	return n
 }
 
 // Validate checks the request, naming the failing field.
 func (r Request) Validate() error {
-	if len(r.Buckets) == 1 && r.N >= 0 && r.MaxWait >= 0 && r.MaxWait <= MaxWaitCap && r.Buckets[0].compiled(r.N) {
+	if len(r.Buckets) == 1 && r.N >= 0 && r.MaxWait >= 0 && r.MaxWait <= MaxWaitCap && r.Costs == nil && r.Permit.ID == "" && r.Buckets[0].compiled(r.N) {
 		return nil // a Limiter's take from one bucket, the hot path
 	}
 	return r.validate()
@@ -128,6 +199,15 @@ func (r Request) validate() error {
 	if r.MaxWait < 0 || r.MaxWait > MaxWaitCap {
 		return fmt.Errorf("%w: max wait must be between 0 and %v, got %v", ErrInvalid, MaxWaitCap, r.MaxWait)
 	}
+	if r.Costs != nil {
+		if r.N != 0 {
+			return fmt.Errorf("%w: n must be 0 when costs are set (each bucket's cost is in costs), got %d", ErrInvalid, r.N)
+		}
+		if len(r.Costs) != len(r.Buckets) {
+			return fmt.Errorf("%w: costs: %d costs for %d buckets (one per bucket, in order)", ErrInvalid, len(r.Costs), len(r.Buckets))
+		}
+	}
+	permits := false
 	for i, b := range r.Buckets {
 		if err := validateBucket(i, b); err != nil {
 			return err
@@ -137,16 +217,34 @@ func (r Request) validate() error {
 				return fmt.Errorf("%w: buckets[%d].key: %q appears twice", ErrInvalid, i, b.StoreKey())
 			}
 		}
+		n := Cost(r.N, r.Costs, i)
+		if n < 0 {
+			return fmt.Errorf("%w: costs[%d]: bucket %q cost must be >= 0, got %d", ErrInvalid, i, b.StoreKey(), n)
+		}
 		for _, l := range b.Limits {
 			if b.Reserve < 0 || b.Reserve >= l.Burst {
 				return fmt.Errorf("%w: buckets[%d] %q reserve: must be between 0 and burst-1 (%d), got %d", ErrInvalid, i, b.StoreKey(), l.Burst-1, b.Reserve)
 			}
-			if r.N > l.Burst {
-				return fmt.Errorf("%w: n=%d, bucket %q burst %d", ErrBurstExceeded, r.N, b.Key, l.Burst)
+			if n > l.Burst {
+				return fmt.Errorf("%w: n=%d, bucket %q burst %d", ErrBurstExceeded, n, b.Key, l.Burst)
 			}
-			if r.N > l.Burst-b.Reserve {
-				return fmt.Errorf("%w: n=%d plus reserve %d, bucket %q burst %d", ErrBurstExceeded, r.N, b.Reserve, b.Key, l.Burst)
+			if n > l.Burst-b.Reserve {
+				return fmt.Errorf("%w: n=%d plus reserve %d, bucket %q burst %d", ErrBurstExceeded, n, b.Reserve, b.Key, l.Burst)
 			}
+		}
+		if b.InFlight > 0 {
+			permits = true
+			if r.Permit.ID == "" && n > 0 {
+				return fmt.Errorf("%w: permit.id: bucket %q bounds in-flight takes (in_flight %d): a take of tokens from it needs a permit", ErrInvalid, b.StoreKey(), b.InFlight)
+			}
+		}
+	}
+	if r.Permit != (Permit{}) {
+		if !permits {
+			return fmt.Errorf("%w: permit: no bucket of the take bounds in-flight takes (in_flight is 0 on every bucket)", ErrInvalid)
+		}
+		if err := r.Permit.Validate(); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -177,6 +275,9 @@ func validateBucket(i int, b Bucket) error {
 			return fmt.Errorf("%w: buckets[%d] %q limits[%d]: %w", ErrInvalid, i, b.StoreKey(), j, err)
 		}
 	}
+	if b.InFlight < 0 || b.InFlight > MaxInFlight {
+		return fmt.Errorf("%w: buckets[%d] %q in_flight: must be between 1 and %d (0: no bound), got %d", ErrInvalid, i, b.StoreKey(), MaxInFlight, b.InFlight)
+	}
 	return nil
 }
 
@@ -186,7 +287,8 @@ type Result struct {
 	// Allowed reports whether the tokens were granted (possibly booked
 	// Wait in the future).
 	Allowed bool
-	// N is the cost that was asked for.
+	// N is the cost that was asked for: of the bucket that decided
+	// (Bucket), when the take had Request.Costs.
 	N int64
 	// Remaining is how many tokens the tightest limit holds after this
 	// decision (0 when it is in debt).
@@ -218,6 +320,82 @@ type Result struct {
 	// policy did instead (see package failsafe): fail open, or a local
 	// fallback bucket.
 	Degraded bool
+	// InFlight is, when a bucket of the take bounds in-flight takes, where
+	// the tightest such bucket stands after the decision.
+	InFlight InFlight
+}
+
+// InFlight is where a bucket's in-flight bound stands after a decision.
+type InFlight struct {
+	// Bound is the bucket's Bucket.InFlight; 0 when no bucket of the take
+	// bounds in-flight takes.
+	Bound int64
+	// Held is how many permits are held after the decision.
+	Held int64
+	// Bucket is the index in Request.Buckets of the bucket.
+	Bucket int
+	// Queued is set on a denial that left the take waiting in the
+	// bucket's queue for a permit (a take with MaxWait above 0): it keeps
+	// its place until its lease ends, and takes again when a permit frees
+	// (see PermitNotifier). Ahead is how many wait before it.
+	Queued bool
+	Ahead  int
+}
+
+// Settlement is what a grant really cost, bucket by bucket, once the work
+// is done (see Store.Settle).
+type Settlement struct {
+	// Costs are what the grant took from each bucket, in the order of the
+	// buckets (Request.Costs, or its N for each).
+	Costs []int64
+	// Actual are what the work cost each bucket.
+	Actual []int64
+	// At is when the grant's slot began, on the store's clock: its
+	// Result.At plus its Result.Wait.
+	At time.Time
+}
+
+// ValidateSettle checks the arguments of Store.Settle, naming the failing
+// value.
+func ValidateSettle(buckets []Bucket, s Settlement) error {
+	if err := ValidateBuckets(buckets); err != nil {
+		return err
+	}
+	if len(s.Costs) != len(buckets) || len(s.Actual) != len(buckets) {
+		return fmt.Errorf("%w: settle: %d costs and %d actual costs for %d buckets (one each per bucket, in order)", ErrInvalid, len(s.Costs), len(s.Actual), len(buckets))
+	}
+	if s.At.IsZero() {
+		return fmt.Errorf("%w: settle at: the grant's slot (its Result.At plus Result.Wait) is required", ErrInvalid)
+	}
+	for i, b := range buckets {
+		for _, l := range b.Limits {
+			if c := s.Costs[i]; c < 0 || c > l.Burst {
+				return fmt.Errorf("%w: settle costs[%d]: bucket %q: a grant's cost is between 0 and the burst %d, got %d", ErrInvalid, i, b.StoreKey(), l.Burst, c)
+			}
+			if a := s.Actual[i]; a < 0 || a > l.Burst {
+				return fmt.Errorf("%w: settle actual[%d]: bucket %q: must be between 0 and the burst %d (a limit owes at most one burst beyond a grant), got %d", ErrInvalid, i, b.StoreKey(), l.Burst, a)
+			}
+		}
+	}
+	return nil
+}
+
+// ValidateRelease checks the arguments of Store.Release: valid buckets of
+// which one at least bounds in-flight takes, and the permit's id.
+func ValidateRelease(buckets []Bucket, id string) error {
+	return ValidateRenew(buckets, Permit{ID: id, TTL: MinPermitTTL})
+}
+
+// ValidateRenew checks the arguments of Store.Renew: valid buckets of
+// which one at least bounds in-flight takes, and the permit's id and lease.
+func ValidateRenew(buckets []Bucket, p Permit) error {
+	if err := ValidateBuckets(buckets); err != nil {
+		return err
+	}
+	if !slices.ContainsFunc(buckets, func(b Bucket) bool { return b.InFlight > 0 }) {
+		return fmt.Errorf("%w: permit: no bucket bounds in-flight takes (in_flight is 0 on every bucket)", ErrInvalid)
+	}
+	return p.Validate()
 }
 
 // Store keeps token buckets and applies the algorithm of gcra.Decide
@@ -250,8 +428,41 @@ type Store interface {
 	// Drain empties every bucket until d from now; it then refills from
 	// empty.
 	Drain(ctx context.Context, buckets []Bucket, d time.Duration) error
-	// Reset deletes the buckets, leaving them full.
+	// Reset deletes the buckets, leaving them full, and frees their
+	// permits.
 	Reset(ctx context.Context, keys ...string) error
+	// Settle adjusts a grant to what its work really cost, bucket by
+	// bucket, in one atomic step: a limit charged less than the grant took
+	// gets the difference back as Refund gives back (what time has not
+	// refilled since s.At, nothing while a slot is booked ahead on it); a
+	// limit charged more owes the difference at once, which pushes later
+	// slots back and is never refused, since the work is done. A limit
+	// owes at most MaxFillTime plus MaxWaitCap: a charge beyond is lost.
+	// A bucket's Reserve is as for Refund.
+	Settle(ctx context.Context, buckets []Bucket, s Settlement) error
+	// Release gives back the permit id holds in every bucket that bounds
+	// in-flight takes, and its place in their queues. Releasing a permit
+	// that is not held (twice, or after its lease ended) changes nothing
+	// and is no error. It returns how many of the buckets held a permit
+	// for id.
+	Release(ctx context.Context, buckets []Bucket, id string) (held int, err error)
+	// Renew extends the lease of p.ID's permit, or of its place in the
+	// queue, to p.TTL from now in every bucket that bounds in-flight
+	// takes. It returns how many of them held or queued p.ID: fewer than
+	// the buckets with a bound means a lease had lapsed, and that permit
+	// may be another's now (the holder should stop or acquire again).
+	Renew(ctx context.Context, buckets []Bucket, p Permit) (held int, err error)
+}
+
+// PermitNotifier is an optional Store method. A store that can tell when
+// a queued take's turn may have come (a permit it waits for was released)
+// lets waiters sleep until then instead of until the next lease ends.
+type PermitNotifier interface {
+	// NotifyPermit returns a channel that receives when a permit of the
+	// bucket key may have been freed for the waiter id (it is first in
+	// the queue), and a function that stops the notification. The
+	// channel is buffered: a notice is never lost between two takes.
+	NotifyPermit(key, id string) (<-chan struct{}, func())
 }
 
 // MultiClock is an optional Store method. A store whose results may be
@@ -300,7 +511,8 @@ func ValidateRefund(buckets []Bucket, n int64, at time.Time) error {
 }
 
 // ValidateCancel checks the arguments of Store.Cancel: valid buckets, n at
-// least 0, and a booking with one debt for every limit of the buckets.
+// least 0 (0 when the booking has costs by bucket), and a booking with one
+// debt for every limit of the buckets.
 func ValidateCancel(buckets []Bucket, n int64, b Booking) error {
 	if err := ValidateBuckets(buckets); err != nil {
 		return err
@@ -308,13 +520,17 @@ func ValidateCancel(buckets []Bucket, n int64, b Booking) error {
 	if n < 0 {
 		return fmt.Errorf("%w: cancel n must be >= 0, got %d", ErrInvalid, n)
 	}
+	if b.Costs != nil && (n != 0 || len(b.Costs) != len(buckets)) {
+		return fmt.Errorf("%w: cancel: a booking with costs by bucket takes n 0 and one cost per bucket, got n %d and %d costs for %d buckets", ErrInvalid, n, len(b.Costs), len(buckets))
+	}
 	m := 0
-	for _, bk := range buckets {
+	for i, bk := range buckets {
 		m += len(bk.Limits)
+		c := Cost(n, b.Costs, i)
 		for _, l := range bk.Limits {
-			if n > l.Burst {
+			if c < 0 || c > l.Burst {
 				// No take of more than a burst books anything.
-				return fmt.Errorf("%w: cancel n must be at most the burst of every limit (a take of more books nothing), got %d for %s", ErrInvalid, n, l)
+				return fmt.Errorf("%w: cancel n must be between 0 and the burst of every limit (a take of more books nothing), got %d for %s", ErrInvalid, c, l)
 			}
 		}
 	}

@@ -425,10 +425,20 @@ func (s *Store) scale(req fleetrate.Request) fleetrate.Request {
 	out := req
 	out.Buckets = make([]fleetrate.Bucket, len(req.Buckets))
 	for i, b := range req.Buckets {
-		b.Limits = s.scaleLimits(b.Limits, req.N)
+		b.Limits = s.scaleLimits(b.Limits, fleetrate.Cost(req.N, req.Costs, i))
+		b.InFlight = s.scaleInFlight(b.InFlight)
 		out.Buckets[i] = b
 	}
 	return out
+}
+
+// scaleInFlight is a bucket's in-flight bound for the local fallback: the
+// shared bound divided by FleetSize, at least 1.
+func (s *Store) scaleInFlight(bound int64) int64 {
+	if bound == 0 || s.opts.FleetSize == 1 {
+		return bound
+	}
+	return max(bound/int64(s.opts.FleetSize), 1)
 }
 
 func (s *Store) scaleLimits(limits []fleetrate.Limit, n int64) []fleetrate.Limit {
@@ -453,6 +463,7 @@ func (s *Store) localBuckets(bs []fleetrate.Bucket) []fleetrate.Bucket {
 	out := make([]fleetrate.Bucket, len(bs))
 	for i, b := range bs {
 		b.Limits = s.scaleLimits(b.Limits, 0)
+		b.InFlight = s.scaleInFlight(b.InFlight)
 		out[i] = b
 	}
 	return out

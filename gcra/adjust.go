@@ -81,7 +81,7 @@ func giveBack(debt, n, iv int64) int64 {
 // It reports whether any limit changed.
 func Cancel(now int64, limits []fleetrate.Limit, s *State, n, stamp int64, booked []int64, wait int64) bool {
 	s.Elapse(now, limits)
-	if len(booked) != len(limits) {
+	if len(booked) != len(limits) || n == 0 {
 		return false
 	}
 	// Both sides below 2^53: the difference of two stamps of one clock
@@ -99,6 +99,33 @@ func Cancel(now int64, limits []fleetrate.Limit, s *State, n, stamp int64, booke
 	}
 	return changed
 }
+
+// Settle adjusts, at now (µs), a grant that took cost tokens from this
+// bucket and whose work really cost actual, its slot having begun at at
+// (µs): when actual is less, the difference goes back as Refund gives it
+// back; when more, every limit owes the difference at once (its debt
+// grows by it, at most to MaxDebt), which pushes later slots back and is
+// never refused. It reports whether any limit changed.
+func Settle(now int64, limits []fleetrate.Limit, s *State, cost, actual, at, reserve int64) bool {
+	if actual < cost {
+		return Refund(now, limits, s, cost-actual, at, reserve)
+	}
+	s.Elapse(now, limits)
+	if actual == cost {
+		return false
+	}
+	// actual <= burst is validated, so (actual-cost) × iv is at most a
+	// fill time, below 2^53, and the sum below 2^54: the Lua mirror's
+	// double may round it, but only far above MaxDebt, where it is capped.
+	for i := range limits {
+		s.Debts[i] = min(s.Debts[i]+(actual-cost)*limits[i].Interval(), MaxDebt)
+	}
+	return true
+}
+
+// MaxDebt is the most a limit may owe, in ns: the longest fill time plus
+// the longest wait, so that one refill of MaxElapse pays it (see Settle).
+const MaxDebt = MaxElapse * 1000
 
 // BookedWait returns how long (ns) after its stamp the slot of a booking
 // begins, from the debts it left (booked, bucket by bucket in the order of

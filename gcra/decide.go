@@ -2,6 +2,7 @@ package gcra
 
 import (
 	"math"
+	"slices"
 	"time"
 	"unsafe"
 
@@ -84,7 +85,7 @@ func plain(l *fleetrate.Limit) fleetrate.Limit {
 //
 // Decide assumes a validated request.
 func Decide(now int64, req fleetrate.Request, states []State) (fleetrate.Result, bool) {
-	if len(req.Buckets) == 1 && len(req.Buckets[0].Limits) == 1 && req.Booking == nil {
+	if len(req.Buckets) == 1 && len(req.Buckets[0].Limits) == 1 && req.Booking == nil && req.Costs == nil && req.Buckets[0].InFlight == 0 {
 		var res fleetrate.Result
 		b := &req.Buckets[0]
 		changed := decideOne(now, &b.Limits[0], req.N, b.Reserve, req.MaxWait, &states[0], &res)
@@ -151,38 +152,131 @@ func nextToken(l *fleetrate.Limit, debt int64) time.Duration {
 	return time.Duration(max(debt-(l.Burst-rem-1)*iv, 0))
 }
 
-// decide is Decide for any number of buckets and limits.
+// decide is Decide for any number of buckets and limits, costs by bucket
+// and in-flight permits.
 func decide(now int64, req fleetrate.Request, states []State) (fleetrate.Result, bool) {
 	need, wb, wl := int64(math.MinInt64), 0, 0
 	for b, bk := range req.Buckets {
 		states[b].Elapse(now, bk.Limits)
-		if w, l := needs(bk.Limits, states[b].Debts, req.N+bk.Reserve); w > need {
+		if w, l := needs(bk.Limits, states[b].Debts, fleetrate.Cost(req.N, req.Costs, b)+bk.Reserve); w > need {
 			need, wb, wl = w, b, l
 		}
 	}
 	wait := max(need, 0)
-	res := fleetrate.Result{At: time.UnixMicro(now), N: req.N}
-	if wait > int64(req.MaxWait) {
+	res := fleetrate.Result{At: time.UnixMicro(now), N: fleetrate.Cost(req.N, req.Costs, wb)}
+	blocked, ahead := admit(now, req, states)
+	switch {
+	case wait > int64(req.MaxWait):
 		res.RetryAfter = time.Duration(wait)
+		if blocked >= 0 {
+			res.RetryAfter = max(res.RetryAfter, time.Duration(states[blocked].Permits.NextFree(now))*time.Microsecond)
+		}
+	case blocked >= 0:
+		// No permit is free: wait in the queue when the take may wait,
+		// at most until a held lease ends.
+		res.RetryAfter = max(time.Duration(states[blocked].Permits.NextFree(now))*time.Microsecond, time.Microsecond)
+		queued := req.MaxWait > 0
+		if queued {
+			ahead = enqueue(now, req, states, blocked)
+		}
 		res.Bucket, res.LimitIndex, res.Limit = wb, wl, plain(&req.Buckets[wb].Limits[wl])
 		fillStatus(&res, req, states, false)
-		return res, false
+		fillInFlight(&res, req, states, blocked)
+		res.InFlight.Queued, res.InFlight.Ahead = queued, ahead
+		return res, queued
+	default:
+		return grant(now, req, states, wait, res)
 	}
+	res.Bucket, res.LimitIndex, res.Limit = wb, wl, plain(&req.Buckets[wb].Limits[wl])
+	fillStatus(&res, req, states, false)
+	fillInFlight(&res, req, states, blocked)
+	return res, false
+}
+
+// grant books an allowed take wait ns from now: its tokens in every limit
+// and its permit in every bucket that bounds in-flight takes.
+func grant(now int64, req fleetrate.Request, states []State, wait int64, res fleetrate.Result) (fleetrate.Result, bool) {
 	res.Allowed = true
 	res.Wait = time.Duration(wait)
-	if req.N > 0 {
-		for b, bk := range req.Buckets {
-			book(bk.Limits, states[b].Debts, req.N, wait)
+	changed := false
+	for b, bk := range req.Buckets {
+		if n := fleetrate.Cost(req.N, req.Costs, b); n > 0 {
+			book(bk.Limits, states[b].Debts, n, wait)
+			changed = true
 		}
-		if bk := req.Booking; bk != nil {
-			bk.Stamp, bk.Debts = now, bk.Debts[:0]
-			for b := range req.Buckets {
-				bk.Debts = append(bk.Debts, states[b].Debts...)
-			}
+		if bk.InFlight > 0 && req.Permit.ID != "" {
+			states[b].Permits.Grant(req.Permit.ID, now+int64(req.Permit.TTL/time.Microsecond))
+			changed = true
+		}
+	}
+	if bk := req.Booking; bk != nil && changed {
+		bk.Stamp, bk.Debts, bk.Costs = now, bk.Debts[:0], slices.Clone(req.Costs)
+		for b := range req.Buckets {
+			bk.Debts = append(bk.Debts, states[b].Debts...)
 		}
 	}
 	fillStatus(&res, req, states, true)
-	return res, req.N > 0
+	res.N = fleetrate.Cost(req.N, req.Costs, res.Bucket)
+	fillInFlight(&res, req, states, -1)
+	return res, changed
+}
+
+// admit expires the leases of every bucket that bounds in-flight takes
+// and, for a take with a permit, returns the first bucket that has no
+// permit free for it (or -1) and how many wait there ahead of it.
+func admit(now int64, req fleetrate.Request, states []State) (blocked, ahead int) {
+	blocked = -1
+	for b, bk := range req.Buckets {
+		if bk.InFlight == 0 {
+			continue
+		}
+		states[b].Permits.Expire(now)
+		if req.Permit.ID == "" || blocked >= 0 {
+			continue
+		}
+		if ok, a := states[b].Permits.Admit(req.Permit.ID, bk.InFlight); !ok {
+			blocked, ahead = b, a
+		}
+	}
+	return blocked, ahead
+}
+
+// enqueue puts a take that found no permit free in the queue of every
+// bucket that bounds in-flight takes and does not admit it, until its
+// lease ends, and returns how many wait ahead of it in bucket blocked.
+func enqueue(now int64, req fleetrate.Request, states []State, blocked int) (ahead int) {
+	exp := now + int64(req.Permit.TTL/time.Microsecond)
+	for b, bk := range req.Buckets {
+		if bk.InFlight == 0 {
+			continue
+		}
+		if ok, _ := states[b].Permits.Admit(req.Permit.ID, bk.InFlight); ok && b != blocked {
+			continue
+		}
+		if a := states[b].Permits.Enqueue(req.Permit.ID, exp); b == blocked {
+			ahead = a
+		}
+	}
+	return ahead
+}
+
+// fillInFlight sets res.InFlight from the bucket that bounds in-flight
+// takes with the fewest permits free, or from bucket blocked when it is
+// not -1.
+func fillInFlight(res *fleetrate.Result, req fleetrate.Request, states []State, blocked int) {
+	best := blocked
+	if best < 0 {
+		free := int64(math.MaxInt64)
+		for b, bk := range req.Buckets {
+			if f := bk.InFlight - int64(len(states[b].Permits.Held)); bk.InFlight > 0 && f < free {
+				best, free = b, f
+			}
+		}
+	}
+	if best < 0 {
+		return
+	}
+	res.InFlight = fleetrate.InFlight{Bound: req.Buckets[best].InFlight, Held: int64(len(states[best].Permits.Held)), Bucket: best}
 }
 
 // fillStatus sets Remaining and ResetAfter from every bucket, and, for an

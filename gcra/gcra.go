@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"github.com/fleetrate/fleetrate"
+	"github.com/fleetrate/fleetrate/inflight"
 )
 
 // MaxElapse is the longest time, in µs, that one refill counts: every debt
@@ -67,6 +68,10 @@ type State struct {
 	// longer limit never reads as full a bucket that only a shorter one
 	// refilled.
 	Horizon int64
+	// Permits are, for a bucket that bounds in-flight takes
+	// (fleetrate.Bucket.InFlight), the permits held and the takes queued
+	// for one. A store keeps them until the last lease ends (see TTL).
+	Permits inflight.Set
 }
 
 // MaxAnchorAge is how long, in µs, a state keeps its Anchor: a week, far
@@ -256,7 +261,11 @@ func (s *State) Converts(limits []fleetrate.Limit) bool {
 
 // Clone returns a copy of s with debts and fills of its own.
 func (s *State) Clone() State {
-	return State{Stamp: s.Stamp, Debts: slices.Clone(s.Debts), Fills: slices.Clone(s.Fills), Anchor: s.Anchor, Horizon: s.Horizon}
+	c := State{Stamp: s.Stamp, Debts: slices.Clone(s.Debts), Fills: slices.Clone(s.Fills), Anchor: s.Anchor, Horizon: s.Horizon}
+	if !s.Permits.Empty() {
+		c.Permits = s.Permits.Clone()
+	}
+	return c
 }
 
 // fill is a limit's fill time in ns, burst × interval (below 2^53: see
@@ -287,11 +296,15 @@ func Convert(debt, from, to int64) int64 {
 }
 
 // TTL returns how long a store must keep the state: until every limit is
-// full again, when the state equals an absent one.
+// full again and the last permit's lease has ended, when the state equals
+// an absent one.
 func (s *State) TTL() time.Duration {
 	var m int64
 	for _, d := range s.Debts {
 		m = max(m, d)
+	}
+	if last := s.Permits.Last(); last > s.Stamp {
+		m = max(m, (last-s.Stamp)*1000)
 	}
 	return time.Duration(m)
 }

@@ -88,6 +88,15 @@ func (s *failingStore) Drain(ctx context.Context, _ []fleetrate.Bucket, _ time.D
 	return s.fail(ctx)
 }
 func (s *failingStore) Reset(ctx context.Context, _ ...string) error { return s.fail(ctx) }
+func (s *failingStore) Settle(ctx context.Context, _ []fleetrate.Bucket, _ fleetrate.Settlement) error {
+	return s.fail(ctx)
+}
+func (s *failingStore) Release(ctx context.Context, _ []fleetrate.Bucket, _ string) (int, error) {
+	return 0, s.fail(ctx)
+}
+func (s *failingStore) Renew(ctx context.Context, _ []fleetrate.Bucket, _ fleetrate.Permit) (int, error) {
+	return 0, s.fail(ctx)
+}
 
 // okHandler answers 200 "ok" and counts its calls.
 type okHandler struct {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/fleetrate/fleetrate/gcra"
+	"github.com/fleetrate/fleetrate/inflight"
 )
 
 type entry struct {
@@ -123,6 +124,7 @@ func (e *entry) elapse(now int64) int64 {
 	if e.expires.Load() <= now {
 		clear(e.state.Debts)
 		e.state.Stamp, e.state.Anchor, e.state.Horizon = now, 0, 0
+		e.state.Permits = inflight.Set{} // every lease has ended
 		return now
 	}
 	return max(now, e.state.Stamp)

@@ -76,11 +76,13 @@ type Store struct {
 	mask     uint64
 	shardCap int   // buckets per shard; 0 means no bound
 	maxBytes int64 // bytes per shard; 0 means no bound
+	waiters  waiters
 }
 
 var (
-	_ fleetrate.Store  = (*Store)(nil)
-	_ fleetrate.Binder = (*Store)(nil)
+	_ fleetrate.Store          = (*Store)(nil)
+	_ fleetrate.Binder         = (*Store)(nil)
+	_ fleetrate.PermitNotifier = (*Store)(nil)
 )
 
 // ProcessLocal reports true: the buckets live in this process only, so a
@@ -178,7 +180,7 @@ func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Resu
 	if err := req.Validate(); err != nil {
 		return fleetrate.Result{}, err
 	}
-	if len(req.Buckets) == 1 && req.Booking == nil && req.Buckets[0].Reserve == 0 {
+	if len(req.Buckets) == 1 && req.Booking == nil && req.Buckets[0].Reserve == 0 && req.Costs == nil && req.Buckets[0].InFlight == 0 {
 		var res fleetrate.Result
 		b := &req.Buckets[0]
 		s.takeOne(b.Prefix, b.Key, b.Limits, req.N, req.MaxWait, &res)
@@ -367,11 +369,24 @@ func (s *Store) Cancel(ctx context.Context, buckets []fleetrate.Bucket, n int64,
 		return err
 	}
 	wait := gcra.BookedWait(buckets, b.Debts)
-	off := 0
+	off, i := 0, 0
 	return s.update(ctx, buckets, func(now int64, bk fleetrate.Bucket, st *gcra.State) {
 		m := len(bk.Limits)
-		gcra.Cancel(now, bk.Limits, st, n, b.Stamp, b.Debts[off:off+m], wait)
+		gcra.Cancel(now, bk.Limits, st, fleetrate.Cost(n, b.Costs, i), b.Stamp, b.Debts[off:off+m], wait)
 		off += m
+		i++
+	})
+}
+
+// Settle implements fleetrate.Store.
+func (s *Store) Settle(ctx context.Context, buckets []fleetrate.Bucket, st fleetrate.Settlement) error {
+	if err := fleetrate.ValidateSettle(buckets, st); err != nil {
+		return err
+	}
+	at, i := st.At.UnixMicro(), 0
+	return s.update(ctx, buckets, func(now int64, b fleetrate.Bucket, state *gcra.State) {
+		gcra.Settle(now, b.Limits, state, st.Costs[i], st.Actual[i], at, b.Reserve)
+		i++
 	})
 }
 

@@ -144,6 +144,11 @@ func drop(sh *shard, e *entry, now int64, live bool) bool {
 		return false
 	}
 	ok := live || e.expires.Load() <= now // a take may have extended it
+	if live && !e.state.Permits.Empty() && e.expires.Load() > now {
+		// Dropping it would free permits still held: more holders than
+		// the bound. A bucket holding permits is never evicted.
+		ok = false
+	}
 	if ok {
 		sh.t.del(e)
 	}

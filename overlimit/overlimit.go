@@ -196,7 +196,10 @@ func (s *Store) Unwrap() fleetrate.Store { return s.next }
 // the take's, and that would still not have ended after the take's
 // MaxWait. Otherwise the store decides, and its denial is cached.
 func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Result, error) {
-	if req.N <= 0 {
+	if req.N <= 0 || req.Permit.ID != "" {
+		// A peek, a take with costs by bucket, or one of a permit: a
+		// permit's denial ends when a holder releases, which no
+		// retry-after foretells.
 		return s.next.Take(ctx, req)
 	}
 	if err := req.Validate(); err != nil {
@@ -401,6 +404,22 @@ func (s *Store) Drain(ctx context.Context, buckets []fleetrate.Bucket, d time.Du
 	return s.next.Drain(ctx, buckets, d)
 }
 
+// Settle implements fleetrate.Store; it forgets the buckets' denials
+// (a settle may give tokens back).
+func (s *Store) Settle(ctx context.Context, buckets []fleetrate.Bucket, st fleetrate.Settlement) error {
+	return s.giveBack(func() error { return s.next.Settle(ctx, buckets, st) }, storeKeys(buckets)...)
+}
+
+// Release implements fleetrate.Store.
+func (s *Store) Release(ctx context.Context, buckets []fleetrate.Bucket, id string) (int, error) {
+	return s.next.Release(ctx, buckets, id)
+}
+
+// Renew implements fleetrate.Store.
+func (s *Store) Renew(ctx context.Context, buckets []fleetrate.Bucket, p fleetrate.Permit) (int, error) {
+	return s.next.Renew(ctx, buckets, p)
+}
+
 // Reset implements fleetrate.Store; it forgets the buckets' denials.
 func (s *Store) Reset(ctx context.Context, keys ...string) error {
 	return s.giveBack(func() error { return s.next.Reset(ctx, keys...) }, keys...)
@@ -436,4 +455,13 @@ func (nilStore) Cancel(context.Context, []fleetrate.Bucket, int64, fleetrate.Boo
 	return errNilStore
 }
 func (nilStore) Drain(context.Context, []fleetrate.Bucket, time.Duration) error { return errNilStore }
-func (nilStore) Reset(context.Context, ...string) error                         { return errNilStore }
+func (nilStore) Settle(context.Context, []fleetrate.Bucket, fleetrate.Settlement) error {
+	return errNilStore
+}
+func (nilStore) Release(context.Context, []fleetrate.Bucket, string) (int, error) {
+	return 0, errNilStore
+}
+func (nilStore) Renew(context.Context, []fleetrate.Bucket, fleetrate.Permit) (int, error) {
+	return 0, errNilStore
+}
+func (nilStore) Reset(context.Context, ...string) error { return errNilStore }

@@ -15,6 +15,9 @@ func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Resu
 	if err := req.Validate(); err != nil {
 		return fleetrate.Result{}, err
 	}
+	if unsupported(req) {
+		return fleetrate.Result{}, errNotYet
+	}
 	res, err := s.take(ctx, req)
 	return res, s.explain(err)
 }

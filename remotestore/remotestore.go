@@ -114,6 +114,9 @@ func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Resu
 	if err := req.Validate(); err != nil {
 		return fleetrate.Result{}, err
 	}
+	if unsupported(req) {
+		return fleetrate.Result{}, errNotYet
+	}
 	var res wire.Result
 	body := wire.TakeRequest{Buckets: wire.FromBuckets(req.Buckets), N: req.N, MaxWaitNS: int64(req.MaxWait), Booking: req.Booking != nil}
 	if err := s.call(ctx, wire.TakePath, body, &res); err != nil {

@@ -234,6 +234,15 @@ func (failingStore) Drain(context.Context, []fleetrate.Bucket, time.Duration) er
 func (failingStore) Reset(context.Context, ...string) error {
 	return errors.Join(fleetrate.ErrStoreUnavailable, errDown)
 }
+func (failingStore) Settle(context.Context, []fleetrate.Bucket, fleetrate.Settlement) error {
+	return errors.Join(fleetrate.ErrStoreUnavailable, errDown)
+}
+func (failingStore) Release(context.Context, []fleetrate.Bucket, string) (int, error) {
+	return 0, errors.Join(fleetrate.ErrStoreUnavailable, errDown)
+}
+func (failingStore) Renew(context.Context, []fleetrate.Bucket, fleetrate.Permit) (int, error) {
+	return 0, errors.Join(fleetrate.ErrStoreUnavailable, errDown)
+}
 
 // gatedStore blocks every Take until the gate opens, counting the takes
 // that are waiting.

@@ -36,6 +36,9 @@ const (
 	storeOpCancel    = "cancel"
 	storeOpDrain     = "drain"
 	storeOpReset     = "reset"
+	storeOpSettle    = "settle"
+	storeOpRelease   = "release"
+	storeOpRenew     = "renew"
 	metricsNamespace = "fleetrate"
 )
 
@@ -132,7 +135,7 @@ func newMetrics(reg *prometheus.Registry, maxDescriptors int64) *metrics {
 		}),
 	}
 	m.opTime = map[string]func() prometheus.Observer{}
-	for _, op := range []string{storeOpTake, storeOpRefund, storeOpCancel, storeOpDrain, storeOpReset} {
+	for _, op := range []string{storeOpTake, storeOpRefund, storeOpCancel, storeOpDrain, storeOpReset, storeOpSettle, storeOpRelease, storeOpRenew} {
 		m.opTime[op] = sync.OnceValue(func() prometheus.Observer { return m.storeTime.WithLabelValues(op) })
 	}
 	reg.MustRegister(m.decisions, m.storeTime, m.storeErrs, m.reloads, m.nearLimit, m.lastReload, m.reloadFailing, m.inflight, m.dropped,
@@ -246,6 +249,30 @@ func (s instrumented) Drain(ctx context.Context, buckets []fleetrate.Bucket, d t
 	err := s.Store.Drain(ctx, buckets, d)
 	s.observe(storeOpDrain, start, err)
 	return err
+}
+
+// Settle implements fleetrate.Store, timing the call.
+func (s instrumented) Settle(ctx context.Context, buckets []fleetrate.Bucket, st fleetrate.Settlement) error {
+	start := time.Now()
+	err := s.Store.Settle(ctx, buckets, st)
+	s.observe(storeOpSettle, start, err)
+	return err
+}
+
+// Release implements fleetrate.Store, timing the call.
+func (s instrumented) Release(ctx context.Context, buckets []fleetrate.Bucket, id string) (int, error) {
+	start := time.Now()
+	held, err := s.Store.Release(ctx, buckets, id)
+	s.observe(storeOpRelease, start, err)
+	return held, err
+}
+
+// Renew implements fleetrate.Store, timing the call.
+func (s instrumented) Renew(ctx context.Context, buckets []fleetrate.Bucket, p fleetrate.Permit) (int, error) {
+	start := time.Now()
+	held, err := s.Store.Renew(ctx, buckets, p)
+	s.observe(storeOpRenew, start, err)
+	return held, err
 }
 
 // Reset implements fleetrate.Store, timing the call.

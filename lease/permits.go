@@ -1,0 +1,26 @@
+package lease
+
+import (
+	"context"
+
+	"github.com/fleetrate/fleetrate"
+)
+
+// Settle implements fleetrate.Store. It ends the leases of the buckets,
+// whose tokens a settle changes, and settles in the inner store.
+func (s *Store) Settle(ctx context.Context, buckets []fleetrate.Bucket, st fleetrate.Settlement) error {
+	for _, b := range buckets {
+		s.forget(b.StoreKey())
+	}
+	return s.inner.Settle(ctx, buckets, st)
+}
+
+// Release implements fleetrate.Store: permits are never leased locally.
+func (s *Store) Release(ctx context.Context, buckets []fleetrate.Bucket, id string) (int, error) {
+	return s.inner.Release(ctx, buckets, id)
+}
+
+// Renew implements fleetrate.Store: permits are never leased locally.
+func (s *Store) Renew(ctx context.Context, buckets []fleetrate.Bucket, p fleetrate.Permit) (int, error) {
+	return s.inner.Renew(ctx, buckets, p)
+}

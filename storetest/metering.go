@@ -1,0 +1,151 @@
+package storetest
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fleetrate/fleetrate"
+)
+
+// meteredBuckets are a requests bucket and a tokens bucket of one
+// credential, slow enough (hours to refill) that the store's clock barely
+// moves them during a scenario.
+func meteredBuckets(key func(string) string) []fleetrate.Bucket {
+	return []fleetrate.Bucket{
+		{Key: key("{cred}:requests"), Limits: []fleetrate.Limit{fleetrate.PerPeriod(10, time.Hour)}},
+		{Key: key("{cred}:tokens"), Limits: []fleetrate.Limit{fleetrate.PerPeriod(1000, time.Hour)}},
+	}
+}
+
+// costs builds a take of costs by bucket.
+func costs(bs []fleetrate.Bucket, maxWait time.Duration, c ...int64) fleetrate.Request {
+	return fleetrate.Request{Buckets: bs, Costs: c, MaxWait: maxWait}
+}
+
+// costsByBucket checks that one take charges each bucket its own cost,
+// all or nothing: "1 request and 600 tokens".
+func costsByBucket(t *testing.T, s fleetrate.Store, key func(string) string) {
+	skipUnsupported(t, s, key)
+	bs := meteredBuckets(key)
+	res := mustTake(t, s, costs(bs, 0, 1, 600))
+	if !res.Allowed || res.Remaining != 9 || res.Bucket != 0 || res.N != 1 {
+		t.Fatalf("take of 1 request and 600 tokens: %+v, want allowed, 9 left in the requests bucket (the tightest)", res)
+	}
+	res = mustTake(t, s, costs(bs, 0, 1, 600))
+	if res.Allowed || res.Bucket != 1 || res.N != 600 {
+		t.Fatalf("a second 600 tokens with 400 left: %+v, want denied by the tokens bucket (bucket 1) with N 600", res)
+	}
+	// The denial took nothing from the requests bucket: 9 requests left.
+	if res := mustTake(t, s, costs(bs, 0, 9, 400)); !res.Allowed || res.Remaining != 0 {
+		t.Fatalf("9 requests and 400 tokens after a denial: %+v, want allowed with nothing left (the denial took nothing)", res)
+	}
+	if res := mustTake(t, s, costs(bs, 0, 0, 1)); res.Allowed {
+		t.Fatalf("1 token from an empty tokens bucket at no request: %+v, want denied", res)
+	}
+
+	ctx := context.Background()
+	for _, bad := range []struct {
+		req  fleetrate.Request
+		want string
+		is   error
+	}{
+		{fleetrate.Request{Buckets: bs, N: 1, Costs: []int64{1, 1}}, "n must be 0 when costs are set", fleetrate.ErrInvalid},
+		{costs(bs, 0, 1), "1 costs for 2 buckets", fleetrate.ErrInvalid},
+		{costs(bs, 0, 1, -5), "costs[1]", fleetrate.ErrInvalid},
+		{costs(bs, 0, 1, 1001), "burst 1000", fleetrate.ErrBurstExceeded},
+	} {
+		_, err := s.Take(ctx, bad.req)
+		if !errors.Is(err, bad.is) || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("Take(costs %v, n %d): %v, want %v naming %q", bad.req.Costs, bad.req.N, err, bad.is, bad.want)
+		}
+	}
+}
+
+// costsCancel checks that a booking of costs by bucket is given back cost
+// by cost.
+func costsCancel(t *testing.T, s fleetrate.Store, key func(string) string) {
+	skipUnsupported(t, s, key)
+	ctx := context.Background()
+	bs := []fleetrate.Bucket{
+		{Key: key("{c}:requests"), Limits: []fleetrate.Limit{fleetrate.Every(2*time.Second, 1)}},
+		{Key: key("{c}:tokens"), Limits: []fleetrate.Limit{fleetrate.PerPeriod(1000, time.Hour)}},
+	}
+	mustTake(t, s, costs(bs, 0, 1, 0)) // empty the requests bucket
+	var bk fleetrate.Booking
+	req := costs(bs, 5*time.Second, 1, 300)
+	req.Booking = &bk
+	res := mustTake(t, s, req)
+	if !res.Allowed || res.Wait <= 0 || len(bk.Costs) != 2 || bk.Costs[1] != 300 {
+		t.Fatalf("booking 1 request and 300 tokens ahead: %+v, booking %+v", res, bk)
+	}
+	// Every limit is booked at the take's slot, so the tokens bucket is
+	// whole again only from then: ask with a max wait beyond it.
+	if res := mustTake(t, s, costs(bs, 5*time.Second, 0, 1000)); res.Allowed {
+		t.Fatalf("the whole tokens bucket while 300 are booked: %+v, want denied", res)
+	}
+	if err := s.Cancel(ctx, bs, 0, bk); err != nil {
+		t.Fatal(err)
+	}
+	if res := mustTake(t, s, costs(bs, 5*time.Second, 0, 1000)); !res.Allowed {
+		t.Fatalf("the whole tokens bucket after cancelling the booking of 300: %+v, want allowed", res)
+	}
+	if err := s.Cancel(ctx, bs, 1, bk); !errors.Is(err, fleetrate.ErrInvalid) {
+		t.Fatalf("cancel of a booking with costs and n 1: %v, want ErrInvalid", err)
+	}
+}
+
+// settle checks that a grant settled to less gets the difference back, to
+// more owes it at once (never refused, even beyond empty), and that bad
+// settles name the value.
+func settle(t *testing.T, s fleetrate.Store, key func(string) string) {
+	skipUnsupported(t, s, key)
+	ctx := context.Background()
+	lim := fleetrate.PerPeriod(1000, time.Hour) // 3.6 s a token
+	bs := []fleetrate.Bucket{{Key: key("settle"), Limits: []fleetrate.Limit{lim}}}
+	peek := func() fleetrate.Result { t.Helper(); return mustTake(t, s, costs(bs, 0, 0)) }
+	grant := mustTake(t, s, costs(bs, 0, 500))
+	if !grant.Allowed || grant.Remaining != 500 {
+		t.Fatalf("take of 500: %+v", grant)
+	}
+	at := grant.At.Add(grant.Wait)
+	do := func(cost, actual int64) {
+		t.Helper()
+		if err := s.Settle(ctx, bs, fleetrate.Settlement{Costs: []int64{cost}, Actual: []int64{actual}, At: at}); err != nil {
+			t.Fatalf("settle %d to %d: %v", cost, actual, err)
+		}
+	}
+	do(500, 200) // 300 back, less what time refilled since (well under a token)
+	if r := peek().Remaining; r < 799 || r > 800 {
+		t.Fatalf("after settling 500 to 200: %d left, want 799 or 800", r)
+	}
+	do(200, 700) // owes 500 more
+	if r := peek().Remaining; r < 299 || r > 300 {
+		t.Fatalf("after settling 200 to 700: %d left, want 299 or 300", r)
+	}
+	do(0, 1000) // beyond empty: never refused
+	res := peek()
+	if res.Allowed || res.Remaining != 0 {
+		t.Fatalf("after a charge beyond empty: %+v, want in debt", res)
+	}
+	if res := mustTake(t, s, costs(bs, 0, 1)); res.Allowed || res.RetryAfter < lim.FillTime()/2 {
+		t.Fatalf("a take after owing 700 beyond empty: %+v, want denied for about 700 tokens' time", res)
+	}
+	do(300, 300) // no change
+
+	for _, bad := range []struct {
+		st   fleetrate.Settlement
+		want string
+	}{
+		{fleetrate.Settlement{Costs: []int64{1}, Actual: []int64{1, 2}, At: at}, "for 1 buckets"},
+		{fleetrate.Settlement{Costs: []int64{1}, Actual: []int64{1001}, At: at}, "actual[0]"},
+		{fleetrate.Settlement{Costs: []int64{-1}, Actual: []int64{1}, At: at}, "costs[0]"},
+		{fleetrate.Settlement{Costs: []int64{1}, Actual: []int64{1}}, "settle at"},
+	} {
+		if err := s.Settle(ctx, bs, bad.st); !errors.Is(err, fleetrate.ErrInvalid) || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("Settle(%+v): %v, want ErrInvalid naming %q", bad.st, err, bad.want)
+		}
+	}
+}
