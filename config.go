@@ -33,6 +33,11 @@ type BucketConfig struct {
 	// bucket (see Priority and WithPriority). When empty, the bucket has
 	// Config.Priorities.
 	Priorities []Priority
+	// InFlight, when above 0, bounds how many takes of the bucket may be
+	// in flight at once across the fleet: take from it with Acquire or
+	// TryAcquire, which hold a permit until Reservation.Release (see
+	// Bucket.InFlight). At most MaxInFlight.
+	InFlight int64
 }
 
 // Config configures a Limiter. The zero value of each field means its
@@ -57,7 +62,19 @@ type Config struct {
 	// Clock is used only to turn the absolute time given to DrainUntil
 	// into a duration. Decisions use the store's clock. Default time.Now.
 	Clock func() time.Time
+	// InFlight bounds, as BucketConfig.InFlight does, the takes in flight
+	// of every bucket of the default Limits.
+	InFlight int64
+	// PermitTTL is the lease of an in-flight permit: a holder that dies
+	// gives its permit back this long after its last renewal, and the
+	// Limiter renews held permits at a third of it. Between MinPermitTTL
+	// and MaxPermitTTL; the default is DefaultPermitTTL (15 s).
+	PermitTTL time.Duration
 }
+
+// DefaultPermitTTL is the default Config.PermitTTL: a dead holder's permit
+// comes back within 15 s, and a live one renews every 5 s.
+const DefaultPermitTTL = 15 * time.Second
 
 // Validate checks the configuration, naming the failing field and value.
 func (c Config) Validate() error {
@@ -68,6 +85,12 @@ func (c Config) Validate() error {
 		if err := validateLimits("limits", c.Limits); err != nil {
 			return fmt.Errorf("%w: config: %w", ErrInvalid, err)
 		}
+	}
+	if c.InFlight < 0 || c.InFlight > MaxInFlight {
+		return fmt.Errorf("%w: config: in_flight: must be between 1 and %d (0: no bound), got %d", ErrInvalid, MaxInFlight, c.InFlight)
+	}
+	if c.PermitTTL != 0 && (c.PermitTTL < MinPermitTTL || c.PermitTTL > MaxPermitTTL) {
+		return fmt.Errorf("%w: config: permit ttl: must be between %v and %v (the limiter renews at a third of it), got %v", ErrInvalid, MinPermitTTL, MaxPermitTTL, c.PermitTTL)
 	}
 	if c.MaxWait < 0 || c.MaxWait > MaxWaitCap {
 		return fmt.Errorf("%w: config: max wait must be between 0 and %v, got %v", ErrInvalid, MaxWaitCap, c.MaxWait)
@@ -84,6 +107,9 @@ func (c Config) Validate() error {
 			return fmt.Errorf("%w: config: buckets[%d].name: duplicate %q", ErrInvalid, i, b.Name)
 		}
 		seen[b.Name] = true
+		if b.InFlight < 0 || b.InFlight > MaxInFlight {
+			return fmt.Errorf("%w: config: buckets[%d] %q in_flight: must be between 1 and %d (0: no bound), got %d", ErrInvalid, i, b.Name, MaxInFlight, b.InFlight)
+		}
 		if err := validateLimits(fmt.Sprintf("buckets[%d] %q limits", i, b.Name), b.Limits); err != nil {
 			return fmt.Errorf("%w: config: %w", ErrInvalid, err)
 		}

@@ -29,6 +29,10 @@ type Limiter struct {
 	classes     []Priority
 	classNames  map[string]bool
 	prioritized bool
+	// inFlight bounds the buckets of the default limits; permitTTL is
+	// the lease of every permit the limiter takes.
+	inFlight  int64
+	permitTTL time.Duration
 }
 
 // namedBucket is a configured bucket and, when the store is a Binder, its
@@ -54,13 +58,18 @@ func New(store Store, cfg Config) (*Limiter, error) {
 		return nil, err
 	}
 	l := &Limiter{
-		store:   store,
-		prefix:  cfg.Prefix,
-		limits:  compileLimits(cfg.Limits),
-		named:   make(map[string]namedBucket, len(cfg.Buckets)),
-		maxWait: cfg.MaxWait,
-		now:     cfg.Clock,
-		classes: slices.Clone(cfg.Priorities),
+		store:     store,
+		prefix:    cfg.Prefix,
+		limits:    compileLimits(cfg.Limits),
+		named:     make(map[string]namedBucket, len(cfg.Buckets)),
+		maxWait:   cfg.MaxWait,
+		now:       cfg.Clock,
+		classes:   slices.Clone(cfg.Priorities),
+		inFlight:  cfg.InFlight,
+		permitTTL: cfg.PermitTTL,
+	}
+	if l.permitTTL == 0 {
+		l.permitTTL = DefaultPermitTTL
 	}
 	if l.prefix == "" {
 		l.prefix = DefaultPrefix
@@ -75,7 +84,11 @@ func New(store Store, cfg Config) (*Limiter, error) {
 		l.clock.off = true
 	}
 	binder, _ := store.(Binder)
-	l.bound = l.bind(binder, l.limits)
+	if l.inFlight == 0 {
+		// A bound take has no permit: buckets with an in-flight bound
+		// take through requests.
+		l.bound = l.bind(binder, l.limits)
+	}
 	l.classNames = map[string]bool{}
 	for _, p := range l.classes {
 		l.classNames[p.Name] = true
@@ -105,8 +118,10 @@ func (l *Limiter) bind(binder Binder, limits []Limit) BoundTaker {
 // addBucket registers the configured bucket b, with its priority classes
 // (the limiter's when it names none).
 func (l *Limiter) addBucket(binder Binder, b BucketConfig) {
-	nb := namedBucket{Bucket: Bucket{Prefix: l.prefix, Key: b.Name, Limits: compileLimits(b.Limits)}}
-	nb.taker = l.bind(binder, nb.Limits)
+	nb := namedBucket{Bucket: Bucket{Prefix: l.prefix, Key: b.Name, Limits: compileLimits(b.Limits), InFlight: b.InFlight}}
+	if b.InFlight == 0 {
+		nb.taker = l.bind(binder, nb.Limits)
+	}
 	nb.classes = slices.Clone(b.Priorities)
 	if len(nb.classes) == 0 {
 		nb.classes = l.classes
@@ -169,7 +184,7 @@ func (l *Limiter) bucket(name string) (Bucket, error) {
 	if len(l.limits) == 0 {
 		return Bucket{}, fmt.Errorf("%w: unknown bucket %q (no default limits configured)", ErrInvalid, name)
 	}
-	return Bucket{Prefix: l.prefix, Key: name, Limits: l.limits}, nil
+	return Bucket{Prefix: l.prefix, Key: name, Limits: l.limits, InFlight: l.inFlight}, nil
 }
 
 // buckets resolves names into a pooled slice; the caller gives it back
@@ -304,13 +319,7 @@ func (l *Limiter) RefundN(ctx context.Context, grant Result, n int64, names ...s
 		return err
 	}
 	defer l.release(bs)
-	for i := range *bs {
-		// The reserve of the bucket's lowest class: its bookings lie
-		// ahead while the bucket holds less than that (see Store.Refund).
-		for _, p := range l.classesOf((*bs)[i].Key) {
-			(*bs)[i].Reserve = max((*bs)[i].Reserve, p.Reserve)
-		}
-	}
+	l.lowestReserves(*bs)
 	return l.store.Refund(ctx, *bs, n, grant.At)
 }
 

@@ -2,6 +2,7 @@ package fleetrate
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync/atomic"
@@ -21,6 +22,12 @@ type Reservation struct {
 	// so): Cancel is safe to call from several goroutines, such as Sleep's
 	// when its context ends and the holder's own.
 	done atomic.Bool
+	// costs are the take's costs by bucket (nil: n from each); settled is
+	// set once Settle has applied.
+	costs   []int64
+	settled atomic.Bool
+	// permit is the in-flight permit the reservation holds, if any.
+	permit *permit
 }
 
 // Delay returns how long from now the holder must wait before acting.
@@ -50,13 +57,18 @@ func (r *Reservation) Booking() Booking { return r.booked }
 // on the store's clock, as x/time/rate restores nothing after its time to
 // act: the holder may have acted. Call it when the reservation will not
 // be used, before its slot (Sleep does, when its context ends); for a
-// grant taken at once and not used, use Limiter.Refund. A second call
+// grant taken at once and not used, use Limiter.Refund. It releases the
+// reservation's in-flight permit, if any (see Release). A second call
 // does nothing, and calls from several goroutines are safe.
 func (r *Reservation) Cancel(ctx context.Context) error {
-	if r == nil || r.n == 0 || !r.done.CompareAndSwap(false, true) {
+	if r == nil {
 		return nil
 	}
-	err := r.l.store.Cancel(ctx, r.bs, r.n, r.booked)
+	rerr := r.Release(ctx)
+	if (r.n == 0 && r.costs == nil) || len(r.booked.Debts) == 0 || !r.done.CompareAndSwap(false, true) {
+		return rerr
+	}
+	err := errors.Join(r.l.store.Cancel(ctx, r.bs, r.n, r.booked), rerr)
 	if err != nil {
 		r.done.Store(false) // not given back: a later call may try again
 	}

@@ -171,9 +171,9 @@ type Booking struct {
 	Costs []int64
 }
 
-// Cost returns what a take of n tokens, or of costs by bucket when set,
+// CostOf returns what a take of n tokens, or of costs by bucket when set,
 // cost bucket i.
-func Cost(n int64, costs []int64, i int) int64 {
+func CostOf(n int64, costs []int64, i int) int64 {
 	if costs != nil {
 		return costs[i]
 	}
@@ -217,7 +217,7 @@ func (r Request) validate() error {
 				return fmt.Errorf("%w: buckets[%d].key: %q appears twice", ErrInvalid, i, b.StoreKey())
 			}
 		}
-		n := Cost(r.N, r.Costs, i)
+		n := CostOf(r.N, r.Costs, i)
 		if n < 0 {
 			return fmt.Errorf("%w: costs[%d]: bucket %q cost must be >= 0, got %d", ErrInvalid, i, b.StoreKey(), n)
 		}
@@ -526,7 +526,7 @@ func ValidateCancel(buckets []Bucket, n int64, b Booking) error {
 	m := 0
 	for i, bk := range buckets {
 		m += len(bk.Limits)
-		c := Cost(n, b.Costs, i)
+		c := CostOf(n, b.Costs, i)
 		for _, l := range bk.Limits {
 			if c < 0 || c > l.Burst {
 				// No take of more than a burst books anything.

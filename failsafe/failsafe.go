@@ -425,7 +425,7 @@ func (s *Store) scale(req fleetrate.Request) fleetrate.Request {
 	out := req
 	out.Buckets = make([]fleetrate.Bucket, len(req.Buckets))
 	for i, b := range req.Buckets {
-		b.Limits = s.scaleLimits(b.Limits, fleetrate.Cost(req.N, req.Costs, i))
+		b.Limits = s.scaleLimits(b.Limits, fleetrate.CostOf(req.N, req.Costs, i))
 		b.InFlight = s.scaleInFlight(b.InFlight)
 		out.Buckets[i] = b
 	}

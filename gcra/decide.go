@@ -158,12 +158,12 @@ func decide(now int64, req fleetrate.Request, states []State) (fleetrate.Result,
 	need, wb, wl := int64(math.MinInt64), 0, 0
 	for b, bk := range req.Buckets {
 		states[b].Elapse(now, bk.Limits)
-		if w, l := needs(bk.Limits, states[b].Debts, fleetrate.Cost(req.N, req.Costs, b)+bk.Reserve); w > need {
+		if w, l := needs(bk.Limits, states[b].Debts, fleetrate.CostOf(req.N, req.Costs, b)+bk.Reserve); w > need {
 			need, wb, wl = w, b, l
 		}
 	}
 	wait := max(need, 0)
-	res := fleetrate.Result{At: time.UnixMicro(now), N: fleetrate.Cost(req.N, req.Costs, wb)}
+	res := fleetrate.Result{At: time.UnixMicro(now), N: fleetrate.CostOf(req.N, req.Costs, wb)}
 	blocked, ahead := admit(now, req, states)
 	switch {
 	case wait > int64(req.MaxWait):
@@ -200,7 +200,7 @@ func grant(now int64, req fleetrate.Request, states []State, wait int64, res fle
 	res.Wait = time.Duration(wait)
 	changed := false
 	for b, bk := range req.Buckets {
-		if n := fleetrate.Cost(req.N, req.Costs, b); n > 0 {
+		if n := fleetrate.CostOf(req.N, req.Costs, b); n > 0 {
 			book(bk.Limits, states[b].Debts, n, wait)
 			changed = true
 		}
@@ -216,7 +216,7 @@ func grant(now int64, req fleetrate.Request, states []State, wait int64, res fle
 		}
 	}
 	fillStatus(&res, req, states, true)
-	res.N = fleetrate.Cost(req.N, req.Costs, res.Bucket)
+	res.N = fleetrate.CostOf(req.N, req.Costs, res.Bucket)
 	fillInFlight(&res, req, states, -1)
 	return res, changed
 }

@@ -372,7 +372,7 @@ func (s *Store) Cancel(ctx context.Context, buckets []fleetrate.Bucket, n int64,
 	off, i := 0, 0
 	return s.update(ctx, buckets, func(now int64, bk fleetrate.Bucket, st *gcra.State) {
 		m := len(bk.Limits)
-		gcra.Cancel(now, bk.Limits, st, fleetrate.Cost(n, b.Costs, i), b.Stamp, b.Debts[off:off+m], wait)
+		gcra.Cancel(now, bk.Limits, st, fleetrate.CostOf(n, b.Costs, i), b.Stamp, b.Debts[off:off+m], wait)
 		off += m
 		i++
 	})

@@ -1,0 +1,218 @@
+package fleetrate
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Acquire takes one token and an in-flight permit from every named bucket
+// (see BucketConfig.InFlight), all or nothing, and returns once both are
+// granted and the token's slot has come. When no permit is free it waits
+// in the buckets' queue, first come first served, within the max wait
+// (and ctx's deadline): a release wakes the first waiter only, on stores
+// that can tell (PermitNotifier), and waiters never poll faster than a
+// third of the permit's lease. Beyond the bound it fails with a
+// *BackpressureError. The Reservation holds the permit, renewed by the
+// Limiter, until Release: call it when the work ends, even when it failed.
+func (l *Limiter) Acquire(ctx context.Context, names ...string) (*Reservation, error) {
+	return l.WaitCosts(ctx, ones(names)...)
+}
+
+// TryAcquire is Acquire now or never: a denial (no token, or no permit
+// free) is a Reservation whose Result.Allowed is false, and the take never
+// jumps the queue of those waiting for a permit.
+func (l *Limiter) TryAcquire(ctx context.Context, names ...string) (*Reservation, error) {
+	return l.AllowCosts(ctx, ones(names)...)
+}
+
+// ones is a cost of one token from each named bucket.
+func ones(names []string) []Cost {
+	cs := make([]Cost, len(names))
+	for i, n := range names {
+		cs[i] = Cost{Bucket: n, N: 1}
+	}
+	return cs
+}
+
+// wait books req, waiting for a permit in the queue when it carries one,
+// and sleeps until the booked slot. The wait is bounded by the max wait
+// and ctx's deadline, counted from the call.
+func (l *Limiter) wait(ctx context.Context, req Request) (*Reservation, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	deadline := time.Now().Add(l.maxWait)
+	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
+		deadline = dl
+	}
+	var wake <-chan struct{}
+	stop, joined := func() {}, false
+	defer func() { stop() }()
+	for {
+		req.MaxWait = max(time.Until(deadline), 0)
+		r, err := l.book(ctx, req)
+		if err == nil {
+			r.hold(req)
+			if err := r.Sleep(ctx); err != nil {
+				return nil, err
+			}
+			return r, nil
+		}
+		if !queued(err) {
+			if joined {
+				l.leave(req) // its place in the queue, taken before
+			}
+			return nil, err
+		}
+		joined = true
+		res := err.(*BackpressureError).Result
+		if wake == nil {
+			if n, ok := l.store.(PermitNotifier); ok {
+				wake, stop = n.NotifyPermit(req.Buckets[res.InFlight.Bucket].StoreKey(), req.Permit.ID)
+			}
+		}
+		// Take again when a permit frees, when a held lease may have
+		// ended, or to renew the place in the queue.
+		d := min(res.RetryAfter, req.Permit.TTL/3, time.Until(deadline))
+		if d <= 0 {
+			l.leave(req)
+			return nil, &BackpressureError{RetryAfter: res.RetryAfter, MaxWait: l.maxWait, Result: res}
+		}
+		if err := sleepOrWake(ctx, d, wake); err != nil {
+			l.leave(req)
+			return nil, err
+		}
+	}
+}
+
+// sleepOrWake sleeps d, or until wake receives or ctx ends (its error).
+func sleepOrWake(ctx context.Context, d time.Duration, wake <-chan struct{}) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-wake:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return nil
+}
+
+// queued reports whether err is a denial that left the take waiting in a
+// queue for a permit.
+func queued(err error) bool {
+	var bp *BackpressureError
+	return errors.As(err, &bp) && bp.Result.InFlight.Queued
+}
+
+// leave takes req's permit id out of the queues it waits in, best effort.
+func (l *Limiter) leave(req Request) {
+	ctx, cancel := context.WithTimeout(context.Background(), refundTimeout)
+	defer cancel()
+	_, _ = l.store.Release(ctx, req.Buckets, req.Permit.ID)
+}
+
+// newPermitID returns an id no other acquisition in the fleet has: 96
+// random bits.
+func newPermitID() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+	return hex.EncodeToString(b[:])
+}
+
+// permit is what a Reservation knows of the in-flight permit it holds.
+type permit struct {
+	lease Permit
+	// bounded is how many of the take's buckets bound in-flight takes:
+	// a renewal that finds fewer held means a lease lapsed.
+	bounded int
+	mu      sync.Mutex
+	timer   *time.Timer // the next renewal; nil once released or lapsed
+	lapsed  atomic.Bool
+	// released is set by the first Release (or Cancel).
+	released atomic.Bool
+}
+
+// hold records the permit a granted req took, if any, and starts renewing
+// it at a third of its lease.
+func (r *Reservation) hold(req Request) {
+	r.costs = req.Costs
+	if req.Permit.ID == "" || !r.Result.Allowed {
+		return
+	}
+	p := &permit{lease: req.Permit}
+	for _, b := range req.Buckets {
+		if b.InFlight > 0 {
+			p.bounded++
+		}
+	}
+	r.permit = p
+	p.mu.Lock()
+	p.timer = time.AfterFunc(p.lease.TTL/3, r.renew)
+	p.mu.Unlock()
+}
+
+// renew extends the permit's lease, and schedules the next renewal; it
+// stops once the permit is released or its lease has lapsed. A store that
+// fails is tried again at the next renewal: the lease still has two
+// thirds of its time.
+func (r *Reservation) renew() {
+	p := r.permit
+	ctx, cancel := context.WithTimeout(context.Background(), p.lease.TTL/3)
+	held, err := r.l.store.Renew(ctx, r.bs, p.lease)
+	cancel()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.timer == nil {
+		return // released meanwhile
+	}
+	if err == nil && held < p.bounded {
+		p.lapsed.Store(true)
+		p.timer = nil
+		return
+	}
+	p.timer = time.AfterFunc(p.lease.TTL/3, r.renew)
+}
+
+// Lapsed reports whether the reservation's permit was lost: its lease
+// ended before a renewal reached the store (a partition, a store down
+// longer than two thirds of the lease, a process paused that long), so
+// the permit may be another holder's now.
+func (r *Reservation) Lapsed() bool {
+	return r != nil && r.permit != nil && r.permit.lapsed.Load()
+}
+
+// Release gives back the reservation's in-flight permit, at once, to the
+// first waiter in the queue. Call it when the work ends, even when it
+// failed: a permit not released comes back only when its lease ends,
+// after the Limiter stops renewing it (the holder's process died). It does
+// nothing for a reservation without a permit, and a second call does
+// nothing.
+func (r *Reservation) Release(ctx context.Context) error {
+	if r == nil || r.permit == nil {
+		return nil
+	}
+	if ctx == nil {
+		return errNilContext
+	}
+	p := r.permit
+	if !p.released.CompareAndSwap(false, true) {
+		return nil
+	}
+	p.mu.Lock()
+	if p.timer != nil {
+		p.timer.Stop()
+		p.timer = nil
+	}
+	p.mu.Unlock()
+	if _, err := r.l.store.Release(ctx, r.bs, p.lease.ID); err != nil {
+		return fmt.Errorf("release of permit %s: %w (it comes back when its lease ends, within %v)", p.lease.ID, err, p.lease.TTL)
+	}
+	return nil
+}
