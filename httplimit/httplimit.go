@@ -304,6 +304,7 @@ type policy struct {
 	unit     string // for messages: "requests" unless Policy.Unit says otherwise
 	upt      int64  // quota units per token
 	bytes    bool   // the unit is content-bytes: a cost above the burst is a 413
+	inFlight int64  // Policy.InFlight
 }
 
 // Limit returns middleware enforcing p on every request of the handlers it
@@ -389,7 +390,7 @@ func (m *Middleware) compile(p Policy) (*policy, error) {
 		return nil, err
 	}
 	limits := slices.Clone(p.Limits)
-	lim, err := fleetrate.New(m.store, fleetrate.Config{Prefix: m.prefix + p.Name + ":", Limits: limits})
+	lim, err := fleetrate.New(m.store, fleetrate.Config{Prefix: m.prefix + p.Name + ":", Limits: limits, InFlight: p.InFlight})
 	if err != nil {
 		return nil, fmt.Errorf("httplimit: policy %q: %w", p.Name, err)
 	}
@@ -402,16 +403,17 @@ func (m *Middleware) compile(p Policy) (*policy, error) {
 	m.policies[p.Name] = limits
 	m.mu.Unlock()
 	pol := &policy{
-		m:      m,
-		name:   p.Name,
-		lim:    lim,
-		limits: limits,
-		key:    p.Key,
-		cost:   p.Cost,
-		shadow: p.Shadow || m.shadow,
-		unit:   p.Unit,
-		upt:    max(p.UnitsPerToken, 1),
-		bytes:  p.Unit == headers.UnitContentBytes,
+		m:        m,
+		name:     p.Name,
+		lim:      lim,
+		limits:   limits,
+		key:      p.Key,
+		cost:     p.Cost,
+		shadow:   p.Shadow || m.shadow,
+		unit:     p.Unit,
+		upt:      max(p.UnitsPerToken, 1),
+		bytes:    p.Unit == headers.UnitContentBytes,
+		inFlight: p.InFlight,
 	}
 	if pol.unit == "" {
 		pol.unit = headers.UnitRequests
@@ -471,6 +473,10 @@ func (p *policy) serve(w http.ResponseWriter, r *http.Request, next http.Handler
 	}
 	if cost > p.minBurst {
 		p.tooCostly(w, r, key, cost, next)
+		return
+	}
+	if p.inFlight > 0 {
+		p.serveInFlight(w, r, key, cost, next)
 		return
 	}
 	res, err := p.take(r, key, cost)

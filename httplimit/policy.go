@@ -51,6 +51,13 @@ type Policy struct {
 	// that is not one of Tiers (or "" without Limits), answers the request
 	// through Config.KeyError.
 	Tier func(*http.Request) (string, error)
+	// InFlight, when above 0, bounds how many requests of one client may
+	// be in flight at once across the fleet, beside the limits: a request
+	// takes a permit with its tokens, all or nothing, holds it while the
+	// handler runs and gives it back when the handler returns. A request
+	// beyond the bound is answered 429 without Retry-After (no one knows
+	// when a request in flight ends). At most fleetrate.MaxInFlight.
+	InFlight int64
 }
 
 // Tier is one named set of limits of a Policy.
@@ -92,6 +99,10 @@ func (p Policy) Validate() error {
 				return fmt.Errorf("%w: httplimit: policy %q: limits[%d] and limits[%d] are both named %q", fleetrate.ErrInvalid, p.Name, j, i, l.Name)
 			}
 		}
+	}
+	if p.InFlight < 0 || p.InFlight > fleetrate.MaxInFlight {
+		return fmt.Errorf("%w: httplimit: policy %q: in flight must be between 1 and %d (0: no bound), got %d",
+			fleetrate.ErrInvalid, p.Name, fleetrate.MaxInFlight, p.InFlight)
 	}
 	if p.UnitsPerToken < 0 || p.UnitsPerToken > MaxUnitsPerToken {
 		return fmt.Errorf("%w: httplimit: policy %q: units per token must be between 1 and %d (0 means 1), got %d",
