@@ -242,6 +242,7 @@ func (failingStore) Drain(context.Context, []fleetrate.Bucket, time.Duration) er
 	return errDown
 }
 func (failingStore) Reset(context.Context, ...string) error { return errDown }
+func (failingStore) DrainEach(context.Context, []fleetrate.Drain) error { return errDown }
 func (failingStore) Settle(context.Context, []fleetrate.Bucket, fleetrate.Settlement) error {
 	return errDown
 }

@@ -212,10 +212,8 @@ func (r Request) validate() error {
 		if err := validateBucket(i, b); err != nil {
 			return err
 		}
-		for _, o := range r.Buckets[:i] {
-			if o.StoreKey() == b.StoreKey() {
-				return fmt.Errorf("%w: buckets[%d].key: %q appears twice", ErrInvalid, i, b.StoreKey())
-			}
+		if err := unique(r.Buckets[:i], i, b); err != nil {
+			return err
 		}
 		n := CostOf(r.N, r.Costs, i)
 		if n < 0 {
@@ -258,6 +256,20 @@ func ValidateBuckets(buckets []Bucket) error {
 	for i, b := range buckets {
 		if err := validateBucket(i, b); err != nil {
 			return err
+		}
+		if err := unique(buckets[:i], i, b); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// unique reports a bucket that appears in before, which the stores take in
+// one atomic step and so must see once.
+func unique(before []Bucket, i int, b Bucket) error {
+	for _, o := range before {
+		if o.StoreKey() == b.StoreKey() {
+			return fmt.Errorf("%w: buckets[%d].key: %q appears twice", ErrInvalid, i, b.StoreKey())
 		}
 	}
 	return nil
@@ -426,8 +438,12 @@ type Store interface {
 	// the take's, in its order.
 	Cancel(ctx context.Context, buckets []Bucket, n int64, b Booking) error
 	// Drain empties every bucket until d from now; it then refills from
-	// empty.
+	// empty. It is DrainEach with one duration for every bucket.
 	Drain(ctx context.Context, buckets []Bucket, d time.Duration) error
+	// DrainEach drains each bucket for its own duration, all in one
+	// atomic step: a drain with Void set also voids what was booked
+	// beyond it, as Reset then Drain would in two steps.
+	DrainEach(ctx context.Context, drains []Drain) error
 	// Reset deletes the buckets, leaving them full, and frees their
 	// permits.
 	Reset(ctx context.Context, keys ...string) error
@@ -452,6 +468,40 @@ type Store interface {
 	// the buckets with a bound means a lease had lapsed, and that permit
 	// may be another's now (the holder should stop or acquire again).
 	Renew(ctx context.Context, buckets []Bucket, p Permit) (held int, err error)
+}
+
+// Drain is one bucket's part of Store.DrainEach.
+type Drain struct {
+	Bucket Bucket
+	// For is how long from now the bucket admits nothing, between 0 and
+	// MaxWaitCap; it then refills from empty.
+	For time.Duration
+	// Void, when set, voids the bookings beyond now+For: the bucket is
+	// empty until then and no longer, where a drain never shortens a
+	// debt. A fleet's pause that restarts a bucket from its end uses it.
+	Void bool
+}
+
+// ValidateDrains checks the arguments of Store.DrainEach, naming the
+// failing drain.
+func ValidateDrains(drains []Drain) error {
+	if len(drains) == 0 {
+		return fmt.Errorf("%w: drain: at least one bucket is required", ErrInvalid)
+	}
+	for i, d := range drains {
+		if err := validateBucket(i, d.Bucket); err != nil {
+			return err
+		}
+		for _, o := range drains[:i] {
+			if o.Bucket.StoreKey() == d.Bucket.StoreKey() {
+				return fmt.Errorf("%w: drains[%d].key: %q appears twice", ErrInvalid, i, d.Bucket.StoreKey())
+			}
+		}
+		if d.For < 0 || d.For > MaxWaitCap {
+			return fmt.Errorf("%w: drains[%d] %q: duration must be between 0 and %v, got %v", ErrInvalid, i, d.Bucket.StoreKey(), MaxWaitCap, d.For)
+		}
+	}
+	return nil
 }
 
 // PermitNotifier is an optional Store method. A store that can tell when

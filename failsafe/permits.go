@@ -50,3 +50,18 @@ func (s *Store) Renew(ctx context.Context, buckets []fleetrate.Bucket, p fleetra
 	}
 	return held, err
 }
+
+// DrainEach implements fleetrate.Store. Under LocalFallback a failed drain
+// drains the local buckets; otherwise the store's error is returned.
+func (s *Store) DrainEach(ctx context.Context, drains []fleetrate.Drain) error {
+	ok, err := s.call(ctx, func() error { return s.primary.DrainEach(ctx, drains) })
+	if ok || s.opts.Policy != LocalFallback {
+		return err
+	}
+	local := make([]fleetrate.Drain, len(drains))
+	for i, d := range drains {
+		local[i] = d
+		local[i].Bucket = s.localBuckets([]fleetrate.Bucket{d.Bucket})[0]
+	}
+	return s.fallback.DrainEach(ctx, local)
+}

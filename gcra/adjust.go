@@ -153,10 +153,16 @@ func BookedWait(buckets []fleetrate.Bucket, booked []int64) int64 {
 
 // Drain empties every limit of the state until d from now (µs): the bucket
 // admits nothing before now+d and then refills from empty, as if every
-// token had been taken at now+d. A drain never shortens an existing debt.
-func Drain(now int64, limits []fleetrate.Limit, s *State, d time.Duration) {
+// token had been taken at now+d. A drain never shortens an existing debt,
+// unless void is set: then the bookings beyond now+d are void, and the
+// bucket is empty until now+d and no longer.
+func Drain(now int64, limits []fleetrate.Limit, s *State, d time.Duration, void bool) {
 	s.Elapse(now, limits)
 	for i := range limits {
+		if void {
+			s.Debts[i] = int64(d) + fill(&limits[i])
+			continue
+		}
 		s.Debts[i] = max(s.Debts[i], int64(d)+fill(&limits[i]))
 	}
 }

@@ -122,7 +122,7 @@ func TestRefundAndDrain(t *testing.T) {
 	if sts[0].Debts[0] != 0 {
 		t.Fatalf("huge refund: debts %v, want a full bucket", sts[0].Debts)
 	}
-	Drain(0, l, &sts[0], 2*time.Second)
+	Drain(0, l, &sts[0], 2*time.Second, false)
 	res, _ := Decide(sec, take(fleetrate.Bucket{Key: "k", Limits: l}, 1, 0), sts)
 	if res.Allowed || res.RetryAfter != time.Second+100*time.Millisecond {
 		t.Fatalf("during drain: %+v", res)
@@ -131,6 +131,17 @@ func TestRefundAndDrain(t *testing.T) {
 	res, _ = Decide(2*sec+100_000, take(fleetrate.Bucket{Key: "k", Limits: l}, 1, 0), sts)
 	if !res.Allowed || res.Remaining != 0 {
 		t.Fatalf("after drain: %+v", res)
+	}
+	// A drain never shortens a debt; a void one does: the bucket is empty
+	// until its end and no longer.
+	Drain(3*sec, l, &sts[0], 10*time.Second, false)
+	Drain(3*sec, l, &sts[0], time.Second, false)
+	if res, _ := Decide(4*sec+200_000, take(fleetrate.Bucket{Key: "k", Limits: l}, 1, 0), sts); res.Allowed {
+		t.Fatalf("a shorter drain shortened a longer one: %+v", res)
+	}
+	Drain(4*sec+200_000, l, &sts[0], time.Second, true)
+	if res, _ := Decide(5*sec+300_000, take(fleetrate.Bucket{Key: "k", Limits: l}, 1, 0), sts); !res.Allowed {
+		t.Fatalf("after a void drain of 1 s, 1.1 s later: %+v, want allowed", res)
 	}
 }
 

@@ -88,6 +88,9 @@ func (s *failingStore) Drain(ctx context.Context, _ []fleetrate.Bucket, _ time.D
 	return s.fail(ctx)
 }
 func (s *failingStore) Reset(ctx context.Context, _ ...string) error { return s.fail(ctx) }
+func (s *failingStore) DrainEach(ctx context.Context, _ []fleetrate.Drain) error {
+	return s.fail(ctx)
+}
 func (s *failingStore) Settle(ctx context.Context, _ []fleetrate.Bucket, _ fleetrate.Settlement) error {
 	return s.fail(ctx)
 }

@@ -24,3 +24,12 @@ func (s *Store) Release(ctx context.Context, buckets []fleetrate.Bucket, id stri
 func (s *Store) Renew(ctx context.Context, buckets []fleetrate.Bucket, p fleetrate.Permit) (int, error) {
 	return s.inner.Renew(ctx, buckets, p)
 }
+
+// DrainEach implements fleetrate.Store. It also ends the leases of the
+// buckets, whose tokens a drain takes back.
+func (s *Store) DrainEach(ctx context.Context, drains []fleetrate.Drain) error {
+	for _, d := range drains {
+		s.forget(d.Bucket.StoreKey())
+	}
+	return s.inner.DrainEach(ctx, drains)
+}

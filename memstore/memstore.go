@@ -396,8 +396,29 @@ func (s *Store) Drain(ctx context.Context, buckets []fleetrate.Bucket, d time.Du
 		return fmt.Errorf("%w: drain duration must be between 0 and %v, got %v", fleetrate.ErrInvalid, fleetrate.MaxWaitCap, d)
 	}
 	return s.update(ctx, buckets, func(now int64, b fleetrate.Bucket, st *gcra.State) {
-		gcra.Drain(now, b.Limits, st, d)
+		gcra.Drain(now, b.Limits, st, d, false)
 	})
+}
+
+// DrainEach implements fleetrate.Store.
+func (s *Store) DrainEach(ctx context.Context, drains []fleetrate.Drain) error {
+	if err := fleetrate.ValidateDrains(drains); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	buckets := make([]fleetrate.Bucket, len(drains))
+	for i, d := range drains {
+		buckets[i] = d.Bucket
+	}
+	s.atomically(buckets, func(now int64, states []gcra.State) bool {
+		for i, d := range drains {
+			gcra.Drain(now, d.Bucket.Limits, &states[i], d.For, d.Void)
+		}
+		return true
+	})
+	return nil
 }
 
 func (s *Store) update(ctx context.Context, buckets []fleetrate.Bucket, apply func(int64, fleetrate.Bucket, *gcra.State)) error {

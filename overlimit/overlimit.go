@@ -420,6 +420,16 @@ func (s *Store) Renew(ctx context.Context, buckets []fleetrate.Bucket, p fleetra
 	return s.next.Renew(ctx, buckets, p)
 }
 
+// DrainEach implements fleetrate.Store; a void drain may give tokens
+// back, so it forgets the buckets' denials.
+func (s *Store) DrainEach(ctx context.Context, drains []fleetrate.Drain) error {
+	keys := make([]string, len(drains))
+	for i, d := range drains {
+		keys[i] = d.Bucket.StoreKey()
+	}
+	return s.giveBack(func() error { return s.next.DrainEach(ctx, drains) }, keys...)
+}
+
 // Reset implements fleetrate.Store; it forgets the buckets' denials.
 func (s *Store) Reset(ctx context.Context, keys ...string) error {
 	return s.giveBack(func() error { return s.next.Reset(ctx, keys...) }, keys...)
@@ -455,6 +465,7 @@ func (nilStore) Cancel(context.Context, []fleetrate.Bucket, int64, fleetrate.Boo
 	return errNilStore
 }
 func (nilStore) Drain(context.Context, []fleetrate.Bucket, time.Duration) error { return errNilStore }
+func (nilStore) DrainEach(context.Context, []fleetrate.Drain) error { return errNilStore }
 func (nilStore) Settle(context.Context, []fleetrate.Bucket, fleetrate.Settlement) error {
 	return errNilStore
 }

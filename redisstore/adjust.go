@@ -51,7 +51,35 @@ func (s *Store) Drain(ctx context.Context, buckets []fleetrate.Bucket, d time.Du
 	if err := fleetrate.ValidateBuckets(buckets); err != nil {
 		return err
 	}
-	return s.run(ctx, "drain", drainScript, buckets, appendLimits([]any{int64(d)}, buckets))
+	drains := make([]fleetrate.Drain, len(buckets))
+	for i, b := range buckets {
+		drains[i] = fleetrate.Drain{Bucket: b, For: d}
+	}
+	return s.drain(ctx, drains)
+}
+
+// DrainEach implements fleetrate.Store: one script call drains every
+// bucket for its own duration.
+func (s *Store) DrainEach(ctx context.Context, drains []fleetrate.Drain) error {
+	if err := fleetrate.ValidateDrains(drains); err != nil {
+		return err
+	}
+	return s.drain(ctx, drains)
+}
+
+// drain runs the drain script for validated drains.
+func (s *Store) drain(ctx context.Context, drains []fleetrate.Drain) error {
+	buckets := make([]fleetrate.Bucket, len(drains))
+	args := make([]any, 0, 4*len(drains))
+	for i, d := range drains {
+		buckets[i] = d.Bucket
+		void := 0
+		if d.Void {
+			void = 1
+		}
+		args = appendLimits(append(args, int64(d.For), void), buckets[i:i+1])
+	}
+	return s.run(ctx, "drain", drainScript, buckets, args)
 }
 
 // run runs a script that changes buckets (already validated), with args

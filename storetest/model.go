@@ -194,7 +194,7 @@ func (m *modelRun) refund(bs []fleetrate.Bucket) bool {
 func (m *modelRun) drain(bs []fleetrate.Bucket) bool {
 	d := time.Duration(m.rng.Int64N(int64(5 * time.Millisecond)))
 	return m.apply(bs, func() error { return m.s.Drain(context.Background(), bs, d) },
-		func(now int64, b fleetrate.Bucket, st *gcra.State) { gcra.Drain(now, b.Limits, st, d) })
+		func(now int64, b fleetrate.Bucket, st *gcra.State) { gcra.Drain(now, b.Limits, st, d, false) })
 }
 
 // apply runs call, a store operation on bs, then op on each bucket's model

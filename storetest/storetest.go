@@ -68,6 +68,7 @@ func Run(t *testing.T, newStore func(t *testing.T) fleetrate.Store) {
 		{"HostileKeys", hostileKeys},
 		{"ExtremeLimits", extremeLimits},
 		{"MatchesModel", matchesModel},
+		{"DrainEach", drainEach},
 		{"CostsByBucket", costsByBucket},
 		{"CostsCancel", costsCancel},
 		{"Settle", settle},

@@ -79,6 +79,16 @@ func (d *drainWatch) Drain(ctx context.Context, bs []fleetrate.Bucket, dur time.
 	return err
 }
 
+func (d *drainWatch) DrainEach(ctx context.Context, drains []fleetrate.Drain) error {
+	err := d.Store.DrainEach(ctx, drains)
+	if slices.ContainsFunc(drains, func(dr fleetrate.Drain) bool { return strings.HasSuffix(dr.Bucket.Key, "#pause") }) {
+		d.mu.Lock()
+		d.drained = append(d.drained, time.Now())
+		d.mu.Unlock()
+	}
+	return err
+}
+
 // redisFleet runs workers named name-0, name-1, ... each with its own
 // limiter and transport over store, sending to ota until until. It returns
 // every send.

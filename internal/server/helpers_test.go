@@ -234,6 +234,9 @@ func (failingStore) Drain(context.Context, []fleetrate.Bucket, time.Duration) er
 func (failingStore) Reset(context.Context, ...string) error {
 	return errors.Join(fleetrate.ErrStoreUnavailable, errDown)
 }
+func (failingStore) DrainEach(context.Context, []fleetrate.Drain) error {
+	return errors.Join(fleetrate.ErrStoreUnavailable, errDown)
+}
 func (failingStore) Settle(context.Context, []fleetrate.Bucket, fleetrate.Settlement) error {
 	return errors.Join(fleetrate.ErrStoreUnavailable, errDown)
 }

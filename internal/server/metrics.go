@@ -251,6 +251,14 @@ func (s instrumented) Drain(ctx context.Context, buckets []fleetrate.Bucket, d t
 	return err
 }
 
+// DrainEach implements fleetrate.Store, timing the call.
+func (s instrumented) DrainEach(ctx context.Context, drains []fleetrate.Drain) error {
+	start := time.Now()
+	err := s.Store.DrainEach(ctx, drains)
+	s.observe(storeOpDrain, start, err)
+	return err
+}
+
 // Settle implements fleetrate.Store, timing the call.
 func (s instrumented) Settle(ctx context.Context, buckets []fleetrate.Bucket, st fleetrate.Settlement) error {
 	start := time.Now()

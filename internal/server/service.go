@@ -324,6 +324,9 @@ func (v service) storeRefund(ctx context.Context, req *wire.RefundRequest) (wire
 
 // storeDrain serves the raw store API's drain.
 func (v service) storeDrain(ctx context.Context, req *wire.DrainRequest) (wire.OK, error) {
+	if len(req.Each) > 0 {
+		return v.storeDrainEach(ctx, req.Each)
+	}
 	bs, err := v.storeBuckets(req.Buckets)
 	if err == nil {
 		err = v.pinned(ctx, bs, true)
@@ -332,6 +335,27 @@ func (v service) storeDrain(ctx context.Context, req *wire.DrainRequest) (wire.O
 		return wire.OK{}, err
 	}
 	return wire.OK{OK: true}, v.store.Drain(ctx, bs, time.Duration(req.DurationNS))
+}
+
+// storeDrainEach serves the raw store API's drain of each bucket for its
+// own duration.
+func (v service) storeDrainEach(ctx context.Context, each []wire.DrainItem) (wire.OK, error) {
+	wbs := make([]wire.Bucket, len(each))
+	for i, d := range each {
+		wbs[i] = d.Bucket
+	}
+	bs, err := v.storeBuckets(wbs)
+	if err == nil {
+		err = v.pinned(ctx, bs, true)
+	}
+	if err != nil {
+		return wire.OK{}, err
+	}
+	drains := make([]fleetrate.Drain, len(each))
+	for i, d := range each {
+		drains[i] = fleetrate.Drain{Bucket: bs[i], For: time.Duration(d.DurationNS), Void: d.Void}
+	}
+	return wire.OK{OK: true}, v.store.DrainEach(ctx, drains)
 }
 
 // storeReset serves the raw store API's reset.

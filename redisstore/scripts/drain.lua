@@ -1,14 +1,18 @@
--- fleetrate drain: empty every bucket in KEYS until d ns from now; it then
--- refills from empty. ARGV: d_ns, then the limits of each key (see
--- common.lua).
-local dur = tonumber(ARGV[1])
+-- fleetrate drain: empty each bucket in KEYS until its own d ns from now;
+-- it then refills from empty. A void drain also voids what was booked
+-- beyond: the bucket is empty until now + d and no longer. ARGV, for each
+-- key: d_ns, void (1 or 0), then its limits (see common.lua).
 local now = now_us()
-local pos = 2
+local pos = 1
 for b = 1, #KEYS do
+  local dur, void = tonumber(ARGV[pos]), ARGV[pos + 1] == '1'
   local lims, m
-  lims, m, pos = read_limits(pos)
+  lims, m, pos = read_limits(pos + 2)
   local d = load(KEYS[b], lims, m, now)
-  for i = 1, m do d[i] = math.max(d[i], dur + lims[2 * i] * lims[2 * i - 1]) end
+  for i = 1, m do
+    local empty = dur + lims[2 * i] * lims[2 * i - 1]
+    if void then d[i] = empty else d[i] = math.max(d[i], empty) end
+  end
   save(KEYS[b], now, d)
 end
 return now

@@ -167,10 +167,19 @@ type RefundRequest struct {
 	Grant string `json:"grant,omitempty"`
 }
 
-// DrainRequest asks for Store.Drain.
+// DrainRequest asks for Store.Drain, or with Each for Store.DrainEach
+// (then Buckets and DurationNS are unused).
 type DrainRequest struct {
-	Buckets    []Bucket `json:"buckets"`
-	DurationNS int64    `json:"duration_ns"`
+	Buckets    []Bucket    `json:"buckets"`
+	DurationNS int64       `json:"duration_ns"`
+	Each       []DrainItem `json:"each,omitempty"`
+}
+
+// DrainItem is one bucket's drain of Store.DrainEach.
+type DrainItem struct {
+	Bucket     Bucket `json:"bucket"`
+	DurationNS int64  `json:"duration_ns"`
+	Void       bool   `json:"void,omitempty"`
 }
 
 // ResetRequest asks for Store.Reset.

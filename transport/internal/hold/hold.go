@@ -237,31 +237,26 @@ func ReadClimb(ctx context.Context, store fleetrate.Store, b fleetrate.Bucket, n
 }
 
 // WriteClimb drains bucket b's #rate and #peak markers in store to record
-// climb c at now (see EncodeClimb): two drains.
+// climb c at now (see EncodeClimb): one atomic store call, so that no take
+// reads a climb half written.
 func WriteClimb(ctx context.Context, store fleetrate.Store, b fleetrate.Bucket, c ratecontrol.Climb, now time.Time) error {
 	rate, peak := EncodeClimb(c, now)
 	rm, pm := RateMarkers(b)
-	if err := store.Drain(ctx, []fleetrate.Bucket{rm}, rate); err != nil {
-		return err
-	}
-	return store.Drain(ctx, []fleetrate.Bucket{pm}, peak)
+	return store.DrainEach(ctx, []fleetrate.Drain{{Bucket: rm, For: rate}, {Bucket: pm, For: peak}})
 }
 
-// Hold holds the take's paced buckets and their pause markers for d: the
-// markers first, so that from then on every take waits out the pause; then
-// the buckets start again from the pause, empty, so that the slots booked
-// before it are void. Three store calls: drain the markers, reset and
-// drain the buckets.
+// Hold holds the take's paced buckets and their pause markers for d, in
+// one atomic store call: the markers are drained, so that every take waits
+// out the pause, and the buckets start again from the pause's end, empty,
+// so that the slots booked before it are void (a void drain).
 func Hold(ctx context.Context, store fleetrate.Store, tk Take, d time.Duration) error {
-	if err := store.Drain(ctx, tk.Markers(), d); err != nil {
-		return err
+	markers, paced := tk.Markers(), tk.Paced()
+	drains := make([]fleetrate.Drain, 0, len(markers)+len(paced))
+	for _, m := range markers {
+		drains = append(drains, fleetrate.Drain{Bucket: m, For: d})
 	}
-	keys := make([]string, tk.paced)
-	for i, b := range tk.Paced() {
-		keys[i] = b.StoreKey()
+	for _, b := range paced {
+		drains = append(drains, fleetrate.Drain{Bucket: b, For: d, Void: true})
 	}
-	if err := store.Reset(ctx, keys...); err != nil {
-		return err
-	}
-	return store.Drain(ctx, tk.Paced(), d)
+	return store.DrainEach(ctx, drains)
 }
