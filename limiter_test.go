@@ -241,7 +241,7 @@ func (failingStore) Cancel(context.Context, []fleetrate.Bucket, int64, fleetrate
 func (failingStore) Drain(context.Context, []fleetrate.Bucket, time.Duration) error {
 	return errDown
 }
-func (failingStore) Reset(context.Context, ...string) error { return errDown }
+func (failingStore) Reset(context.Context, ...string) error             { return errDown }
 func (failingStore) DrainEach(context.Context, []fleetrate.Drain) error { return errDown }
 func (failingStore) Settle(context.Context, []fleetrate.Bucket, fleetrate.Settlement) error {
 	return errDown

@@ -465,7 +465,7 @@ func (nilStore) Cancel(context.Context, []fleetrate.Bucket, int64, fleetrate.Boo
 	return errNilStore
 }
 func (nilStore) Drain(context.Context, []fleetrate.Bucket, time.Duration) error { return errNilStore }
-func (nilStore) DrainEach(context.Context, []fleetrate.Drain) error { return errNilStore }
+func (nilStore) DrainEach(context.Context, []fleetrate.Drain) error             { return errNilStore }
 func (nilStore) Settle(context.Context, []fleetrate.Bucket, fleetrate.Settlement) error {
 	return errNilStore
 }
