@@ -134,7 +134,12 @@ type permit struct {
 	bounded int
 	mu      sync.Mutex
 	timer   *time.Timer // the next renewal; nil once released or lapsed
-	lapsed  atomic.Bool
+	// until is when, on this process's clock (its monotonic reading), the
+	// lease surely still holds: the start of the call that set it (the
+	// take or the last renewal that found it held) plus the lease. The
+	// store set the lease's end from its own clock after that start.
+	until  atomic.Pointer[time.Time]
+	lapsed atomic.Bool
 	// released is set by the first Release (or Cancel).
 	released atomic.Bool
 }
@@ -153,6 +158,7 @@ func (r *Reservation) hold(req Request) {
 		}
 	}
 	r.permit = p
+	p.setUntil(r.asked.Add(p.lease.TTL))
 	p.mu.Lock()
 	p.timer = time.AfterFunc(p.lease.TTL/3, r.renew)
 	p.mu.Unlock()
@@ -165,6 +171,7 @@ func (r *Reservation) hold(req Request) {
 func (r *Reservation) renew() {
 	p := r.permit
 	ctx, cancel := context.WithTimeout(context.Background(), p.lease.TTL/3)
+	asked := time.Now()
 	held, err := r.l.store.Renew(ctx, r.bs, p.lease)
 	cancel()
 	p.mu.Lock()
@@ -177,7 +184,29 @@ func (r *Reservation) renew() {
 		p.timer = nil
 		return
 	}
+	if err == nil {
+		p.setUntil(asked.Add(p.lease.TTL))
+	}
 	p.timer = time.AfterFunc(p.lease.TTL/3, r.renew)
+}
+
+// setUntil records that the lease surely holds until t.
+func (p *permit) setUntil(t time.Time) { p.until.Store(&t) }
+
+// Held reports whether the reservation's permit surely still holds now:
+// not released, not found lapsed, and within the lease counted from the
+// start of the last call that found it held (the take or a renewal), on
+// this process's clock. Check it right before acting on the permit (before
+// sending a request): a process paused longer than its lease (SIGSTOP, a
+// long GC stop) may have lost the permit to another holder meanwhile, and
+// must acquire again. It is false for a reservation without a permit.
+func (r *Reservation) Held() bool {
+	if r == nil || r.permit == nil {
+		return false
+	}
+	p := r.permit
+	u := p.until.Load()
+	return !p.released.Load() && !p.lapsed.Load() && u != nil && time.Now().Before(*u)
 }
 
 // Lapsed reports whether the reservation's permit was lost: its lease

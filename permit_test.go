@@ -86,11 +86,14 @@ func TestPermitRenewedWhileHeldAndLapsesWhenDead(t *testing.T) {
 		if d, err := l.TryAcquire(ctx, "api"); err != nil || d.Result.Allowed {
 			t.Fatalf("a permit while its holder lives and renews: %+v, %v, want denied", d, err)
 		}
-		if r.Lapsed() {
-			t.Fatal("a renewed permit reports lapsed")
+		if r.Lapsed() || !r.Held() {
+			t.Fatal("a renewed permit reports lapsed, or not held")
 		}
 		if err := r.Release(ctx); err != nil {
 			t.Fatal(err)
+		}
+		if r.Held() {
+			t.Fatal("a released permit reports held")
 		}
 		// A dead holder: a permit taken at the store and never renewed.
 		b, _ := l.Bucket("api")
@@ -188,4 +191,46 @@ func TestInFlightMisuseNamesTheField(t *testing.T) {
 			t.Errorf("New(%+v): %v, want ErrInvalid naming in_flight or permit ttl", cfg, err)
 		}
 	}
+}
+
+// TestHeldEndsWithTheLeaseWhenRenewalsFail: a holder whose renewals fail
+// (the store is gone) stops reporting its permit held once the lease
+// counted from its last successful call ends.
+func TestHeldEndsWithTheLeaseWhenRenewalsFail(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		store := &flakyStore{Store: memstore.New(memstore.Options{Clock: time.Now})}
+		l, err := fleetrate.New(store, fleetrate.Config{
+			Buckets:   []fleetrate.BucketConfig{{Name: "api", Limits: []fleetrate.Limit{fleetrate.PerSecond(10, 10)}, InFlight: 1}},
+			PermitTTL: 3 * time.Second,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := l.Acquire(context.Background(), "api")
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(2500 * time.Millisecond) // two renewals
+		store.down.Store(true)
+		if !r.Held() {
+			t.Fatal("not held 2.5 s into a 3 s lease renewed at 1 s and 2 s")
+		}
+		time.Sleep(2600 * time.Millisecond) // the lease from the 2 s renewal ends at 5 s
+		if r.Held() {
+			t.Fatal("held 5.1 s in, with every renewal since 2 s failed")
+		}
+	})
+}
+
+// flakyStore fails every Renew while down is set.
+type flakyStore struct {
+	fleetrate.Store
+	down atomic.Bool
+}
+
+func (f *flakyStore) Renew(ctx context.Context, bs []fleetrate.Bucket, p fleetrate.Permit) (int, error) {
+	if f.down.Load() {
+		return 0, fleetrate.ErrStoreUnavailable
+	}
+	return f.Store.Renew(ctx, bs, p)
 }

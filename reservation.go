@@ -26,8 +26,10 @@ type Reservation struct {
 	// set once Settle has applied.
 	costs   []int64
 	settled atomic.Bool
-	// permit is the in-flight permit the reservation holds, if any.
+	// permit is the in-flight permit the reservation holds, if any;
+	// asked is when the take that granted it was sent.
 	permit *permit
+	asked  time.Time
 }
 
 // Delay returns how long from now the holder must wait before acting.
@@ -184,7 +186,7 @@ func (l *Limiter) book(ctx context.Context, req Request) (*Reservation, error) {
 	if !res.Allowed {
 		return nil, &BackpressureError{RetryAfter: res.RetryAfter, MaxWait: req.MaxWait, Result: res}
 	}
-	r.Result, r.bs, r.due = res, req.Buckets, l.clock.due(start, answered, res)
+	r.Result, r.bs, r.due, r.asked = res, req.Buckets, l.clock.due(start, answered, res), start
 	return r, nil
 }
 
