@@ -1,0 +1,149 @@
+package inflight
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetrate/fleetrate"
+	"github.com/fleetrate/fleetrate/internal/harness/redistest"
+	"github.com/fleetrate/fleetrate/redisstore"
+)
+
+var (
+	duration = flag.Duration("inflight.duration", 12*time.Second, "how long the fleet runs")
+	ttl      = flag.Duration("inflight.ttl", 2*time.Second, "the permits' lease")
+)
+
+func TestMain(m *testing.M) {
+	if raw := os.Getenv(workerEnv); raw != "" {
+		var s spec
+		if err := json.Unmarshal([]byte(raw), &s); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
+		_ = json.NewEncoder(os.Stdout).Encode(work(s))
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// proc is a worker process and what it wrote.
+type proc struct {
+	cmd    *exec.Cmd
+	out    strings.Builder
+	stderr strings.Builder
+}
+
+// TestInFlightFleet runs 4 worker processes × 16 goroutines against an
+// upstream that admits 8 requests in flight, with a rate of 30/s on the
+// credential as well: at a third of the run worker 0 is killed with
+// kill -9 mid-request, at half of it worker 1 is stopped with SIGSTOP for
+// two leases and then continued. The upstream must never see more than 8
+// in flight; after the kill its requests in flight must come back to 8
+// within the lease (the dead worker's permits lapse); the figures are
+// printed as a row of docs/BENCHMARKS.md's in-flight table.
+func TestInFlightFleet(t *testing.T) {
+	const (
+		bound      = 8
+		rate       = 30.0
+		procs      = 4
+		goroutines = 16
+	)
+	srv := redistest.Start(t)
+	skipUnsupported(t, srv.URL())
+	up := newUpstream(bound, 50*time.Millisecond, 500*time.Millisecond)
+	hs := httptest.NewServer(up)
+	defer hs.Close()
+	start := time.Now()
+	until := start.Add(*duration)
+	ps := make([]*proc, procs)
+	for i := range ps {
+		raw, _ := json.Marshal(spec{Redis: srv.URL(), URL: hs.URL, Prefix: fmt.Sprintf("inflight:%d:", start.UnixNano()), Goroutines: goroutines, Bound: bound, Rate: rate, TTL: *ttl, Until: until})
+		exe, _ := os.Executable()
+		p := &proc{cmd: exec.Command(exe, "-test.run=^$")}
+		p.cmd.Env = append(os.Environ(), workerEnv+"="+string(raw))
+		p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.stderr
+		if err := p.cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		ps[i] = p
+	}
+	var wg sync.WaitGroup
+	for _, p := range ps {
+		wg.Go(func() { _ = p.cmd.Wait() })
+	}
+	time.Sleep(*duration / 3)
+	killedAt := time.Now()
+	_ = ps[0].cmd.Process.Signal(syscall.SIGKILL)
+	time.Sleep(max(*duration/2-time.Since(start), 0))
+	stoppedAt := time.Now()
+	_ = ps[1].cmd.Process.Signal(syscall.SIGSTOP)
+	time.Sleep(2 * *ttl)
+	_ = ps[1].cmd.Process.Signal(syscall.SIGCONT)
+	wg.Wait()
+	end := time.Now()
+
+	var sum result
+	for i, p := range ps {
+		if i == 0 {
+			continue // killed: it wrote nothing
+		}
+		var r result
+		if err := json.Unmarshal([]byte(p.out.String()), &r); err != nil {
+			t.Fatalf("worker %d wrote %q (%v); stderr: %s", i, p.out.String(), err, p.stderr.String())
+		}
+		sum.add(r)
+		sum.Takes += r.Takes
+		sum.Renews += r.Renews
+		sum.Releases += r.Releases
+	}
+	peak, served, refused, cut, tl := up.stats()
+	recovered := fullAgain(tl, killedAt, bound)
+	steady := busy(tl, start.Add(time.Second), killedAt)
+	runFor := end.Sub(start).Seconds()
+	mean := 0.275 // s: the upstream's mean latency
+	tighter := min(rate, bound/mean)
+	t.Logf("errors: %v", sum.Errors)
+	fmt.Printf("| %d × %d, bound %d, %.0f/s, lease %v | %d | %d | %v | %.1f of %d | %.1f/s (%.0f %% of %.1f/s) | %.2f | %d / %d / %d |\n",
+		procs, goroutines, bound, rate, *ttl, peak, refused, recovered.Round(time.Millisecond), steady, bound,
+		float64(served)/runFor, 100*float64(served)/runFor/tighter, tighter,
+		float64(sum.Takes+sum.Renews+sum.Releases)/float64(max(sum.Requests, 1)), sum.NotHeld, sum.Lapsed, cut)
+	_ = stoppedAt
+	if peak > bound || refused > 0 {
+		t.Errorf("the upstream saw %d in flight (bound %d) and refused %d", peak, bound, refused)
+	}
+	if recovered < 0 || recovered > *ttl+time.Second {
+		t.Errorf("after the kill the requests in flight came back to %d after %v, want within the lease %v (+1 s)", bound, recovered, *ttl)
+	}
+}
+
+// skipUnsupported skips the test on a redisstore that does not run
+// in-flight permits yet.
+func skipUnsupported(t *testing.T, url string) {
+	opt, err := redis.ParseURL(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs, err := redisstore.New(redis.NewClient(opt), redisstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := fleetrate.Bucket{Key: "probe", Limits: []fleetrate.Limit{fleetrate.PerSecond(1, 1)}, InFlight: 1}
+	_, err = rs.Take(context.Background(), fleetrate.Request{Buckets: []fleetrate.Bucket{b}, N: 1, Permit: fleetrate.Permit{ID: "probe", TTL: time.Second}})
+	if errors.Is(err, errors.ErrUnsupported) {
+		t.Skipf("redisstore does not run in-flight permits yet: %v", err)
+	}
+}
