@@ -86,7 +86,7 @@ tests() { go test -race -count=1 -timeout 15m ./... 2>&1 | tee -a "$log"; }
 # machine.
 fuzztime=${FUZZTIME:-20000x}
 targets=(
-  ./gcra:FuzzDecide ./gcra:FuzzSettleBound ./gcra:FuzzPermits .:FuzzLimitValidate
+  ./gcra:FuzzDecide ./gcra:FuzzSettleBound ./gcra:FuzzPermits .:FuzzLimitValidate ./calendar:FuzzParse
   ./redisstore:FuzzSlot
   ./transport:FuzzParseRetryAfter ./transport/internal/notice:FuzzParse
   ./internal/headers:FuzzParseList ./internal/headers:FuzzFormatPolicy
