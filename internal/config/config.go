@@ -298,6 +298,18 @@ type Settings struct {
 	LocalCacheBytes         *int64
 	NearLimitRatio          *float64
 
+	// envoyproxy/ratelimit's response headers, the pinned name of mTLS
+	// clients, and the ageing and keepalive of gRPC connections.
+	LimitHeaders         *bool
+	LimitHeaderLimit     *string
+	LimitHeaderRemaining *string
+	LimitHeaderReset     *string
+	TLSClientSAN         *string
+	GRPCMaxConnAge       *time.Duration
+	GRPCMaxConnAgeGrace  *time.Duration
+	GRPCKeepaliveTime    *time.Duration
+	GRPCKeepaliveTimeout *time.Duration
+
 	// The failure policy, breaker and load bound of the service.
 	FailurePolicy   *string
 	BreakerFailures *int64
