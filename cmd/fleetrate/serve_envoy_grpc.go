@@ -31,6 +31,11 @@ func (e *envoyReader) grpcConn() {
 		}
 		e.copy("GRPC_CLIENT_TLS_SAN", "tls-client-san")
 	} else {
+		for _, name := range []string{"GRPC_SERVER_TLS_CERT", "GRPC_SERVER_TLS_KEY"} {
+			if e.set(name) {
+				e.notes = append(e.notes, name+": ignored without GRPC_SERVER_USE_TLS=true, as envoyproxy/ratelimit ignores it: gRPC is served in plain text")
+			}
+		}
 		for _, name := range []string{"GRPC_CLIENT_TLS_CACERT", "GRPC_CLIENT_TLS_SAN"} {
 			if e.set(name) {
 				// envoyproxy/ratelimit serves plain text then: every
