@@ -92,11 +92,13 @@ func limitHeaders(h LimitHeaders, quotaMode bool, plans []plan, outs []outcome) 
 	if pick == nil || pick.CurrentLimit == nil {
 		return nil
 	}
-	return []*corev3.HeaderValue{
+	// One allocation for the three values (and one for the slice).
+	hv := &[3]corev3.HeaderValue{
 		{Key: h.Limit, Value: strconv.FormatUint(uint64(pick.CurrentLimit.RequestsPerUnit), 10)},
 		{Key: h.Remaining, Value: strconv.FormatUint(uint64(pick.LimitRemaining), 10)},
 		{Key: h.Reset, Value: strconv.FormatInt(resetSeconds(pick), 10)},
 	}
+	return []*corev3.HeaderValue{&hv[0], &hv[1], &hv[2]}
 }
 
 // resetSeconds is RateLimit-Reset for a status: its

@@ -2,6 +2,9 @@ package server
 
 import (
 	"errors"
+	"io"
+	"log/slog"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -11,6 +14,8 @@ import (
 	"google.golang.org/protobuf/encoding/prototext"
 
 	"github.com/fleetrate/fleetrate"
+	"github.com/fleetrate/fleetrate/internal/config"
+	"github.com/fleetrate/fleetrate/memstore"
 )
 
 // limitHeadersConfig gives each rule a distinct requests_per_unit, so that
@@ -220,5 +225,42 @@ func TestOverrideText(t *testing.T) {
 	m := ts.should(t, "edge", 1, d).DynamicMetadata.AsMap()
 	if got := m["descriptors"].([]any)[0].(map[string]any)["limit"]; got != "requests_per_unit:100 unit:MINUTE" {
 		t.Errorf("metadata limit %v, want envoyproxy/ratelimit's text", got)
+	}
+}
+
+// BenchmarkRLSHeaders is BenchmarkRLS with envoyproxy/ratelimit's headers,
+// the IETF draft's fields, both, or neither: what each costs a decision.
+//
+//	go test -run '^$' -bench BenchmarkRLSHeaders -benchmem ./internal/server
+func BenchmarkRLSHeaders(b *testing.B) {
+	cfg, err := config.Load("bench.yaml", []byte("domain: bench\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1000000000}\n"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, bc := range []struct {
+		name       string
+		ietf, ours bool
+	}{{"none", false, false}, {"limit", false, true}, {"ietf", true, false}, {"both", true, true}} {
+		b.Run(bc.name, func(b *testing.B) {
+			s, err := New(Options{Store: memstore.New(memstore.Options{}), Config: cfg, StoreBounded: true,
+				ResponseHeaders: bc.ietf, LimitHeaders: LimitHeaders{Enabled: bc.ours},
+				Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+			if err != nil {
+				b.Fatal(err)
+			}
+			reqs := make([]*rlspb.RateLimitRequest, 10_000)
+			for i := range reqs {
+				reqs[i] = &rlspb.RateLimitRequest{Domain: "bench", HitsAddend: 1, Descriptors: []*rlcommon.RateLimitDescriptor{desc("k", "bench:"+strconv.Itoa(i))}}
+			}
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				resp, err := s.shouldRateLimit(b.Context(), reqs[i%len(reqs)])
+				if err != nil || resp.OverallCode != ok {
+					b.Fatalf("%v, %v", resp, err)
+				}
+				i++
+			}
+		})
 	}
 }
