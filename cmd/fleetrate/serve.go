@@ -287,7 +287,7 @@ func governProcs(log *slog.Logger) (stop func()) {
 // openServeStore opens the Redis store st names, or else the in-memory one.
 func openServeStore(ctx context.Context, st serveSettings, log *slog.Logger) (serveStore, error) {
 	if st.redis != "" {
-		return openServeRedis(ctx, st.redis, st.redisBatch, st.storeTimeout, log)
+		return openServeRedis(ctx, st.redis, st.envoyCompat.redisTLS, st.redisBatch, st.storeTimeout, log)
 	}
 	return serveStore{
 		store: memstore.New(memstore.Options{MaxKeys: int(st.memMaxKeys), MaxBytes: st.memMaxBytes}),

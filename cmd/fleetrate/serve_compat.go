@@ -3,6 +3,8 @@ package main
 import (
 	"errors"
 	"fmt"
+	"net/url"
+	"strings"
 
 	"github.com/spf13/pflag"
 	"golang.org/x/net/http/httpguts"
@@ -13,11 +15,13 @@ import (
 
 // envoyCompatSettings are the settings that carry envoyproxy/ratelimit's
 // behaviours over: its response headers, the name its mTLS clients must
-// have, and the ageing and keepalive of gRPC connections.
+// have, the ageing and keepalive of gRPC connections, and the TLS files
+// of its Redis connection.
 type envoyCompatSettings struct {
 	limitHeaders server.LimitHeaders
 	tlsClientSAN string
 	grpc         server.GRPCOptions
+	redisTLS     redisTLSFiles
 }
 
 // addEnvoyCompatFlags adds the flags of envoyCompatSettings.
@@ -31,6 +35,7 @@ func addEnvoyCompatFlags(f *pflag.FlagSet) {
 	f.Duration("grpc-max-connection-age-grace", server.DefaultMaxConnectionAgeGrace, "how long calls in flight on an aged gRPC connection get before it is closed; 0 forever (GRPC_MAX_CONNECTION_AGE_GRACE)")
 	f.Duration("grpc-keepalive-time", server.DefaultKeepaliveTime, "ping a gRPC client after this long without activity")
 	f.Duration("grpc-keepalive-timeout", server.DefaultKeepaliveTimeout, "close a gRPC connection whose keepalive ping is not answered within this")
+	addRedisTLSFlags(f)
 }
 
 // envoyCompat resolves envoyCompatSettings, with s the file's server
@@ -50,14 +55,15 @@ func (r *resolver) envoyCompat(s config.Settings) envoyCompatSettings {
 			KeepaliveTime:         r.dur("grpc-keepalive-time", s.GRPCKeepaliveTime),
 			KeepaliveTimeout:      r.dur("grpc-keepalive-timeout", s.GRPCKeepaliveTimeout),
 		},
+		redisTLS: r.redisTLS(s),
 	}
 }
 
 // check reports a setting that cannot work: a header name that is no HTTP
-// field name, or a client name to pin without client certificates to
-// check (clientCA), which would leave every client admitted while the
-// operator believes only one name is.
-func (c envoyCompatSettings) check(clientCA string) error {
+// field name, a client name to pin without client certificates to check
+// (clientCA), which would leave every client admitted while the operator
+// believes only one name is, or Redis TLS files without a TLS redisURL.
+func (c envoyCompatSettings) check(clientCA, redisURL string) error {
 	for _, h := range []struct{ flag, name string }{
 		{"limit-header-limit", c.limitHeaders.Limit},
 		{"limit-header-remaining", c.limitHeaders.Remaining},
@@ -70,5 +76,18 @@ func (c envoyCompatSettings) check(clientCA string) error {
 	if c.tlsClientSAN != "" && clientCA == "" {
 		return errors.New("--tls-client-san needs --tls-client-ca-file (and --tls-cert-file, --tls-key-file): a client's name is checked only in its verified certificate")
 	}
+	if c.redisTLS.set() && !strings.HasPrefix(redisURL, "rediss") {
+		// Unused files would leave the operator believing Redis is
+		// reached over TLS.
+		return fmt.Errorf("--redis-tls-* (REDIS_TLS_*) need a rediss:// --redis URL (REDIS_TLS=true), got %q", redactedURL(redisURL))
+	}
 	return nil
+}
+
+// redactedURL is a URL with its password masked, for an error.
+func redactedURL(raw string) string {
+	if u, err := url.Parse(raw); err == nil {
+		return u.Redacted()
+	}
+	return "(unparsable)"
 }

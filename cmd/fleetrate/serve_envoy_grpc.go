@@ -2,14 +2,14 @@ package main
 
 import (
 	"fmt"
-	"strings"
 )
 
 // grpcConn reads envoyproxy/ratelimit's gRPC connection settings
 // (GRPC_UDS, GRPC_MAX_CONNECTION_AGE and GRPC_MAX_CONNECTION_AGE_GRACE,
 // durations in Go's syntax as it reads them), its response header names,
 // and the name its mTLS clients must have (GRPC_CLIENT_TLS_SAN); and it
-// refuses the security settings fleetrate cannot honour, naming each.
+// the TLS files of its Redis connection (REDIS_TLS_*); and it refuses the
+// security settings fleetrate cannot honour, naming each.
 func (e *envoyReader) grpcConn() {
 	if p := e.getenv("GRPC_UDS"); p != "" {
 		// As envoyproxy/ratelimit, the socket replaces GRPC_HOST:GRPC_PORT.
@@ -44,14 +44,8 @@ func (e *envoyReader) grpcConn() {
 			}
 		}
 	}
-	for _, name := range envoyRedisTLSFiles {
-		if v := e.getenv(name); v != "" && !strings.EqualFold(v, "false") {
-			e.errs = append(e.errs, fmt.Errorf("%s: not supported; fleetrate verifies Redis's TLS certificate (rediss://, REDIS_TLS=true) against the system's CAs and its host name, and sends no client certificate; unset %s (add the CA to the image's trust store) rather than connect otherwise than it says", name, name))
-		}
-	}
+	e.copy("REDIS_TLS_CACERT", "redis-tls-ca-file")
+	e.copy("REDIS_TLS_CLIENT_CERT", "redis-tls-cert-file")
+	e.copy("REDIS_TLS_CLIENT_KEY", "redis-tls-key-file")
+	e.flagBool("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "redis-tls-skip-hostname-verification")
 }
-
-// envoyRedisTLSFiles are envoyproxy/ratelimit's Redis TLS settings that
-// fleetrate cannot honour: each changes whom the connection to Redis
-// trusts or how it proves itself, so each stops the start.
-var envoyRedisTLSFiles = []string{"REDIS_TLS_CLIENT_CERT", "REDIS_TLS_CLIENT_KEY", "REDIS_TLS_CACERT", "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION"}

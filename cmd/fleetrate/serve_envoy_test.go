@@ -38,6 +38,8 @@ func TestEnvoyEnv(t *testing.T) {
 			map[string]string{"limit-header-limit": "A-Limit", "limit-header-remaining": "A-Remaining", "limit-header-reset": "A-Reset"}},
 		{"grpc socket and ageing", map[string]string{"GRPC_UDS": "/run/rl.sock", "GRPC_PORT": "8081", "GRPC_MAX_CONNECTION_AGE": "30m", "GRPC_MAX_CONNECTION_AGE_GRACE": "10s"},
 			map[string]string{"grpc-addr": "unix:/run/rl.sock", "grpc-max-connection-age": "30m", "grpc-max-connection-age-grace": "10s"}},
+		{"redis tls files", map[string]string{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "r:6380", "REDIS_TLS": "true", "REDIS_TLS_CACERT": "ca.pem", "REDIS_TLS_CLIENT_CERT": "c.pem", "REDIS_TLS_CLIENT_KEY": "k.pem", "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION": "true"},
+			map[string]string{"redis": "rediss://r:6380", "redis-tls-ca-file": "ca.pem", "redis-tls-cert-file": "c.pem", "redis-tls-key-file": "k.pem", "redis-tls-skip-hostname-verification": "true"}},
 		{"grpc mtls with a pinned name", map[string]string{"GRPC_SERVER_USE_TLS": "true", "GRPC_SERVER_TLS_CERT": "c.pem", "GRPC_SERVER_TLS_KEY": "k.pem", "GRPC_CLIENT_TLS_CACERT": "ca.pem", "GRPC_CLIENT_TLS_SAN": "envoy.mesh"},
 			map[string]string{"tls-cert-file": "c.pem", "tls-key-file": "k.pem", "tls-client-ca-file": "ca.pem", "tls-client-san": "envoy.mesh", "tls-http": "false"}},
 		{"prometheus", map[string]string{"USE_PROMETHEUS": "true"}, map[string]string{"metrics-addr": ":9090"}},
@@ -99,13 +101,10 @@ func TestEnvoyEnvRefusedAndIgnored(t *testing.T) {
 	// The security settings fleetrate cannot honour stop the start, each
 	// named.
 	for name, env := range map[string]map[string]string{
-		"GRPC_CLIENT_TLS_CACERT":               {"GRPC_CLIENT_TLS_CACERT": "ca.pem"},
-		"GRPC_CLIENT_TLS_SAN":                  {"GRPC_SERVER_USE_TLS": "false", "GRPC_CLIENT_TLS_SAN": "envoy"},
-		"GRPC_SERVER_TLS_KEY":                  {"GRPC_SERVER_USE_TLS": "true", "GRPC_SERVER_TLS_CERT": "c.pem"},
-		"GRPC_SERVER_USE_TLS":                  {"GRPC_SERVER_USE_TLS": "yes please"},
-		"REDIS_TLS_CACERT":                     {"REDIS_TLS_CACERT": "/etc/ca.pem"},
-		"REDIS_TLS_CLIENT_CERT":                {"REDIS_TLS_CLIENT_CERT": "c.pem", "REDIS_TLS_CLIENT_KEY": "k.pem"},
-		"REDIS_TLS_SKIP_HOSTNAME_VERIFICATION": {"REDIS_TLS_SKIP_HOSTNAME_VERIFICATION": "true"},
+		"GRPC_CLIENT_TLS_CACERT": {"GRPC_CLIENT_TLS_CACERT": "ca.pem"},
+		"GRPC_CLIENT_TLS_SAN":    {"GRPC_SERVER_USE_TLS": "false", "GRPC_CLIENT_TLS_SAN": "envoy"},
+		"GRPC_SERVER_TLS_KEY":    {"GRPC_SERVER_USE_TLS": "true", "GRPC_SERVER_TLS_CERT": "c.pem"},
+		"GRPC_SERVER_USE_TLS":    {"GRPC_SERVER_USE_TLS": "yes please"},
 	} {
 		if _, _, err := envoyEnv(envFrom(env)); err == nil || !strings.Contains(err.Error(), name) {
 			t.Errorf("%v: %v, want an error naming %s", env, err, name)

@@ -246,7 +246,7 @@ func (st *serveSettings) check() error {
 		// believes they are.
 		return errors.New("--tls-client-ca-file needs --tls-cert-file and --tls-key-file: client certificates are verified only over TLS")
 	}
-	if err := st.envoyCompat.check(st.tlsClientCAFile); err != nil {
+	if err := st.envoyCompat.check(st.tlsClientCAFile, st.redis); err != nil {
 		return err
 	}
 	switch st.logFormat {

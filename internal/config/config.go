@@ -299,7 +299,8 @@ type Settings struct {
 	NearLimitRatio          *float64
 
 	// envoyproxy/ratelimit's response headers, the pinned name of mTLS
-	// clients, and the ageing and keepalive of gRPC connections.
+	// clients, the ageing and keepalive of gRPC connections, and the TLS
+	// files of the Redis connection.
 	LimitHeaders         *bool
 	LimitHeaderLimit     *string
 	LimitHeaderRemaining *string
@@ -309,6 +310,10 @@ type Settings struct {
 	GRPCMaxConnAgeGrace  *time.Duration
 	GRPCKeepaliveTime    *time.Duration
 	GRPCKeepaliveTimeout *time.Duration
+	RedisTLSCAFile       *string
+	RedisTLSCertFile     *string
+	RedisTLSKeyFile      *string
+	RedisTLSSkipHostname *bool
 
 	// The failure policy, breaker and load bound of the service.
 	FailurePolicy   *string

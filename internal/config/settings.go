@@ -19,6 +19,7 @@ func (p *parser) settings(n *yaml.Node, s *Settings) {
 		"auth_token_file": &s.AuthTokenFile, "tls_cert_file": &s.TLSCertFile, "tls_key_file": &s.TLSKeyFile,
 		"tls_client_ca_file": &s.TLSClientCAFile, "log_format": &s.LogFormat, "log_level": &s.LogLevel,
 		"limit_header_limit": &s.LimitHeaderLimit, "limit_header_remaining": &s.LimitHeaderRemaining, "limit_header_reset": &s.LimitHeaderReset, "tls_client_san": &s.TLSClientSAN,
+		"redis_tls_ca_file": &s.RedisTLSCAFile, "redis_tls_cert_file": &s.RedisTLSCertFile, "redis_tls_key_file": &s.RedisTLSKeyFile,
 		"metrics_addr": &s.MetricsAddr, "metrics_path": &s.MetricsPath,
 		"failure_policy": &s.FailurePolicy,
 	}
@@ -33,7 +34,7 @@ func (p *parser) settings(n *yaml.Node, s *Settings) {
 		"response_headers": &s.ResponseHeaders, "shadow_mode": &s.ShadowMode, "store_api": &s.StoreAPI,
 		"redis_batch": &s.RedisBatch, "health_checks_store": &s.HealthChecksStore, "tls_http": &s.TLSHTTP,
 		"quota_mode": &s.QuotaMode, "adaptive_procs": &s.AdaptiveProcs, "response_dynamic_metadata": &s.ResponseDynamicMetadata,
-		"limit_headers": &s.LimitHeaders,
+		"limit_headers": &s.LimitHeaders, "redis_tls_skip_hostname_verification": &s.RedisTLSSkipHostname,
 	}
 	type bounded struct {
 		dst    **int64
