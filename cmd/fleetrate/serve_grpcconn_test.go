@@ -9,6 +9,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"io"
 	"math/big"
 	"net"
 	"os"
@@ -264,6 +265,51 @@ func TestServeUnixSocket(t *testing.T) {
 	if _, err := os.Stat(sock); !os.IsNotExist(err) {
 		t.Errorf("socket file after stop: %v, want removed", err)
 	}
+	// envoyproxy/ratelimit's GRPC_UDS, with its GRPC_PORT beside it: the
+	// socket wins, as there.
+	sock = filepath.Join(t.TempDir(), "uds.sock")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	logs := &serveLog{}
+	env := envFrom(map[string]string{"GRPC_UDS": sock, "GRPC_PORT": "1", "HOST": "127.0.0.1", "PORT": "0"})
+	go func() {
+		done <- run(ctx, []string{"serve", "--config", serveWriteFile(t, "fleetrate.yaml", serveTestConfig), "--log-format", "json", "--log-level", "info"}, env, io.Discard, logs)
+	}()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if g, ok := logs.field("fleetrate serving", "grpc"); ok {
+			if g != sock {
+				t.Errorf("GRPC_UDS: serving gRPC on %v, want %s", g, sock)
+			}
+			break
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("GRPC_UDS: serve exited: %v\n%s", err, logs)
+		default:
+		}
+		if time.Now().After(deadline) {
+			cancel()
+			t.Fatalf("GRPC_UDS: no startup line in 10 s:\n%s", logs)
+		}
+	}
+	if err := rlsCall(context.Background(), conn2(t, sock)); err != nil {
+		t.Errorf("RLS over GRPC_UDS: %v", err)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("GRPC_UDS service: %v", err)
+	}
+}
+
+// conn2 is a gRPC client of the Unix socket at sock, closed with the test.
+func conn2(t *testing.T, sock string) *grpc.ClientConn {
+	t.Helper()
+	conn, err := grpc.NewClient("unix:"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
 }
 
 // TestServeRotatesCertificateUnderLoad rotates the TLS certificate and key
