@@ -29,7 +29,7 @@ func loadTLS(ctx context.Context, st serveSettings, log *slog.Logger) (*tls.Conf
 	}
 	cert, err := certwatch.Load(st.tlsCertFile, st.tlsKeyFile, log)
 	if err != nil {
-		return nil, fmt.Errorf("tls: %w", err)
+		return nil, fmt.Errorf("--tls-cert-file, --tls-key-file: %w", err)
 	}
 	c := &tls.Config{GetCertificate: cert.GetCertificate, MinVersion: tls.VersionTLS12}
 	if st.tlsClientCAFile != "" {
