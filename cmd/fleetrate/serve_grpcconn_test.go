@@ -14,6 +14,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -424,11 +425,20 @@ func TestServeLimitHeaders(t *testing.T) {
 		if h["RateLimit"] == "" || h["RateLimit-Policy"] == "" {
 			t.Errorf("response %d: %v, want the IETF fields too (the file's response_headers)", len(got), h)
 		}
-		got = append(got, r.OverallCode.String()+" "+h["RateLimit-Limit"]+" "+h["X-Left"]+" "+h["RateLimit-Reset"])
+		// Reset is the status's duration_until_reset, in whole seconds:
+		// full again in 30 s, then 60 s; the denial would pass in 30 s,
+		// each less the time since the first call, rounded up (a second
+		// less should the calls be a second apart on a loaded machine).
+		if d := strconv.FormatInt(r.Statuses[0].GetDurationUntilReset().GetSeconds(), 10); h["RateLimit-Reset"] != d {
+			t.Errorf("response %d: RateLimit-Reset %q, duration_until_reset %s s: want them equal", len(got), h["RateLimit-Reset"], d)
+		}
+		got = append(got, r.OverallCode.String()+" "+h["RateLimit-Limit"]+" "+h["X-Left"])
+		if reset, want := h["RateLimit-Reset"], []string{"30", "60", "30"}[len(got)-1]; reset != want && reset != strconv.Itoa(mustAtoi(t, want)-1) {
+			t.Errorf("response %d: RateLimit-Reset %q, want %s", len(got), reset, want)
+		}
 	}
-	// Reset: full again in 30 s, then 60 s; the denial would pass in 30 s.
-	if want := []string{"OK 2 1 30", "OK 2 0 60", "OVER_LIMIT 2 0 30"}; strings.Join(got, ", ") != strings.Join(want, ", ") {
-		t.Errorf("code, limit, remaining, reset: %q, want %q", got, want)
+	if want := []string{"OK 2 1", "OK 2 0", "OVER_LIMIT 2 0"}; strings.Join(got, ", ") != strings.Join(want, ", ") {
+		t.Errorf("code, limit, remaining: %q, want %q", got, want)
 	}
 }
 
@@ -455,4 +465,13 @@ func TestServeEnvoyCompatSettings(t *testing.T) {
 	if _, err := resolve("--limit-header-limit", "Rate Limit"); err == nil || !strings.Contains(err.Error(), `--limit-header-limit must be an HTTP field name`) || !strings.Contains(err.Error(), `"Rate Limit"`) {
 		t.Errorf("bad header name: %v", err)
 	}
+}
+
+func mustAtoi(t *testing.T, s string) int {
+	t.Helper()
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
