@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -13,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"strings"
 	"syscall"
 	"time"
 
@@ -113,6 +113,7 @@ type serveSettings struct {
 	maxMetricDescs  int64
 	access          accessSettings
 	safety          safetySettings
+	envoyCompat     envoyCompatSettings
 }
 
 // Flag names and their defaults.
@@ -144,7 +145,7 @@ func serveCommand(getenv func(string) string) *cobra.Command {
 	f.String("metrics-addr", "", "an extra listen address serving only the metrics (they are also on --http-addr)")
 	f.String("metrics-path", "/metrics", "the metrics' path on --metrics-addr")
 	f.String("http-addr", ":8080", "HTTP listen address (/json, /v1, /healthz, /readyz, /metrics); \"off\" disables")
-	f.String("grpc-addr", ":8081", "gRPC listen address (Envoy RLS v3); \"off\" disables")
+	f.String("grpc-addr", ":8081", "gRPC listen address (Envoy RLS v3), or unix:PATH for a Unix socket; \"off\" disables")
 	f.String("redis", "", "Redis URL; empty means the in-memory store (see above for Sentinel and Cluster)")
 	f.String("prefix", server.DefaultPrefix, "prefix of every store key")
 	f.Duration("max-wait", server.DefaultMaxWait, "default and largest max wait of /v1/wait")
@@ -178,6 +179,7 @@ func serveCommand(getenv func(string) string) *cobra.Command {
 	f.Float64("near-limit-ratio", server.DefaultNearLimitRatio, "fraction of a limit's burst in use above which RLS hits count in fleetrate_near_limit_total")
 	f.Int64("max-metric-descriptors", server.DefaultMaxMetricDescriptors, "most descriptor label values in fleetrate_decisions_total and fleetrate_near_limit_total; decisions of others count under descriptor=\"_overflow\" (rules with detailed_metric or value_to_metric label each request value)")
 	addSafetyFlags(f)
+	addEnvoyCompatFlags(f)
 	return cmd
 }
 
@@ -191,32 +193,14 @@ func newLogger(format, level string, w io.Writer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, opts))
 }
 
-func loadTLS(st serveSettings) (*tls.Config, error) {
-	if st.tlsCertFile == "" {
-		return nil, nil
-	}
-	cert, err := tls.LoadX509KeyPair(st.tlsCertFile, st.tlsKeyFile)
-	if err != nil {
-		return nil, fmt.Errorf("tls: %w", err)
-	}
-	c := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
-	if st.tlsClientCAFile != "" {
-		pem, err := os.ReadFile(st.tlsClientCAFile)
-		if err != nil {
-			return nil, fmt.Errorf("tls client CA: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("tls client CA %s: no PEM certificate found", st.tlsClientCAFile)
-		}
-		c.ClientCAs, c.ClientAuth = pool, tls.RequireAndVerifyClientCert
-	}
-	return c, nil
-}
-
+// listen listens on addr: host:port, or unix:PATH for a Unix socket
+// (listenUnix); "" and "off" are no listener.
 func listen(addr string) (net.Listener, error) {
 	if addr == "" || addr == "off" {
 		return nil, nil
+	}
+	if path, ok := strings.CutPrefix(addr, "unix:"); ok {
+		return listenUnix(path)
 	}
 	return net.Listen("tcp", addr)
 }
@@ -233,7 +217,9 @@ func closeAll(ls ...net.Listener) {
 // the configuration on SIGHUP.
 func serve(ctx context.Context, st serveSettings, logOut io.Writer) error {
 	log := newLogger(st.logFormat, st.logLevel, logOut)
-	tlsCfg, err := loadTLS(st)
+	ctx, cancel := context.WithCancel(ctx) // ends the certificate's watch when serve returns
+	defer cancel()
+	tlsCfg, err := loadTLS(ctx, st, log)
 	if err != nil {
 		return err
 	}
@@ -301,7 +287,7 @@ func governProcs(log *slog.Logger) (stop func()) {
 // openServeStore opens the Redis store st names, or else the in-memory one.
 func openServeStore(ctx context.Context, st serveSettings, log *slog.Logger) (serveStore, error) {
 	if st.redis != "" {
-		return openServeRedis(ctx, st.redis, st.redisBatch, st.storeTimeout, log)
+		return openServeRedis(ctx, st.redis, st.envoyCompat.redisTLS, st.redisBatch, st.storeTimeout, log)
 	}
 	return serveStore{
 		store: memstore.New(memstore.Options{MaxKeys: int(st.memMaxKeys), MaxBytes: st.memMaxBytes}),
@@ -336,6 +322,8 @@ func (st *serveSettings) serverOptions(store serveStore, tlsCfg *tls.Config, log
 		TLS:                     tlsCfg,
 		PlainHTTP:               !st.tlsHTTP,
 		ResponseHeaders:         st.responseHeaders,
+		LimitHeaders:            st.envoyCompat.limitHeaders,
+		GRPC:                    st.envoyCompat.grpc,
 		ShadowMode:              st.shadowMode,
 		QuotaMode:               st.quotaMode,
 		DisableStoreAPI:         !st.storeAPI,

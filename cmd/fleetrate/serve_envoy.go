@@ -25,6 +25,7 @@ func envoyEnv(getenv func(string) string) (vals map[string]string, notes []strin
 	e.logs()
 	e.decisions()
 	e.store()
+	e.grpcConn()
 	return e.vals, e.notes, errors.Join(e.errs...)
 }
 
@@ -141,12 +142,7 @@ func (e *envoyReader) decisions() {
 	e.flagBool("SHADOW_MODE", "shadow-mode")
 	e.flagBool("QUOTA_MODE", "quota-mode")
 	e.flagBool("RESPONSE_DYNAMIC_METADATA", "response-dynamic-metadata")
-	e.flagBool("LIMIT_RESPONSE_HEADERS_ENABLED", "response-headers")
-	for _, name := range []string{"LIMIT_LIMIT_HEADER", "LIMIT_REMAINING_HEADER", "LIMIT_RESET_HEADER"} {
-		if e.set(name) {
-			e.notes = append(e.notes, name+": ignored; fleetrate sends the current IETF draft's RateLimit-Policy and RateLimit fields, whose names are fixed")
-		}
-	}
+	e.flagBool("LIMIT_RESPONSE_HEADERS_ENABLED", "limit-headers")
 	e.copy("CACHE_KEY_PREFIX", "prefix")
 }
 
@@ -155,14 +151,11 @@ func (e *envoyReader) decisions() {
 var envoyIgnored = []struct{ name, why string }{
 	{"REDIS_PIPELINE_WINDOW", "fleetrate batches concurrent Redis calls itself (--redis-batch, on by default)"},
 	{"REDIS_PIPELINE_LIMIT", "fleetrate batches concurrent Redis calls itself (--redis-batch, on by default)"},
-	{"REDIS_TLS_CLIENT_CERT", "Redis client certificates are not supported; REDIS_TLS uses the system's CAs"},
-	{"REDIS_TLS_CACERT", "Redis client certificates are not supported; REDIS_TLS uses the system's CAs"},
 	{"EXPIRATION_JITTER_MAX_SECONDS", "token buckets expire when full, not at window ends, so keys do not expire together"},
 	{"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "fleetrate always behaves so: a denied request spends nothing"},
 	{"USE_STATSD", "fleetrate exports Prometheus metrics on /metrics, not statsd"},
 	{"USE_DOG_STATSD", "fleetrate exports Prometheus metrics on /metrics, not statsd"},
 	{"TRACING_ENABLED", "tracing is not supported"},
-	{"GRPC_UDS", "a gRPC Unix socket is not supported; use GRPC_PORT"},
 }
 
 // store reads the store (Redis, or memory without REDIS_URL) and its

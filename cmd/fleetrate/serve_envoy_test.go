@@ -33,7 +33,15 @@ func TestEnvoyEnv(t *testing.T) {
 		{"logs", map[string]string{"LOG_LEVEL": "WARN", "LOG_FORMAT": "json"},
 			map[string]string{"log-level": "warn", "log-format": "json"}},
 		{"modes and headers", map[string]string{"SHADOW_MODE": "true", "QUOTA_MODE": "true", "RESPONSE_DYNAMIC_METADATA": "true", "LIMIT_RESPONSE_HEADERS_ENABLED": "true"},
-			map[string]string{"shadow-mode": "true", "quota-mode": "true", "response-dynamic-metadata": "true", "response-headers": "true"}},
+			map[string]string{"shadow-mode": "true", "quota-mode": "true", "response-dynamic-metadata": "true", "limit-headers": "true"}},
+		{"header names", map[string]string{"LIMIT_LIMIT_HEADER": "A-Limit", "LIMIT_REMAINING_HEADER": "A-Remaining", "LIMIT_RESET_HEADER": "A-Reset"},
+			map[string]string{"limit-header-limit": "A-Limit", "limit-header-remaining": "A-Remaining", "limit-header-reset": "A-Reset"}},
+		{"grpc socket and ageing", map[string]string{"GRPC_UDS": "/run/rl.sock", "GRPC_PORT": "8081", "GRPC_MAX_CONNECTION_AGE": "30m", "GRPC_MAX_CONNECTION_AGE_GRACE": "10s"},
+			map[string]string{"grpc-addr": "unix:/run/rl.sock", "grpc-max-connection-age": "30m", "grpc-max-connection-age-grace": "10s"}},
+		{"redis tls files", map[string]string{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "r:6380", "REDIS_TLS": "true", "REDIS_TLS_CACERT": "ca.pem", "REDIS_TLS_CLIENT_CERT": "c.pem", "REDIS_TLS_CLIENT_KEY": "k.pem", "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION": "true"},
+			map[string]string{"redis": "rediss://r:6380", "redis-tls-ca-file": "ca.pem", "redis-tls-cert-file": "c.pem", "redis-tls-key-file": "k.pem", "redis-tls-skip-hostname-verification": "true"}},
+		{"grpc mtls with a pinned name", map[string]string{"GRPC_SERVER_USE_TLS": "true", "GRPC_SERVER_TLS_CERT": "c.pem", "GRPC_SERVER_TLS_KEY": "k.pem", "GRPC_CLIENT_TLS_CACERT": "ca.pem", "GRPC_CLIENT_TLS_SAN": "envoy.mesh"},
+			map[string]string{"tls-cert-file": "c.pem", "tls-key-file": "k.pem", "tls-client-ca-file": "ca.pem", "tls-client-san": "envoy.mesh", "tls-http": "false"}},
 		{"prometheus", map[string]string{"USE_PROMETHEUS": "true"}, map[string]string{"metrics-addr": ":9090"}},
 		{"redis tcp", map[string]string{"REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "redis.svc:6379", "REDIS_AUTH": "s3cret", "REDIS_POOL_SIZE": "20", "REDIS_TIMEOUT": "2s"},
 			map[string]string{"redis": "redis://:s3cret@redis.svc:6379?pool_size=20", "store-timeout": "2s"}},
@@ -90,9 +98,24 @@ func TestEnvoyEnvRefusedAndIgnored(t *testing.T) {
 			t.Errorf("%v: no error", env)
 		}
 	}
-	_, notes, err := envoyEnv(envFrom(map[string]string{"USE_STATSD": "true", "LIMIT_LIMIT_HEADER": "X-Limit", "USE_DOG_STATSD": "false"}))
-	if err != nil || len(notes) != 2 || !strings.Contains(strings.Join(notes, "\n"), "USE_STATSD: ignored; fleetrate exports Prometheus") {
-		t.Errorf("notes %q, %v; want USE_STATSD and LIMIT_LIMIT_HEADER, each with the reason", notes, err)
+	// The security settings fleetrate cannot honour stop the start, each
+	// named.
+	for name, env := range map[string]map[string]string{
+		"GRPC_CLIENT_TLS_CACERT": {"GRPC_CLIENT_TLS_CACERT": "ca.pem"},
+		"GRPC_CLIENT_TLS_SAN":    {"GRPC_SERVER_USE_TLS": "false", "GRPC_CLIENT_TLS_SAN": "envoy"},
+		"GRPC_SERVER_TLS_KEY":    {"GRPC_SERVER_USE_TLS": "true", "GRPC_SERVER_TLS_CERT": "c.pem"},
+		"GRPC_SERVER_USE_TLS":    {"GRPC_SERVER_USE_TLS": "yes please"},
+	} {
+		if _, _, err := envoyEnv(envFrom(env)); err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("%v: %v, want an error naming %s", env, err, name)
+		}
+	}
+	if _, notes, err := envoyEnv(envFrom(map[string]string{"GRPC_SERVER_TLS_CERT": "c.pem"})); err != nil || len(notes) != 1 || !strings.Contains(notes[0], "plain text") {
+		t.Errorf("a certificate without GRPC_SERVER_USE_TLS: %q, %v; want a note that gRPC is plain text", notes, err)
+	}
+	_, notes, err := envoyEnv(envFrom(map[string]string{"USE_STATSD": "true", "LIMIT_LIMIT_HEADER": "X-Limit", "USE_DOG_STATSD": "false", "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION": "false"}))
+	if err != nil || len(notes) != 1 || !strings.Contains(strings.Join(notes, "\n"), "USE_STATSD: ignored; fleetrate exports Prometheus") {
+		t.Errorf("notes %q, %v; want USE_STATSD only, with the reason", notes, err)
 	}
 }
 

@@ -28,6 +28,12 @@ type serveStore struct {
 // proxy), redis+sentinel:// a Sentinel-managed primary, redis+cluster:// a
 // Redis Cluster; each with an s for TLS. unix:// is a local socket.
 func newServeRedisClient(raw string) (redis.UniversalClient, string, error) {
+	return newServeRedisClientTLS(raw, redisTLSFiles{})
+}
+
+// newServeRedisClientTLS is newServeRedisClient with the TLS files of
+// --redis-tls-*.
+func newServeRedisClientTLS(raw string, files redisTLSFiles) (redis.UniversalClient, string, error) {
 	u, err := url.Parse(raw)
 	if err != nil {
 		return nil, "", fmt.Errorf("redis URL: %w", err)
@@ -48,12 +54,18 @@ func newServeRedisClient(raw string) (redis.UniversalClient, string, error) {
 	switch mode {
 	case "":
 		o, err := redis.ParseURL(plain.String())
+		if err == nil {
+			o.TLSConfig, err = files.apply(o.TLSConfig)
+		}
 		if err != nil {
 			return nil, name, fmt.Errorf("redis URL %s: %w", name, err)
 		}
 		return redis.NewClient(redisstore.ClientOptions(o)), name, nil
 	case "sentinel":
 		o, err := redis.ParseFailoverURL(plain.String())
+		if err == nil {
+			o.TLSConfig, err = files.apply(o.TLSConfig)
+		}
 		if err != nil {
 			return nil, name, fmt.Errorf("redis URL %s: %w", name, err)
 		}
@@ -64,6 +76,9 @@ func newServeRedisClient(raw string) (redis.UniversalClient, string, error) {
 		return redis.NewFailoverClient(o), name, nil
 	case "cluster":
 		o, err := redis.ParseClusterURL(plain.String())
+		if err == nil {
+			o.TLSConfig, err = files.apply(o.TLSConfig)
+		}
 		if err != nil {
 			return nil, name, fmt.Errorf("redis URL %s: %w", name, err)
 		}
@@ -86,9 +101,9 @@ func serveStoreOptions(raw string, batch bool, timeout time.Duration) redisstore
 // openServeRedis connects to Redis. An unreachable server is not fatal: the
 // service starts, /readyz fails and decisions report the store as
 // unavailable until Redis answers.
-func openServeRedis(ctx context.Context, raw string, batch bool, timeout time.Duration, log *slog.Logger) (serveStore, error) {
+func openServeRedis(ctx context.Context, raw string, files redisTLSFiles, batch bool, timeout time.Duration, log *slog.Logger) (serveStore, error) {
 	redisstore.SetLogger(log) // go-redis's own lines: structured, one a second
-	c, name, err := newServeRedisClient(raw)
+	c, name, err := newServeRedisClientTLS(raw, files)
 	if err != nil {
 		return serveStore{}, err
 	}

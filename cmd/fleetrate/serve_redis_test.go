@@ -21,7 +21,7 @@ func TestServeStoreTimeoutReachesBatchedCalls(t *testing.T) {
 	t.Parallel()
 	rs := redistest.Start(t)
 	for _, batch := range []bool{true, false} {
-		st, err := openServeRedis(context.Background(), rs.URL(), batch, 5*time.Second, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		st, err := openServeRedis(context.Background(), rs.URL(), redisTLSFiles{}, batch, 5*time.Second, slog.New(slog.NewTextHandler(io.Discard, nil)))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -214,6 +214,7 @@ func (r *resolver) settings(st *serveSettings, s config.Settings) {
 	st.metricsAddr = r.str("metrics-addr", s.MetricsAddr)
 	st.metricsPath = r.str("metrics-path", s.MetricsPath)
 	st.safety = r.safety(s)
+	st.envoyCompat = r.envoyCompat(s)
 }
 
 // check reports the first setting, or pair of settings, that cannot work.
@@ -244,6 +245,9 @@ func (st *serveSettings) check() error {
 		// would leave clients unauthenticated while the operator
 		// believes they are.
 		return errors.New("--tls-client-ca-file needs --tls-cert-file and --tls-key-file: client certificates are verified only over TLS")
+	}
+	if err := st.envoyCompat.check(st.tlsClientCAFile, st.redis); err != nil {
+		return err
 	}
 	switch st.logFormat {
 	case "text", "json":

@@ -18,12 +18,15 @@ func (p *parser) settings(n *yaml.Node, s *Settings) {
 		"http_addr": &s.HTTPAddr, "grpc_addr": &s.GRPCAddr, "redis": &s.Redis, "prefix": &s.Prefix,
 		"auth_token_file": &s.AuthTokenFile, "tls_cert_file": &s.TLSCertFile, "tls_key_file": &s.TLSKeyFile,
 		"tls_client_ca_file": &s.TLSClientCAFile, "log_format": &s.LogFormat, "log_level": &s.LogLevel,
+		"limit_header_limit": &s.LimitHeaderLimit, "limit_header_remaining": &s.LimitHeaderRemaining, "limit_header_reset": &s.LimitHeaderReset, "tls_client_san": &s.TLSClientSAN,
+		"redis_tls_ca_file": &s.RedisTLSCAFile, "redis_tls_cert_file": &s.RedisTLSCertFile, "redis_tls_key_file": &s.RedisTLSKeyFile,
 		"metrics_addr": &s.MetricsAddr, "metrics_path": &s.MetricsPath,
 		"failure_policy": &s.FailurePolicy,
 	}
 	durs := map[string]**time.Duration{
 		"max_wait": &s.MaxWait, "read_timeout": &s.ReadTimeout, "write_timeout": &s.WriteTimeout,
 		"idle_timeout": &s.IdleTimeout, "shutdown_timeout": &s.ShutdownTimeout, "drain_delay": &s.DrainDelay, "store_timeout": &s.StoreTimeout,
+		"grpc_max_connection_age": &s.GRPCMaxConnAge, "grpc_max_connection_age_grace": &s.GRPCMaxConnAgeGrace, "grpc_keepalive_time": &s.GRPCKeepaliveTime, "grpc_keepalive_timeout": &s.GRPCKeepaliveTimeout,
 		"reload_interval":  &s.ReloadInterval,
 		"breaker_cool_off": &s.BreakerCoolOff,
 	}
@@ -31,6 +34,7 @@ func (p *parser) settings(n *yaml.Node, s *Settings) {
 		"response_headers": &s.ResponseHeaders, "shadow_mode": &s.ShadowMode, "store_api": &s.StoreAPI,
 		"redis_batch": &s.RedisBatch, "health_checks_store": &s.HealthChecksStore, "tls_http": &s.TLSHTTP,
 		"quota_mode": &s.QuotaMode, "adaptive_procs": &s.AdaptiveProcs, "response_dynamic_metadata": &s.ResponseDynamicMetadata,
+		"limit_headers": &s.LimitHeaders, "redis_tls_skip_hostname_verification": &s.RedisTLSSkipHostname,
 	}
 	type bounded struct {
 		dst    **int64

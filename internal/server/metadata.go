@@ -1,15 +1,17 @@
 package server
 
 import (
-	"fmt"
+	"strconv"
+	"strings"
 
+	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/protobuf/types/known/structpb"
 )
 
 // dynamicMetadata is the dynamic metadata of an RLS response, in
 // envoyproxy/ratelimit's layout: "domain", "descriptors" (each with
-// "entries" as "key=value", and "limit" and "hitsAddend" when the
+// "entries" as "key=value", and "limit" (overrideText) and "hitsAddend" when the
 // descriptor has them), "hitsAddend" when the request sets it, and
 // "metadata": the metadata of the rules of the descriptors that passed,
 // merged (the first value of a name wins; mappings merge recursively).
@@ -23,7 +25,7 @@ func dynamicMetadata(req *rlspb.RateLimitRequest, plans []plan, outs []outcome) 
 		}
 		df := map[string]*structpb.Value{"entries": structpb.NewListValue(&structpb.ListValue{Values: entries})}
 		if l := d.GetLimit(); l != nil {
-			df["limit"] = structpb.NewStringValue(fmt.Sprintf("%d/%s", l.GetRequestsPerUnit(), l.GetUnit()))
+			df["limit"] = structpb.NewStringValue(overrideText(l))
 		}
 		if h := d.GetHitsAddend(); h != nil {
 			df["hitsAddend"] = structpb.NewNumberValue(float64(h.GetValue()))
@@ -68,4 +70,23 @@ func mergeStruct(dst, src *structpb.Struct) {
 func cloneValue(v *structpb.Value) *structpb.Value {
 	c, _ := structpb.NewValue(v.AsInterface())
 	return c
+}
+
+// overrideText is a descriptor's limit override as envoyproxy/ratelimit
+// writes it in dynamic metadata, the message's String(): protobuf's
+// one-line text format, such as "requests_per_unit:100 unit:MINUTE", each
+// field that is not zero as name:value, an enum by its name (its number
+// when it has none), separated by one space. (protobuf-go's String() may
+// put two spaces in a given binary, to keep its output from being relied
+// on; one is its canonical form.)
+func overrideText(l *rlcommon.RateLimitDescriptor_RateLimitOverride) string {
+	var parts []string
+	if n := l.GetRequestsPerUnit(); n != 0 {
+		parts = append(parts, "requests_per_unit:"+strconv.FormatUint(uint64(n), 10))
+	}
+	if u := l.GetUnit(); u != 0 {
+		name := u.String() // the number, when the enum has no such value
+		parts = append(parts, "unit:"+name)
+	}
+	return strings.Join(parts, " ")
 }

@@ -129,6 +129,9 @@ func (s *Server) respond(ctx context.Context, req *rlspb.RateLimitRequest, plans
 	if s.opts.ResponseHeaders {
 		resp.ResponseHeadersToAdd = rateLimitHeaders(plans, outs)
 	}
+	if s.opts.LimitHeaders.Enabled {
+		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, limitHeaders(s.opts.LimitHeaders, s.opts.QuotaMode, plans, outs)...)
+	}
 	if s.opts.ResponseDynamicMetadata {
 		resp.DynamicMetadata = dynamicMetadata(req, plans, outs)
 	}

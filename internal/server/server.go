@@ -143,6 +143,11 @@ type Options struct {
 	// fields to RLS responses (response_headers_to_add), as httplimit
 	// sends them.
 	ResponseHeaders bool
+	// LimitHeaders add envoyproxy/ratelimit's RateLimit-Limit,
+	// RateLimit-Remaining and RateLimit-Reset headers (limitheaders.go).
+	LimitHeaders LimitHeaders
+	// GRPC configures gRPC connections: ageing and keepalive (grpcconn.go).
+	GRPC GRPCOptions
 	// ShadowMode makes every RLS response OK while still counting, as
 	// envoyproxy/ratelimit's global SHADOW_MODE does.
 	ShadowMode bool
@@ -308,6 +313,12 @@ func (opts Options) validate() error {
 	if opts.MaxWait < 0 || opts.MaxWait > fleetrate.MaxWaitCap {
 		return fmt.Errorf("%w: server: max wait must be between 0 and %v, got %v", fleetrate.ErrInvalid, fleetrate.MaxWaitCap, opts.MaxWait)
 	}
+	if err := opts.LimitHeaders.validate(); err != nil {
+		return err
+	}
+	if err := opts.GRPC.validate(); err != nil {
+		return err
+	}
 	return opts.Access.validate(opts.AuthTokens)
 }
 
@@ -340,6 +351,7 @@ func (opts Options) withDefaults() Options {
 	if opts.NearLimitRatio <= 0 || opts.NearLimitRatio > 1 {
 		opts.NearLimitRatio = DefaultNearLimitRatio
 	}
+	opts.LimitHeaders = opts.LimitHeaders.withDefaults()
 	if opts.StoreName == "" {
 		opts.StoreName = "store"
 	}
