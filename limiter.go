@@ -33,6 +33,7 @@ type Limiter struct {
 	// the lease of every permit the limiter takes.
 	inFlight  int64
 	permitTTL time.Duration
+	permits   permitCounts
 }
 
 // namedBucket is a configured bucket and, when the store is a Binder, its

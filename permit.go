@@ -70,6 +70,10 @@ func (l *Limiter) wait(ctx context.Context, req Request) (*Reservation, error) {
 			}
 			return nil, err
 		}
+		if !joined {
+			l.permits.waiting.Add(1)
+			defer l.permits.waiting.Add(-1)
+		}
 		joined = true
 		res := err.(*BackpressureError).Result
 		if wake == nil {
@@ -118,6 +122,31 @@ func (l *Limiter) leave(req Request) {
 	_, _ = l.store.Release(ctx, req.Buckets, req.Permit.ID)
 }
 
+// PermitStats is what a Limiter's in-flight permits are doing, in this
+// process (see Limiter.PermitStats).
+type PermitStats struct {
+	// Held is how many permits the limiter's reservations hold now.
+	Held int64
+	// Waiting is how many Acquire (and WaitCosts) calls wait in a queue
+	// for a permit now.
+	Waiting int64
+	// Lapsed counts the permits whose lease ended before a renewal
+	// reached the store: a partition, a store down, a process paused
+	// longer than two thirds of the lease.
+	Lapsed int64
+}
+
+// permitCounts are a Limiter's PermitStats, counted as they change.
+type permitCounts struct {
+	held, waiting, lapsed atomic.Int64
+}
+
+// PermitStats returns what the limiter's in-flight permits are doing in
+// this process, for metrics.
+func (l *Limiter) PermitStats() PermitStats {
+	return PermitStats{Held: l.permits.held.Load(), Waiting: l.permits.waiting.Load(), Lapsed: l.permits.lapsed.Load()}
+}
+
 // newPermitID returns an id no other acquisition in the fleet has: 96
 // random bits.
 func newPermitID() string {
@@ -158,6 +187,7 @@ func (r *Reservation) hold(req Request) {
 		}
 	}
 	r.permit = p
+	r.l.permits.held.Add(1)
 	p.setUntil(r.asked.Add(p.lease.TTL))
 	p.mu.Lock()
 	p.timer = time.AfterFunc(p.lease.TTL/3, r.renew)
@@ -181,6 +211,7 @@ func (r *Reservation) renew() {
 	}
 	if err == nil && held < p.bounded {
 		p.lapsed.Store(true)
+		r.l.permits.lapsed.Add(1)
 		p.timer = nil
 		return
 	}
@@ -234,6 +265,7 @@ func (r *Reservation) Release(ctx context.Context) error {
 	if !p.released.CompareAndSwap(false, true) {
 		return nil
 	}
+	r.l.permits.held.Add(-1)
 	p.mu.Lock()
 	if p.timer != nil {
 		p.timer.Stop()

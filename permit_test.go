@@ -63,6 +63,9 @@ func TestAcquireBoundsInFlightFirstComeFirstServed(t *testing.T) {
 		if p := peak.Load(); p != 2 {
 			t.Fatalf("peak in flight %d, want 2", p)
 		}
+		if st := l.PermitStats(); st != (fleetrate.PermitStats{}) {
+			t.Fatalf("PermitStats after every release: %+v, want none held or waiting", st)
+		}
 		for i, o := range order {
 			if o != i {
 				t.Fatalf("served in order %v, want first come first served", order)
@@ -218,6 +221,11 @@ func TestHeldEndsWithTheLeaseWhenRenewalsFail(t *testing.T) {
 		time.Sleep(2600 * time.Millisecond) // the lease from the 2 s renewal ends at 5 s
 		if r.Held() {
 			t.Fatal("held 5.1 s in, with every renewal since 2 s failed")
+		}
+		store.down.Store(false)
+		time.Sleep(time.Second) // the next renewal finds the lease gone
+		if st := l.PermitStats(); !r.Lapsed() || st.Lapsed != 1 || st.Held != 1 {
+			t.Fatalf("after a renewal found the lease gone: lapsed %v, %+v; want lapsed, counted, still held until released", r.Lapsed(), st)
 		}
 	})
 }
