@@ -18,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetrate/fleetrate"
+	"github.com/fleetrate/fleetrate/internal/cli/mockota"
 	"github.com/fleetrate/fleetrate/internal/harness/redistest"
 	"github.com/fleetrate/fleetrate/redisstore"
 )
@@ -64,7 +65,7 @@ func TestInFlightFleet(t *testing.T) {
 	)
 	srv := redistest.Start(t)
 	skipUnsupported(t, srv.URL())
-	up := newUpstream(bound, 50*time.Millisecond, 500*time.Millisecond)
+	up := &mockota.Concurrent{Bound: bound, MinLatency: 50 * time.Millisecond, MaxLatency: 500 * time.Millisecond}
 	hs := httptest.NewServer(up)
 	defer hs.Close()
 	start := time.Now()
@@ -110,9 +111,10 @@ func TestInFlightFleet(t *testing.T) {
 		sum.Renews += r.Renews
 		sum.Releases += r.Releases
 	}
-	peak, served, refused, cut, tl := up.stats()
-	recovered := fullAgain(tl, killedAt, bound)
-	steady := busy(tl, start.Add(time.Second), killedAt)
+	st, tl := up.Stats(), up.Timeline()
+	peak, served, refused, cut := st.Peak, st.Served, st.Refused, st.Cut
+	recovered := mockota.FullAgain(tl, killedAt, bound)
+	steady := mockota.MeanInFlight(tl, start.Add(time.Second), killedAt)
 	runFor := end.Sub(start).Seconds()
 	mean := 0.275 // s: the upstream's mean latency
 	tighter := min(rate, bound/mean)
