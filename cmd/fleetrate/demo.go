@@ -190,9 +190,9 @@ func startFleetOTA(mode string) (*demoFleet, error) {
 	return &demoFleet{mode: mode, ota: ota, url: "http://" + ln.Addr().String(), stop: func() { srv.Close() }}, nil
 }
 
-// runDemo runs the demo: the three fleets and the priority runs at the
-// same time, then their tables, and fails if a shared fleet broke a
-// documented limit.
+// runDemo runs the demo: the three fleets, the priority runs and the
+// in-flight runs at the same time, then their tables, and fails if a
+// shared fleet broke a documented limit or the bounded run its bound.
 func runDemo(ctx context.Context, o demoOptions, stdout, stderr io.Writer) error {
 	if err := o.validate(); err != nil {
 		return err
@@ -222,18 +222,42 @@ func runDemo(ctx context.Context, o demoOptions, stdout, stderr io.Writer) error
 	// The priority runs go at the same time as the fleets: the demo
 	// lasts --duration.
 	var prio []priorityResult
-	var prioErr error
+	var inflight []inFlightResult
+	var prioErr, inflightErr error
 	var wg sync.WaitGroup
 	wg.Go(func() { prio, prioErr = runPriorities(ctx, o) })
+	wg.Go(func() {
+		inflight, inflightErr = runInFlights(ctx, o)
+		if errors.Is(inflightErr, errors.ErrUnsupported) {
+			inflight, inflightErr = nil, nil
+		}
+	})
 	results, err := runFleets(ctx, o, stderr)
 	wg.Wait()
-	if err = errors.Join(err, prioErr); err != nil {
+	if err = errors.Join(err, prioErr, inflightErr); err != nil {
 		return err
 	}
 	printComparison(stdout, o, results)
 	fmt.Fprintln(stdout)
 	printPriorities(stdout, o, prio)
-	return sharedVerdict(results)
+	fmt.Fprintln(stdout)
+	if inflight != nil {
+		printInFlights(stdout, o, inflight)
+	} else {
+		fmt.Fprintf(stdout, "in flight: skipped, %s does not run in-flight permits\n", o.storeName())
+	}
+	return errors.Join(sharedVerdict(results), inFlightVerdict(inflight))
+}
+
+// inFlightVerdict fails the demo if the bounded run's upstream ever had
+// more requests in flight than its bound.
+func inFlightVerdict(rs []inFlightResult) error {
+	for _, r := range rs {
+		if r.bounded && (r.stats.Peak > demoInFlightBound || r.stats.Refused > 0) {
+			return fmt.Errorf("demo: with the in-flight bound the upstream saw %d in flight (bound %d) and refused %d", r.stats.Peak, demoInFlightBound, r.stats.Refused)
+		}
+	}
+	return nil
 }
 
 // runFleets runs the naive, shared and adaptive fleets at the same time,
