@@ -12,15 +12,22 @@
 #
 # The binary is static (CGO_ENABLED=0) and the final image is distroless's
 # static nonroot base: no shell, no package manager, user 65532.
+#
+# GO_IMAGE and BASE_IMAGE name the two base images, for a machine that
+# cannot pull them: deploy/image_test.go (-image.buildah) builds this file
+# offline with a Go image made from the local toolchain and BASE_IMAGE=scratch.
 
-FROM golang:1.26-bookworm AS build
+ARG GO_IMAGE=golang:1.26-bookworm
+ARG BASE_IMAGE=gcr.io/distroless/static-debian12:nonroot
+
+FROM ${GO_IMAGE} AS build
 WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
 RUN CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o /out/fleetrate ./cmd/fleetrate
 
-FROM gcr.io/distroless/static-debian12:nonroot
+FROM ${BASE_IMAGE}
 COPY --from=build /out/fleetrate /usr/local/bin/fleetrate
 USER 65532:65532
 WORKDIR /etc/fleetrate

@@ -94,19 +94,30 @@ targets=(
   ./httplimit:FuzzBucketName
   ./internal/config:FuzzLoad ./internal/server:FuzzJSONAPI
   ./internal/server:FuzzParseTokens ./internal/server:FuzzParseGrant
+  ./benchmarks/cmd/benchdoc:FuzzParseBench ./benchmarks/cmd/benchdoc:FuzzTables
 )
+# gotest PKG ARGS...: go test ARGS PKG, in the module that holds PKG
+# (./benchmarks is a module of its own).
+gotest() {
+  local pkg=$1
+  shift
+  case $pkg in
+  ./benchmarks/*) (cd benchmarks && go test "$@" "./${pkg#./benchmarks/}") ;;
+  *) go test "$@" "$pkg" ;;
+  esac
+}
 fuzz() {
   local target pkg name attempt bad=0
   for target in "${targets[@]}"; do
     pkg=${target%%:*} name=${target#*:}
     for attempt in 1 2; do
-      if go test -run '^$' -fuzz "^${name}\$" -fuzztime "$fuzztime" "$pkg" >"$fuzzlog" 2>&1; then
+      if gotest "$pkg" -run '^$' -fuzz "^${name}\$" -fuzztime "$fuzztime" >"$fuzzlog" 2>&1; then
         break
       fi
       # A failing input is saved under testdata/fuzz and replayed here: that
       # is a real failure. A run that fails without one (the fuzzing engine
       # itself, e.g. a worker killed on a loaded machine) is retried once.
-      if ! go test -run "^${name}\$" "$pkg"; then
+      if ! gotest "$pkg" -run "^${name}\$"; then
         echo "fuzzing $name in $pkg found a failing input:"; cat "$fuzzlog"; bad=1; break
       fi
       if [ "$attempt" -eq 2 ]; then

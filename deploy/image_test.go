@@ -55,9 +55,9 @@ func TestDockerfile(t *testing.T) {
 
 // TestImageBinary builds the binary as the Dockerfile does, checks that it
 // is static (so it runs on a distroless or scratch base), and runs
-// `fleetrate serve` from it until its health endpoint answers. This
-// machine cannot pull the Dockerfile's base images, so the image itself
-// is built only by TestImage, where a Docker daemon can.
+// `fleetrate serve` from it until its health endpoint answers. The image
+// itself is built by TestImage, where a Docker daemon can pull the base
+// images, and by TestImageBuildah (-image.buildah), offline.
 func TestImageBinary(t *testing.T) {
 	bin := filepath.Join(t.TempDir(), "fleetrate")
 	build := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", bin, "./cmd/fleetrate")

@@ -1,5 +1,7 @@
-// Package doccheck holds tests that keep the README true to the code and to
-// docs/BENCHMARKS.md: its package table matches `go list ./...`, and every
-// performance figure it quotes is a number of BENCHMARKS.md's tables, with
-// the command and the date beside it. It has no code of its own.
+// Package doccheck holds tests that keep the docs true to the code and to
+// their measurements: the README's package table matches `go list ./...`,
+// every performance figure it quotes is a number of docs/BENCHMARKS.md's
+// tables, every table of BENCHMARKS.md lies between the markers
+// benchmarks/regen.sh rewrites and opens with its date, commit, machine
+// and command, and the docs' snippets compile. It has no code of its own.
 package doccheck

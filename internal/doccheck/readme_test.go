@@ -85,8 +85,9 @@ var (
 )
 
 // TestPerformanceFigures checks the README's performance section: at most
-// three figures, each with the command that reproduces it and the date it
-// was run, and each of its numbers as it appears in docs/BENCHMARKS.md.
+// three figures, each with the command that reproduces it and the date and
+// commit it was run at, and each of its numbers as it appears in
+// docs/BENCHMARKS.md.
 func TestPerformanceFigures(t *testing.T) {
 	perf := section(t, read(t, "README.md"), "Performance")
 	bench := read(t, "docs/BENCHMARKS.md")
@@ -105,8 +106,12 @@ func TestPerformanceFigures(t *testing.T) {
 		if !command.MatchString(b) {
 			t.Errorf("performance figure without the command that reproduces it: %q", b)
 		}
-		// Numbers inside the command and the date are not figures.
-		text := date.ReplaceAllString(command.ReplaceAllString(b, ""), "")
+		if !provenanceQuote.MatchString(b) {
+			t.Errorf("performance figure without its date and commit quoted as \"YYYY-MM-DD, commit <hash>\": %q", b)
+		}
+		// Numbers inside the command, the date and the commit are not
+		// figures.
+		text := date.ReplaceAllString(command.ReplaceAllString(provenanceQuote.ReplaceAllString(b, ""), ""), "")
 		for _, n := range number.FindAllString(text, -1) {
 			if !slices.Contains(benchNumbers, n) {
 				t.Errorf("README quotes %s, which docs/BENCHMARKS.md does not: %q", n, b)

@@ -51,7 +51,6 @@ type config struct {
 	only       map[string]bool
 	impl       string
 	hot        string
-	doc        string // -doc: the markdown file to write the tables into
 	cpuprofile string
 	// plain: the Redis table's clients keep go-redis's defaults
 	// (ContextTimeoutEnabled off), as a client built without
@@ -71,15 +70,11 @@ func run(args []string, out io.Writer) error {
 		}
 		defer stop()
 	}
-	var tables bytes.Buffer
-	if cfg.doc != "" {
-		if _, err := spliceDoc(cfg.doc, nil); err != nil { // fail before measuring
-			return err
-		}
-		out = io.MultiWriter(out, &tables)
-	}
-	fmt.Fprintf(out, "Measured %s by `cd benchmarks && go run ./cmd/fleetbench %s`; redis-server on loopback, %d CPU cores shared by client and server.\n\n",
-		time.Now().UTC().Format("2006-01-02"), cfg.repro, nproc())
+	// The run's own command goes to the log; docs/BENCHMARKS.md heads the
+	// tables with its date, commit and command (benchmarks/regen.sh).
+	fmt.Fprintf(os.Stderr, "fleetbench: measuring %s by `cd benchmarks && go run ./cmd/fleetbench %s`\n",
+		time.Now().UTC().Format("2006-01-02"), cfg.repro)
+	fmt.Fprintf(out, "redis-server on loopback, %d CPU cores shared by client and server.\n\n", nproc())
 	// The in-memory table is measured first, before any redis-server runs
 	// (one expiring thousands of keys takes CPU time from the process)
 	// and while this process's heap is fresh, and printed last.
@@ -99,11 +94,6 @@ func run(args []string, out io.Writer) error {
 			return err
 		}
 	}
-	if cfg.doc != "" {
-		if _, err := spliceDoc(cfg.doc, tables.Bytes()); err != nil {
-			return err
-		}
-	}
 	return nil
 }
 
@@ -115,7 +105,6 @@ func parseFlags(args []string) (config, error) {
 	fs.IntVar(&cfg.count, "count", 3, "how many times each measurement runs; tables report the median")
 	gs := fs.String("goroutines", "1,8,64,256", "goroutine counts for the Redis table")
 	fs.StringVar(&cfg.chart, "chart", "", "write a PNG chart of Redis throughput to this file")
-	fs.StringVar(&cfg.doc, "doc", "", "also write the tables into this markdown file, between its "+docBegin+" and "+docEnd+" lines")
 	fs.BoolVar(&cfg.quick, "quick", false, "a short smoke run (CI)")
 	fs.StringVar(&cfg.impl, "impl", "", "measure only the Redis implementations whose name contains this (redis_rate always runs)")
 	fs.StringVar(&cfg.hot, "keys", "hot,spread", "Redis key patterns: hot (one key), spread (10,000 keys), or both")
@@ -200,38 +189,6 @@ func redisTables(cfg config, out io.Writer) ([]redisRow, error) {
 		}
 	}
 	return rows, nil
-}
-
-// The lines of a markdown file between which -doc writes the tables.
-const (
-	docBegin = "<!-- fleetbench:begin -->"
-	docEnd   = "<!-- fleetbench:end -->"
-)
-
-// spliceDoc replaces what lies between the docBegin and docEnd lines of
-// the file at path with body and writes the file back; with a nil body it
-// only checks that the markers are there.
-func spliceDoc(path string, body []byte) ([]byte, error) {
-	old, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("-doc: %w", err)
-	}
-	i := bytes.Index(old, []byte(docBegin+"\n"))
-	j := bytes.Index(old, []byte("\n"+docEnd))
-	if i < 0 || j < i {
-		return nil, fmt.Errorf("-doc: %s has no %q line followed by a %q line", path, docBegin, docEnd)
-	}
-	if body == nil {
-		return old, nil
-	}
-	var b bytes.Buffer
-	b.Write(old[:i+len(docBegin)+1])
-	b.Write(bytes.TrimRight(body, "\n"))
-	b.Write(old[j:])
-	if err := os.WriteFile(path, b.Bytes(), 0o644); err != nil {
-		return nil, fmt.Errorf("-doc: %w", err)
-	}
-	return b.Bytes(), nil
 }
 
 // median returns the middle of xs by key, which it sorts.
@@ -484,7 +441,10 @@ func limiterAllow(l *fleetrate.Limiter) func(context.Context, string) error {
 func ceiling(srv *redistest.Server, hot bool, cfg config) (float64, error) {
 	c := newClient(srv, 1)
 	defer c.Close()
-	l, err := fleetLimiter(c, redisstore.Options{})
+	// KeepAfterFailover: TakeScriptSHA is the unguarded script, which a
+	// store behind the failover guard (the default on a plain client)
+	// never loads.
+	l, err := fleetLimiter(c, redisstore.Options{KeepAfterFailover: true})
 	if err != nil {
 		return 0, err
 	}

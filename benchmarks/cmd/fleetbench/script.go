@@ -54,8 +54,9 @@ func (*shaRecorder) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 func scriptCalls(srv *redistest.Server) ([]scriptCall, error) {
 	c := newClient(srv, 1)
 	defer c.Close()
-	// fleetrate: call it once so that Redis has it cached by its SHA.
-	l, err := fleetLimiter(c, redisstore.Options{})
+	// fleetrate: call it once so that Redis has it cached by its SHA
+	// (the unguarded script: see ceiling).
+	l, err := fleetLimiter(c, redisstore.Options{KeepAfterFailover: true})
 	if err != nil {
 		return nil, err
 	}

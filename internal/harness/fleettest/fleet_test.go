@@ -1,7 +1,9 @@
 package fleettest
 
 import (
+	"fmt"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -33,9 +35,41 @@ func check(t *testing.T, rep Report, grants []Grant, lim fleetrate.Limit, slack 
 	actWorst, err := CheckWindows(grants, Acts, lim, slack+noise)
 	t.Logf("%v: %d grants; worst excess over burst + rate × w: %.3f tokens at slots (slack %.0f), %.3f where callers act (allowed %.0f from lateness %v)",
 		lim, len(grants), worst, slack, actWorst, slack+noise, rep.Lateness)
+	logRow(t, rep, grants, lim, worst, actWorst, slack+noise)
 	if err != nil {
 		t.Fatalf("where callers act: %v", err)
 	}
+}
+
+// fleetTableHead heads docs/BENCHMARKS.md's fleet table. Every check logs
+// it with its row; benchmarks/regen.sh (benchdoc tables) merges the rows of
+// a `go test -v` run into one table.
+const fleetTableHead = "| scenario | limit | tokens used | given back while queued | worst excess at the slots | " +
+	"worst excess where callers act (allowed by the run's noise) | caller lateness p50 / p99 / max | script calls per use |\n" +
+	"|---|---|---|---|---|---|---|---|"
+
+// logRow logs the fleet table's row for one checked set of grants. The
+// cancels and script calls are the whole run's, so a subset of its grants
+// (one bucket of several, one phase) shows "—" for them.
+func logRow(t *testing.T, rep Report, grants []Grant, lim fleetrate.Limit, worst, actWorst, allowed float64) {
+	t.Helper()
+	var used int64
+	for _, g := range grants {
+		used += g.N
+	}
+	given, calls := "—", "—"
+	if len(grants) == len(rep.Grants) {
+		if rep.Cancelled > 0 {
+			given = fmt.Sprint(rep.Cancelled)
+		}
+		if rep.ScriptCalls > 0 && used > 0 {
+			calls = fmt.Sprintf("%.3f", float64(rep.ScriptCalls)/float64(used))
+		}
+	}
+	l := rep.Lateness
+	t.Logf("\n%s\n| %s | %v | %d | %s | %.3f | %.1f (%.0f) | %s / %s / %s | %s |", fleetTableHead,
+		strings.TrimPrefix(t.Name(), "TestFleet"), lim, used, given, worst, actWorst, allowed,
+		strings.TrimSuffix(ms(l.P50), " ms"), strings.TrimSuffix(ms(l.P99), " ms"), ms(l.Max), calls)
 }
 
 // minUtilisation is the least share of burst + rate × span a saturated
