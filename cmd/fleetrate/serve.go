@@ -75,6 +75,7 @@ type serveSettings struct {
 	configPath      string
 	configLoad      config.LoadOptions
 	envoyNotes      []string
+	observe         observeSettings
 	metricsAddr     string
 	metricsPath     string
 	cfg             *config.Config
@@ -178,6 +179,7 @@ func serveCommand(getenv func(string) string) *cobra.Command {
 	f.Float64("near-limit-ratio", server.DefaultNearLimitRatio, "fraction of a limit's burst in use above which RLS hits count in fleetrate_near_limit_total")
 	f.Int64("max-metric-descriptors", server.DefaultMaxMetricDescriptors, "most descriptor label values in fleetrate_decisions_total and fleetrate_near_limit_total; decisions of others count under descriptor=\"_overflow\" (rules with detailed_metric or value_to_metric label each request value)")
 	addSafetyFlags(f)
+	addObserveFlags(f)
 	return cmd
 }
 
@@ -246,6 +248,15 @@ func serve(ctx context.Context, st serveSettings, logOut io.Writer) error {
 	if err != nil {
 		return err
 	}
+	tp, stopTracing, err := startTracing(ctx, st.observe.tracing, log)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
+	if tp != nil {
+		opts.Tracer = tp
+	}
+	opts.HealthyWithConfig = st.observe.healthyWithConfig
 	srv, err := newServerWithStatus(opts)
 	if err != nil {
 		return err
@@ -269,6 +280,14 @@ func serve(ctx context.Context, st serveSettings, logOut io.Writer) error {
 			return err
 		}
 		defer ms.Close()
+	}
+	if st.observe.debugAddr != "" {
+		ds, err := serveDebug(st.observe.debugAddr, st.readTimeout, srv.DebugHandler(), log)
+		if err != nil {
+			closeAll(hl, gl)
+			return err
+		}
+		defer ds.Close()
 	}
 	defer reloadOnHangup(ctx, srv, st.configPath, log)()
 	if st.adaptiveProcs {

@@ -25,6 +25,7 @@ func envoyEnv(getenv func(string) string) (vals map[string]string, notes []strin
 	e.logs()
 	e.decisions()
 	e.store()
+	e.observe()
 	return e.vals, e.notes, errors.Join(e.errs...)
 }
 
@@ -159,9 +160,7 @@ var envoyIgnored = []struct{ name, why string }{
 	{"REDIS_TLS_CACERT", "Redis client certificates are not supported; REDIS_TLS uses the system's CAs"},
 	{"EXPIRATION_JITTER_MAX_SECONDS", "token buckets expire when full, not at window ends, so keys do not expire together"},
 	{"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "fleetrate always behaves so: a denied request spends nothing"},
-	{"USE_STATSD", "fleetrate exports Prometheus metrics on /metrics, not statsd"},
 	{"USE_DOG_STATSD", "fleetrate exports Prometheus metrics on /metrics, not statsd"},
-	{"TRACING_ENABLED", "tracing is not supported"},
 	{"GRPC_UDS", "a gRPC Unix socket is not supported; use GRPC_PORT"},
 }
 
@@ -182,9 +181,6 @@ func (e *envoyReader) store() {
 	e.copy("NEAR_LIMIT_RATIO", "near-limit-ratio")
 	e.copy("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", "health-checks-store")
 	e.copy("REDIS_TIMEOUT", "store-timeout")
-	if per, _ := e.boolean("REDIS_PERSECOND"); per {
-		e.notes = append(e.notes, "REDIS_PERSECOND: ignored; per-second limits use the same store as the others (REDIS_URL)")
-	}
 	for _, n := range envoyIgnored {
 		if v := e.getenv(n.name); v != "" && !strings.EqualFold(v, "false") && v != "0" {
 			e.notes = append(e.notes, n.name+": ignored; "+n.why)

@@ -91,7 +91,7 @@ func TestEnvoyEnvRefusedAndIgnored(t *testing.T) {
 		}
 	}
 	_, notes, err := envoyEnv(envFrom(map[string]string{"USE_STATSD": "true", "LIMIT_LIMIT_HEADER": "X-Limit", "USE_DOG_STATSD": "false"}))
-	if err != nil || len(notes) != 2 || !strings.Contains(strings.Join(notes, "\n"), "USE_STATSD: ignored; fleetrate exports Prometheus") {
+	if err != nil || len(notes) != 2 || !strings.Contains(strings.Join(notes, "\n"), "USE_STATSD (set): ignored; fleetrate sends no statsd") {
 		t.Errorf("notes %q, %v; want USE_STATSD and LIMIT_LIMIT_HEADER, each with the reason", notes, err)
 	}
 }

@@ -217,6 +217,12 @@ func (l *serveLog) field(msg, name string) (any, bool) {
 // returns run's error.
 func startServe(t *testing.T, args ...string) (string, string, *serveLog, func() error) {
 	t.Helper()
+	return startServeEnv(t, os.Getenv, args...)
+}
+
+// startServeEnv is startServe with the environment read from getenv.
+func startServeEnv(t *testing.T, getenv func(string) string, args ...string) (string, string, *serveLog, func() error) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	logs := &serveLog{}
 	done := make(chan error, 1)
@@ -224,7 +230,7 @@ func startServe(t *testing.T, args ...string) (string, string, *serveLog, func()
 	// Envoy's 20 ms less the way there) is for production, not for the race
 	// detector on a loaded machine. serve_safety_test.go runs on defaults.
 	args = append([]string{"serve", "--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0", "--log-format", "json", "--log-level", "info", "--store-timeout", "1s"}, args...)
-	go func() { done <- run(ctx, args, os.Getenv, io.Discard, logs) }()
+	go func() { done <- run(ctx, args, getenv, io.Discard, logs) }()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		if h, ok := logs.field("fleetrate serving", "http"); ok {

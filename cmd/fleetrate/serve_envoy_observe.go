@@ -1,0 +1,69 @@
+package main
+
+import (
+	"cmp"
+	"strings"
+)
+
+// envoyDefaultService is envoyproxy/ratelimit's TRACING_SERVICE_NAME
+// default: its deployments' traces keep their service name.
+const envoyDefaultService = "RateLimit"
+
+// observe reads tracing (TRACING_*), the debug listener
+// (DEBUG_HOST/DEBUG_PORT) and HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED, and
+// notes the statistics settings fleetrate does not honour (USE_STATSD,
+// whose default there is true, EXTRA_TAGS) and the per-second Redis.
+func (e *envoyReader) observe() {
+	e.flagBool("TRACING_ENABLED", "tracing")
+	if on, _ := e.boolean("TRACING_ENABLED"); on {
+		e.vals["tracing-service-name"] = cmp.Or(e.getenv("TRACING_SERVICE_NAME"), envoyDefaultService)
+	}
+	e.copy("TRACING_SERVICE_NAMESPACE", "tracing-service-namespace")
+	e.copy("TRACING_SERVICE_INSTANCE_ID", "tracing-service-instance-id")
+	e.copy("TRACING_SAMPLING_RATE", "tracing-sampling-rate")
+	if v := e.getenv("TRACING_EXPORTER_PROTOCOL"); v != "" {
+		e.vals["tracing-protocol"] = strings.ToLower(v)
+	}
+	// There the debug port is always on, on every address (0.0.0.0:6070);
+	// here only when one of the two is set, and on loopback unless
+	// DEBUG_HOST says otherwise.
+	if e.set("DEBUG_HOST") || e.set("DEBUG_PORT") {
+		e.vals["debug-addr"] = hostPort(cmp.Or(e.getenv("DEBUG_HOST"), "127.0.0.1"), e.getenv("DEBUG_PORT"), "6070")
+	}
+	e.flagBool("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "healthy-with-config")
+	e.statsNotes()
+	if per, _ := e.boolean("REDIS_PERSECOND"); per {
+		e.notes = append(e.notes, "REDIS_PERSECOND: ignored; per-second limits use the same store as the others (REDIS_URL), not REDIS_PERSECOND_URL: one Redis takes the decisions envoyproxy/ratelimit spreads over two (docs/OPERATIONS.md, \"One Redis for per-second limits\")")
+	}
+}
+
+// envoyMarkers are variables only an envoyproxy/ratelimit deployment
+// sets: with one of them, USE_STATSD's default (true) applies.
+var envoyMarkers = []string{"RUNTIME_ROOT", "RUNTIME_SUBDIRECTORY", "REDIS_SOCKET_TYPE", "REDIS_URL", "BACKEND_TYPE", "USE_STATSD", "STATSD_HOST", "STATSD_PORT", "GRPC_PORT"}
+
+// statsNotes notes envoyproxy/ratelimit's statsd settings, on by default
+// there: a deployment that relies on the default (USE_STATSD unset) gets
+// the note too.
+func (e *envoyReader) statsNotes() {
+	deployment := false
+	for _, name := range envoyMarkers {
+		deployment = deployment || e.set(name)
+	}
+	statsd := true // envoyproxy/ratelimit's default
+	if e.set("USE_STATSD") {
+		statsd, _ = e.boolean("USE_STATSD")
+	}
+	if off, _ := e.boolean("DISABLE_STATS"); off {
+		statsd = false
+	}
+	if deployment && statsd {
+		why := "set"
+		if !e.set("USE_STATSD") {
+			why = "unset, so true as envoyproxy/ratelimit's default"
+		}
+		e.notes = append(e.notes, "USE_STATSD ("+why+"): ignored; fleetrate sends no statsd: its metrics are Prometheus's, on /metrics (and --metrics-addr, USE_PROMETHEUS); nothing is sent to "+hostPort(cmp.Or(e.getenv("STATSD_HOST"), "localhost"), e.getenv("STATSD_PORT"), "8125"))
+	}
+	if e.set("EXTRA_TAGS") {
+		e.notes = append(e.notes, "EXTRA_TAGS: ignored; fleetrate's metrics are Prometheus's: add such tags as target labels where they are scraped (a relabeling, or a ServiceMonitor's targetLabels)")
+	}
+}
