@@ -32,8 +32,13 @@ func (e *envoyReader) observe() {
 	}
 	e.flagBool("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "healthy-with-config")
 	e.statsNotes()
+	for _, n := range envoyNoted {
+		if e.set(n.name) {
+			e.notes = append(e.notes, n.name+": ignored; "+n.why)
+		}
+	}
 	if per, _ := e.boolean("REDIS_PERSECOND"); per {
-		e.notes = append(e.notes, "REDIS_PERSECOND: ignored; per-second limits use the same store as the others (REDIS_URL), not REDIS_PERSECOND_URL: one Redis takes the decisions envoyproxy/ratelimit spreads over two (docs/OPERATIONS.md, \"One Redis for per-second limits\")")
+		e.notes = append(e.notes, "REDIS_PERSECOND: ignored; per-second limits use the same store as the others (REDIS_URL), not REDIS_PERSECOND_URL, which gets nothing; to spread load, use Redis Cluster (REDIS_TYPE=cluster; docs/OPERATIONS.md, \"One Redis for per-second limits\")")
 	}
 }
 
@@ -66,4 +71,18 @@ func (e *envoyReader) statsNotes() {
 	if e.set("EXTRA_TAGS") {
 		e.notes = append(e.notes, "EXTRA_TAGS: ignored; fleetrate's metrics are Prometheus's: add such tags as target labels where they are scraped (a relabeling, or a ServiceMonitor's targetLabels)")
 	}
+}
+
+// envoyNoted are more variables fleetrate has no equivalent for, noted
+// whenever they are set (envoyIgnored's are noted only when on).
+var envoyNoted = []struct{ name, why string }{
+	{"STATS_FLUSH_INTERVAL", "fleetrate's metrics are scraped from /metrics, not flushed"},
+	{"PROMETHEUS_MAPPER_YAML", "fleetrate's metrics have Prometheus names of their own (docs/API.md); there is no statsd name to map"},
+	{"PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", "fleetrate's durations are in seconds, Prometheus's convention"},
+	{"USE_DOG_STATSD_MOGRIFIERS", "fleetrate sends no DogStatsD"},
+	{"REDIS_CLUSTER_PIPELINE_PARALLELISM", "the Redis Cluster client sends each node its calls over connections of its own"},
+	{"REDIS_POOL_ON_EMPTY_BEHAVIOR", "a call waits for a free connection within --store-timeout (pool_size and pool_timeout in the --redis URL size the pool)"},
+	{"REDIS_STARTUP_INITIAL_INTERVAL", "fleetrate starts while Redis is away, and /readyz fails until it answers"},
+	{"REDIS_STARTUP_MAX_INTERVAL", "fleetrate starts while Redis is away, and /readyz fails until it answers"},
+	{"REDIS_STARTUP_MAX_ELAPSED_TIME", "fleetrate starts while Redis is away, and /readyz fails until it answers"},
 }

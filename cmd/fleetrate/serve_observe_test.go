@@ -56,6 +56,8 @@ func TestEnvoyEnvObserve(t *testing.T) {
 		{"per-second redis", map[string]string{"USE_STATSD": "false", "REDIS_PERSECOND": "true", "REDIS_PERSECOND_URL": "r2:6379"}, map[string]string{},
 			[]string{"REDIS_PERSECOND: ignored; per-second limits use the same store"}},
 		{"no deployment, no note", map[string]string{}, map[string]string{}, nil},
+		{"startup retries", map[string]string{"USE_STATSD": "false", "REDIS_STARTUP_MAX_ELAPSED_TIME": "1m", "PROMETHEUS_MAPPER_YAML": "/m.yaml"}, map[string]string{},
+			[]string{"PROMETHEUS_MAPPER_YAML: ignored", "REDIS_STARTUP_MAX_ELAPSED_TIME: ignored; fleetrate starts while Redis is away"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
