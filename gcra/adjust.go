@@ -130,6 +130,7 @@ func BookedWait(buckets []fleetrate.Bucket, booked []int64) int64 {
 func Drain(now int64, limits []fleetrate.Limit, s *State, d time.Duration) {
 	s.Elapse(now, limits)
 	for i := range limits {
-		s.Debts[i] = max(s.Debts[i], int64(d)+fill(&limits[i]))
+		f := fill(&limits[i])
+		s.Debts[i] = max(s.Debts[i], grain(int64(d), f)+f)
 	}
 }

@@ -8,7 +8,10 @@ for b = 1, #KEYS do
   local lims, m
   lims, m, pos = read_limits(pos)
   local d = load(KEYS[b], lims, m, now)
-  for i = 1, m do d[i] = math.max(d[i], dur + lims[2 * i] * lims[2 * i - 1]) end
+  for i = 1, m do
+    local f = lims[2 * i] * lims[2 * i - 1]
+    d[i] = math.max(d[i], grain(dur, f) + f)
+  end
   save(KEYS[b], now, d)
 end
 return now
