@@ -320,7 +320,16 @@ func governProcs(log *slog.Logger) (stop func()) {
 // openServeStore opens the Redis store st names, or else the in-memory one.
 func openServeStore(ctx context.Context, st serveSettings, log *slog.Logger) (serveStore, error) {
 	if st.redis != "" {
-		return openServeRedis(ctx, st.redis, st.redisBatch, st.storeTimeout, log)
+		main, err := openServeRedis(ctx, st.redis, st.redisBatch, st.storeTimeout, log)
+		if err != nil || st.observe.redisPerSecond == "" {
+			return main, err
+		}
+		second, err := openServeRedis(ctx, st.observe.redisPerSecond, st.redisBatch, st.storeTimeout, log)
+		if err != nil {
+			main.close()
+			return serveStore{}, fmt.Errorf("--redis-per-second: %w", err)
+		}
+		return withPerSecond(main, second), nil
 	}
 	return serveStore{
 		store: memstore.New(memstore.Options{MaxKeys: int(st.memMaxKeys), MaxBytes: st.memMaxBytes}),

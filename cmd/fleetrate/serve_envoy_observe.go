@@ -12,7 +12,8 @@ const envoyDefaultService = "RateLimit"
 // observe reads tracing (TRACING_*), the debug listener
 // (DEBUG_HOST/DEBUG_PORT) and HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED, and
 // notes the statistics settings fleetrate does not honour (USE_STATSD,
-// whose default there is true, EXTRA_TAGS) and the per-second Redis.
+// whose default there is true, EXTRA_TAGS); it reads the per-second Redis
+// (REDIS_PERSECOND and REDIS_PERSECOND_*).
 func (e *envoyReader) observe() {
 	e.flagBool("TRACING_ENABLED", "tracing")
 	if on, _ := e.boolean("TRACING_ENABLED"); on {
@@ -37,8 +38,14 @@ func (e *envoyReader) observe() {
 			e.notes = append(e.notes, n.name+": ignored; "+n.why)
 		}
 	}
-	if per, _ := e.boolean("REDIS_PERSECOND"); per {
-		e.notes = append(e.notes, "REDIS_PERSECOND: ignored; per-second limits use the same store as the others (REDIS_URL), not REDIS_PERSECOND_URL, which gets nothing; to spread load, use Redis Cluster (REDIS_TYPE=cluster; docs/OPERATIONS.md, \"One Redis for per-second limits\")")
+	if per, err := e.boolean("REDIS_PERSECOND"); err != nil {
+		e.errs = append(e.errs, err)
+	} else if per {
+		if u, err := envoyPerSecondURL(e.getenv); err != nil {
+			e.errs = append(e.errs, err)
+		} else {
+			e.vals["redis-per-second"] = u
+		}
 	}
 }
 
@@ -85,4 +92,9 @@ var envoyNoted = []struct{ name, why string }{
 	{"REDIS_STARTUP_INITIAL_INTERVAL", "fleetrate starts while Redis is away, and /readyz fails until it answers"},
 	{"REDIS_STARTUP_MAX_INTERVAL", "fleetrate starts while Redis is away, and /readyz fails until it answers"},
 	{"REDIS_STARTUP_MAX_ELAPSED_TIME", "fleetrate starts while Redis is away, and /readyz fails until it answers"},
+	{"REDIS_PERSECOND_TIMEOUT", "--store-timeout (REDIS_TIMEOUT) bounds the calls to both stores"},
+	{"REDIS_PERSECOND_PIPELINE_WINDOW", "fleetrate batches concurrent Redis calls itself (--redis-batch, on by default), to both stores"},
+	{"REDIS_PERSECOND_PIPELINE_LIMIT", "fleetrate batches concurrent Redis calls itself (--redis-batch, on by default), to both stores"},
+	{"REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM", "the Redis Cluster client sends each node its calls over connections of its own"},
+	{"REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR", "a call waits for a free connection within --store-timeout"},
 }

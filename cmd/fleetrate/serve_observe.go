@@ -40,6 +40,7 @@ type observeSettings struct {
 	tracing           tracingSettings
 	debugAddr         string
 	healthyWithConfig bool
+	redisPerSecond    string // the per-second limits' Redis (perSecondStore); empty: --redis
 }
 
 // Defaults of the tracing flags.
@@ -58,6 +59,7 @@ func addObserveFlags(f *pflag.FlagSet) {
 	f.String("tracing-service-namespace", "", "the spans' service.namespace (TRACING_SERVICE_NAMESPACE)")
 	f.String("tracing-service-instance-id", "", "the spans' service.instance.id; empty: a random one per process (TRACING_SERVICE_INSTANCE_ID)")
 	f.String("debug-addr", "", "serve envoyproxy/ratelimit's debug endpoints (/rlconfig, /stats, Go's pprof under /debug/pprof/) at this address, e.g. 127.0.0.1:6070; empty: off. No access control: keep it on loopback")
+	f.String("redis-per-second", "", "a second Redis URL (as --redis) for the buckets whose limits all refill within a second (unit: second), to spread load as envoyproxy/ratelimit's REDIS_PERSECOND does; empty: --redis holds every bucket")
 	f.Bool("healthy-with-config", false, "report unhealthy (gRPC health, /healthcheck, /readyz) while the configuration in force has no domain (HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED)")
 }
 
@@ -75,6 +77,7 @@ func (r *resolver) observe() observeSettings {
 		},
 		debugAddr:         r.str("debug-addr", nil),
 		healthyWithConfig: r.boolean("healthy-with-config", nil),
+		redisPerSecond:    r.str("redis-per-second", nil),
 	}
 	o.tracing.sampling, _ = r.fs.GetFloat64("tracing-sampling-rate")
 	if v, ok := r.source("tracing-sampling-rate"); ok {
@@ -87,8 +90,12 @@ func (r *resolver) observe() observeSettings {
 	return o
 }
 
-// check reports the first tracing or debug setting that cannot work.
-func (o observeSettings) check() error {
+// check reports the first tracing, debug or per-second store setting that
+// cannot work; redis is --redis.
+func (o observeSettings) check(redis string) error {
+	if o.redisPerSecond != "" && redis == "" {
+		return errors.New("--redis-per-second (REDIS_PERSECOND) needs --redis (REDIS_URL): the in-memory store has no second store")
+	}
 	t := o.tracing
 	if t.protocol != "http" && t.protocol != "grpc" {
 		return fmt.Errorf("--tracing-protocol (TRACING_EXPORTER_PROTOCOL) must be http or grpc, got %q", t.protocol)

@@ -255,5 +255,5 @@ func (st *serveSettings) check() error {
 	if err := lvl.UnmarshalText([]byte(st.logLevel)); err != nil {
 		return fmt.Errorf("--log-level must be debug, info, warn or error, got %q", st.logLevel)
 	}
-	return st.observe.check()
+	return st.observe.check(st.redis)
 }
