@@ -94,6 +94,7 @@ targets=(
   ./httplimit:FuzzBucketName
   ./internal/config:FuzzLoad ./internal/server:FuzzJSONAPI
   ./internal/server:FuzzParseTokens ./internal/server:FuzzParseGrant
+  ./internal/server:FuzzB3
 )
 fuzz() {
   local target pkg name attempt bad=0

@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	rlcommon "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -157,5 +158,24 @@ func TestDebugHandler(t *testing.T) {
 	}
 	if code, _ := get("/nope"); code != http.StatusNotFound {
 		t.Errorf("GET /nope: %d, want 404", code)
+	}
+}
+
+// TestYearLimitOverRLS serves envoyproxy/ratelimit's unit: year: two a
+// year, then OVER_LIMIT until the next token, half a year on.
+func TestYearLimitOverRLS(t *testing.T) {
+	t.Parallel()
+	ts := start(t, "domain: rl\ndescriptors:\n  - key: k\n    rate_limit: {unit: year, requests_per_unit: 2}\n")
+	for i, want := range []rlspb.RateLimitResponse_Code{rlspb.RateLimitResponse_OK, rlspb.RateLimitResponse_OK, rlspb.RateLimitResponse_OVER_LIMIT} {
+		resp := ts.should(t, "rl", 1, desc("k", "v"))
+		if resp.OverallCode != want {
+			t.Fatalf("call %d: %v, want %v", i+1, resp.OverallCode, want)
+		}
+		if i == 2 {
+			d := resp.Statuses[0].GetDurationUntilReset().AsDuration()
+			if half := 365 * 24 * time.Hour / 2; d < half-time.Second || d > 365*24*time.Hour {
+				t.Errorf("duration until reset %v, want between half a year and a year", d)
+			}
+		}
 	}
 }

@@ -186,9 +186,9 @@ type Options struct {
 	// Logger receives the service's logs. Default slog.Default().
 	Logger *slog.Logger
 	// Tracer, when set, traces every RLS call and API request: a server
-	// span per call, a child of the W3C trace context the caller sent
-	// (traceparent), with the decision's domain, descriptor count and
-	// overall code (tracing.go). Nil, the default, traces nothing.
+	// span per call, a child of the trace context the caller sent (W3C
+	// traceparent, else B3), with the decision's domain, descriptor count
+	// and overall code (tracing.go). Nil, the default, traces nothing.
 	Tracer trace.TracerProvider
 	// HealthyWithConfig keeps the gRPC health service, /healthcheck and
 	// /readyz failing while the configuration in force has no domain, as

@@ -33,16 +33,16 @@ type tracing struct {
 }
 
 // newTracing is the span maker of tp, nil without one. It reads the W3C
-// trace context (traceparent, tracestate) and baggage of each request,
-// which Envoy's OpenTelemetry tracer sends, so that a decision's span is a
-// child of the request's.
+// trace context (traceparent, tracestate) of each request, which Envoy's
+// OpenTelemetry tracer sends, else its B3 headers (Envoy's Zipkin tracer),
+// and its baggage, so that a decision's span is a child of the request's.
 func newTracing(tp trace.TracerProvider) *tracing {
 	if tp == nil {
 		return nil
 	}
 	return &tracing{
 		tracer: tp.Tracer(TracerName),
-		prop:   propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}),
+		prop:   propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, b3{}, propagation.Baggage{}),
 	}
 }
 
