@@ -8,17 +8,33 @@ import (
 )
 
 // Bounds that keep every quantity the stores handle an exact integer, both
-// in Go's int64 and in the float64 numbers of Redis's Lua interpreter (exact
-// up to 2^53). All debts are nanoseconds; 2^53 ns is about 104 days, so a
-// bucket's fill time plus the longest wait or drain stays below it.
+// in Go's int64 and in the float64 numbers of Redis's Lua interpreter.
+// All debts are nanoseconds. A double holds every integer below 2^53 (ns:
+// about 104 days) and every multiple of 8, so every whole number of
+// microseconds, below 2^56 (about 833 days). A limit whose fill time is
+// at most CoarseFillTime keeps every debt below 2^53: its fill time plus
+// the longest wait or drain and an anchor's age (gcra.MaxAnchorAge) is
+// under 104 days. A limit of a longer fill time, up to MaxFillTime, has an
+// interval of whole microseconds, and the stores round each of its debts
+// up to whole microseconds where a sum could leave them (see gcra), so
+// they stay exact below 2^56: MaxFillTime plus the longest wait and an
+// anchor's age is 768 days.
 const (
 	// MaxRate is the highest refill rate: one token per nanosecond.
 	MaxRate = 1e9
 	// MaxBurst is the largest capacity of one limit.
 	MaxBurst = 1 << 40
 	// MaxFillTime is the longest time a limit may take to refill from
-	// empty to full (Burst / Rate).
-	MaxFillTime = 60 * 24 * time.Hour
+	// empty to full (Burst / Rate): two years of 365 days and a leap day,
+	// so that envoyproxy/ratelimit's "unit: year" (365 days) loads, and a
+	// limit per two years too.
+	MaxFillTime = 731 * 24 * time.Hour
+	// CoarseFillTime is the longest fill time of a limit whose interval
+	// is a whole number of nanoseconds; beyond it, up to MaxFillTime, the
+	// interval is rounded up to whole microseconds (see Limit.Interval),
+	// a change of at most one part in 60 million for such a limit's rate
+	// (an interval of 1 day per token, 365/year, is already whole).
+	CoarseFillTime = 60 * 24 * time.Hour
 	// MaxWaitCap bounds every max wait and every drain duration.
 	MaxWaitCap = 30 * 24 * time.Hour
 )
@@ -173,7 +189,18 @@ func (l Limit) Interval() int64 {
 	if f < 1 || float64(time.Second)/f > l.Rate {
 		f++
 	}
-	return max(int64(f), 1)
+	n := max(int64(f), 1)
+	if l.Coarse() {
+		n = (n + 999) / 1000 * 1000 // whole µs: see CoarseFillTime
+	}
+	return n
+}
+
+// Coarse reports whether the limit's fill time exceeds CoarseFillTime:
+// its interval, and the debts the stores keep for it, are then whole
+// microseconds. The rate must be valid.
+func (l Limit) Coarse() bool {
+	return float64(l.Burst)/l.Rate > CoarseFillTime.Seconds()
 }
 
 // FillTime returns the time this limit takes to refill from empty to full.

@@ -23,7 +23,8 @@ func TestLimitValidate(t *testing.T) {
 		{"interval zero", Every(0, 1), "Every gives +Inf for an interval that is not positive"},
 		{"too fast", Limit{Rate: 2e9, Burst: 1}, "rate must be at most"},
 		{"burst 0", Limit{Rate: 1, Burst: 0}, "burst must be at least 1, got 0"},
-		{"fill too long", Limit{Rate: 1.0 / 3600, Burst: 10000}, "time to fill"},
+		{"fill too long", Limit{Rate: 1.0 / 3600, Burst: 20000}, "time to fill"},
+		{"fill a day beyond MaxFillTime", PerPeriod(732, 732*24*time.Hour), "time to fill"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -33,7 +34,8 @@ func TestLimitValidate(t *testing.T) {
 			}
 		})
 	}
-	for _, ok := range []Limit{PerSecond(1e6, 1), PerSecond(1e9, 1), Every(time.Hour, 24), PerPeriod(100, time.Minute)} {
+	for _, ok := range []Limit{PerSecond(1e6, 1), PerSecond(1e9, 1), Every(time.Hour, 24), PerPeriod(100, time.Minute),
+		PerPeriod(365, 365*24*time.Hour), PerPeriod(1, 730*24*time.Hour), PerPeriod(1<<30, 730*24*time.Hour)} {
 		if err := ok.Validate(); err != nil {
 			t.Errorf("%v: %v", ok, err)
 		}

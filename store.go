@@ -453,7 +453,8 @@ type Store interface {
 	// refilled since s.At, nothing while a slot is booked ahead on it); a
 	// limit charged more owes the difference at once, which pushes later
 	// slots back and is never refused, since the work is done. A limit
-	// owes at most MaxFillTime plus MaxWaitCap: a charge beyond is lost.
+	// owes at most its fill time plus MaxWaitCap: a charge beyond is
+	// lost.
 	// A bucket's Reserve is as for Refund.
 	Settle(ctx context.Context, buckets []Bucket, s Settlement) error
 	// Release gives back the permit id holds in every bucket that bounds

@@ -95,6 +95,7 @@ targets=(
   ./internal/config:FuzzLoad ./internal/server:FuzzJSONAPI
   ./internal/server:FuzzParseTokens ./internal/server:FuzzParseGrant
   ./benchmarks/cmd/benchdoc:FuzzParseBench ./benchmarks/cmd/benchdoc:FuzzTables
+  ./internal/server:FuzzB3
 )
 # gotest PKG ARGS...: go test ARGS PKG, in the module that holds PKG
 # (./benchmarks is a module of its own).

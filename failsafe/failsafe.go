@@ -29,7 +29,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -452,7 +451,11 @@ func (s *Store) scaleLimits(limits []fleetrate.Limit, n int64) []fleetrate.Limit
 		// Keep the local bucket valid: its fill time may not exceed the
 		// bound a shared limit respects.
 		if l.Validate() != nil {
-			l.Burst = max(int64(math.Floor(l.Rate*fleetrate.MaxFillTime.Seconds())), 1)
+			// The most tokens that fill within MaxFillTime at the
+			// interval of whole µs such a long limit has
+			// (fleetrate.CoarseFillTime).
+			iv := fleetrate.Limit{Rate: l.Rate, Burst: 1}.Interval()
+			l.Burst = max(int64(fleetrate.MaxFillTime)/((iv+999)/1000*1000), 1)
 		}
 		out[i] = l
 	}

@@ -104,7 +104,7 @@ func Cancel(now int64, limits []fleetrate.Limit, s *State, n, stamp int64, booke
 // bucket and whose work really cost actual, its slot having begun at at
 // (µs): when actual is less, the difference goes back as Refund gives it
 // back; when more, every limit owes the difference at once (its debt
-// grows by it, at most to MaxDebt), which pushes later slots back and is
+// grows by it, at most to MaxDebt of its fill time), which pushes later slots back and is
 // never refused. It reports whether any limit changed.
 func Settle(now int64, limits []fleetrate.Limit, s *State, cost, actual, at, reserve int64) bool {
 	if actual < cost {
@@ -115,17 +115,21 @@ func Settle(now int64, limits []fleetrate.Limit, s *State, cost, actual, at, res
 		return false
 	}
 	// actual <= burst is validated, so (actual-cost) × iv is at most a
-	// fill time, below 2^53, and the sum below 2^54: the Lua mirror's
-	// double may round it, but only far above MaxDebt, where it is capped.
+	// fill time f, and the sum at most 2f + MaxWaitCap before it is
+	// capped at MaxDebt: below 2^53 for a limit of fill time up to
+	// CoarseFillTime, and in whole µs (exact in the Lua mirror's doubles
+	// below 2^56) for a coarser one, whose interval is whole µs.
 	for i := range limits {
-		s.Debts[i] = min(s.Debts[i]+(actual-cost)*limits[i].Interval(), MaxDebt)
+		f := fill(&limits[i])
+		s.Debts[i] = min(s.Debts[i]+(actual-cost)*limits[i].Interval(), MaxDebt(f))
 	}
 	return true
 }
 
-// MaxDebt is the most a limit may owe, in ns: the longest fill time plus
-// the longest wait, so that one refill of MaxElapse pays it (see Settle).
-const MaxDebt = MaxElapse * 1000
+// MaxDebt is the most a limit of fill time f (ns) may owe, in ns: its fill
+// time plus the longest wait, what a take and a drain can leave at most,
+// so that one refill of MaxElapse pays it (see Settle).
+func MaxDebt(f int64) int64 { return f + int64(fleetrate.MaxWaitCap) }
 
 // BookedWait returns how long (ns) after its stamp the slot of a booking
 // begins, from the debts it left (booked, bucket by bucket in the order of
@@ -159,10 +163,12 @@ func BookedWait(buckets []fleetrate.Bucket, booked []int64) int64 {
 func Drain(now int64, limits []fleetrate.Limit, s *State, d time.Duration, void bool) {
 	s.Elapse(now, limits)
 	for i := range limits {
+		f := fill(&limits[i])
+		empty := grain(int64(d), f) + f
 		if void {
-			s.Debts[i] = int64(d) + fill(&limits[i])
+			s.Debts[i] = empty
 			continue
 		}
-		s.Debts[i] = max(s.Debts[i], int64(d)+fill(&limits[i]))
+		s.Debts[i] = max(s.Debts[i], empty)
 	}
 }

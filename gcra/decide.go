@@ -32,7 +32,7 @@ func needs(limits []fleetrate.Limit, debts []int64, n int64) (need int64, worst 
 // even when another limit delays the grant.
 func book(limits []fleetrate.Limit, debts []int64, n, wait int64) {
 	for i := range limits {
-		debts[i] = max(debts[i], wait) + n*limits[i].Interval()
+		debts[i] = max(debts[i], grain(wait, fill(&limits[i]))) + n*limits[i].Interval()
 	}
 }
 

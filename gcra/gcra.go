@@ -268,9 +268,26 @@ func (s *State) Clone() State {
 	return c
 }
 
-// fill is a limit's fill time in ns, burst × interval (below 2^53: see
-// fleetrate.MaxFillTime).
+// fill is a limit's fill time in ns, burst × interval (at most
+// fleetrate.MaxFillTime, rounded up).
 func fill(l *fleetrate.Limit) int64 { return l.Burst * l.Interval() }
+
+// coarseNS is fleetrate.CoarseFillTime in ns: a limit of a longer fill
+// time keeps its debts in whole microseconds (see grain).
+const coarseNS = int64(fleetrate.CoarseFillTime)
+
+// grain returns x (ns, not negative) as a debt of a limit of fill time f
+// may hold it: x itself when f is at most coarseNS, else rounded up to a
+// whole number of microseconds, so that sums of such debts, intervals
+// (whole µs, see fleetrate.Limit.Interval) and elapsed times (whole µs)
+// stay exact in the Lua mirror's doubles up to 2^56 (see
+// fleetrate.MaxFillTime). The Lua mirror has the same function.
+func grain(x, f int64) int64 {
+	if f <= coarseNS {
+		return x
+	}
+	return (x + 999) / 1000 * 1000
+}
 
 // Convert returns the debt, under a limit of fill time to, of a bucket that
 // owed debt under a limit of fill time from. The part of the debt within
@@ -290,9 +307,9 @@ func Convert(debt, from, to int64) int64 {
 		return max(debt, 0)
 	}
 	if debt > from {
-		return to + (debt - from)
+		return to + grain(debt-from, to)
 	}
-	return min(int64(math.Ceil(float64(debt)/float64(from)*float64(to))), to)
+	return grain(min(int64(math.Ceil(float64(debt)/float64(from)*float64(to))), to), to)
 }
 
 // TTL returns how long a store must keep the state: until every limit is

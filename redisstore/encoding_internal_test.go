@@ -163,7 +163,7 @@ func TestParseOneLimit(t *testing.T) {
 		"fractional":    bad(1.5, 1, 1),
 		"NaN":           bad(1, math.NaN(), 1),
 		"infinite":      bad(math.Inf(1), 1, 1),
-		"2^53":          bad(1<<53, 1, 1),
+		"2^56":          bad(1<<56, 1, 1),
 		"zero fill":     bad(1, 1, 0),
 		"short":         good[:len(good)-1],
 	} {

@@ -89,7 +89,7 @@ const (
 
 // parseOneLimit reads the binary value of a one-limit bucket. bin reports
 // whether raw is one (by its tag and length); ok, whether it holds a
-// valid state: three integers below 2^53 (five when anchored), the stamp
+// valid state: three integers below 2^56 (five when anchored), the stamp
 // and debt not negative and the fill time positive.
 func parseOneLimit(raw string) (st gcra.State, ok, bin bool) {
 	var v [5]int64
@@ -103,7 +103,7 @@ func parseOneLimit(raw string) (st gcra.State, ok, bin bool) {
 	}
 	for i := range n {
 		f := math.Float64frombits(binary.LittleEndian.Uint64([]byte(raw[len(oneLimitTag)+8*i:])))
-		if f != math.Trunc(f) || f < 0 || f >= 1<<53 {
+		if f != math.Trunc(f) || f < 0 || f >= 1<<56 {
 			return st, false, true
 		}
 		v[i] = int64(f)

@@ -21,12 +21,18 @@ func matchesModel(t *testing.T, s fleetrate.Store, key func(string) string) {
 		{Key: key("{m}/a"), Limits: []fleetrate.Limit{fleetrate.PerSecond(2000, 5)}},
 		{Key: key("{m}/b"), Limits: []fleetrate.Limit{fleetrate.PerSecond(700, 3), fleetrate.PerSecond(3, 7)}},
 		{Key: key("{m}/c"), Limits: []fleetrate.Limit{fleetrate.PerSecond(1e6, 4), fleetrate.PerSecond(333, 9)}},
+		// Limits of fill times beyond fleetrate.CoarseFillTime (365/year,
+		// 365 per two years): their debts pass 2^53 ns, exact in the Lua
+		// mirror only as whole microseconds.
+		{Key: key("{m}/d"), Limits: []fleetrate.Limit{fleetrate.PerSecond(50, 10), fleetrate.Every(24*time.Hour, 365)}},
 	}
-	a, b, c := m.buckets[0].Key, m.buckets[1].Key, m.buckets[2].Key
+	a, b, c, d := m.buckets[0].Key, m.buckets[1].Key, m.buckets[2].Key, m.buckets[3].Key
 	m.alts = map[string][][]fleetrate.Limit{
 		a: {{fleetrate.PerSecond(2000, 3)}, {fleetrate.PerSecond(2000, 5), fleetrate.PerSecond(50, 9)}},
 		b: {{fleetrate.PerSecond(3, 7), fleetrate.PerSecond(700, 3)}, {fleetrate.PerSecond(700, 5), fleetrate.PerSecond(3, 7)}, {fleetrate.PerSecond(3, 7)}},
 		c: {{fleetrate.PerSecond(1e6, 4)}, {fleetrate.PerSecond(333, 9), fleetrate.PerSecond(1e5, 4)}},
+		d: {{fleetrate.Every(48*time.Hour, 365)}, {fleetrate.PerSecond(50, 10), fleetrate.Every(12*time.Hour, 365)},
+			{fleetrate.Every(24*time.Hour, 365), fleetrate.PerSecond(7, 3)}, {fleetrate.PerSecond(50, 10), fleetrate.Every(time.Hour, 30)}},
 	}
 	for _, b := range m.buckets {
 		m.model[b.Key] = &gcra.State{}

@@ -416,6 +416,55 @@ func extremeLimits(t *testing.T, s fleetrate.Store, key func(string) string) {
 	if got, want := res.ResetAfter-res.RetryAfter, time.Duration(lim.Interval()); got != want {
 		t.Fatalf("reset-after minus retry-after = %v, want exactly one interval %v (%+v)", got, want, res)
 	}
+	coarseExtremes(t, s, key)
+}
+
+// coarseExtremes is extremeLimits for limits of fill times beyond
+// fleetrate.CoarseFillTime, up to MaxFillTime, whose debts pass 2^53 ns:
+// a drain of an odd number of ns (rounded up to whole µs), a take booked
+// behind a shorter limit's wait, and answers exact to the nanosecond.
+func coarseExtremes(t *testing.T, s fleetrate.Store, key func(string) string) {
+	ctx := context.Background()
+	year := fleetrate.Every(24*time.Hour, 365)   // envoyproxy/ratelimit's 365/year
+	long := fleetrate.Every(365*24*time.Hour, 2) // fill time 730 days
+	k := key("coarse")
+	b := []fleetrate.Bucket{{Key: k, Limits: []fleetrate.Limit{long}}}
+	if err := s.Drain(ctx, b, fleetrate.MaxWaitCap-1); err != nil {
+		t.Fatal(err)
+	}
+	res := mustTake(t, s, one(k, 1, 0, long))
+	if res.Allowed {
+		t.Fatalf("take during a 30-day drain of a 730-day limit allowed: %+v", res)
+	}
+	// The drain's odd nanosecond is rounded up to a whole µs: the debt is
+	// 30 days plus the fill time, less the µs since the drain.
+	if got, want := res.ResetAfter, fleetrate.MaxWaitCap+2*365*24*time.Hour; got > want || got < want-time.Second || got%time.Microsecond != 0 {
+		t.Fatalf("reset-after %v, want whole µs just below %v (%+v)", got, want, res)
+	}
+	if got, want := res.ResetAfter-res.RetryAfter, time.Duration(long.Interval()); got != want {
+		t.Fatalf("reset-after minus retry-after = %v, want exactly one interval %v (%+v)", got, want, res)
+	}
+
+	// 364 of 365 tokens of a year, then the last beside a fast limit,
+	// then one more: a debt of 365 days, past 2^53 ns, and answers exact
+	// to the nanosecond (whole µs, less the µs since the takes).
+	k2 := key("year")
+	lims := []fleetrate.Limit{fleetrate.PerSecond(333, 1), year}
+	res = mustTake(t, s, one(k2, 364, 0, year))
+	if !res.Allowed || res.Remaining != 1 {
+		t.Fatalf("364 of 365/year: %+v", res)
+	}
+	take := fleetrate.Request{Buckets: []fleetrate.Bucket{{Key: k2, Limits: lims}}, N: 1, MaxWait: time.Second}
+	if res = mustTake(t, s, take); !res.Allowed || res.Remaining != 0 {
+		t.Fatalf("the 365th token: %+v", res)
+	}
+	res = mustTake(t, s, take)
+	if res.Allowed || res.RetryAfter > 24*time.Hour || res.RetryAfter < 24*time.Hour-time.Second || res.LimitIndex != 1 {
+		t.Fatalf("a 366th token of 365/year: %+v, want a retry after a day, for the year", res)
+	}
+	if got, want := res.ResetAfter-res.RetryAfter, 364*24*time.Hour; got != want || res.ResetAfter%time.Microsecond != 0 {
+		t.Fatalf("reset-after %v minus retry-after = %v, want exactly %v, in whole µs (%+v)", res.ResetAfter, got, want, res)
+	}
 }
 
 // hostileKeys checks that binary keys, braces, separators and newlines are

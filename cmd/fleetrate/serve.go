@@ -75,6 +75,7 @@ type serveSettings struct {
 	configPath      string
 	configLoad      config.LoadOptions
 	envoyNotes      []string
+	observe         observeSettings
 	metricsAddr     string
 	metricsPath     string
 	cfg             *config.Config
@@ -180,6 +181,7 @@ func serveCommand(getenv func(string) string) *cobra.Command {
 	f.Int64("max-metric-descriptors", server.DefaultMaxMetricDescriptors, "most descriptor label values in fleetrate_decisions_total and fleetrate_near_limit_total; decisions of others count under descriptor=\"_overflow\" (rules with detailed_metric or value_to_metric label each request value)")
 	addSafetyFlags(f)
 	addEnvoyCompatFlags(f)
+	addObserveFlags(f)
 	return cmd
 }
 
@@ -232,6 +234,15 @@ func serve(ctx context.Context, st serveSettings, logOut io.Writer) error {
 	if err != nil {
 		return err
 	}
+	tp, stopTracing, err := startTracing(ctx, st.observe.tracing, log)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
+	if tp != nil {
+		opts.Tracer = tp
+	}
+	opts.HealthyWithConfig = st.observe.healthyWithConfig
 	srv, err := newServerWithStatus(opts)
 	if err != nil {
 		return err
@@ -255,6 +266,14 @@ func serve(ctx context.Context, st serveSettings, logOut io.Writer) error {
 			return err
 		}
 		defer ms.Close()
+	}
+	if st.observe.debugAddr != "" {
+		ds, err := serveDebug(st.observe.debugAddr, st.readTimeout, srv.DebugHandler(), log)
+		if err != nil {
+			closeAll(hl, gl)
+			return err
+		}
+		defer ds.Close()
 	}
 	defer reloadOnHangup(ctx, srv, st.configPath, log)()
 	if st.adaptiveProcs {
@@ -287,7 +306,16 @@ func governProcs(log *slog.Logger) (stop func()) {
 // openServeStore opens the Redis store st names, or else the in-memory one.
 func openServeStore(ctx context.Context, st serveSettings, log *slog.Logger) (serveStore, error) {
 	if st.redis != "" {
-		return openServeRedis(ctx, st.redis, st.envoyCompat.redisTLS, st.redisBatch, st.storeTimeout, log)
+		main, err := openServeRedis(ctx, st.redis, st.envoyCompat.redisTLS, st.redisBatch, st.storeTimeout, log)
+		if err != nil || st.observe.redisPerSecond == "" {
+			return main, err
+		}
+		second, err := openServeRedis(ctx, st.observe.redisPerSecond, st.envoyCompat.redisTLS, st.redisBatch, st.storeTimeout, log)
+		if err != nil {
+			main.close()
+			return serveStore{}, fmt.Errorf("--redis-per-second: %w", err)
+		}
+		return withPerSecond(main, second), nil
 	}
 	return serveStore{
 		store: memstore.New(memstore.Options{MaxKeys: int(st.memMaxKeys), MaxBytes: st.memMaxBytes}),

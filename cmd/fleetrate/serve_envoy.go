@@ -26,6 +26,7 @@ func envoyEnv(getenv func(string) string) (vals map[string]string, notes []strin
 	e.decisions()
 	e.store()
 	e.grpcConn()
+	e.observe()
 	return e.vals, e.notes, errors.Join(e.errs...)
 }
 
@@ -153,9 +154,7 @@ var envoyIgnored = []struct{ name, why string }{
 	{"REDIS_PIPELINE_LIMIT", "fleetrate batches concurrent Redis calls itself (--redis-batch, on by default)"},
 	{"EXPIRATION_JITTER_MAX_SECONDS", "token buckets expire when full, not at window ends, so keys do not expire together"},
 	{"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "fleetrate always behaves so: a denied request spends nothing"},
-	{"USE_STATSD", "fleetrate exports Prometheus metrics on /metrics, not statsd"},
 	{"USE_DOG_STATSD", "fleetrate exports Prometheus metrics on /metrics, not statsd"},
-	{"TRACING_ENABLED", "tracing is not supported"},
 }
 
 // store reads the store (Redis, or memory without REDIS_URL) and its
@@ -175,9 +174,6 @@ func (e *envoyReader) store() {
 	e.copy("NEAR_LIMIT_RATIO", "near-limit-ratio")
 	e.copy("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", "health-checks-store")
 	e.copy("REDIS_TIMEOUT", "store-timeout")
-	if per, _ := e.boolean("REDIS_PERSECOND"); per {
-		e.notes = append(e.notes, "REDIS_PERSECOND: ignored; per-second limits use the same store as the others (REDIS_URL)")
-	}
 	for _, n := range envoyIgnored {
 		if v := e.getenv(n.name); v != "" && !strings.EqualFold(v, "false") && v != "0" {
 			e.notes = append(e.notes, n.name+": ignored; "+n.why)

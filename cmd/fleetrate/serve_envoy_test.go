@@ -110,11 +110,11 @@ func TestEnvoyEnvRefusedAndIgnored(t *testing.T) {
 			t.Errorf("%v: %v, want an error naming %s", env, err, name)
 		}
 	}
-	if _, notes, err := envoyEnv(envFrom(map[string]string{"GRPC_SERVER_TLS_CERT": "c.pem"})); err != nil || len(notes) != 1 || !strings.Contains(notes[0], "plain text") {
+	if _, notes, err := envoyEnv(envFrom(map[string]string{"GRPC_SERVER_TLS_CERT": "c.pem", "USE_STATSD": "false"})); err != nil || len(notes) != 1 || !strings.Contains(notes[0], "plain text") {
 		t.Errorf("a certificate without GRPC_SERVER_USE_TLS: %q, %v; want a note that gRPC is plain text", notes, err)
 	}
 	_, notes, err := envoyEnv(envFrom(map[string]string{"USE_STATSD": "true", "LIMIT_LIMIT_HEADER": "X-Limit", "USE_DOG_STATSD": "false", "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION": "false"}))
-	if err != nil || len(notes) != 1 || !strings.Contains(strings.Join(notes, "\n"), "USE_STATSD: ignored; fleetrate exports Prometheus") {
+	if err != nil || len(notes) != 1 || !strings.Contains(strings.Join(notes, "\n"), "USE_STATSD (set): ignored; fleetrate sends no statsd") {
 		t.Errorf("notes %q, %v; want USE_STATSD only, with the reason", notes, err)
 	}
 }

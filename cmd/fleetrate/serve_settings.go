@@ -213,6 +213,7 @@ func (r *resolver) settings(st *serveSettings, s config.Settings) {
 	st.maxMetricDescs = r.int64("max-metric-descriptors", s.MaxMetricDescriptors)
 	st.metricsAddr = r.str("metrics-addr", s.MetricsAddr)
 	st.metricsPath = r.str("metrics-path", s.MetricsPath)
+	st.observe = r.observe()
 	st.safety = r.safety(s)
 	st.envoyCompat = r.envoyCompat(s)
 }
@@ -258,5 +259,5 @@ func (st *serveSettings) check() error {
 	if err := lvl.UnmarshalText([]byte(st.logLevel)); err != nil {
 		return fmt.Errorf("--log-level must be debug, info, warn or error, got %q", st.logLevel)
 	}
-	return nil
+	return st.observe.check(st.redis)
 }

@@ -220,7 +220,7 @@ func startServe(t *testing.T, args ...string) (string, string, *serveLog, func()
 	return startServeEnv(t, os.Getenv, args...)
 }
 
-// startServeEnv is startServe with the environment getenv.
+// startServeEnv is startServe with the environment read from getenv.
 func startServeEnv(t *testing.T, getenv func(string) string, args ...string) (string, string, *serveLog, func() error) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())

@@ -32,6 +32,9 @@ type rlsService struct {
 // is INVALID_ARGUMENT; a store failure is UNAVAILABLE, never OVER_LIMIT.
 func (r rlsService) ShouldRateLimit(ctx context.Context, req *rlspb.RateLimitRequest) (*rlspb.RateLimitResponse, error) {
 	resp, err := r.s.shouldRateLimit(ctx, req)
+	if r.s.tracing != nil {
+		r.s.annotateRLS(ctx, req, resp)
+	}
 	if err != nil {
 		return nil, grpcError(err)
 	}
@@ -223,6 +226,11 @@ func (s *Server) setHealth(serving bool) {
 func (s *Server) grpcUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, next grpc.UnaryHandler) (resp any, err error) {
 	s.metrics.inflight.Inc()
 	defer s.metrics.inflight.Dec()
+	if s.tracing != nil && info.FullMethod != healthpb.Health_Check_FullMethodName {
+		var end func(error)
+		ctx, end = s.tracing.startGRPC(ctx, info.FullMethod)
+		defer func() { end(err) }() // after the recover below: sees its INTERNAL
+	}
 	defer func() {
 		if v := recover(); v != nil {
 			s.log.Error("panic serving gRPC", "method", info.FullMethod, "panic", v, "stack", string(debug.Stack()))

@@ -97,7 +97,7 @@ func (s *Server) open(method string, h http.HandlerFunc) http.HandlerFunc {
 // api serves an API endpoint: method check, the caller's scope (need),
 // body limit.
 func (s *Server) api(method string, need Scope, h func(http.ResponseWriter, *http.Request) error) http.HandlerFunc {
-	return s.open(method, func(w http.ResponseWriter, r *http.Request) {
+	return s.open(method, s.traced(func(w http.ResponseWriter, r *http.Request) {
 		s.metrics.inflight.Inc()
 		defer s.metrics.inflight.Dec()
 		ctx, ok := s.access.admit(w, r, r.URL.Path, need)
@@ -113,7 +113,7 @@ func (s *Server) api(method string, need Scope, h func(http.ResponseWriter, *htt
 			}
 			writeError(w, he)
 		}
-	})
+	}))
 }
 
 func (s *Server) storeAPI(h func(http.ResponseWriter, *http.Request) error) func(http.ResponseWriter, *http.Request) error {
@@ -238,7 +238,7 @@ func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 // unless Options.HealthChecksStore says to (500 while the background
 // probe finds the store down), as REDIS_HEALTH_CHECK_ACTIVE_CONNECTION.
 func (s *Server) healthcheck(w http.ResponseWriter, r *http.Request) {
-	if s.draining.Load() || s.opts.HealthChecksStore && s.storeDown.Load() {
+	if s.draining.Load() || s.opts.HealthChecksStore && s.storeDown.Load() || s.configMissing() {
 		w.WriteHeader(http.StatusInternalServerError)
 		return
 	}
@@ -247,7 +247,11 @@ func (s *Server) healthcheck(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
-	if err := s.ready(r.Context()); err != nil {
+	err := s.configReady()
+	if err == nil {
+		err = s.ready(r.Context())
+	}
+	if err != nil {
 		writeJSON(w, http.StatusServiceUnavailable, s.readyBody(map[string]string{"status": "not ready", "error": err.Error()}))
 		return
 	}
@@ -271,6 +275,9 @@ func (s *Server) handleJSON(w http.ResponseWriter, r *http.Request) error {
 		return badRequest(wire.CodeInvalidJSON, "%s", msg)
 	}
 	resp, err := s.shouldRateLimit(r.Context(), req)
+	if s.tracing != nil {
+		s.annotateRLS(r.Context(), req, resp)
+	}
 	if err != nil {
 		return err
 	}

@@ -15,6 +15,9 @@ import (
 func (s *Server) SetConfig(cfg *config.Config) {
 	s.state.Store(s.newState(cfg))
 	s.metrics.lastReload.SetToCurrentTime()
+	if s.opts.HealthyWithConfig {
+		s.refreshHealth()
+	}
 }
 
 // Reload reads ConfigPath again. A file that fails to load leaves the

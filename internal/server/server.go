@@ -28,6 +28,7 @@ import (
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 
@@ -189,6 +190,17 @@ type Options struct {
 	Pages map[string]http.Handler
 	// Logger receives the service's logs. Default slog.Default().
 	Logger *slog.Logger
+	// Tracer, when set, traces every RLS call and API request: a server
+	// span per call, a child of the trace context the caller sent (W3C
+	// traceparent, else B3), with the decision's domain, descriptor count
+	// and overall code (tracing.go). Nil, the default, traces nothing.
+	Tracer trace.TracerProvider
+	// HealthyWithConfig keeps the gRPC health service, /healthcheck and
+	// /readyz failing while the configuration in force has no domain, as
+	// envoyproxy/ratelimit's HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED
+	// does: a replica started on an empty configuration directory takes
+	// no traffic until a configuration with limits loads.
+	HealthyWithConfig bool
 	// Clock is used to turn /v1/drain's "until" into a duration. Default
 	// time.Now.
 	Clock func() time.Time
@@ -226,6 +238,7 @@ type Server struct {
 	storeDown atomic.Bool
 	access    *access
 	shed      *shedder
+	tracing   *tracing // nil without Options.Tracer
 }
 
 // state is a loaded configuration with its buckets resolved.
@@ -297,8 +310,10 @@ func New(opts Options) (*Server, error) {
 	s.tried = opts.Config.Hash
 	s.metrics.lastReload.SetToCurrentTime()
 	s.shed = newShedder(opts.MaxInFlight, opts.Registry)
+	s.tracing = newTracing(opts.Tracer)
 	s.handler = s.shedHTTP(s.routes())
 	s.grpc = s.newGRPC()
+	s.refreshHealth()
 	return s, nil
 }
 

@@ -27,7 +27,7 @@ func (s *Server) checkStore(ctx context.Context) {
 			return true
 		}
 		if s.opts.HealthChecksStore {
-			s.setHealth(!down)
+			s.refreshHealth()
 		}
 		if down {
 			s.log.Error("store unavailable", "store", s.opts.StoreName, "error", err.Error(), "health_reports_it", s.opts.HealthChecksStore)

@@ -14,7 +14,9 @@
 -- fill times negated). A one-limit value in that text form (written by an
 -- older version) is read too, and so is one without fill times (older
 -- still), as it is, without conversion.
--- Every number is an integer below 2^53, exact in Lua's doubles.
+-- Every number is an integer below 2^53, exact in Lua's doubles, but the
+-- debts and fill times of a limit whose fill time exceeds COARSE_NS:
+-- those are whole microseconds below 2^56, exact too (see grain).
 --
 -- ARGV layout after the operation's own leading arguments: for each key, the
 -- number of limits m, then m pairs of (interval_ns, burst), and for a take
@@ -24,7 +26,8 @@
 
 if redis.replicate_commands then redis.replicate_commands() end
 
-local MAX_ELAPSE_US = 7776000000000 -- (MaxFillTime + MaxWaitCap) in µs
+local MAX_ELAPSE_US = 65750400000000 -- (MaxFillTime + MaxWaitCap) in µs
+local COARSE_NS = 5184000000000000 -- fleetrate.CoarseFillTime in ns
 local MAX_ANCHOR_AGE_US = 604800000000 -- gcra.MaxAnchorAge
 local TTL_SLACK_MS = 1000
 
@@ -59,6 +62,17 @@ local function read_take_limits(pos)
   return lims, m, nx + 1
 end
 
+-- grain returns x (ns, not negative) as a debt of a limit of fill time f
+-- may hold it: whole µs (rounded up) when f exceeds COARSE_NS. Mirrors
+-- gcra's grain; x is exact (below 2^53, or whole µs below 2^56), and so
+-- are x - r and the result.
+local function grain(x, f)
+  if f <= COARSE_NS then return x end
+  local r = math.fmod(x, 1000) -- exact; Lua 5.1's % is not above 2^53
+  if r > 0 then return x - r + 1000 end
+  return x
+end
+
 -- convert returns the debt, under a limit of fill time to (ns), of a
 -- bucket that owed debt under a limit of fill time from: the part within
 -- the old fill time keeps its fraction of the bucket, the part beyond it
@@ -66,8 +80,8 @@ end
 -- operations in the same order so that both give the same integer.
 local function convert(debt, from, to)
   if from <= 0 or debt <= 0 then return math.max(debt, 0) end
-  if debt > from then return to + (debt - from) end
-  return math.min(math.ceil(debt / from * to), to)
+  if debt > from then return to + grain(debt - from, to) end
+  return grain(math.min(math.ceil(debt / from * to), to), to)
 end
 
 -- refill returns the debt, under a limit of fill time to, of a bucket
@@ -312,7 +326,7 @@ local function take_all(debts, lims, ms, nb, n, max_wait, count)
       booked = true
       for b = 1, nb do
         local d, l = debts[b], lims[b]
-        for i = 1, ms[b] do d[i] = math.max(d[i], wait) + n * l[2 * i - 1] end
+        for i = 1, ms[b] do d[i] = math.max(d[i], grain(wait, l[2 * i] * l[2 * i - 1])) + n * l[2 * i - 1] end
       end
     end
   end

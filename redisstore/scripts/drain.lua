@@ -10,7 +10,8 @@ for b = 1, #KEYS do
   lims, m, pos = read_limits(pos + 2)
   local d = load(KEYS[b], lims, m, now)
   for i = 1, m do
-    local empty = dur + lims[2 * i] * lims[2 * i - 1]
+    local f = lims[2 * i] * lims[2 * i - 1]
+    local empty = grain(dur, f) + f
     if void then d[i] = empty else d[i] = math.max(d[i], empty) end
   end
   save(KEYS[b], now, d)

@@ -8,7 +8,9 @@
 --
 -- A one-limit value is "g #" followed by three little-endian doubles
 -- (struct '<ddd'): the stamp (µs), the debt (ns) and the fill time (ns)
--- it was written for, every one an integer below 2^53, exact in a double.
+-- it was written for, every one an integer below 2^53 (whole µs below
+-- 2^56 for a limit of a fill time beyond fleetrate.CoarseFillTime), exact
+-- in a double.
 -- Unpacking it costs Redis a tenth of parsing the text form. (Versions
 -- before it read "g" as no stamp and "#..." as no number, and fail the
 -- call rather than misread the bucket.)
@@ -16,7 +18,7 @@
 
 if redis.replicate_commands then redis.replicate_commands() end
 
-local MAX_ELAPSE_US = 7776000000000 -- (MaxFillTime + MaxWaitCap) in µs
+local MAX_ELAPSE_US = 65750400000000 -- (MaxFillTime + MaxWaitCap) in µs
 local TTL_SLACK_MS = 1000
 
 if #KEYS == 1 and ARGV[3] == '1' and ARGV[4] == '1' then
