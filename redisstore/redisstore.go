@@ -132,6 +132,8 @@ type Store struct {
 	// addrs are the addresses the client dials, whose failed dials a
 	// timeout names (see explain): a Client's, or a ClusterClient's seeds.
 	addrs []string
+	// notices are the takes waiting for a permit (see NotifyPermit).
+	notices notices
 }
 
 var (
