@@ -47,7 +47,7 @@ func permitBase(key string, cluster bool) (string, error) {
 			return key, nil // a valid hash tag
 		}
 	}
-	if !strings.Contains(key, "}") {
+	if key != "" && !strings.Contains(key, "}") {
 		return "{" + key + "}", nil
 	}
 	if cluster {

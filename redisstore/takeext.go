@@ -111,12 +111,15 @@ func decodeExt(req fleetrate.Request, reply []int64) (fleetrate.Result, error) {
 // permitView returns a set of permits that stands as a bound stood for id
 // before a take, from the script's view of it (held, mine, place, qlen,
 // first): the leases that gcra.Decide reads, with every other holder and
-// waiter anonymous. Their number is the bound's at most (65,536): the
-// replay allocates what memstore keeps.
+// waiter anonymous. The replay allocates what memstore keeps: at most
+// the bound's holders (65,536) and the waiters, of which a reply may
+// report maxQueueView at most (beyond, the takes of the bucket fail as an
+// unavailable store: a million takes waiting on one bucket is no queue
+// but a fault).
 func permitView(now int64, id string, v []int64) (inflight.Set, error) {
 	held, mine, place, qlen, first := v[0], v[1], v[2], v[3], v[4]
 	switch {
-	case held < 0 || held > fleetrate.MaxInFlight || qlen < 0 || qlen > math.MaxInt32:
+	case held < 0 || held > fleetrate.MaxInFlight || qlen < 0 || qlen > maxQueueView:
 		return inflight.Set{}, fmt.Errorf("%d held and %d waiting", held, qlen)
 	case mine != 0 && (held == 0 || id == ""), mine != 0 && mine != 1:
 		return inflight.Set{}, errors.New("a permit held by no one")
@@ -146,3 +149,7 @@ func permitView(now int64, id string, v []int64) (inflight.Set, error) {
 	}
 	return p, nil
 }
+
+// maxQueueView is the longest queue of a bucket whose reply the client
+// replays (see permitView).
+const maxQueueView = 1 << 20
