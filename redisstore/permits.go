@@ -25,14 +25,17 @@ const (
 const permitChannel = "fleetrate:permits"
 
 // permitKeys returns the three keys of the permits of the bucket whose
-// store key is key: on the key's own Cluster hash slot, so that a script
-// updates the bucket and its permits atomically. A key with a {hash tag}
-// keeps it (the suffixes are appended); a key without a "}" becomes the
-// tag itself ("{key}" and the suffix), which hashes as the key does. A
-// key with a "}" but no valid tag can be neither: on a Cluster it is
-// refused, naming the key; elsewhere the suffixes are appended.
+// store key is key: on the key's own hash slot (Cluster) or shard (Ring),
+// so that a script updates the bucket and its permits atomically, and
+// starting as the key does, so that an ACL key pattern of its prefix
+// (~fleetrate:*) covers them. A key with a {hash tag} keeps it (the
+// suffixes are appended); a key without a "}" is also made the tag of its
+// permit keys: "a:b" has "a:b{a:b}" and a suffix, which hash as "a:b"
+// does. A key with a "}" but no valid tag can be neither: on a Cluster or
+// a Ring it is refused, naming the key; elsewhere the suffixes are
+// appended.
 func (s *Store) permitKeys(key string) (h, q, w string, err error) {
-	base, err := permitBase(key, s.cluster)
+	base, err := permitBase(key, s.cluster || s.MultipleClocks())
 	if err != nil {
 		return "", "", "", err
 	}
@@ -40,18 +43,24 @@ func (s *Store) permitKeys(key string) (h, q, w string, err error) {
 }
 
 // permitBase returns the start of the names of key's permit keys (see
-// permitKeys).
-func permitBase(key string, cluster bool) (string, error) {
-	if i := strings.IndexByte(key, '{'); i >= 0 {
+// permitKeys); sharded is set for a client whose keys hash to shards.
+func permitBase(key string, sharded bool) (string, error) {
+	i := strings.IndexByte(key, '{')
+	if i >= 0 {
 		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
 			return key, nil // a valid hash tag
 		}
 	}
 	if key != "" && !strings.Contains(key, "}") {
-		return "{" + key + "}", nil
+		// The first "{" opens the tag, which the key's own "{", if any,
+		// must not: the tag goes there, and holds the whole key.
+		if i < 0 {
+			i = len(key)
+		}
+		return key[:i] + "{" + key + "}", nil
 	}
-	if cluster {
-		return "", fmt.Errorf("%w: bucket key %q bounds in-flight takes but has a \"}\" and no valid {hash tag}, so its permits cannot share its Redis Cluster slot: give it a hash tag, such as {%s}", fleetrate.ErrInvalid, key, strings.NewReplacer("{", "", "}", "").Replace(key))
+	if sharded {
+		return "", fmt.Errorf("%w: bucket key %q bounds in-flight takes but cannot have its permits on its Redis Cluster slot (it has a \"}\" and no valid {hash tag}): give it a hash tag, such as {%s}", fleetrate.ErrInvalid, key, strings.NewReplacer("{", "", "}", "").Replace(key))
 	}
 	return key, nil
 }

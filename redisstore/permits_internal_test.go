@@ -19,9 +19,9 @@ func TestPermitKeysNaming(t *testing.T) {
 		key, base string
 		refused   bool // on a Cluster
 	}{
-		{"api:user1", "{api:user1}", false},
+		{"api:user1", "api:user1{api:user1}", false},
 		{"{cred}:tokens", "{cred}:tokens", false},
-		{"a{b", "{a{b}", false},
+		{"a{b", "a{a{b}", false},
 		{"x{}y{z}", "x{}y{z}", true}, // the first tag is empty: Redis hashes the whole key
 		{"a}b", "a}b", true},
 		{"{}x", "{}x", true},
@@ -36,6 +36,9 @@ func TestPermitKeysNaming(t *testing.T) {
 		}
 		if err != nil && (!errors.Is(err, fleetrate.ErrInvalid) || !strings.Contains(err.Error(), tc.key) || !strings.Contains(err.Error(), "hash tag")) {
 			t.Errorf("refusal of %q: %v, want ErrInvalid naming the key and asking for a hash tag", tc.key, err)
+		}
+		if err == nil && !strings.HasPrefix(base, strings.SplitN(tc.key, "{", 2)[0]) {
+			t.Errorf("permit keys of %q start %q: not with the key's prefix, which ACL patterns name", tc.key, base)
 		}
 		if err == nil && Slot(base+heldSuffix) != Slot(tc.key) {
 			t.Errorf("permit keys of %q on slot %d, the bucket on %d", tc.key, Slot(base+heldSuffix), Slot(tc.key))
@@ -56,6 +59,9 @@ func FuzzPermitKeys(f *testing.F) {
 				t.Fatalf("%q refused without a \"}\": %v", key, err)
 			}
 			return
+		}
+		if !strings.HasPrefix(base, strings.SplitN(key, "{", 2)[0]) {
+			t.Fatalf("permit keys of %q start %q, not with its part before any \"{\"", key, base)
 		}
 		for _, sfx := range []string{heldSuffix, queueSuffix, leasesSuffix} {
 			if Slot(base+sfx) != Slot(key) {
