@@ -18,8 +18,8 @@ for b = 1, #KEYS / 4 do
   held = held + redis.call('ZREM', h, id)
   local v = view(h, q, bound, '')
   if v.held < bound and v.qlen > 0 then
-    local next = redis.call('ZRANGE', q, 0, bound - v.held - 1)
-    for i = 1, #next do redis.call('PUBLISH', channel, next[i] .. ' ' .. key) end
+    local woken = redis.call('ZRANGE', q, 0, bound - v.held - 1)
+    for i = 1, #woken do redis.call('PUBLISH', channel, woken[i] .. ' ' .. key) end
   end
 end
 return held
