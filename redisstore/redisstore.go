@@ -9,6 +9,12 @@
 // Takes that many goroutines make at once share script calls (one call
 // for up to 256 takes), each still with its own exact decision; a take
 // that finds no call in flight is sent at once (see Options.Unbatched).
+//
+// A take with costs by bucket (Request.Costs) or an in-flight bound
+// (Bucket.InFlight) runs a script of its own, never batched. A bucket's
+// permits live in keys beside its own, on its Cluster slot (see
+// Store.Release), and Release tells the processes whose takes wait for a
+// permit, over Redis pub/sub (see NotifyPermit).
 package redisstore
 
 import (

@@ -55,13 +55,15 @@ local function view(h, q, bound, id)
   if fill then real = real - 1 end
   local held = real
   if fill and held < bound then held = bound end
-  local r = redis.call('ZRANGE', h, 0, 0, 'WITHSCORES')
-  local v = { held = held, real = real, first = r[2] and tonumber(r[2]) or 0, mine = false, place = -1 }
-  if id ~= '' then
-    v.mine = redis.call('ZSCORE', h, id) ~= false
-    v.place = redis.call('ZRANK', q, id) or -1
+  local v = { held = held, real = real, first = 0, mine = false, place = -1, qlen = redis.call('ZCARD', q) }
+  if real > 0 or fill then
+    local r = redis.call('ZRANGE', h, 0, 0, 'WITHSCORES')
+    v.first = tonumber(r[2])
   end
-  v.qlen = redis.call('ZCARD', q)
+  if id ~= '' then
+    v.mine = real > 0 and redis.call('ZSCORE', h, id) ~= false
+    if v.qlen > 0 then v.place = redis.call('ZRANK', q, id) or -1 end
+  end
   return v
 end
 
@@ -74,11 +76,14 @@ local function admits(v, bound)
   return v.held + ahead < bound, ahead
 end
 
--- grant mirrors inflight.Set.Grant: id holds a permit until exp, leaving
--- the queue; a permit held already keeps the later of its ends.
-local function grant(h, q, w, id, exp)
-  redis.call('ZREM', q, id)
-  redis.call('ZREM', w, id)
+-- grant mirrors inflight.Set.Grant: id (whose view is v) holds a permit
+-- until exp, leaving the queue; a permit held already keeps the later of
+-- its ends.
+local function grant(h, q, w, v, id, exp)
+  if v.place >= 0 then
+    redis.call('ZREM', q, id)
+    redis.call('ZREM', w, id)
+  end
   redis.call('ZADD', h, 'GT', exp, id)
 end
 

@@ -95,7 +95,7 @@ else
     end
     if bounds[b] > 0 and id ~= '' then
       local h, q, w = KEYS[pk[b] + 1], KEYS[pk[b] + 2], KEYS[pk[b] + 3]
-      grant(h, q, w, id, exp)
+      grant(h, q, w, views[b], id, exp)
       keep(h, q, w, now)
     end
   end
