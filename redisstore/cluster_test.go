@@ -119,6 +119,7 @@ func TestCluster(t *testing.T) {
 	})
 
 	t.Run("PermitKeysShareTheSlot", func(t *testing.T) { permitKeysShareTheSlot(t, cl, s) })
+	t.Run("PermitNoticeWakesOnlyItsWaiter", func(t *testing.T) { clusterNotices(t, cl) })
 
 	t.Run("CredentialPlusEndpointIsAtomic", func(t *testing.T) {
 		lim, err := fleetrate.New(s, fleetrate.Config{Buckets: []fleetrate.BucketConfig{

@@ -79,7 +79,31 @@ func TestPermitNoticeWakesOnlyItsWaiter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, z := bound("notice/a", 1), bound("notice/z", 1)
+	a := bound("notice/a", 1)
+	second, stop := noticeWakesOnlyItsWaiter(t, holder, waiters, a, bound("notice/z", 1))
+	defer stop()
+
+	// A subscription that Redis drops is made again, and its confirmation
+	// wakes the waiters: a notice published meanwhile is not lost for good.
+	if err := srv.Client().Do(ctx, "CLIENT", "KILL", "TYPE", "pubsub").Err(); err != nil {
+		t.Fatal(err)
+	}
+	receive(t, second, "the waiter, after the subscription was made again")
+	if _, err := waiters.Release(ctx, []fleetrate.Bucket{a}, "first"); err != nil {
+		t.Fatal(err)
+	}
+	receive(t, second, "the second waiter, after the first released")
+}
+
+// noticeWakesOnlyItsWaiter is TestPermitNoticeWakesOnlyItsWaiter on two
+// stores (two processes) of any client, with buckets a and z of bound 1:
+// the holder (store holder) releases a permit of each, and of the two
+// waiters queued on a (store waiters), only the first is woken; the
+// waiter on z proves the notices arrived. It leaves "first" holding a
+// permit of a and returns the second waiter's channel, and a function
+// that stops the notifications.
+func noticeWakesOnlyItsWaiter(t *testing.T, holder, waiters *redisstore.Store, a, z fleetrate.Bucket) (<-chan struct{}, func()) {
+	ctx := context.Background()
 	for _, b := range []fleetrate.Bucket{a, z} {
 		if res := acquire(ctx, t, holder, b, "h", 0); !res.Allowed {
 			t.Fatalf("holder: %+v", res)
@@ -96,7 +120,6 @@ func TestPermitNoticeWakesOnlyItsWaiter(t *testing.T) {
 	first, stop1 := waiters.NotifyPermit(a.StoreKey(), "first")
 	defer stop1()
 	second, stop2 := waiters.NotifyPermit(a.StoreKey(), "second")
-	defer stop2()
 	other, stop3 := waiters.NotifyPermit(z.StoreKey(), "other")
 	defer stop3()
 	// Redis confirming the subscription wakes every waiter once (a notice
@@ -121,17 +144,7 @@ func TestPermitNoticeWakesOnlyItsWaiter(t *testing.T) {
 	if res := acquire(ctx, t, waiters, a, "first", time.Minute); !res.Allowed {
 		t.Fatalf("the woken waiter: %+v, want granted", res)
 	}
-
-	// A subscription that Redis drops is made again, and its confirmation
-	// wakes the waiters: a notice published meanwhile is not lost for good.
-	if err := srv.Client().Do(ctx, "CLIENT", "KILL", "TYPE", "pubsub").Err(); err != nil {
-		t.Fatal(err)
-	}
-	receive(t, second, "the waiter, after the subscription was made again")
-	if _, err := waiters.Release(ctx, []fleetrate.Bucket{a}, "first"); err != nil {
-		t.Fatal(err)
-	}
-	receive(t, second, "the second waiter, after the first released")
+	return second, stop2
 }
 
 // TestPermitsFilledAfterFailover restarts Redis without its data (a new
@@ -181,6 +194,26 @@ func TestPermitsFilledAfterFailover(t *testing.T) {
 			}
 		})
 	}
+}
+
+// clusterNotices runs noticeWakesOnlyItsWaiter on a Cluster, with two
+// cluster clients as two processes would have. The buckets share a hash
+// tag, so that both releases publish from one master, in order: a Cluster
+// forwards each master's messages to the subscriber's node in order, not
+// those of two masters.
+func clusterNotices(t *testing.T, cl *redistest.Cluster) {
+	stores := make([]*redisstore.Store, 2)
+	for i := range stores {
+		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs()})
+		t.Cleanup(func() { _ = c.Close() })
+		s, err := redisstore.New(c, redisstore.Options{Timeout: 5 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		stores[i] = s
+	}
+	_, stop := noticeWakesOnlyItsWaiter(t, stores[0], stores[1], bound("notice/{n}/a", 1), bound("notice/{n}/z", 1))
+	stop()
 }
 
 // permitKeysShareTheSlot checks on a Cluster that a bucket's permits live
