@@ -89,6 +89,9 @@ func (f *failover) filledOn(key string, epoch int64) {
 // bound in-flight takes (see above), and marks their permit keys as
 // emptied for the guard, which otherwise refuses a take on them.
 func (f *failover) fill(ctx context.Context, s *Store, req fleetrate.Request) error {
+	if !extended(&req) {
+		return nil // no bound: a plain take pays nothing here
+	}
 	todo, hold, epoch, active := f.toFill(req.Buckets, req.Permit.TTL)
 	if !active {
 		return nil

@@ -87,7 +87,9 @@ type Options struct {
 	// take of each bucket within FailoverWindow first empties it there,
 	// until the last slot this process had booked on it. What the old
 	// master granted after the replica's last copy is then not granted
-	// again (docs/OPERATIONS.md, Sentinel). It costs Redis about 4 µs per
+	// again (docs/OPERATIONS.md, Sentinel). A bucket with an in-flight
+	// bound has its permits counted as held there until the longest lease
+	// could have ended (failover_permits.go). It costs Redis about 4 µs per
 	// script call and one extra round trip per bucket per failover. Not
 	// for Cluster or Ring clients, whose masters differ per key. It is the
 	// default on a *redis.Client, plain or Sentinel's (failoverdefault.go).
