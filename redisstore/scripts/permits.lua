@@ -24,11 +24,19 @@ local function last_score(z)
   return r[2] and tonumber(r[2])
 end
 
--- keep sets the TTL of a bucket's permit keys to cover the last lease.
-local function keep(h, q, w, now)
+-- keep_held sets the TTL of the held permits h to cover the last lease.
+local function keep_held(h, now)
   local last = last_score(h)
   if last then redis.call('PEXPIRE', h, math.max(math.ceil((last - now) / 1000), 0) + TTL_SLACK_MS) end
-  last = last_score(w)
+end
+
+-- keep sets the TTL of a bucket's permit keys to cover the last lease. (A
+-- grant, which can only take a waiter out of the queue, needs keep_held
+-- alone: the queue's TTL may then outlast its last lease, never fall
+-- short of it.)
+local function keep(h, q, w, now)
+  keep_held(h, now)
+  local last = last_score(w)
   if last then
     local ms = math.max(math.ceil((last - now) / 1000), 0) + TTL_SLACK_MS
     redis.call('PEXPIRE', w, ms)

@@ -96,7 +96,7 @@ else
     if bounds[b] > 0 and id ~= '' then
       local h, q, w = KEYS[pk[b] + 1], KEYS[pk[b] + 2], KEYS[pk[b] + 3]
       grant(h, q, w, views[b], id, exp)
-      keep(h, q, w, now)
+      keep_held(h, now)
     end
   end
   if booked then
