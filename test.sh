@@ -87,7 +87,7 @@ tests() { go test -race -count=1 -timeout 15m ./... 2>&1 | tee -a "$log"; }
 fuzztime=${FUZZTIME:-20000x}
 targets=(
   ./gcra:FuzzDecide ./gcra:FuzzSettleBound ./gcra:FuzzPermits .:FuzzLimitValidate ./calendar:FuzzParse
-  ./redisstore:FuzzSlot
+  ./redisstore:FuzzSlot ./redisstore:FuzzPermitKeys ./redisstore:FuzzPermitReply
   ./transport:FuzzParseRetryAfter ./transport/internal/notice:FuzzParse
   ./internal/headers:FuzzParseList ./internal/headers:FuzzFormatPolicy
   ./internal/headers:FuzzFormatRateLimit ./internal/headers:FuzzRetryAfter

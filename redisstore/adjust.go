@@ -28,13 +28,15 @@ func (s *Store) Cancel(ctx context.Context, buckets []fleetrate.Bucket, n int64,
 }
 
 // cancel is Cancel of a booking whose slot began wait ns after its stamp:
-// after that, nothing goes back.
+// after that, nothing goes back. Each bucket gets back its own cost
+// (b.Costs, or n).
 func (s *Store) cancel(ctx context.Context, buckets []fleetrate.Bucket, n int64, b fleetrate.Booking, wait int64) error {
-	args := make([]any, 3, 3+len(buckets)*3+len(b.Debts)*3)
-	args[0], args[1], args[2] = n, b.Stamp, wait
+	args := make([]any, 2, 2+len(buckets)*4+len(b.Debts)*3)
+	args[0], args[1] = b.Stamp, wait
 	off := 0
 	for i := range buckets {
 		args = appendLimits(args, buckets[i:i+1])
+		args = append(args, fleetrate.CostOf(n, b.Costs, i))
 		for _, d := range b.Debts[off : off+len(buckets[i].Limits)] {
 			args = append(args, d)
 		}
@@ -101,14 +103,20 @@ func (s *Store) run(ctx context.Context, op string, script *redis.Script, bucket
 	return nil
 }
 
-// Reset implements fleetrate.Store. Each key is deleted on its own so that
-// keys on different Cluster slots work.
+// Reset implements fleetrate.Store. Each key is deleted on its own, with
+// its permit keys (see permitKeys), so that keys on different Cluster
+// slots work.
 func (s *Store) Reset(ctx context.Context, keys ...string) error {
 	sctx, cancel := s.ctx(ctx)
 	defer cancel()
 	err := s.bounded(sctx, func(ctx context.Context) error {
 		for _, k := range keys {
-			if err := s.c.Del(ctx, k).Err(); err != nil {
+			del := []string{k}
+			if h, q, w, err := s.permitKeys(k); err == nil {
+				// A key refused permit keys never had any.
+				del = append(del, h, q, w)
+			}
+			if err := s.c.Del(ctx, del...).Err(); err != nil {
 				return err
 			}
 		}

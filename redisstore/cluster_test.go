@@ -118,6 +118,9 @@ func TestCluster(t *testing.T) {
 		}
 	})
 
+	t.Run("PermitKeysShareTheSlot", func(t *testing.T) { permitKeysShareTheSlot(t, cl, s) })
+	t.Run("PermitNoticeWakesOnlyItsWaiter", func(t *testing.T) { clusterNotices(t, cl) })
+
 	t.Run("CredentialPlusEndpointIsAtomic", func(t *testing.T) {
 		lim, err := fleetrate.New(s, fleetrate.Config{Buckets: []fleetrate.BucketConfig{
 			{Name: "{booking_com}/availability", Limits: []fleetrate.Limit{fleetrate.Every(time.Hour, 6)}},

@@ -4,7 +4,9 @@ import (
 	"regexp"
 	"strconv"
 	"testing"
+	"time"
 
+	"github.com/fleetrate/fleetrate"
 	"github.com/fleetrate/fleetrate/gcra"
 )
 
@@ -23,6 +25,15 @@ func TestLuaConstantsMatchGo(t *testing.T) {
 		}
 		if !regexp.MustCompile(`(?m)^local TTL_SLACK_MS = 1000$`).MatchString(src) {
 			t.Fatalf("%s: TTL_SLACK_MS is not 1000 ms", name)
+		}
+	}
+	for name, want := range map[string]int64{
+		"REFUND_HORIZON_US": int64(fleetrate.MaxFillTime/time.Microsecond) + 1,
+		"MAX_WAIT_NS":       int64(fleetrate.MaxWaitCap),
+	} {
+		m := regexp.MustCompile(`(?m)^local ` + name + ` = (\d+)`).FindStringSubmatch(commonLua)
+		if got, err := strconv.ParseInt(m[1], 10, 64); m == nil || err != nil || got != want {
+			t.Fatalf("common.lua %s = %v, want %d", name, m, want)
 		}
 	}
 }

@@ -86,6 +86,12 @@ type failover struct {
 	// prune is the size of booked at which expired bookings are next
 	// removed.
 	prune int
+	// lease is the longest permit lease this process has asked for;
+	// filled holds the buckets whose permits it filled on the master of
+	// filledEpoch (see failover_permits.go).
+	lease       time.Duration
+	filled      map[string]bool
+	filledEpoch int64
 }
 
 func newFailover(window time.Duration) *failover {
@@ -225,6 +231,9 @@ func (f *failover) takeOnce(ctx context.Context, s *Store, req fleetrate.Request
 			return fleetrate.Result{}, err
 		}
 		f.emptiedOn(b.StoreKey(), epoch)
+	}
+	if err := f.fill(ctx, s, req); err != nil {
+		return fleetrate.Result{}, err
 	}
 	return take(ctx, req)
 }

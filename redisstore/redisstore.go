@@ -9,6 +9,12 @@
 // Takes that many goroutines make at once share script calls (one call
 // for up to 256 takes), each still with its own exact decision; a take
 // that finds no call in flight is sent at once (see Options.Unbatched).
+//
+// A take with costs by bucket (Request.Costs) or an in-flight bound
+// (Bucket.InFlight) runs a script of its own, never batched. A bucket's
+// permits live in keys beside its own, on its Cluster slot (see
+// Store.Release), and Release tells the processes whose takes wait for a
+// permit, over Redis pub/sub (see NotifyPermit).
 package redisstore
 
 import (
@@ -81,7 +87,9 @@ type Options struct {
 	// take of each bucket within FailoverWindow first empties it there,
 	// until the last slot this process had booked on it. What the old
 	// master granted after the replica's last copy is then not granted
-	// again (docs/OPERATIONS.md, Sentinel). It costs Redis about 4 µs per
+	// again (docs/OPERATIONS.md, Sentinel). A bucket with an in-flight
+	// bound has its permits counted as held there until the longest lease
+	// could have ended (failover_permits.go). It costs Redis about 4 µs per
 	// script call and one extra round trip per bucket per failover. Not
 	// for Cluster or Ring clients, whose masters differ per key. It is the
 	// default on a *redis.Client, plain or Sentinel's (failoverdefault.go).
@@ -132,6 +140,8 @@ type Store struct {
 	// addrs are the addresses the client dials, whose failed dials a
 	// timeout names (see explain): a Client's, or a ClusterClient's seeds.
 	addrs []string
+	// notices are the takes waiting for a permit (see NotifyPermit).
+	notices notices
 }
 
 var (

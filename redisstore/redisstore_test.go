@@ -387,13 +387,13 @@ func TestBatchCallerThatGivesUpIsRefunded(t *testing.T) {
 		mu.Unlock()
 		// The batch took one token (one shape with its limits and reserve,
 		// then one take of it), and a cancel of its booking of one
-		// followed (n, stamp, the slot's wait, then the limits and the
-		// booked debt), whether or not its slot had begun: its caller
-		// never saw the grant.
+		// followed (stamp, the slot's wait, then the limits, the cost of
+		// one and the booked debt), whether or not its slot had begun:
+		// its caller never saw the grant.
 		took := slices.Contains(seen, fmt.Sprint([]any{1, 1, int64(1), int64(0), 1, 1, lim[0].Interval(), lim[0].Burst, int64(0), 1}))
 		refunded := slices.ContainsFunc(seen, func(call string) bool {
 			f := strings.Fields(strings.Trim(call, "[]"))
-			return len(f) == 7 && f[0] == "1" && f[2] == fmt.Sprint(int64(math.MaxInt64)) && f[3] == "1" && f[4] == fmt.Sprint(lim[0].Interval()) && f[5] == fmt.Sprint(lim[0].Burst)
+			return len(f) == 7 && f[1] == fmt.Sprint(int64(math.MaxInt64)) && f[2] == "1" && f[3] == fmt.Sprint(lim[0].Interval()) && f[4] == fmt.Sprint(lim[0].Burst) && f[5] == "1"
 		})
 		if res.Remaining == 5 && !ok && took && refunded {
 			return // taken and given back: the bucket is full and absent

@@ -29,6 +29,18 @@ var (
 	cancelLua string
 	//go:embed scripts/drain.lua
 	drainLua string
+	//go:embed scripts/settle.lua
+	settleLua string
+	//go:embed scripts/permits.lua
+	permitsLua string
+	//go:embed scripts/take_ext.lua
+	takeExtLua string
+	//go:embed scripts/release.lua
+	releaseLua string
+	//go:embed scripts/renew.lua
+	renewLua string
+	//go:embed scripts/fill.lua
+	fillLua string
 )
 
 // The scripts, each with the shared helpers prepended; the take script
@@ -42,6 +54,12 @@ var (
 	refundScript = redis.NewScript(commonLua + refundLua)
 	drainScript  = redis.NewScript(commonLua + drainLua)
 	cancelScript = redis.NewScript(commonLua + cancelLua)
+	settleScript = redis.NewScript(commonLua + settleLua)
+	// The scripts of costs by bucket and in-flight permits.
+	takeExtScript = redis.NewScript(commonLua + permitsLua + takeExtLua)
+	releaseScript = redis.NewScript(commonLua + permitsLua + releaseLua)
+	renewScript   = redis.NewScript(commonLua + permitsLua + renewLua)
+	fillScript    = redis.NewScript(commonLua + permitsLua + fillLua)
 )
 
 // scripts lists every script with its source: LoadScripts sends the
@@ -60,6 +78,11 @@ var scripts = []struct {
 	{refundScript, commonLua + refundLua, false},
 	{drainScript, commonLua + drainLua, false},
 	{cancelScript, commonLua + cancelLua, false},
+	{settleScript, commonLua + settleLua, false},
+	{takeExtScript, commonLua + permitsLua + takeExtLua, true},
+	{releaseScript, commonLua + permitsLua + releaseLua, false},
+	{renewScript, commonLua + permitsLua + renewLua, false},
+	{fillScript, commonLua + permitsLua + fillLua, false},
 }
 
 // loadScripts loads every script's source into the script cache of the

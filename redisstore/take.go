@@ -15,9 +15,6 @@ func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Resu
 	if err := req.Validate(); err != nil {
 		return fleetrate.Result{}, err
 	}
-	if unsupported(req) {
-		return fleetrate.Result{}, errNotYet
-	}
 	res, err := s.take(ctx, req)
 	return res, s.explain(err)
 }
@@ -44,8 +41,12 @@ func (s *Store) take(ctx context.Context, req fleetrate.Request) (fleetrate.Resu
 	return s.route(ctx, req)
 }
 
-// route sends a take through its batcher, or on its own.
+// route sends a take through its batcher, or on its own; a take with
+// costs by bucket or in-flight permits always on its own (see extended).
 func (s *Store) route(ctx context.Context, req fleetrate.Request) (fleetrate.Result, error) {
+	if extended(&req) {
+		return s.takeExt(ctx, req)
+	}
 	if q := s.queue(req.N); q != nil {
 		return q.take(ctx, req)
 	}

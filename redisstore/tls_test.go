@@ -25,6 +25,13 @@ import (
 // ACL too).
 var fleetCommands = []string{"+evalsha", "+eval", "+script|load", "+get", "+mget", "+set", "+del", "+time", "+info"}
 
+// permitRules are what a store needs beyond fleetCommands for in-flight
+// permits (Bucket.InFlight): the sorted sets and TTLs of the permit keys
+// inside the scripts, and the channel on which Release announces freed
+// permits to NotifyPermit's subscription (which Listen pings). They are
+// the rules docs/OPERATIONS.md adds to the minimal ACL user for permits.
+var permitRules = []string{"&fleetrate:permits", "+zadd", "+zrem", "+zrange", "+zrangebyscore", "+zremrangebyscore", "+zcard", "+zscore", "+zrank", "+pexpire", "+publish", "+subscribe", "+ping"}
+
 // clusterCommands are fleetCommands without +info, which only the
 // failover guard of a single master (Options.EmptyAfterFailover) runs.
 var clusterCommands = slices.DeleteFunc(slices.Clone(fleetCommands), func(c string) bool { return c == "+info" })
@@ -91,7 +98,7 @@ func TestTLSAndACL(t *testing.T) {
 	}
 	setUser(t, srv, "fleet", aclRules("fleetrate:*", fleetCommands))
 	// The conformance suite names its keys fleetrate:storetest:*.
-	setUser(t, srv, "conformance", aclRules("fleetrate:storetest:*", fleetCommands))
+	setUser(t, srv, "conformance", aclRules("fleetrate:storetest:*", append(slices.Clone(fleetCommands), permitRules...)))
 
 	t.Run("ConformanceOverTLSAsACLUser", func(t *testing.T) {
 		s := tlsStore(t, rediss(t, srv, "conformance", "secret"))

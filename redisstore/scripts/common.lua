@@ -29,6 +29,8 @@ if redis.replicate_commands then redis.replicate_commands() end
 local MAX_ELAPSE_US = 65750400000000 -- (MaxFillTime + MaxWaitCap) in µs
 local COARSE_NS = 5184000000000000 -- fleetrate.CoarseFillTime in ns
 local MAX_ANCHOR_AGE_US = 604800000000 -- gcra.MaxAnchorAge
+local REFUND_HORIZON_US = 63158400000001 -- MaxFillTime in µs, plus 1
+local MAX_WAIT_NS = 2592000000000000 -- fleetrate.MaxWaitCap in ns
 local TTL_SLACK_MS = 1000
 
 -- '%d' formats an integral double exactly and faster than '%.0f' where

@@ -9,7 +9,7 @@ local n = tonumber(ARGV[1])
 local now = now_us()
 -- Clamped one µs beyond the longest fill time (60 days), as gcra's
 -- refundHorizonUS: every limit has refilled such a grant in full.
-local el = math.min(math.max(now - tonumber(ARGV[2]), 0), 5184000000001) * 1000
+local el = math.min(math.max(now - tonumber(ARGV[2]), 0), REFUND_HORIZON_US) * 1000
 local pos = 3
 for b = 1, #KEYS do
   local lims, m
