@@ -27,7 +27,7 @@ type boundedUpstream struct {
 	bound   int
 	latency func(i int) time.Duration
 
-	mu               sync.Mutex
+	mu                sync.Mutex
 	n, now, max, over int
 }
 
