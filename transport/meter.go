@@ -20,9 +20,9 @@ type Meter struct {
 	// Name names the meter in costs, bucket names and logs, e.g.
 	// "tokens". It must not be empty and must not contain '#'.
 	Name string
-	// Limits are the meter's limits, e.g. fleetrate.PerMinute(85_000,
-	// 85_000) for "90,000 tokens per minute" kept 5 % below. A request's
-	// cost must not exceed a burst.
+	// Limits are the meter's limits, e.g. fleetrate.PerPeriod(85_500,
+	// time.Minute) for "90,000 tokens per minute" kept 5 % below. A
+	// request's cost must not exceed a burst.
 	Limits []fleetrate.Limit
 }
 
