@@ -227,6 +227,12 @@ func (q *Request) book(ctx context.Context) (state, turn, error) {
 			// refused for a permit, which its RetryAfter does not tell.)
 			q.Fleet.LearnNext(q.Paced[0].Key, q.Now().Add(bp.RetryAfter))
 		}
+		if d, ok := q.permitRetry(bp, horizon); ok {
+			if err := Sleep(ctx, d); err != nil {
+				return book, turn{}, q.wrap("waiting for an in-flight permit", err)
+			}
+			return outside, turn{}, nil
+		}
 		if bp.RetryAfter > q.Remaining() || bp.MaxWait < horizon {
 			// Beyond the budget (or the horizon of the request's priority
 			// class): say so at once.

@@ -31,3 +31,23 @@ func (q *Request) take(ctx context.Context, tk hold.Take, horizon time.Duration)
 	}
 	return q.Limiter.Book(ctx, req)
 }
+
+// permitRetry reports whether a multi-bucket take refused bp found no
+// in-flight permit free and its tokens beyond the look-ahead, and how
+// long to sleep before taking again. Such a take does not join the
+// permit's queue (it books only within the look-ahead), and its
+// RetryAfter is the later of its tokens' turn and the end of the first
+// lease held, which a release usually comes well before: so it takes
+// again each look-ahead, within the budget, rather than fail at once on
+// the lease's end.
+func (q *Request) permitRetry(bp *fleetrate.BackpressureError, horizon time.Duration) (time.Duration, bool) {
+	in := bp.Result.InFlight
+	if len(q.Paced) < 2 || in.Bound == 0 || in.Held < in.Bound || bp.MaxWait < horizon {
+		return 0, false
+	}
+	left := q.Remaining()
+	if left <= horizon {
+		return 0, false
+	}
+	return max(min(bp.RetryAfter-horizon, q.Lookahead, left-horizon), time.Millisecond), true
+}
