@@ -40,7 +40,11 @@
 // backpressure. It holds the permit, renewed at a third of the limiter's
 // Config.PermitTTL, until its response body is read to its end or closed,
 // or its round trip fails; a 429 that is retried gives its permit back
-// before the backoff. Read every response body to its end or close it, as
+// before the backoff. The permit is held from the booking: a request
+// booked ahead sleeps until its slot holding it (a one-bucket request
+// books its whole wait ahead, one drawing from its credential too at most
+// Options.Lookahead), so when the rate binds, requests waiting for their
+// slot count against the bound. Read every response body to its end or close it, as
 // net/http asks anyway: a body dropped unclosed holds its permit until the
 // garbage collector finds it, which is then logged (rate_body_unclosed)
 // and counted (MetricPermitsLapsed, cause "unclosed"), and the permit
