@@ -413,11 +413,12 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	// different request.
 	replayable := req.Body == nil || req.Body == http.NoBody || req.GetBody != nil
 
+	var h *held                 // the attempt's booking, while its answer is out
+	defer func() { h.drop() }() // unless the answer's body ends it
 	for attempt := 1; ; attempt++ {
 		began := t.now()
 		r, paced, err := t.wait(ctx, tg, pt)
-		h := t.hold(ctx, tg, attrs, r)
-		defer h.drop() // unless the answer's body ends it
+		h = t.hold(ctx, tg, attrs, r)
 		if err != nil {
 			if attempt == 1 {
 				closeBody(req)
