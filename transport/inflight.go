@@ -160,6 +160,11 @@ func (h *held) answer(resp *http.Response, err error) *http.Response {
 	}
 	b := &body{rc: resp.Body, h: h, resp: resp, keep: h.tg.Settle != nil && !IsRateLimited(resp)}
 	resp.Body = b
+	if w, ok := b.rc.(io.Writer); ok {
+		// A 101 Switching Protocols answer's body is the connection, an
+		// io.ReadWriteCloser: keep it one.
+		resp.Body = rwBody{b, w}
+	}
 	// A body dropped unclosed ends nothing: its request may still be
 	// running upstream. Stop renewing the permit, so that it lapses at
 	// the end of its lease, and say so.
@@ -265,3 +270,12 @@ func (b *body) finish() {
 	b.mu.Unlock()
 	b.h.end(b.resp, kept)
 }
+
+// rwBody is a body that is also the connection (101 Switching Protocols).
+type rwBody struct {
+	*body
+	w io.Writer
+}
+
+// Write writes to the connection.
+func (b rwBody) Write(p []byte) (int, error) { return b.w.Write(p) }

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -317,4 +318,39 @@ func TestUnclosedBodyLapses(t *testing.T) {
 		t.Fatalf("at the lease's end: allowed %v, err %v; want the permit back", r != nil && r.Result.Allowed, err)
 	}
 	_ = r.Release(ctx)
+}
+
+// rwc is a connection-like body: what a 101 answer carries.
+type rwc struct{ io.Reader }
+
+func (rwc) Write(p []byte) (int, error) { return len(p), nil }
+func (rwc) Close() error                { return nil }
+
+// TestSwitchingProtocolsBodyStaysWritable: the body of a 101 answer is
+// still an io.ReadWriteCloser once the transport holds its permit on it,
+// and closing it gives the permit back.
+func TestSwitchingProtocolsBodyStaysWritable(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			return &http.Response{StatusCode: http.StatusSwitchingProtocols, Header: http.Header{}, Body: rwc{strings.NewReader("")}, Request: r}, nil
+		})
+		tr, _, reg := boundedSetup(t, memstore.New(memstore.Options{}), llmUpstream(1, 0), base,
+			fleetrate.Config{MaxWait: time.Minute}, transport.Options{MaxWait: time.Second, MaxAttempts: 1})
+		req, _ := http.NewRequest(http.MethodGet, "http://llm.test/chat", nil)
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn, ok := resp.Body.(io.ReadWriteCloser)
+		if !ok {
+			t.Fatalf("the 101 body is a %T, not an io.ReadWriteCloser", resp.Body)
+		}
+		if _, err := conn.Write([]byte("ping")); err != nil {
+			t.Fatal(err)
+		}
+		_ = conn.Close()
+		if h := gauge(t, reg, transport.MetricPermitsHeld); h != 0 {
+			t.Errorf("held %v after close; want 0", h)
+		}
+	})
 }
