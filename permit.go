@@ -44,6 +44,22 @@ func ones(names []string) []Cost {
 // and sleeps until the booked slot. The wait is bounded by the max wait
 // and ctx's deadline, counted from the call.
 func (l *Limiter) wait(ctx context.Context, req Request) (*Reservation, error) {
+	r, err := l.queue(ctx, req, l.maxWait)
+	if err != nil {
+		return nil, err
+	}
+	if err := r.Sleep(ctx); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// queue books req, each take at most horizon ahead, and while no permit
+// is free waits in the buckets' queue for one: it takes again when a
+// permit frees (on stores that tell), when a held lease may have ended,
+// or to renew its place, until the limiter's max wait (or ctx's deadline,
+// when sooner) from the call. The granted Reservation holds the permit.
+func (l *Limiter) queue(ctx context.Context, req Request, horizon time.Duration) (*Reservation, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -55,13 +71,10 @@ func (l *Limiter) wait(ctx context.Context, req Request) (*Reservation, error) {
 	stop, joined := func() {}, false
 	defer func() { stop() }()
 	for {
-		req.MaxWait = max(time.Until(deadline), 0)
+		req.MaxWait = min(horizon, max(time.Until(deadline), 0))
 		r, err := l.book(ctx, req)
 		if err == nil {
 			r.hold(req)
-			if err := r.Sleep(ctx); err != nil {
-				return nil, err
-			}
 			return r, nil
 		}
 		if !queued(err) {
@@ -90,6 +103,10 @@ func (l *Limiter) wait(ctx context.Context, req Request) (*Reservation, error) {
 		}
 		if err := sleepOrWake(ctx, d, wake); err != nil {
 			l.leave(req)
+			if errors.Is(err, context.DeadlineExceeded) {
+				// ctx's deadline is the bound of the wait.
+				return nil, &BackpressureError{RetryAfter: res.RetryAfter, MaxWait: l.maxWait, Result: res}
+			}
 			return nil, err
 		}
 	}
@@ -145,6 +162,30 @@ type permitCounts struct {
 // this process, for metrics.
 func (l *Limiter) PermitStats() PermitStats {
 	return PermitStats{Held: l.permits.held.Load(), Waiting: l.permits.waiting.Load(), Lapsed: l.permits.lapsed.Load()}
+}
+
+// PermitTTL returns the lease of the in-flight permits the limiter takes
+// (Config.PermitTTL, or DefaultPermitTTL).
+func (l *Limiter) PermitTTL() time.Duration { return l.permitTTL }
+
+// withPermit gives req a permit of its own, with the limiter's lease,
+// when one of its buckets bounds in-flight takes and it takes tokens from
+// that bucket, and it has none; and the limiter's lease to a permit
+// without one.
+func (l *Limiter) withPermit(req Request) Request {
+	if req.Permit.ID != "" {
+		if req.Permit.TTL == 0 {
+			req.Permit.TTL = l.permitTTL
+		}
+		return req
+	}
+	for i, b := range req.Buckets {
+		if b.InFlight > 0 && CostOf(req.N, req.Costs, i) > 0 {
+			req.Permit = Permit{ID: newPermitID(), TTL: l.permitTTL}
+			break
+		}
+	}
+	return req
 }
 
 // newPermitID returns an id no other acquisition in the fleet has: 96
@@ -276,4 +317,27 @@ func (r *Reservation) Release(ctx context.Context) error {
 		return fmt.Errorf("release of permit %s: %w (it comes back when its lease ends, within %v)", p.lease.ID, err, p.lease.TTL)
 	}
 	return nil
+}
+
+// Abandon stops renewing the reservation's permit without releasing it:
+// it lapses when its lease ends, PermitTTL after the last renewal, as a
+// dead holder's does. It is for a holder that lost track of its work
+// (an HTTP response body dropped unclosed, whose request may still be
+// running upstream); a holder whose work ended calls Release. A Release
+// after it does nothing. It does nothing for a reservation without a
+// permit, or once released.
+func (r *Reservation) Abandon() {
+	if r == nil || r.permit == nil {
+		return
+	}
+	p := r.permit
+	if p.released.CompareAndSwap(false, true) {
+		r.l.permits.held.Add(-1) // no longer this process's: it lapses
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.timer != nil {
+		p.timer.Stop()
+		p.timer = nil
+	}
 }

@@ -151,6 +151,15 @@ func (l *Limiter) reserve(ctx context.Context, n int64, maxWait time.Duration, n
 // or add buckets under a key no configured bucket uses. req.MaxWait is
 // the longest wait to book (0: only now), at most the limiter's max wait;
 // req.Booking is ignored (see Reservation.Booking).
+//
+// A take of tokens from a bucket that bounds in-flight takes
+// (Bucket.InFlight) takes a permit with them: req.Permit, or one of its
+// own when its ID is empty (a zero TTL is the limiter's PermitTTL). With
+// req.MaxWait above 0 and no permit free, Book waits in the buckets'
+// queue as Acquire does, within the limiter's max wait and ctx's
+// deadline, each take booking at most req.MaxWait ahead. The Reservation
+// holds the permit, renewed, until Release (or Cancel); Settle adjusts
+// req.Costs to the real costs.
 func (l *Limiter) Book(ctx context.Context, req Request) (*Reservation, error) {
 	if ctx == nil {
 		return nil, errNilContext
@@ -159,7 +168,16 @@ func (l *Limiter) Book(ctx context.Context, req Request) (*Reservation, error) {
 		return nil, fmt.Errorf("%w: max wait %v exceeds the limiter's max wait %v", ErrInvalid, req.MaxWait, l.maxWait)
 	}
 	req.Buckets = slices.Clone(req.Buckets)
-	return l.book(ctx, req)
+	req = l.withPermit(req)
+	if req.Permit.ID != "" && req.MaxWait > 0 {
+		return l.queue(ctx, req, req.MaxWait)
+	}
+	r, err := l.book(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	r.hold(req)
+	return r, nil
 }
 
 // book takes req's buckets, which the reservation keeps, under ctx's

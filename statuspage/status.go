@@ -136,6 +136,14 @@ type Upstream struct {
 	// CredentialEffectiveRate is the credential bucket's effective rate,
 	// as EffectiveRate is the endpoint's; 0 when off, unknown or absent.
 	CredentialEffectiveRate float64 `json:"credential_effective_rate,omitempty"`
+	// InFlight is how many of the endpoint's requests hold an in-flight
+	// permit fleet-wide (see transport.Endpoint.InFlight), of its bound
+	// InFlightBound; both 0 when it has no bound. CredentialInFlight and
+	// CredentialInFlightBound are the channel's credential's.
+	InFlight                int64 `json:"in_flight,omitempty"`
+	InFlightBound           int64 `json:"in_flight_bound,omitempty"`
+	CredentialInFlight      int64 `json:"credential_in_flight,omitempty"`
+	CredentialInFlightBound int64 `json:"credential_in_flight_bound,omitempty"`
 }
 
 // fill derives the JSON fields from the durations.

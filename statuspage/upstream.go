@@ -29,10 +29,13 @@ const rateLimitedWindow = time.Minute
 //     now; and the same two rates of the channel's credential bucket, when
 //     the upstream has credential limits;
 //   - when gatherer is not nil, its rate-limit answers from the registry
-//     the transports register their metrics on (transport.MetricRateLimited).
+//     the transports register their metrics on (transport.MetricRateLimited);
+//   - when the endpoint, or its credential, bounds requests in flight
+//     (transport.Endpoint.InFlight, Upstream.CredentialInFlight), the
+//     permits held fleet-wide and the bound.
 //
 // Each call costs the store two peeks per endpoint, and two more per
-// channel with credential limits.
+// channel with credential limits, plus one per in-flight bound.
 func TransportUpstreams(store fleetrate.Store, prefix string, ups []transport.Upstream, gatherer prometheus.Gatherer, adaptive transport.Adaptive) func(context.Context) ([]Upstream, error) {
 	if prefix == "" {
 		prefix = fleetrate.DefaultPrefix
@@ -138,6 +141,7 @@ func transportRows(ctx context.Context, store fleetrate.Store, prefix string, u 
 			row.EffectiveRate, err = effectiveRate(ctx, store, b, adaptive)
 			errs = append(errs, err)
 		}
+		errs = append(errs, inFlightOf(ctx, store, prefix, u, e, &row))
 		rows = append(rows, row)
 	}
 	return rows, errs

@@ -26,6 +26,51 @@
 // answer holds shut for as long as the request may have been late on the
 // way (see Endpoint.Spacing).
 //
+// # In-flight bounds
+//
+// Endpoint.InFlight bounds how many of an endpoint's requests are in
+// flight at once across the fleet, and Upstream.CredentialInFlight how
+// many of the channel's, whatever the endpoint: an upstream that documents
+// "at most 4 concurrent requests", or answers 429 past them. A request
+// takes an in-flight permit together with its tokens, in the same atomic
+// store take (fleetrate.Limiter.Book with a permit), so a request never
+// holds a permit while it waits for tokens or the other way round. When no
+// permit is free it waits in the bucket's queue, first come first served,
+// within the max wait (as fleetrate.Limiter.Acquire does), else fails with
+// backpressure. It holds the permit, renewed at a third of the limiter's
+// Config.PermitTTL, until its response body is read to its end or closed,
+// or its round trip fails; a 429 that is retried gives its permit back
+// before the backoff. The permit is held from the booking: a request
+// booked ahead sleeps until its slot holding it (a one-bucket request
+// books its whole wait ahead, one drawing from its credential too at most
+// Options.Lookahead), so when the rate binds, requests waiting for their
+// slot count against the bound. Read every response body to its end or close it, as
+// net/http asks anyway: a body dropped unclosed holds its permit until the
+// garbage collector finds it, which is then logged (rate_body_unclosed)
+// and counted (MetricPermitsLapsed, cause "unclosed"), and the permit
+// comes back only when its lease ends. A process that dies gives its
+// permits back at the same point. MetricPermitsHeld and
+// MetricPermitsWaiting show the bound at work.
+//
+// # Meters: tokens as well as requests
+//
+// An upstream may count a unit of its own beside requests, such as an LLM
+// API's tokens per minute. Declare it as a Meter (Upstream.Meters): a
+// bucket of the channel (MeterBucket) from which each request takes what
+// it costs, atomically with its endpoint's and credential's tokens. The
+// cost is known before the request only as an estimate, from
+// Endpoint.Costs or from Endpoint.CostFunc (the prompt plus max_tokens);
+// Endpoint.Settle reads the real cost from the answer (its usage field or
+// a header) once the body is read to its end or closed, and the transport
+// settles the booking with fleetrate.Reservation.Settle: a meter charged
+// more than it took owes the difference at once, which pushes the next
+// requests back, so the upstream's budget holds whatever the estimates.
+// A meter charged less gets back what fleetrate.Store.Settle gives back:
+// nothing while later requests are already booked on it, so a fleet that
+// keeps its meter busy gains nothing from estimates above the real cost;
+// estimate close to the mean. A Classify of your own sets Target.Costs and
+// Target.Settle. See examples/llm.
+//
 // Upstream describes an API's documented limits once and yields both the
 // limiter's buckets (Upstream.Buckets) and the request mapping
 // (Upstream.Classifier). Bucket names carry the channel as a Redis Cluster
@@ -33,7 +78,8 @@
 // buckets one request draws from share a slot.
 //
 // Events are logged with log/slog (rate_throttle_wait, rate_limited,
-// rate_backpressure, rate_gave_up, rate_store_error, rate_spacing_hold),
+// rate_backpressure, rate_gave_up, rate_store_error, rate_spacing_hold,
+// rate_body_unclosed, rate_permit_lapsed, rate_settle_error),
 // keyed by channel and
 // endpoint and by the entity id set with WithEntity. Metrics go to the
 // prometheus.Registerer in Options.

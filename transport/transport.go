@@ -291,6 +291,7 @@ type Transport struct {
 	lookahead     time.Duration
 	now           func() time.Time // the clock, injected here only
 	pacer         *pacer.Pacer
+	pm            *permitMetrics
 }
 
 var _ http.RoundTripper = (*Transport)(nil)
@@ -369,6 +370,9 @@ func New(limiter *fleetrate.Limiter, classify Classify, opts Options) (*Transpor
 		return nil, err
 	}
 	t.m = m
+	if t.pm, err = newPermitMetrics(opts.Registerer); err != nil {
+		return nil, err
+	}
 	t.pacer = pacer.New(pacer.Config{
 		Limiter: limiter, Adaptive: !adaptive.Off, Rates: adaptive.settings(), Refresh: adaptive.Refresh,
 		MaxWait: t.maxWait, Lookahead: t.lookahead, CheckAge: t.pauseCheckAge,
@@ -409,9 +413,12 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	// different request.
 	replayable := req.Body == nil || req.Body == http.NoBody || req.GetBody != nil
 
+	var h *held                 // the attempt's booking, while its answer is out
+	defer func() { h.drop() }() // unless the answer's body ends it
 	for attempt := 1; ; attempt++ {
 		began := t.now()
-		paced, err := t.pacer.Wait(ctx, pt)
+		r, paced, err := t.wait(ctx, tg, pt)
+		h = t.hold(ctx, tg, attrs, r)
 		if err != nil {
 			if attempt == 1 {
 				closeBody(req)
@@ -436,6 +443,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		sent := t.now()
 		resp, err := t.base.RoundTrip(out)
+		resp = h.answer(resp, err)
 
 		var li limitInfo
 		switch {
@@ -537,12 +545,12 @@ func urlPath(req *http.Request) string {
 func (tg Target) pace(attrs []slog.Attr) pacer.Target {
 	buckets := tg.buckets()
 	drained := buckets
-	if tg.DrainCredential != tg.Credential {
+	if tg.DrainCredential != tg.Credential || len(tg.Costs) > 0 {
 		drained = tg.drained()
 	}
 	return pacer.Target{
 		Channel: tg.Channel, Endpoint: tg.Endpoint, EndpointKey: buckets[0],
-		Buckets: buckets, Drained: drained, N: tg.cost(),
+		Buckets: buckets, Drained: drained, N: tg.cost(), Costs: tg.costVector(),
 		Priority: tg.Priority, Spacing: tg.Spacing, Fixed: tg.Fixed, Attrs: attrs,
 	}
 }

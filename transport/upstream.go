@@ -55,6 +55,16 @@ type Target struct {
 	// your own, it is checked against its bounds but not against the
 	// endpoint's limits, as Upstream.Validate checks Endpoint.Spacing.
 	Spacing time.Duration
+	// Costs are what the request costs the channel's meters, by meter
+	// name (see Upstream.Meters and MeterBucket), e.g. {"tokens": 1200}:
+	// it draws them from the meters' buckets atomically with its
+	// endpoint's (and credential's) tokens. A meter not named costs
+	// nothing.
+	Costs map[string]int64
+	// Settle, when set, reads what the request really cost the meters
+	// from its answer, and the transport settles the booking to it (see
+	// Settle).
+	Settle Settle
 }
 
 // validate checks the target, naming the failing field and value.
@@ -71,7 +81,7 @@ func (t Target) validate() error {
 	if err := sendtime.CheckSpacing(t.Spacing); err != nil {
 		return fmt.Errorf("%w: target: spacing %w", fleetrate.ErrInvalid, err)
 	}
-	return nil
+	return t.checkCosts()
 }
 
 func checkChannel(ch string) error {
@@ -103,6 +113,9 @@ func (t Target) cost() int64 {
 
 // buckets returns the names the request draws from.
 func (t Target) buckets() []string {
+	if len(t.Costs) > 0 {
+		return t.metered()
+	}
 	if t.Credential {
 		return []string{EndpointBucket(t.Channel, t.Endpoint), CredentialBucket(t.Channel)}
 	}
@@ -187,6 +200,26 @@ type Endpoint struct {
 	// the upstream's Priorities (a request's context may name another with
 	// fleetrate.WithPriority). Empty means the top class.
 	Priority string
+	// InFlight, when above 0 (at most fleetrate.MaxInFlight), bounds how
+	// many of the endpoint's requests are in flight at once across the
+	// fleet: a request takes a permit with its tokens, in the same store
+	// take, waits for one first come first served (within the max wait)
+	// when none is free, and holds it until its response body is read to
+	// its end or closed, or its round trip fails. See "In-flight bounds"
+	// in the package documentation.
+	InFlight int64
+	// Costs are what one request costs the upstream's meters, by meter
+	// name (see Upstream.Meters), when CostFunc is nil: an estimate, which
+	// Settle corrects from the answer.
+	Costs map[string]int64
+	// CostFunc, when set, returns what a request costs the meters, by
+	// meter name, in place of Costs: e.g. an LLM request's prompt size
+	// plus its max_tokens. It must not consume the request's body (read a
+	// copy from GetBody). An error fails the request before it is sent.
+	CostFunc func(*http.Request) (map[string]int64, error)
+	// Settle, when set, reads what a request really cost the meters from
+	// its answer (see Settle).
+	Settle Settle
 }
 
 // Upstream describes an upstream API's documented limits: one bucket per
@@ -213,6 +246,15 @@ type Upstream struct {
 	// the classes above it and books at most its horizon ahead, so that a
 	// booking confirmation is not queued behind an inventory push.
 	Priorities []fleetrate.Priority
+	// CredentialInFlight, when above 0, bounds the requests in flight
+	// with the channel's credential, whatever the endpoint, as
+	// Endpoint.InFlight bounds one endpoint's. It needs Credential limits.
+	CredentialInFlight int64
+	// Meters are budgets of the upstream counted in units of their own,
+	// such as an LLM API's tokens per minute beside its requests per
+	// minute: each is a bucket of the channel that requests draw from by
+	// what they cost it (Endpoint.Costs, Endpoint.CostFunc).
+	Meters []Meter
 }
 
 // Validate checks the upstream, naming the failing field and value.
@@ -270,7 +312,7 @@ func (u Upstream) Validate() error {
 			}
 		}
 	}
-	return nil
+	return u.validateMeters()
 }
 
 // Buckets returns the bucket configuration for a fleetrate.Config: each
@@ -289,7 +331,7 @@ func (u Upstream) Buckets() []fleetrate.BucketConfig {
 	for _, e := range u.Endpoints {
 		add(EndpointBucket(u.Channel, e.Name), e.Limits)
 	}
-	return bs
+	return u.meterBuckets(bs)
 }
 
 // routeHandler marks the endpoint a ServeMux pattern belongs to. It is
@@ -332,7 +374,7 @@ func (u Upstream) Classifier() (Classify, error) {
 			return Target{}, fmt.Errorf("%w: %s %s (channel %q)", ErrNoRoute, req.Method, req.URL.Path, u.Channel)
 		}
 		e := endpoints[i]
-		return Target{
+		return e.costs(req, Target{
 			Channel:         u.Channel,
 			Endpoint:        e.Name,
 			Cost:            e.Cost,
@@ -341,7 +383,8 @@ func (u Upstream) Classifier() (Classify, error) {
 			DrainCredential: u.DrainCredential,
 			Priority:        e.Priority,
 			Spacing:         e.Spacing,
-		}, nil
+			Settle:          e.Settle,
+		})
 	}, nil
 }
 

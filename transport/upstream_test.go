@@ -3,6 +3,7 @@ package transport_test
 import (
 	"errors"
 	"net/http"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -75,7 +76,7 @@ func TestUpstreamClassifier(t *testing.T) {
 			continue
 		}
 		want := transport.Target{Channel: "booking_com", Endpoint: tc.endpoint, Cost: tc.cost, Credential: true}
-		if err != nil || got != want {
+		if err != nil || !reflect.DeepEqual(got, want) {
 			t.Errorf("%s %s: got %+v, %v; want %+v", tc.method, tc.url, got, err, want)
 		}
 	}

@@ -36,9 +36,9 @@ func TestReadmeSnippetsCompile(t *testing.T) {
 }
 
 // TestGuideSnippetsCompile does the same for docs/GUIDE.md, whose snippets
-// take a store, a limiter and an estimate.
+// take a store and a limiter.
 func TestGuideSnippetsCompile(t *testing.T) {
-	checkSnippets(t, "docs/GUIDE.md", "ctx context.Context, store fleetrate.Store, lim *fleetrate.Limiter, estimate int64")
+	checkSnippets(t, "docs/GUIDE.md", "ctx context.Context, store fleetrate.Store, lim *fleetrate.Limiter")
 }
 
 func checkSnippets(t *testing.T, doc, params string) {

@@ -136,6 +136,9 @@
       var lowered = (u.effective_rate && u.effective_rate < u.documented_rate) ||
         (u.credential_effective_rate && u.credential_effective_rate < u.credential_rate);
       cell(tr, eff, lowered ? "n eff lowered" : "n eff", "effective_rate");
+      var fl = u.in_flight_bound ? (u.in_flight || 0) + " / " + u.in_flight_bound : "";
+      if (u.credential_in_flight_bound) fl += (fl ? "; " : "") + "credential " + (u.credential_in_flight || 0) + " / " + u.credential_in_flight_bound;
+      cell(tr, fl, "n", "in_flight");
       tbody.appendChild(tr);
     });
     $("upstream-error").textContent = st.upstream_error || "";

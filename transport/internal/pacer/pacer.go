@@ -73,8 +73,11 @@ type Target struct {
 	// (Buckets[0] is the endpoint's.)
 	Buckets, Drained []string
 	N                int64
-	Priority         string
-	Spacing          time.Duration
+	// Costs, when set, are the cost of each of Buckets, in its order,
+	// instead of N from each.
+	Costs    []int64
+	Priority string
+	Spacing  time.Duration
 	// Fixed turns adaptive pacing off for this target.
 	Fixed bool
 	// Attrs are the log attributes of the request's events.
@@ -127,14 +130,16 @@ func (p *Pacer) Budget(ctx context.Context) time.Duration {
 // buckets and booked before it (see schedule.Queues).
 //
 // It reports paced false when the store failed and the request goes
-// unpaced (Config.FailOpen).
-func (p *Pacer) Wait(ctx context.Context, tg Target) (paced bool, err error) {
+// unpaced (Config.FailOpen); else r is the booking the request goes out
+// on, which holds its in-flight permit when a bucket bounds them.
+func (p *Pacer) Wait(ctx context.Context, tg Target) (r *fleetrate.Reservation, paced bool, err error) {
 	q := &schedule.Request{
 		Name:      tg.Channel + "/" + tg.Endpoint,
 		Fleet:     fleet{p: p, tg: tg},
 		Limiter:   p.cfg.Limiter,
 		Paced:     make([]fleetrate.Bucket, len(tg.Buckets)),
 		N:         tg.N,
+		Costs:     tg.Costs,
 		Lookahead: p.cfg.Lookahead,
 		CheckAge:  p.cfg.CheckAge,
 		Now:       p.cfg.Now,
@@ -144,7 +149,7 @@ func (p *Pacer) Wait(ctx context.Context, tg Target) (paced bool, err error) {
 	for i, name := range tg.Buckets {
 		b, err := p.cfg.Limiter.Bucket(name)
 		if err != nil {
-			return false, fmt.Errorf("transport: %s: %w", q.Name, err)
+			return nil, false, fmt.Errorf("transport: %s: %w", q.Name, err)
 		}
 		q.Paced[i] = b
 	}
@@ -159,9 +164,9 @@ func (p *Pacer) Wait(ctx context.Context, tg Target) (paced bool, err error) {
 		release, err := p.queues.Wait(ctx, strings.Join(tg.Buckets, "\x00")+"\x00"+class, q.MaxWait)
 		switch {
 		case errors.Is(err, schedule.ErrQueueBudget):
-			return false, q.Failed(&fleetrate.BackpressureError{RetryAfter: q.MaxWait, MaxWait: q.Remaining()})
+			return nil, false, q.Failed(&fleetrate.BackpressureError{RetryAfter: q.MaxWait, MaxWait: q.Remaining()})
 		case err != nil:
-			return false, fmt.Errorf("transport: %s: waiting for the bucket: %w", q.Name, err)
+			return nil, false, fmt.Errorf("transport: %s: waiting for the bucket: %w", q.Name, err)
 		}
 		// The next request of this process may book once this one's slot
 		// has come (or its wait has failed).
@@ -169,16 +174,16 @@ func (p *Pacer) Wait(ctx context.Context, tg Target) (paced bool, err error) {
 	}
 	switch err := q.Wait(ctx); {
 	case errors.Is(err, schedule.ErrFailedOpen):
-		return false, nil // the store failed: send unpaced (Config.FailOpen)
+		return nil, false, nil // the store failed: send unpaced (Config.FailOpen)
 	case err != nil:
-		return false, err
+		return nil, false, err
 	}
 	d := p.cfg.Now().Sub(q.Start)
 	p.cfg.Events.Waited(tg.Channel, tg.Endpoint, d)
 	if d > 0 {
 		p.cfg.Log.LogAttrs(ctx, slog.LevelDebug, "rate_throttle_wait", append(tg.Attrs, slog.Int64("wait_ms", d.Milliseconds()))...)
 	}
-	return true, nil
+	return q.Granted, true, nil
 }
 
 // WaitFailed turns a failed take into the request's error: backpressure,

@@ -106,6 +106,14 @@ type Request struct {
 	// context has ended.
 	GiveBack time.Duration
 
+	// Costs, when set, are the cost of each of Paced, in its order,
+	// instead of N from each (see fleetrate.Request.Costs).
+	Costs []int64
+	// Granted is, once Wait returns nil, the booking the request goes out
+	// on: it holds the request's in-flight permit, if a bucket bounds
+	// them, and is what a settle adjusts.
+	Granted *fleetrate.Reservation
+
 	// lateAnswer is set once a booking whose slot had begun before its
 	// answer came was booked again for lateness: from then on, such a
 	// booking's lateness counts from its answer, so that a slow round trip
@@ -156,6 +164,7 @@ func (q *Request) Wait(ctx context.Context) error {
 		case verify:
 			st, err = q.verify(ctx, tn)
 		case send:
+			q.Granted = tn.r
 			return nil
 		}
 		if err != nil {
@@ -204,7 +213,7 @@ func (q *Request) book(ctx context.Context) (state, turn, error) {
 	if len(q.Paced) > 1 {
 		horizon = min(horizon, q.Lookahead)
 	}
-	r, err := q.Limiter.Book(ctx, fleetrate.Request{Buckets: tk.Buckets, N: q.N, MaxWait: horizon})
+	r, err := q.take(ctx, tk, horizon)
 	if err != nil {
 		var bp *fleetrate.BackpressureError
 		if !errors.As(err, &bp) {
@@ -213,8 +222,16 @@ func (q *Request) book(ctx context.Context) (state, turn, error) {
 			}
 			return book, turn{}, ErrFailedOpen
 		}
-		if len(q.Paced) == 1 {
+		if len(q.Paced) == 1 && bp.Result.InFlight.Bound == 0 {
+			// (A take that bounds in-flight requests may have been
+			// refused for a permit, which its RetryAfter does not tell.)
 			q.Fleet.LearnNext(q.Paced[0].Key, q.Now().Add(bp.RetryAfter))
+		}
+		if d, ok := q.permitRetry(bp, horizon); ok {
+			if err := Sleep(ctx, d); err != nil {
+				return book, turn{}, q.wrap("waiting for an in-flight permit", err)
+			}
+			return outside, turn{}, nil
 		}
 		if bp.RetryAfter > q.Remaining() || bp.MaxWait < horizon {
 			// Beyond the budget (or the horizon of the request's priority
