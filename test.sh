@@ -89,6 +89,7 @@ targets=(
   ./gcra:FuzzDecide .:FuzzLimitValidate
   ./redisstore:FuzzSlot
   ./transport:FuzzParseRetryAfter ./transport/internal/notice:FuzzParse
+  ./transport/internal/ratelimitheader:FuzzParse
   ./internal/headers:FuzzParseList ./internal/headers:FuzzFormatPolicy
   ./internal/headers:FuzzFormatRateLimit ./internal/headers:FuzzRetryAfter
   ./httplimit:FuzzBucketName
