@@ -291,6 +291,7 @@ type Transport struct {
 	lookahead     time.Duration
 	now           func() time.Time // the clock, injected here only
 	pacer         *pacer.Pacer
+	headerLog     headerLog
 }
 
 var _ http.RoundTripper = (*Transport)(nil)
@@ -446,6 +447,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			}
 		case err == nil:
 			t.pacer.Admitted(pt)
+			t.readHeaders(ctx, tg, pt, resp)
 			if gate.Passed {
 				// A 429 may come back sooner than an answer, and its
 				// pause holds the fleet anyway: only answers count.

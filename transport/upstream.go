@@ -55,6 +55,9 @@ type Target struct {
 	// your own, it is checked against its bounds but not against the
 	// endpoint's limits, as Upstream.Validate checks Endpoint.Spacing.
 	Spacing time.Duration
+	// Headers says how the upstream's rate-limit fields are read (see
+	// RateLimitHeaders); nil reads every form built in.
+	Headers *RateLimitHeaders
 }
 
 // validate checks the target, naming the failing field and value.
@@ -70,6 +73,9 @@ func (t Target) validate() error {
 	}
 	if err := sendtime.CheckSpacing(t.Spacing); err != nil {
 		return fmt.Errorf("%w: target: spacing %w", fleetrate.ErrInvalid, err)
+	}
+	if t.Headers != nil {
+		return t.Headers.validate("target: headers")
 	}
 	return nil
 }
@@ -213,6 +219,10 @@ type Upstream struct {
 	// the classes above it and books at most its horizon ahead, so that a
 	// booking confirmation is not queued behind an inventory push.
 	Priorities []fleetrate.Priority
+	// Headers says how the upstream's answers' rate-limit fields are read
+	// and steer the fleet (see RateLimitHeaders). The zero value reads
+	// every form built in; Headers.Off reads none.
+	Headers RateLimitHeaders
 }
 
 // Validate checks the upstream, naming the failing field and value.
@@ -222,6 +232,9 @@ func (u Upstream) Validate() error {
 	}
 	if len(u.Endpoints) == 0 {
 		return fmt.Errorf("%w: upstream %q: endpoints: at least one is required", fleetrate.ErrInvalid, u.Channel)
+	}
+	if err := u.Headers.validate(fmt.Sprintf("upstream %q: headers", u.Channel)); err != nil {
+		return err
 	}
 	for i, l := range u.Credential {
 		if err := l.Validate(); err != nil {
@@ -314,6 +327,10 @@ func (u Upstream) Classifier() (Classify, error) {
 	}
 	endpoints := slices.Clone(u.Endpoints)
 	credential := len(u.Credential) > 0
+	var hdrs *RateLimitHeaders
+	if h := u.Headers; h.Off || h.Forms != 0 || h.Window != 0 || h.Read != nil {
+		hdrs = &h
+	}
 	return func(req *http.Request) (Target, error) {
 		if req.URL == nil {
 			return Target{}, fmt.Errorf("%w: request has no URL", ErrNoRoute)
@@ -341,6 +358,7 @@ func (u Upstream) Classifier() (Classify, error) {
 			DrainCredential: u.DrainCredential,
 			Priority:        e.Priority,
 			Spacing:         e.Spacing,
+			Headers:         hdrs,
 		}, nil
 	}, nil
 }

@@ -39,6 +39,9 @@ type Events interface {
 	Persistent(channel, endpoint string)
 	Rebooked(channel, endpoint string)
 	SpacingHeld(channel, endpoint string)
+	// HeaderHeld counts a hold taken from an answer's rate-limit fields
+	// (see Pacer.Stated).
+	HeaderHeld(channel, endpoint string)
 }
 
 // Config is a pacer's settings, checked and defaulted by the transport.

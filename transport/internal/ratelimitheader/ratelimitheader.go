@@ -60,11 +60,14 @@ const (
 	// All is every form: the default, detecting which one an upstream
 	// sends.
 	All = Draft | Anthropic | OpenAI | XRateLimit
+	// Custom marks a Reading of a quota read by the user's own function
+	// (see Custom); Parse never reads it.
+	Custom Form = 1 << 4
 )
 
 // String names the form, or the forms joined by "+".
 func (f Form) String() string {
-	names := []string{"draft", "anthropic", "openai", "x-ratelimit"}
+	names := []string{"draft", "anthropic", "openai", "x-ratelimit", "custom"}
 	s := ""
 	for i, n := range names {
 		if f&(1<<i) != 0 {
@@ -244,4 +247,35 @@ func (p *parse) resetIn(field, value string, d time.Duration) (time.Duration, bo
 		return 0, false
 	}
 	return d, true
+}
+
+// Check returns the reading of a quota read by the user's own function,
+// its values held to the rules the built-in forms are: a limit must be
+// positive and its window within MaxReset; remaining at most the limit,
+// not negative, and with a reset in (0, MaxReset].
+func Check(q Quota) Reading {
+	r := Reading{Form: Custom}
+	p := &parse{out: r}
+	hasLim := q.Limit > 0
+	switch {
+	case q.Limit < 0:
+		p.ignore("limit", fmt.Sprint(q.Limit), Negative)
+	case q.Window < 0 || q.Window > MaxReset:
+		p.ignore("window", q.Window.String(), Garbage)
+		hasLim = false
+	}
+	hasRem := q.Reset != 0 || q.Remaining != 0
+	if q.Remaining < 0 {
+		p.ignore("remaining", fmt.Sprint(q.Remaining), Negative)
+		hasRem = false
+	}
+	reset, hasReset := time.Duration(0), false
+	if hasRem {
+		reset, hasReset = p.resetIn("reset", q.Reset.String(), q.Reset)
+	}
+	p.check(&p.out.Requests, q.Limit, hasLim, q.Remaining, hasRem && hasReset, reset, hasReset, [3]string{"limit", "remaining", "reset"})
+	if p.out.Requests.Limit > 0 {
+		p.out.Requests.Window = q.Window
+	}
+	return p.out
 }
