@@ -130,28 +130,45 @@ func (h *RateLimitHeaders) read(resp *http.Response, now time.Time) ratelimithea
 }
 
 // headerLog remembers, per endpoint, what the transport last logged of its
-// answers' fields, so that it logs each change once.
+// answers' fields, so that it logs each change once: a new ceiling, and
+// each reason for ignoring a field at most once a minute (an upstream
+// whose every other answer contradicts itself would otherwise log half
+// its answers).
 type headerLog struct {
 	mu   sync.Mutex
-	last map[string]headerSeen
+	last map[string]*headerSeen
 }
 
 type headerSeen struct {
 	ceiling float64
-	ignored string
+	ignored map[string]time.Time // field: reason → when last logged
 }
 
-// changed records what key's answers now say and reports whether the
-// ceiling or the ignored reasons changed.
-func (l *headerLog) changed(key string, s headerSeen) (ceiling, ignored bool) {
+// ignoredEvery is how often one reason of one field is logged again.
+const ignoredEvery = time.Minute
+
+// changed records what key's answers now say at now and reports whether
+// the ceiling changed, and which of the ignored fields (as "field:
+// reason") are news.
+func (l *headerLog) changed(key string, ceiling float64, ignored []string, now time.Time) (ceilingChanged bool, news []string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.last == nil {
-		l.last = map[string]headerSeen{}
+		l.last = map[string]*headerSeen{}
 	}
-	old, seen := l.last[key]
-	l.last[key] = s
-	return s.ceiling != old.ceiling, s.ignored != old.ignored && (seen || s.ignored != "")
+	s := l.last[key]
+	if s == nil {
+		s = &headerSeen{ignored: map[string]time.Time{}}
+		l.last[key] = s
+	}
+	ceilingChanged, s.ceiling = s.ceiling != ceiling, ceiling
+	for _, ig := range ignored {
+		if at, ok := s.ignored[ig]; !ok || now.Sub(at) >= ignoredEvery {
+			s.ignored[ig] = now
+			news = append(news, ig)
+		}
+	}
+	return ceilingChanged, news
 }
 
 // readHeaders steers the fleet by an answer's rate-limit fields (see
@@ -173,16 +190,15 @@ func (t *Transport) readHeaders(ctx context.Context, tg Target, pt pacer.Target,
 		t.m.headerRead(tg, "read")
 	}
 	held, ceiling, err := t.pacer.Stated(ctx, pt, q, t.maxRetryAfter)
-	seen := headerSeen{ceiling: ceiling, ignored: strings.Join(slices.Compact(reasons), "; ")}
-	ceilingChanged, ignoredChanged := t.headerLog.changed(pt.EndpointKey, seen)
+	ceilingChanged, news := t.headerLog.changed(pt.EndpointKey, ceiling, slices.Compact(reasons), t.now())
 	if ceilingChanged {
 		t.log.LogAttrs(ctx, slog.LevelInfo, "rate_headers_limit", append(pt.Attrs,
 			slog.String("form", r.Form.String()), slog.Int64("limit", q.Limit), slog.Duration("window", q.Window),
 			slog.Float64("ceiling", ceiling))...)
 	}
-	if ignoredChanged {
+	if len(news) > 0 {
 		t.log.LogAttrs(ctx, slog.LevelWarn, "rate_headers_ignored", append(pt.Attrs,
-			slog.String("form", r.Form.String()), slog.String("ignored", seen.ignored))...)
+			slog.String("form", r.Form.String()), slog.String("ignored", strings.Join(news, "; ")))...)
 	}
 	if held > 0 {
 		t.log.LogAttrs(ctx, slog.LevelInfo, "rate_headers_hold", append(pt.Attrs,
