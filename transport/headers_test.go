@@ -3,6 +3,7 @@ package transport_test
 import (
 	"net/http"
 	"strconv"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -209,4 +210,41 @@ func TestHeadersValidate(t *testing.T) {
 	if err := up.Validate(); err == nil {
 		t.Fatal("an unknown form validated")
 	}
+}
+
+// TestStatedLimitVoidsSlotsBookedBefore: requests booked at the
+// documented 20/s before the first answer stated 10/s are booked again at
+// 10/s: after that answer, no two requests reach the upstream closer than
+// 100 ms (the answer takes 10 ms, while the others book).
+func TestStatedLimitVoidsSlotsBookedBefore(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := &stating{fields: func(int) map[string]string {
+			return map[string]string{"RateLimit-Policy": `"p";q=10;w=1`, "RateLimit": `"p";r=10;t=1`}
+		}}
+		slow := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			time.Sleep(10 * time.Millisecond) // the answer comes after the others booked
+			return inMemory(srv).RoundTrip(r)
+		})
+		tr, _ := setup(t, bookingCom(20), slow, transport.Options{})
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Go(func() {
+				for range 3 {
+					if _, err := get(t, t.Context(), tr, "/availability"); err != nil {
+						t.Error(err)
+					}
+				}
+			})
+		}
+		wg.Wait()
+		got := srv.got()
+		if len(got) != 24 {
+			t.Fatalf("%d arrivals, want 24", len(got))
+		}
+		for i := 2; i < len(got); i++ {
+			if gap := got[i].at.Sub(got[i-1].at); gap < 100*time.Millisecond {
+				t.Errorf("arrival %d came %v after the one before, under the stated 100 ms", i, gap)
+			}
+		}
+	})
 }
