@@ -272,6 +272,9 @@ func Check(q Quota) Reading {
 	reset, hasReset := time.Duration(0), false
 	if hasRem {
 		reset, hasReset = p.resetIn("reset", q.Reset.String(), q.Reset)
+		if q.Reset == 0 {
+			p.ignore("reset", "0", Missing)
+		}
 	}
 	p.check(&p.out.Requests, q.Limit, hasLim, q.Remaining, hasRem && hasReset, reset, hasReset, [3]string{"limit", "remaining", "reset"})
 	if p.out.Requests.Limit > 0 {

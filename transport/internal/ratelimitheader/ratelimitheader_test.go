@@ -197,3 +197,36 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+// TestCheck holds a quota read by the user's own function to the rules
+// of the built-in forms.
+func TestCheck(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name    string
+		in, out Quota
+		ignored []Reason
+	}{
+		{"whole", Quota{Limit: 10, Window: time.Second, Remaining: 3, Reset: time.Second}, Quota{Limit: 10, Window: time.Second, Remaining: 3, Reset: time.Second}, nil},
+		{"nothing", Quota{}, Quota{}, nil},
+		{"negative limit", Quota{Limit: -1}, Quota{}, []Reason{Negative}},
+		{"window over a day", Quota{Limit: 10, Window: 48 * time.Hour}, Quota{}, []Reason{Garbage}},
+		{"negative remaining", Quota{Remaining: -1, Reset: time.Second}, Quota{}, []Reason{Negative}},
+		{"remaining without a reset", Quota{Remaining: 4}, Quota{}, []Reason{Missing}},
+		{"reset in the past", Quota{Remaining: 4, Reset: -time.Second}, Quota{}, []Reason{Past}},
+		{"reset too far", Quota{Remaining: 4, Reset: 25 * time.Hour}, Quota{}, []Reason{TooFar}},
+		{"above the limit", Quota{Limit: 3, Remaining: 4, Reset: time.Second}, Quota{}, []Reason{AboveLimit}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			r := Check(c.in)
+			var why []Reason
+			for _, ig := range r.Ignored {
+				why = append(why, ig.Reason)
+			}
+			if r.Form != Custom || r.Requests != c.out || !slices.Equal(why, c.ignored) {
+				t.Errorf("Check(%+v) = %+v, want %+v ignoring %v", c.in, r, c.out, c.ignored)
+			}
+		})
+	}
+}
