@@ -72,8 +72,9 @@ type UpstreamQuota struct {
 // Headers never raise anything above the documented limits. A missing,
 // garbage or contradictory value (remaining above the limit, a negative
 // count, a reset in the past or over a day away) is ignored and counted
-// (MetricHeaders). Only 2xx-5xx answers other than rate limits are read; a
-// rate limit goes its own way (see Transport).
+// (MetricHeaders). Every answer is read, a rate limit's after its pause is
+// set (see Transport): its fields may state the limit, or a reset beyond
+// its Retry-After.
 type RateLimitHeaders struct {
 	// Off reads no rate-limit fields.
 	Off bool

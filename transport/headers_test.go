@@ -248,3 +248,25 @@ func TestStatedLimitVoidsSlotsBookedBefore(t *testing.T) {
 		}
 	})
 }
+
+// TestLimitedAnswerStatesTheLimit: an upstream that states its limit only
+// on its 429s caps the rate from the first one on, beside the pause.
+func TestLimitedAnswerStatesTheLimit(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := &stating{fields: func(n int) map[string]string {
+			if n == 1 {
+				return map[string]string{"RateLimit-Policy": `"p";q=5;w=1`}
+			}
+			return nil
+		}}
+		srv.script = []reply{{http.StatusTooManyRequests, "1"}}
+		reg := prometheus.NewRegistry()
+		tr, _ := setup(t, bookingCom(20), inMemory(srv), transport.Options{Registerer: reg, Backoff: fixedBackoff(0)})
+		if _, err := get(t, t.Context(), tr, "/availability"); err != nil {
+			t.Fatal(err)
+		}
+		if got := gaugeOf(t, reg, transport.MetricEffectiveRate, nil); got != 5 {
+			t.Errorf("effective rate after the 429 stating 5/s: %v, want 5", got)
+		}
+	})
+}

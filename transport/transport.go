@@ -445,6 +445,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 				discard(resp)
 				return nil, err
 			}
+			// After the pause is set: its fields may state the limit, or a
+			// reset beyond the Retry-After.
+			t.readHeaders(ctx, tg, pt, resp)
 		case err == nil:
 			t.pacer.Admitted(pt)
 			t.readHeaders(ctx, tg, pt, resp)
