@@ -270,3 +270,24 @@ func TestLimitedAnswerStatesTheLimit(t *testing.T) {
 		}
 	})
 }
+
+// TestStatedLimitCountsRequests: the fields count requests, the bucket
+// tokens; an endpoint whose request costs 2 tokens of 20/s (10 requests
+// a second) stated at 5 requests a second is paced at 10 tokens a second.
+func TestStatedLimitCountsRequests(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := &stating{fields: func(int) map[string]string { return map[string]string{"RateLimit-Policy": `"p";q=5;w=1`} }}
+		reg := prometheus.NewRegistry()
+		up := bookingCom(20)
+		up.Endpoints[0].Limits[0].Burst, up.Endpoints[0].Cost = 2, 2
+		tr, _ := setup(t, up, inMemory(srv), transport.Options{Registerer: reg})
+		for range 2 {
+			if _, err := get(t, t.Context(), tr, "/availability"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got := gaugeOf(t, reg, transport.MetricEffectiveRate, nil); got != 10 {
+			t.Errorf("effective rate %v tokens/s, want 10", got)
+		}
+	})
+}

@@ -42,7 +42,8 @@ func (p *Pacer) Stated(ctx context.Context, tg Target, q ratelimitheader.Quota, 
 	if err != nil {
 		return 0, 0, err
 	}
-	documented := paceRate(b)
+	// The fields count requests; the bucket counts tokens, N a request.
+	documented := paceRate(b) / float64(max(tg.N, 1))
 	now := p.cfg.Now()
 	p.known.mu.Lock()
 	v := p.known.get(tg.EndpointKey)
