@@ -154,7 +154,7 @@ func Parse(h http.Header, now time.Time, forms Form) Reading {
 		read func(*parse)
 	}
 	for _, r := range []reader{{Draft, (*parse).draft}, {Anthropic, (*parse).anthropic}, {OpenAI, (*parse).openai}, {XRateLimit, (*parse).xRateLimit}} {
-		if forms&r.form == 0 {
+		if forms&r.form == 0 || !present(h, r.form) {
 			continue
 		}
 		p := &parse{h: h, now: now}
@@ -165,6 +165,42 @@ func Parse(h http.Header, now time.Time, forms Form) Reading {
 		}
 	}
 	return Reading{}
+}
+
+// fields are each form's field names, canonical, so that an answer
+// without them costs a map lookup per name and no allocation.
+var fields = func() map[Form][]string {
+	m := map[Form][]string{
+		Draft:      {"RateLimit", "RateLimit-Policy", "RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset"},
+		XRateLimit: {"X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset"},
+	}
+	for _, dim := range []string{"requests", "tokens"} {
+		for _, k := range []string{"limit", "remaining", "reset"} {
+			m[OpenAI] = append(m[OpenAI], "x-ratelimit-"+k+"-"+dim)
+		}
+	}
+	for _, dim := range []string{"requests", "tokens", "input-tokens", "output-tokens"} {
+		for _, k := range []string{"limit", "remaining", "reset"} {
+			m[Anthropic] = append(m[Anthropic], "anthropic-ratelimit-"+dim+"-"+k)
+		}
+	}
+	for f, names := range m {
+		for i, n := range names {
+			names[i] = http.CanonicalHeaderKey(n)
+		}
+		m[f] = names
+	}
+	return m
+}()
+
+// present reports whether h holds a field of form f.
+func present(h http.Header, f Form) bool {
+	for _, k := range fields[f] {
+		if _, ok := h[k]; ok {
+			return true
+		}
+	}
+	return false
 }
 
 // parse is one form's reading in progress.
