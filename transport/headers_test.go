@@ -291,3 +291,30 @@ func TestStatedLimitCountsRequests(t *testing.T) {
 		}
 	})
 }
+
+// TestHoldWithinAnIntervalIsNotTaken: at 20/s, 19 remaining in the next
+// second is one request less than the bucket grants, a hold of one
+// interval (50 ms): the requests in flight make that common, and it is
+// not taken; 18 remaining is.
+func TestHoldWithinAnIntervalIsNotTaken(t *testing.T) {
+	for _, c := range []struct {
+		remaining string
+		holds     float64
+	}{{"19", 0}, {"18", 1}} {
+		t.Run(c.remaining, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				srv := &stating{fields: func(int) map[string]string {
+					return map[string]string{"X-RateLimit-Remaining": c.remaining, "X-RateLimit-Reset": "1"}
+				}}
+				reg := prometheus.NewRegistry()
+				tr, _ := setup(t, bookingCom(20), inMemory(srv), transport.Options{Registerer: reg})
+				if _, err := get(t, t.Context(), tr, "/availability"); err != nil {
+					t.Fatal(err)
+				}
+				if n := metricValue(t, reg, transport.MetricHeaderHolds, nil); n != c.holds {
+					t.Errorf("%s = %v, want %v", transport.MetricHeaderHolds, n, c.holds)
+				}
+			})
+		})
+	}
+}

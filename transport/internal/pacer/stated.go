@@ -28,7 +28,8 @@ const MinHeaderHold = time.Millisecond
 //     before it, at their effective rate, hold the buckets fleet-wide: for
 //     d = reset − remaining / rate, after which, refilling from empty at
 //     the rate, they grant no more than remaining before the reset
-//     (capped at maxHold); and a ceiling that lowered the rate holds them
+//     (capped at maxHold; none when d is within one interval at the
+//     rate); and a ceiling that lowered the rate holds them
 //     for at least MinHeaderHold, so that the slots booked at the old rate
 //     are void.
 //
@@ -59,6 +60,12 @@ func (p *Pacer) Stated(ctx context.Context, tg Target, q ratelimitheader.Quota, 
 		rate *= p.cfg.Rates.Effective(v.rate.st, now)
 	}
 	d := holdDown(q, rate)
+	if d <= time.Duration(float64(time.Second)/rate) {
+		// Within one interval: the requests in flight when the answer
+		// left would otherwise draw a hold at nearly every answer near the
+		// end of a window, each voiding every process's slots.
+		d = 0
+	}
 	if lowered {
 		d = max(d, MinHeaderHold)
 	}
