@@ -89,6 +89,7 @@ targets=(
   ./gcra:FuzzDecide ./gcra:FuzzSettleBound ./gcra:FuzzPermits .:FuzzLimitValidate ./calendar:FuzzParse
   ./redisstore:FuzzSlot ./redisstore:FuzzPermitKeys ./redisstore:FuzzPermitReply
   ./transport:FuzzParseRetryAfter ./transport/internal/notice:FuzzParse
+  ./transport/internal/ratelimitheader:FuzzParse
   ./internal/headers:FuzzParseList ./internal/headers:FuzzFormatPolicy
   ./internal/headers:FuzzFormatRateLimit ./internal/headers:FuzzRetryAfter
   ./httplimit:FuzzBucketName

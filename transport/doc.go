@@ -71,6 +71,17 @@
 // estimate close to the mean. A Classify of your own sets Target.Costs and
 // Target.Settle. See examples/llm.
 //
+// # The upstream's own rate-limit fields
+//
+// Most upstreams also say on every answer where their client stands, in
+// rate-limit header fields (the IETF draft's RateLimit and
+// RateLimit-Policy, X-RateLimit-*, OpenAI's and Anthropic's). The
+// transport reads them (see RateLimitHeaders) and steers the whole fleet
+// by them before any 429: a stated limit below the documented one caps
+// the effective rate, and fewer requests remaining before the reset than
+// the bucket would grant hold the bucket down fleet-wide. Headers never
+// raise anything above the documented limits.
+//
 // Upstream describes an API's documented limits once and yields both the
 // limiter's buckets (Upstream.Buckets) and the request mapping
 // (Upstream.Classifier). Bucket names carry the channel as a Redis Cluster
@@ -79,7 +90,8 @@
 //
 // Events are logged with log/slog (rate_throttle_wait, rate_limited,
 // rate_backpressure, rate_gave_up, rate_store_error, rate_spacing_hold,
-// rate_body_unclosed, rate_permit_lapsed, rate_settle_error),
+// rate_body_unclosed, rate_permit_lapsed, rate_settle_error,
+// rate_headers_limit, rate_headers_hold, rate_headers_ignored),
 // keyed by channel and
 // endpoint and by the entity id set with WithEntity. Metrics go to the
 // prometheus.Registerer in Options.

@@ -45,6 +45,17 @@ const (
 	// (see Endpoint.Spacing) that left or came back late enough to hold
 	// the gate shut for the next one.
 	MetricSpacingHolds = "fleetrate_transport_spacing_holds_total"
+	// MetricHeaders counts the upstream's rate-limit fields the transport
+	// read (see RateLimitHeaders), labelled by result: "read" for an
+	// answer that stated its requests' quota, or the reason a value was
+	// ignored ("garbage", "negative", "remaining_above_limit",
+	// "conflict", "reset_too_far", "reset_past", "missing").
+	MetricHeaders = "fleetrate_transport_upstream_headers_total"
+	// MetricHeaderHolds counts the holds an answer's fields put on the
+	// fleet before any 429: fewer requests remaining than the bucket
+	// would grant before the reset, or a stated limit that lowered the
+	// rate (see RateLimitHeaders).
+	MetricHeaderHolds = "fleetrate_transport_header_holds_total"
 )
 
 // waitBuckets are the histogram bounds in seconds, from a millisecond to
@@ -62,6 +73,8 @@ type metrics struct {
 	persist      *prometheus.CounterVec
 	rebook       *prometheus.CounterVec
 	spacingHolds *prometheus.CounterVec
+	headers      *prometheus.CounterVec
+	headerHolds  *prometheus.CounterVec
 }
 
 // newMetrics registers the transport's collectors on reg. Transports that
@@ -113,7 +126,26 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if m.spacingHolds, err = counter(MetricSpacingHolds, "Requests that left or came back late enough to hold their endpoint's spacing gate shut for the next one."); err != nil {
 		return nil, err
 	}
+	if m.headers, err = counter(MetricHeaders, "Upstream rate-limit header fields read, or ignored by reason.", "result"); err != nil {
+		return nil, err
+	}
+	if m.headerHolds, err = counter(MetricHeaderHolds, "Holds of the fleet taken from an upstream's rate-limit header fields."); err != nil {
+		return nil, err
+	}
 	return m, nil
+}
+
+// headerRead counts an answer's rate-limit fields read, or a value of
+// them ignored, by result.
+func (m *metrics) headerRead(t Target, result string) {
+	if m != nil {
+		m.headers.WithLabelValues(t.Channel, t.Endpoint, result).Inc()
+	}
+}
+
+// HeaderHeld implements pacer.Events.
+func (m *metrics) HeaderHeld(channel, endpoint string) {
+	m.inc(func(m *metrics) *prometheus.CounterVec { return m.headerHolds }, channel, endpoint)
 }
 
 // rateLimited counts a rate-limited answer to tg's request.

@@ -292,6 +292,7 @@ type Transport struct {
 	now           func() time.Time // the clock, injected here only
 	pacer         *pacer.Pacer
 	pm            *permitMetrics
+	headerLog     headerLog
 }
 
 var _ http.RoundTripper = (*Transport)(nil)
@@ -452,8 +453,12 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 				discard(resp)
 				return nil, err
 			}
+			// After the pause is set: its fields may state the limit, or a
+			// reset beyond the Retry-After.
+			t.readHeaders(ctx, tg, pt, resp)
 		case err == nil:
 			t.pacer.Admitted(pt)
+			t.readHeaders(ctx, tg, pt, resp)
 			if gate.Passed {
 				// A 429 may come back sooner than an answer, and its
 				// pause holds the fleet anyway: only answers count.

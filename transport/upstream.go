@@ -65,6 +65,9 @@ type Target struct {
 	// from its answer, and the transport settles the booking to it (see
 	// Settle).
 	Settle Settle
+	// Headers says how the upstream's rate-limit fields are read (see
+	// RateLimitHeaders); nil reads every form built in.
+	Headers *RateLimitHeaders
 }
 
 // validate checks the target, naming the failing field and value.
@@ -80,6 +83,11 @@ func (t Target) validate() error {
 	}
 	if err := sendtime.CheckSpacing(t.Spacing); err != nil {
 		return fmt.Errorf("%w: target: spacing %w", fleetrate.ErrInvalid, err)
+	}
+	if t.Headers != nil {
+		if err := t.Headers.validate("target: headers"); err != nil {
+			return err
+		}
 	}
 	return t.checkCosts()
 }
@@ -255,6 +263,10 @@ type Upstream struct {
 	// minute: each is a bucket of the channel that requests draw from by
 	// what they cost it (Endpoint.Costs, Endpoint.CostFunc).
 	Meters []Meter
+	// Headers says how the upstream's answers' rate-limit fields are read
+	// and steer the fleet (see RateLimitHeaders). The zero value reads
+	// every form built in; Headers.Off reads none.
+	Headers RateLimitHeaders
 }
 
 // Validate checks the upstream, naming the failing field and value.
@@ -264,6 +276,9 @@ func (u Upstream) Validate() error {
 	}
 	if len(u.Endpoints) == 0 {
 		return fmt.Errorf("%w: upstream %q: endpoints: at least one is required", fleetrate.ErrInvalid, u.Channel)
+	}
+	if err := u.Headers.validate(fmt.Sprintf("upstream %q: headers", u.Channel)); err != nil {
+		return err
 	}
 	for i, l := range u.Credential {
 		if err := l.Validate(); err != nil {
@@ -356,6 +371,10 @@ func (u Upstream) Classifier() (Classify, error) {
 	}
 	endpoints := slices.Clone(u.Endpoints)
 	credential := len(u.Credential) > 0
+	var hdrs *RateLimitHeaders
+	if h := u.Headers; h.Off || h.Forms != 0 || h.Window != 0 || h.Read != nil {
+		hdrs = &h
+	}
 	return func(req *http.Request) (Target, error) {
 		if req.URL == nil {
 			return Target{}, fmt.Errorf("%w: request has no URL", ErrNoRoute)
@@ -384,6 +403,7 @@ func (u Upstream) Classifier() (Classify, error) {
 			Priority:        e.Priority,
 			Spacing:         e.Spacing,
 			Settle:          e.Settle,
+			Headers:         hdrs,
 		})
 	}, nil
 }

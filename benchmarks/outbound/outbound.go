@@ -57,6 +57,10 @@ type Scenario struct {
 	// Target is the rate the scenario should reach: the hidden rate when
 	// there is one, else the documented one.
 	Target float64
+	// HeaderWindow is the window the fleet gives a limit the upstream's
+	// rate-limit fields state without one (transport.RateLimitHeaders.Window):
+	// a second for X-RateLimit-Limit, as the mock reports it.
+	HeaderWindow time.Duration
 }
 
 // Options size a run.
@@ -402,7 +406,26 @@ func ScenariosAt(hidden, pace float64) []Scenario {
 		hiddenRow(mockota.RetryHuge),
 		{Name: "documented 20/s + credential 30/s", Limit: doc, Credential: fleetrate.PerSecond(28, 1), Target: 20,
 			Upstream: mockota.AdversaryConfig{Rate: 20, Burst: 2}},
+		headerRow(hidden, doc, mockota.ReportXRateLimit, false),
+		headerRow(hidden, doc, mockota.ReportDraft, false),
+		headerRow(hidden, doc, mockota.ReportOpenAI, false),
+		headerRow(hidden, doc, mockota.ReportAnthropic, false),
+		headerRow(hidden, doc, mockota.ReportDraft, true),
 	}
+}
+
+// headerRow is the hidden limit reported in each answer's rate-limit
+// fields in form f (truthfully, or misleading: the documented limit
+// claimed, and every other answer contradicting itself), Retry-After in
+// seconds.
+func headerRow(hidden float64, doc fleetrate.Limit, f mockota.ReportForm, misleading bool) Scenario {
+	name := fmt.Sprintf("hidden %g/s, headers %s", hidden, f)
+	if misleading {
+		name = fmt.Sprintf("hidden %g/s, misleading headers (%s)", hidden, f)
+	}
+	return Scenario{Name: name, Limit: doc, Target: hidden, HeaderWindow: time.Second,
+		Upstream: mockota.AdversaryConfig{Rate: 20, Burst: 2, HiddenRate: hidden, HiddenBurst: 2, RetryAfter: mockota.RetrySeconds,
+			Report: f, Misleading: misleading}}
 }
 
 // retryName is how a scenario's name calls a Retry-After form.

@@ -90,6 +90,7 @@ func upstreamOf(s Scenario) transport.Upstream {
 		Channel:   "ota",
 		Endpoints: []transport.Endpoint{{Name: "avail", Pattern: "/avail", Limits: []fleetrate.Limit{s.Limit}, Spacing: s.Spacing}},
 		Fixed:     s.Fixed,
+		Headers:   transport.RateLimitHeaders{Window: s.HeaderWindow},
 	}
 	if s.Credential.Rate > 0 {
 		up.Credential = []fleetrate.Limit{s.Credential}

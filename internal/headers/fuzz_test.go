@@ -5,8 +5,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/fleetrate/fleetrate/transport"
 )
 
 // FuzzParseList checks that the parser never panics and that whatever it
@@ -148,33 +146,3 @@ func FuzzFormatRateLimit(f *testing.F) {
 		}
 	})
 }
-
-// FuzzRetryAfter checks that a formatted Retry-After is never earlier
-// than the wait it encodes and never a whole second later, and that
-// FormatRetryAfter always writes delta-seconds that the one Retry-After
-// parser (transport.ParseRetryAfter) reads back as at least the wait and
-// less than a second more.
-func FuzzRetryAfter(f *testing.F) {
-	f.Add(int64(1))
-	f.Add(int64(999_999_999))
-	f.Add(int64(-5))
-	f.Add(int64(1 << 62))
-	f.Fuzz(func(t *testing.T, ns int64) {
-		now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-		d := time.Duration(ns)
-		if d <= 0 || d > maxRetryAfter {
-			return
-		}
-		s := FormatRetryAfter(d)
-		got, ok := transport.ParseRetryAfter(s, now, maxRetryAfter)
-		if !ok || !isAllDigits(s) {
-			t.Fatalf("FormatRetryAfter(%v) = %q, which is not delta-seconds", d, s)
-		}
-		if got < d || got-d >= time.Second {
-			t.Fatalf("FormatRetryAfter(%v) = %q = %v: want within [d, d+1s)", d, s, got)
-		}
-	})
-}
-
-// maxRetryAfter bounds the waits FuzzRetryAfter formats: 400 days.
-const maxRetryAfter = 400 * 24 * time.Hour

@@ -125,15 +125,6 @@ func FormatRetryAfter(d time.Duration) string {
 	return strconv.FormatInt(DelaySeconds(d), 10)
 }
 
-func isAllDigits(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if !isDigit(s[i]) {
-			return false
-		}
-	}
-	return s != ""
-}
-
 // seconds converts a duration for a "w" or "t" parameter, rounding up.
 func seconds(field string, d time.Duration) (int64, error) {
 	if d < 0 {

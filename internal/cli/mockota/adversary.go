@@ -67,6 +67,13 @@ type AdversaryConfig struct {
 	Pause time.Duration
 	// RetryAfter is how 429s announce the pause.
 	RetryAfter RetryAfterForm
+	// Report is the form of rate-limit fields every answer carries (see
+	// ReportForm); ReportNone sends none.
+	Report ReportForm
+	// Misleading makes the fields claim the documented limit, with all of
+	// it remaining, whatever the hidden limit allows, and every other
+	// answer contradict itself (more remaining than the limit).
+	Misleading bool
 	// Now is the clock. The default is time.Now.
 	Now func() time.Time `json:"-"`
 }
@@ -183,7 +190,11 @@ func (a *Adversary) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	a.arrivals = append(a.arrivals, arr)
+	fields := a.report(now)
 	a.mu.Unlock()
+	for k, v := range fields {
+		w.Header().Set(k, v)
+	}
 	if header != "" {
 		w.Header().Set("Retry-After", header)
 	}

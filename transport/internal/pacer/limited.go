@@ -86,7 +86,7 @@ func (p *Pacer) limitedAtOnce(tg Target, sent time.Time) bool {
 	defer p.known.mu.Unlock()
 	v := p.known.get(key)
 	if p.adapts(tg) {
-		rate *= p.cfg.Rates.Factor(v.rate.st.Climb, now)
+		rate *= p.cfg.Rates.Effective(v.rate.st, now)
 	}
 	_, _, soon := ratecontrol.LimitRange(1, rate, sent, v.hold.Until)
 	return soon

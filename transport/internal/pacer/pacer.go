@@ -10,7 +10,10 @@
 //   - ratecontrol: the effective rate (Pacer.Limited feeds it evidence,
 //     and takes are laid out at its factor);
 //   - sendtime: when a request whose slot came goes out;
-//   - notice: announcements heard and made.
+//   - notice: announcements heard and made;
+//   - ratelimitheader: what an answer's rate-limit fields say (Pacer.Stated
+//     caps the rate at a stated limit and holds the buckets when too little
+//     remains).
 //
 // The transport's public package keeps the API, the attempt loop and the
 // metrics; it reaches the concepts only through a Pacer.
@@ -39,6 +42,9 @@ type Events interface {
 	Persistent(channel, endpoint string)
 	Rebooked(channel, endpoint string)
 	SpacingHeld(channel, endpoint string)
+	// HeaderHeld counts a hold taken from an answer's rate-limit fields
+	// (see Pacer.Stated).
+	HeaderHeld(channel, endpoint string)
 }
 
 // Config is a pacer's settings, checked and defaulted by the transport.

@@ -51,7 +51,7 @@ func (p *Pacer) layout(ctx context.Context, tg Target, paced []fleetrate.Bucket)
 	effective := make([]fleetrate.Bucket, len(paced))
 	p.known.mu.Lock()
 	for i, b := range paced {
-		b.Limits = scaled(b.Limits, p.cfg.Rates.Factor(p.known.get(b.Key).rate.st.Climb, now))
+		b.Limits = scaled(b.Limits, p.cfg.Rates.Effective(p.known.get(b.Key).rate.st, now))
 		if len(b.Limits) > 0 {
 			p.cfg.Events.EffectiveRate(tg.Channel, tg.Endpoint, b.Key, b.Limits[0].Rate)
 		}

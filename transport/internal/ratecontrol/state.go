@@ -27,6 +27,10 @@ type State struct {
 	// time) would otherwise cut the rate to what the few requests since
 	// the resume allow; the proof is used for that one 429 (see Limited).
 	Proven float64
+	// Ceiling is the upstream's limit as its answers last stated it, a
+	// fraction of the documented rate (see Settings.Ceiling): the
+	// effective rate never exceeds it. 0: none stated.
+	Ceiling float64
 }
 
 // Evidence is what a 429 tells the controller of one bucket.
@@ -58,7 +62,7 @@ type Change struct {
 // for the fleet), and floor that the rate was at its floor already, where
 // lowering it further does not help.
 func (s Settings) Limited(st State, ev Evidence) (next State, ch Change, floor, lowered bool) {
-	from := s.Factor(st.Climb, ev.Now)
+	from := s.Effective(st, ev.Now)
 	// With no pause yet, the fleet has sent at its rate at least since
 	// this process's first request, so a first 429 after hundreds of
 	// admitted ones bounds the limit from below as closely as one after a
@@ -72,8 +76,10 @@ func (s Settings) Limited(st State, ev Evidence) (next State, ch Change, floor, 
 	// 429 shows the limit fell: the next one, after a short stretch
 	// again, does (this stretch's proof replaces it below).
 	proven := max(low, st.Proven)
-	c := s.Lowered(st.Climb, ev.Now, ev.Resume, proven, max(high, proven))
-	to := s.Factor(c, ev.Resume)
+	// Under a stated ceiling the 429 was drawn at the ceiling, not at the
+	// climb's rate: it is lowered from there.
+	c := s.Lowered(s.capped(st, ev.Now), ev.Now, ev.Resume, proven, max(high, proven))
+	to := s.Effective(State{Climb: c, Ceiling: st.Ceiling}, ev.Resume)
 	if to == s.Floor && !st.Floored.IsZero() && ev.Sent.After(st.Floored) {
 		// Sent after a 429 had brought the rate to its floor, and
 		// limited all the same.
@@ -112,7 +118,7 @@ func (s Settings) EndStretch(st State, documented float64, since, end time.Time)
 	if since.IsZero() || !since.Before(end) {
 		return st
 	}
-	f := s.Factor(st.Climb, end)
+	f := s.Effective(st, end)
 	if low, _, soon := LimitRange(f, f*documented, end, since); !soon {
 		st.Proven = low
 	}
