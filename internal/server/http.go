@@ -458,10 +458,11 @@ type ruleView struct {
 }
 
 type bucketView struct {
-	Name   string   `json:"name"`
-	Key    string   `json:"key"`
-	Limits []string `json:"limits"`
-	Line   int      `json:"line"`
+	Name     string   `json:"name"`
+	Key      string   `json:"key"`
+	Limits   []string `json:"limits"`
+	InFlight int64    `json:"in_flight,omitempty"`
+	Line     int      `json:"line"`
 }
 
 func specs(ls []config.LimitSpec) []string {
@@ -485,7 +486,7 @@ func (s *Server) handleConfig(w http.ResponseWriter, r *http.Request) error {
 		v.Domains = append(v.Domains, dv)
 	}
 	for _, b := range cfg.Buckets {
-		v.Buckets = append(v.Buckets, bucketView{Name: b.Name, Key: s.opts.Prefix + b.Key, Limits: specs(b.Limits), Line: b.Line})
+		v.Buckets = append(v.Buckets, bucketView{Name: b.Name, Key: s.opts.Prefix + b.Key, Limits: specs(b.Limits), InFlight: b.InFlight, Line: b.Line})
 	}
 	writeJSON(w, http.StatusOK, v)
 	return nil
