@@ -59,8 +59,8 @@ type AcquireRequest struct {
 
 // PermitRequest is the body of POST /v1/renew and /v1/release: the
 // buckets the permit was acquired from, its id (the decision's permit.id)
-// and, for a renew, the new lease (TTLMS, default the one acquired with
-// it is not remembered: 15000).
+// and, for a renew, the new lease from now (TTLMS, default 15000; the
+// service does not remember the lease the permit was acquired with).
 type PermitRequest struct {
 	Bucket   string   `json:"bucket,omitempty"`
 	Buckets  []string `json:"buckets,omitempty"`
