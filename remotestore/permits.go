@@ -75,7 +75,10 @@ const notifyWait = 25 * time.Second
 // receives on each. NotifyPermit returns once the service has registered
 // the waiter (or failed to), so that a release after it is not missed; a
 // goroutine reads the stream and opens the next one every notifyWait,
-// until stop. When the service's store cannot tell, or the service fails,
+// until stop. Each time a stream opens the channel receives once: a
+// release between the waiter's queued take and its registration would
+// otherwise be missed, so the waiter takes again once (one store call
+// per notifyWait at most, not a poll). When the service's store cannot tell, or the service fails,
 // the goroutine ends and the channel stays silent: the waiter keeps to
 // its timer (a third of its lease, or when a held lease ends), as over a
 // store without notices.
@@ -89,6 +92,14 @@ func (s *Store) NotifyPermit(key, id string) (<-chan struct{}, func()) {
 	stream := s.openNotify(ctx, body)
 	go func() {
 		for stream != nil {
+			// A release between the waiter's queued take and the
+			// registration (a round trip later) was not seen: one notice
+			// as soon as the waiter is registered makes it take again
+			// once, so that such a release is never missed.
+			select {
+			case ch <- struct{}{}:
+			default:
+			}
 			sc := bufio.NewScanner(stream)
 			for sc.Scan() {
 				var n wire.Notified

@@ -95,3 +95,48 @@ func TestAcquireThroughTheService(t *testing.T) {
 		t.Fatalf("the waiter was not woken by the release within 15 s (its timer would take 20 s)")
 	}
 }
+
+// TestNotifyPermitStream: NotifyPermit returns once the service has
+// registered the waiter; its channel receives once then (a release
+// before the registration would otherwise be missed), and again when the
+// holder releases through another Store.
+func TestNotifyPermitStream(t *testing.T) {
+	t.Parallel()
+	url := serve(t)
+	a := newStore(t, url, remotestore.Options{Timeout: 10 * time.Second})
+	b := newStore(t, url, remotestore.Options{Timeout: 10 * time.Second})
+	ctx := context.Background()
+	bs := []fleetrate.Bucket{{Prefix: "fleetrate:", Key: "notify", Limits: []fleetrate.Limit{fleetrate.PerSecond(1000, 1000)}, InFlight: 1}}
+	take := func(s *remotestore.Store, id string, wait time.Duration) fleetrate.Result {
+		t.Helper()
+		res, err := s.Take(ctx, fleetrate.Request{Buckets: bs, N: 1, MaxWait: wait, Permit: fleetrate.Permit{ID: id, TTL: time.Minute}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	if res := take(a, "holder", 0); !res.Allowed {
+		t.Fatalf("holder: %+v", res)
+	}
+	if res := take(b, "waiter", time.Second); res.Allowed || !res.InFlight.Queued {
+		t.Fatalf("waiter: %+v, want queued", res)
+	}
+	ch, stop := b.NotifyPermit(bs[0].StoreKey(), "waiter")
+	defer stop()
+	select {
+	case <-ch:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no notice once the waiter was registered")
+	}
+	if _, err := a.Release(ctx, bs, "holder"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-ch:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no notice within 10 s of the holder's release")
+	}
+	if res := take(b, "waiter", time.Second); !res.Allowed {
+		t.Fatalf("the woken waiter: %+v, want the permit", res)
+	}
+}

@@ -52,6 +52,9 @@ func (v service) decidePermit(ctx context.Context, req fleetrate.Request) (fleet
 			v.metrics.permits.waiting.Inc()
 			if n := notifierOf(v.opts.Store); n != nil {
 				wake, stop = n.NotifyPermit(req.Buckets[res.InFlight.Bucket].StoreKey(), req.Permit.ID)
+				// A release between the take and the registration was not
+				// seen: take again once, now that none can be missed.
+				continue
 			}
 		}
 		d := min(res.RetryAfter, req.Permit.TTL/3, time.Until(deadline))
