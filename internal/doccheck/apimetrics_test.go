@@ -132,8 +132,9 @@ buckets:
 	waited := post("/v1/wait", `{`+b+`,"n":15,"max_wait_ms":2000}`)
 	booking, _ := json.Marshal(waited["booking"])
 	post("/v1/cancel", `{`+b+`,"n":15,"booking":`+string(booking)+`}`) // the booking carries its grant
-	settle, _ := json.Marshal(waited["settle_grant"])
-	post("/v1/settle", `{`+b+`,"n":15,"actual":{"booking_com/availability":15},"grant":`+string(settle)+`}`)
+	metered := post("/v1/take", `{"costs":{"booking_com/availability":2}}`)
+	settle, _ := json.Marshal(metered["settle_grant"])
+	post("/v1/settle", `{"costs":{"booking_com/availability":2},"actual":{"booking_com/availability":1},"grant":`+string(settle)+`}`)
 	acquired := post("/v1/acquire", `{"bucket":"llm/requests"}`)
 	id, _ := json.Marshal(acquired["permit"].(map[string]any)["id"])
 	post("/v1/renew", `{"bucket":"llm/requests","permit_id":`+string(id)+`}`)

@@ -10,6 +10,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -243,22 +244,29 @@ func (s *Server) grantMarker(cl claim) fleetrate.Bucket {
 }
 
 // grantsFor signs the grants of a granted take from bs at at, booked
-// wait ahead, costing costs[i] from bs[i], for the caller of ctx: a
-// refund's (of at most the least cost), a settle's (the refund's other
-// form, so that the take is given back or settled once), and, with a
-// booking, a cancel's in the booking (a copy).
-func (s *Server) grantsFor(ctx context.Context, bs []fleetrate.Bucket, costs []int64, at time.Time, wait time.Duration, b *wire.Booking) (refund, settle string, booking *wire.Booking) {
+// wait ahead, costing costs[i] from bs[i] (n from each when costs is
+// nil), for the caller of ctx: a
+// refund's (of at most the least cost), with settleToo a settle's (the
+// refund's other form, so that the take is given back or settled once),
+// and, with a booking, a cancel's in the booking (a copy).
+func (s *Server) grantsFor(ctx context.Context, bs []fleetrate.Bucket, n int64, costs []int64, at time.Time, wait time.Duration, b *wire.Booking, settleToo bool) (refund, settle string, booking *wire.Booking) {
 	id, now := callerOf(ctx).id, s.opts.Clock()
 	g := s.access.grants
-	least := costs[0]
-	for _, c := range costs {
-		least = min(least, c)
+	least := n
+	if costs != nil {
+		least = slices.Min(costs)
 	}
 	rc := claim{kind: grantRefund, exp: now.Add(g.ttl).Unix(), n: least, at: at.UnixMicro(), digest: grantDigest(id, bs, nil)}
 	_, _ = rand.Read(rc.id[:])
 	sc := rc
 	sc.kind, sc.n, sc.at, sc.digest = grantSettle, 0, settleSlot(at, wait), grantDigest(id, bs, costs)
-	refund, settle = g.sign(rc), g.sign(sc)
+	refund = g.sign(rc)
+	if settleToo {
+		if costs == nil {
+			sc.digest = grantDigest(id, bs, each(n, len(bs)))
+		}
+		settle = g.sign(sc)
+	}
 	if b != nil {
 		c := *b
 		c.Grant = g.issue(grantCancel, id, bs, least, b.StampUnixMicro, bookingProof(b.DebtsNS, b.Costs), now)

@@ -200,8 +200,11 @@ func checkPermitTake(names []string, req fleetrate.Request) error {
 // describePermit puts the costs, the in-flight bound and the permit
 // acquired in a decision.
 func (v service) describePermit(d *Decision, names []string, req fleetrate.Request, res fleetrate.Result) {
-	if req.Costs != nil {
+	switch {
+	case req.Costs != nil:
 		d.Costs, d.Buckets = req.Costs, names
+	case req.Permit.ID != "":
+		d.Costs, d.Buckets = each(req.N, len(names)), names
 	}
 	if f := res.InFlight; f.Bound > 0 && f.Bucket >= 0 && f.Bucket < len(names) {
 		d.InFlight = &InFlightView{Bucket: names[f.Bucket], Bound: f.Bound, Held: f.Held, Queued: f.Queued, Ahead: f.Ahead}

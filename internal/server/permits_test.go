@@ -79,8 +79,8 @@ func TestCostsByBucketAndSettleOnce(t *testing.T) {
 		t.Fatalf("a refund of a settled grant: %d %+v, want 403 grant_refused", code, e)
 	}
 	// A settle at the cost taken changes nothing.
-	ts.post(t, "/v1/take", `{"bucket":"plain","n":9}`, &d)
-	more := fmt.Sprintf(`{"bucket":"plain","n":9,"actual":{"plain":9},"grant":%q}`, d.SettleGrant)
+	ts.post(t, "/v1/take", `{"costs":{"plain":9}}`, &d)
+	more := fmt.Sprintf(`{"costs":{"plain":9},"actual":{"plain":9},"grant":%q}`, d.SettleGrant)
 	if code := ts.post(t, "/v1/settle", more, &done); code != http.StatusOK {
 		t.Fatalf("an even settle: %d", code)
 	}
@@ -97,6 +97,10 @@ func TestSettleNeedsItsGrantWithTokens(t *testing.T) {
 	auth := []string{"Authorization", "Bearer w0rker"}
 	var d decision
 	ts.post(t, "/v1/take", `{"bucket":"llm/tokens","n":500}`, &d, auth...)
+	if d.SettleGrant != "" {
+		t.Fatalf("a take of n carries a settle grant %q; only takes of costs and acquires do", d.SettleGrant)
+	}
+	ts.post(t, "/v1/take", `{"costs":{"llm/tokens":500}}`, &d, auth...)
 	var e wire.Error
 	body := fmt.Sprintf(`{"bucket":"llm/tokens","n":500,"actual":{"llm/tokens":100},"at_unix_micro":%d}`, d.AtUnixMicro)
 	if code := ts.post(t, "/v1/settle", body, &e, auth...); code != http.StatusForbidden || e.Code != codeGrantRequired || !strings.Contains(e.Error, "settle_grant") {

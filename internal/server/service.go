@@ -109,8 +109,7 @@ func (v service) takeBuckets(ctx context.Context, t takeSpec) (Decision, error) 
 		AtUnixMicro:  res.At.UnixMicro(),
 		retryAfter:   res.RetryAfter,
 	}
-	all := takeCosts(req)
-	taken := slices.ContainsFunc(all, func(c int64) bool { return c > 0 })
+	taken := n > 0 || slices.ContainsFunc(req.Costs, func(c int64) bool { return c > 0 })
 	if t.maxWait != nil {
 		mw := millis(*t.maxWait)
 		d.MaxWaitMS = &mw
@@ -119,7 +118,9 @@ func (v service) takeBuckets(ctx context.Context, t takeSpec) (Decision, error) 
 		}
 	}
 	if res.Allowed && taken {
-		d.Grant, d.SettleGrant, d.Booking = v.grantsFor(ctx, bs, all, res.At, res.Wait, d.Booking)
+		// A settle grant for the metered takes only (costs, acquire): it
+		// costs /v1/take's hot path a tenth of its allocations.
+		d.Grant, d.SettleGrant, d.Booking = v.grantsFor(ctx, bs, n, req.Costs, res.At, res.Wait, d.Booking, req.Costs != nil || req.Permit.ID != "")
 	}
 	v.describePermit(&d, names, req, res)
 	return d, nil
@@ -277,8 +278,8 @@ func (v service) storeTake(ctx context.Context, req *wire.TakeRequest) (wire.Res
 	if len(booked.Debts) > 0 {
 		out.Booking = &wire.Booking{StampUnixMicro: booked.Stamp, DebtsNS: booked.Debts, Costs: booked.Costs}
 	}
-	if costs := takeCosts(freq); res.Allowed && slices.ContainsFunc(costs, func(c int64) bool { return c > 0 }) {
-		out.Grant, out.SettleGrant, out.Booking = v.grantsFor(ctx, freq.Buckets, costs, res.At, res.Wait, out.Booking)
+	if res.Allowed && (freq.N > 0 || slices.ContainsFunc(freq.Costs, func(c int64) bool { return c > 0 })) {
+		out.Grant, out.SettleGrant, out.Booking = v.grantsFor(ctx, freq.Buckets, freq.N, freq.Costs, res.At, res.Wait, out.Booking, true)
 	}
 	return out, nil
 }

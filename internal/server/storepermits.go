@@ -103,14 +103,6 @@ func (v service) permitBuckets(ctx context.Context, wb []wire.Bucket) ([]fleetra
 	return bs, err
 }
 
-// takeCosts returns what a take costs each of its buckets.
-func takeCosts(req fleetrate.Request) []int64 {
-	if req.Costs != nil {
-		return req.Costs
-	}
-	return each(req.N, len(req.Buckets))
-}
-
 // each is n for each of k buckets.
 func each(n int64, k int) []int64 {
 	out := make([]int64, k)
