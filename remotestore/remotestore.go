@@ -8,6 +8,13 @@
 // error wrapping fleetrate.ErrStoreUnavailable, and the caller decides
 // whether to fail open or closed.
 //
+// The whole store contract goes over the wire: costs by bucket, settles
+// (presenting the settle grant the service issued with the take, so a
+// grant settles once), and in-flight permits (Release and Renew name the
+// permit's id, which is what authorises them: a Limiter draws 96 random
+// bits for it). A Store is a fleetrate.PermitNotifier without polling: the
+// service streams a notice when its own store says a permit was released.
+//
 // A Store neither announces (transport.Announcer) nor unwraps: the
 // service offers no announcement channel, and there is no store in this
 // process to unwrap to. A transport over it therefore logs
