@@ -279,3 +279,26 @@ func TestPermitAndSettleBadInput(t *testing.T) {
 		}
 	}
 }
+
+// TestShutdownEndsPermitWaits: a waiting acquire answers a denial when
+// the server begins to shut down, rather than hold the graceful stop for
+// its max wait.
+func TestShutdownEndsPermitWaits(t *testing.T) {
+	t.Parallel()
+	ts := start(t, permitConfig, func(o *Options) { o.MaxWait = time.Minute })
+	var held decision
+	ts.post(t, "/v1/acquire", `{"bucket":"solo"}`, &held)
+	got := make(chan decision, 1)
+	go func() {
+		var d decision
+		ts.post(t, "/v1/acquire", `{"bucket":"solo","max_wait_ms":60000}`, &d)
+		got <- d
+	}()
+	for !metricHas(t, ts, "fleetrate_permit_waiters 1") {
+		time.Sleep(10 * time.Millisecond) // polls a condition, asserts no timing
+	}
+	ts.stop(t) // fails the test if Serve is held (by a wait of a minute)
+	if d := <-got; d.Allowed || d.InFlight == nil || d.InFlight.Queued {
+		t.Fatalf("a waiting acquire at shutdown: %+v, want a denial that left the queue", d)
+	}
+}

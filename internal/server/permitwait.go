@@ -19,8 +19,8 @@ const apiAcquire = "acquire"
 // come first served, and takes again when the store says a permit was
 // released (a PermitNotifier), when a held lease may have ended
 // (RetryAfter), or at a third of its own lease to keep its place, until
-// its max wait: then, or when the caller goes away, it leaves the queue
-// and the decision is a denial. It is a loop as Limiter.Acquire's is.
+// its max wait: then, when the server begins to shut down, or when the
+// caller goes away, it leaves the queue and the decision is a denial. It is a loop as Limiter.Acquire's is.
 func (v service) decidePermit(ctx context.Context, req fleetrate.Request) (fleetrate.Result, error) {
 	if req.Permit.ID == "" || req.MaxWait == 0 {
 		sctx, cancel := v.storeCtx(ctx)
@@ -69,6 +69,13 @@ func (v service) decidePermit(ctx context.Context, req fleetrate.Request) (fleet
 			t.Stop()
 			v.leave(ctx, req)
 			return fleetrate.Result{}, ctx.Err()
+		case <-v.stopping:
+			// The server is shutting down: answer now, as if the max
+			// wait had passed, so that the graceful stop is not held.
+			t.Stop()
+			v.leave(ctx, req)
+			res.InFlight.Queued, res.InFlight.Ahead = false, 0
+			return res, nil
 		case <-wake:
 		case <-t.C:
 		}
@@ -161,6 +168,8 @@ func (v service) storeNotify(w http.ResponseWriter, r *http.Request) error {
 			return nil
 		case <-r.Context().Done():
 			return nil
+		case <-v.stopping:
+			return nil // the graceful stop is not held; the client opens another
 		}
 	}
 }
