@@ -1,6 +1,7 @@
 package server
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
@@ -300,5 +301,28 @@ func TestShutdownEndsPermitWaits(t *testing.T) {
 	ts.stop(t) // fails the test if Serve is held (by a wait of a minute)
 	if d := <-got; d.Allowed || d.InFlight == nil || d.InFlight.Queued {
 		t.Fatalf("a waiting acquire at shutdown: %+v, want a denial that left the queue", d)
+	}
+}
+
+// TestWaitOfCostsThenCancel: a booking of costs by bucket is given back
+// by /v1/cancel with the decision's buckets and booking.
+func TestWaitOfCostsThenCancel(t *testing.T) {
+	t.Parallel()
+	ts := start(t, permitConfig)
+	var d struct {
+		decision
+		Booking *wire.Booking `json:"booking"`
+	}
+	if ts.post(t, "/v1/wait", `{"costs":{"plain":10,"llm/tokens":100000}}`, &d); !d.Allowed || d.Booking == nil || len(d.Booking.Costs) != 2 {
+		t.Fatalf("wait of costs: %+v", d)
+	}
+	body, _ := json.Marshal(map[string]any{"buckets": d.Buckets, "booking": d.Booking})
+	var done Done
+	if code := ts.post(t, "/v1/cancel", body, &done); code != http.StatusOK || !done.OK {
+		t.Fatalf("cancel of a booking of costs: %d %+v", code, done)
+	}
+	var peek decision
+	if ts.post(t, "/v1/take", `{"bucket":"llm/tokens","n":0}`, &peek); peek.Remaining != 100000 {
+		t.Fatalf("after the cancel: %d tokens left, want 100000", peek.Remaining)
 	}
 }

@@ -185,6 +185,9 @@ func (v service) cancel(ctx context.Context, req *CancelRequest) (Done, error) {
 	if req.Booking == nil {
 		return Done{}, badRequest(wire.CodeInvalid, "booking: the /v1/wait decision's booking is required")
 	}
+	if req.Booking.Costs != nil && req.N == nil {
+		n = 0 // a booking of costs by bucket carries its costs
+	}
 	_, bs, err := v.resolve(req.Bucket, req.Buckets)
 	if err != nil {
 		return Done{}, err
