@@ -17,6 +17,7 @@ const maxGrants = 16384
 const (
 	grantRefund = 'r'
 	grantCancel = 'c'
+	grantSettle = 's'
 )
 
 // grantBook remembers the signed grants the service issued with takes

@@ -8,6 +8,13 @@
 // error wrapping fleetrate.ErrStoreUnavailable, and the caller decides
 // whether to fail open or closed.
 //
+// The whole store contract goes over the wire: costs by bucket, settles
+// (presenting the settle grant the service issued with the take, so a
+// grant settles once), and in-flight permits (Release and Renew name the
+// permit's id, which is what authorises them: a Limiter draws 96 random
+// bits for it). A Store is a fleetrate.PermitNotifier without polling: the
+// service streams a notice when its own store says a permit was released.
+//
 // A Store neither announces (transport.Announcer) nor unwraps: the
 // service offers no announcement channel, and there is no store in this
 // process to unwrap to. A transport over it therefore logs
@@ -69,8 +76,9 @@ type Store struct {
 }
 
 var (
-	_ fleetrate.Store      = (*Store)(nil)
-	_ fleetrate.MultiClock = (*Store)(nil)
+	_ fleetrate.Store          = (*Store)(nil)
+	_ fleetrate.MultiClock     = (*Store)(nil)
+	_ fleetrate.PermitNotifier = (*Store)(nil)
 )
 
 // MultipleClocks implements fleetrate.MultiClock: the service may run as
@@ -114,22 +122,29 @@ func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Resu
 	if err := req.Validate(); err != nil {
 		return fleetrate.Result{}, err
 	}
-	if unsupported(req) {
-		return fleetrate.Result{}, errNotYet
-	}
 	var res wire.Result
-	body := wire.TakeRequest{Buckets: wire.FromBuckets(req.Buckets), N: req.N, MaxWaitNS: int64(req.MaxWait), Booking: req.Booking != nil}
+	body := wire.TakeRequest{Buckets: wire.FromBuckets(req.Buckets), N: req.N, MaxWaitNS: int64(req.MaxWait), Booking: req.Booking != nil, Costs: req.Costs}
+	if req.Permit.ID != "" {
+		body.Permit = &wire.Permit{ID: req.Permit.ID, TTLNS: int64(req.Permit.TTL)}
+	}
 	if err := s.call(ctx, wire.TakePath, body, &res); err != nil {
 		return fleetrate.Result{}, err
 	}
 	if bk := req.Booking; bk != nil && res.Booking != nil {
 		bk.Stamp, bk.Debts = res.Booking.StampUnixMicro, append(bk.Debts[:0], res.Booking.DebtsNS...)
+		bk.Costs = res.Booking.Costs
 	}
 	if res.Grant != "" {
 		s.grants.put(grantKey(grantRefund, req.Buckets, res.AtUnixMicro), res.Grant)
 	}
+	if res.SettleGrant != "" {
+		s.grants.put(grantKey(grantSettle, req.Buckets, slot(res)), res.SettleGrant)
+	}
 	if res.Booking != nil && res.Booking.Grant != "" {
 		s.grants.put(grantKey(grantCancel, req.Buckets, res.Booking.StampUnixMicro), res.Booking.Grant)
+	}
+	if f := res.InFlight; f != nil && (f.Bucket < 0 || f.Bucket >= len(req.Buckets) || f.Ahead < 0) {
+		return fleetrate.Result{}, fmt.Errorf("%w: remote: answer names in-flight bucket %d of %d, %d ahead", fleetrate.ErrStoreUnavailable, f.Bucket, len(req.Buckets), f.Ahead)
 	}
 	if res.Bucket < 0 || res.Bucket >= len(req.Buckets) {
 		return fleetrate.Result{}, fmt.Errorf("%w: remote: answer names bucket %d of %d", fleetrate.ErrStoreUnavailable, res.Bucket, len(req.Buckets))
@@ -150,7 +165,7 @@ func (s *Store) Cancel(ctx context.Context, buckets []fleetrate.Bucket, n int64,
 	}
 	key := grantKey(grantCancel, buckets, b.Stamp)
 	grant := s.grants.take(key)
-	body := wire.CancelRequest{Buckets: wire.FromBuckets(buckets), N: n, Booking: wire.Booking{StampUnixMicro: b.Stamp, DebtsNS: b.Debts, Grant: grant}}
+	body := wire.CancelRequest{Buckets: wire.FromBuckets(buckets), N: n, Booking: wire.Booking{StampUnixMicro: b.Stamp, DebtsNS: b.Debts, Costs: b.Costs, Grant: grant}}
 	err := s.call(ctx, wire.CancelPath, body, &wire.OK{})
 	if err != nil && errors.Is(err, fleetrate.ErrStoreUnavailable) {
 		s.grants.put(key, grant) // the service gives it back on a store failure
@@ -201,6 +216,11 @@ func (s *Store) Reset(ctx context.Context, keys ...string) error {
 // context that the caller cancelled, or whose own deadline passed, returns
 // its error.
 func (s *Store) call(ctx context.Context, path string, body, out any) error {
+	return s.callWithin(ctx, s.timeout, path, body, out)
+}
+
+// callWithin is call with its own timeout (0 or less: the context's).
+func (s *Store) callWithin(ctx context.Context, timeout time.Duration, path string, body, out any) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -209,8 +229,8 @@ func (s *Store) call(ctx context.Context, path string, body, out any) error {
 		return fmt.Errorf("%w: remotestore: encoding the request: %w", fleetrate.ErrInvalid, err)
 	}
 	cctx, cancel := ctx, context.CancelFunc(func() {})
-	if s.timeout > 0 {
-		cctx, cancel = context.WithTimeout(ctx, s.timeout)
+	if timeout > 0 {
+		cctx, cancel = context.WithTimeout(ctx, timeout)
 	}
 	defer cancel()
 	req, err := http.NewRequestWithContext(cctx, http.MethodPost, s.base+path, bytes.NewReader(data))

@@ -67,7 +67,10 @@ func newStore(t *testing.T, url string, opts remotestore.Options) *remotestore.S
 func TestConformance(t *testing.T) {
 	url := serve(t)
 	storetest.Run(t, func(t *testing.T) fleetrate.Store {
-		return newStore(t, url, remotestore.Options{})
+		// 10 s, not the default 1 s: the scenarios run in parallel, the
+		// permit ones too now, and under -race on a loaded 2-core machine
+		// a take of ConcurrentExact's burst has taken over 1 s.
+		return newStore(t, url, remotestore.Options{Timeout: 10 * time.Second})
 	})
 }
 

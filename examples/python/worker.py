@@ -115,6 +115,36 @@ class Fleetrate:
             body["grant"] = decision["grant"]
         self._post("/v1/refund", body)
 
+    def acquire(self, costs, max_wait=5.0, ttl=15.0):
+        """Take costs by bucket name ({"llm/requests": 1, "llm/tokens": 1200})
+        with a permit of every bucket that bounds work in flight (in_flight in
+        the service's configuration), waiting up to max_wait seconds for one,
+        first come first served. Returns the decision: when allowed, its
+        "permit" (renew it within ttl seconds, release it when the work is
+        done) and its "settle_grant"; when not, Backpressure is raised."""
+        d = self._post("/v1/acquire", {"costs": costs, "max_wait_ms": max_wait * 1000, "ttl_ms": ttl * 1000})
+        if not d["allowed"]:
+            raise Backpressure(d["retry_after_ms"] / 1000)
+        return d
+
+    def renew(self, decision, ttl=15.0):
+        """Extend an acquired permit's lease to ttl seconds from now. Returns
+        False when a lease had lapsed: the permit may be another's now."""
+        a = self._post("/v1/renew", {"buckets": decision["buckets"], "permit_id": decision["permit"]["id"], "ttl_ms": ttl * 1000})
+        return not a.get("lapsed", False)
+
+    def release(self, decision):
+        """Give an acquired permit back (twice, or after its lease, is harmless)."""
+        self._post("/v1/release", {"buckets": decision["buckets"], "permit_id": decision["permit"]["id"]})
+
+    def settle(self, decision, actual):
+        """Adjust a grant of costs by bucket to what the work really cost
+        ({"llm/tokens": 312, ...}, every bucket of the take): less gives the
+        difference back, more is owed at once. Once per grant: a second
+        settle is refused (FleetrateRefused, code grant_refused)."""
+        self._post("/v1/settle", {"costs": dict(zip(decision["buckets"], decision["costs"])),
+                                  "actual": actual, "grant": decision["settle_grant"]})
+
     def drain(self, bucket, seconds):
         """Pause the whole fleet on this bucket, e.g. after an upstream 429.
         Needs a token with the admin scope (or, without tokens, a client on

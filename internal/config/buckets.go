@@ -15,7 +15,13 @@ type bucketEntry struct {
 	name, channel, endpoint string
 	hasName, hasChannel     bool
 	rl, rls                 *yaml.Node
+	inFlight                int64
 }
+
+// errRLSInFlight is why a descriptor of the RLS rules takes no in_flight.
+const errRLSInFlight = "an in-flight bound cannot be enforced through Envoy's rate limit service: " +
+	"RLS has no release, so a permit taken for a request would never come back; " +
+	"put in_flight on a bucket of the buckets section and take with /v1/acquire and /v1/release"
 
 // buckets parses the buckets list into cfg.
 func (p *parser) buckets(n *yaml.Node, cfg *Config) {
@@ -31,7 +37,7 @@ func (p *parser) buckets(n *yaml.Node, cfg *Config) {
 
 // bucket parses one entry of the buckets list.
 func (p *parser) bucket(item *yaml.Node, f string, cfg *Config) (Bucket, bool) {
-	pairs, ok := p.mapping(item, f, "name", "channel", "endpoint", "rate_limit", "rate_limits")
+	pairs, ok := p.mapping(item, f, "name", "channel", "endpoint", "rate_limit", "rate_limits", "in_flight")
 	if !ok {
 		return Bucket{}, false
 	}
@@ -50,6 +56,8 @@ func (p *parser) bucket(item *yaml.Node, f string, cfg *Config) (Bucket, bool) {
 			e.rl = kv.val
 		case "rate_limits":
 			e.rls = kv.val
+		case "in_flight":
+			e.inFlight, _ = p.integer(kv.val, join(f, "in_flight"), 1, fleetrate.MaxInFlight)
 		}
 	}
 	at := p.deref(item)
@@ -68,7 +76,7 @@ func (p *parser) bucket(item *yaml.Node, f string, cfg *Config) (Bucket, bool) {
 		p.errorf(at, f, "requests_per_unit 0 is not allowed on a bucket")
 		return Bucket{}, false
 	}
-	b.Limits = r.Limits
+	b.Limits, b.InFlight = r.Limits, e.inFlight
 	return b, true
 }
 

@@ -233,6 +233,10 @@ type Bucket struct {
 	Key string
 	// Limits are enforced together.
 	Limits []LimitSpec
+	// InFlight, when above 0, bounds the takes of the bucket in flight
+	// across the fleet (in_flight, 1 to fleetrate.MaxInFlight): each
+	// holds a permit from /v1/acquire to /v1/release.
+	InFlight int64
 	// File and Line locate the bucket.
 	File string
 	Line int

@@ -20,6 +20,8 @@ func FuzzLoad(f *testing.F) {
 	f.Add("domain: d\n---\ndomain: e\ndescriptors: []\n")
 	f.Add("domain: d\ndescriptors:\n  - key: k\n    value: v*\n    share_threshold: true\n    descriptors:\n      - key: j\n        rate_limit: {unlimited: true}\n")
 	f.Add("domain: d\ndescriptors:\n  - key: k\n    value: a*b*c\n    quota_mode: yes\n    metadata: {x: [1, {y: z}]}\n    rate_limit: {unit: second, requests_per_unit: 1, key: ignored}\n")
+	f.Add("buckets:\n  - {name: llm/requests, in_flight: 8, rate_limit: {unit: minute, requests_per_unit: 600}}\n")
+	f.Add("domain: d\ndescriptors:\n  - {key: k, in_flight: 2, rate_limit: {unit: second, requests_per_unit: 1}}\n")
 	f.Add("{")
 	f.Add("domain: [1, 2]\n")
 	f.Add("<<: {domain: d}\n")
@@ -51,7 +53,7 @@ func FuzzLoad(f *testing.F) {
 			if got, ok := cfg.Bucket(b.Name); !ok || got.Key != b.Key {
 				t.Fatalf("bucket %q not found by name", b.Name)
 			}
-			if err := fleetrate.ValidateBuckets([]fleetrate.Bucket{{Key: b.Key, Limits: b.TokenLimits()}}); err != nil {
+			if err := fleetrate.ValidateBuckets([]fleetrate.Bucket{{Key: b.Key, Limits: b.TokenLimits(), InFlight: b.InFlight}}); err != nil {
 				t.Fatalf("bucket %q loaded invalid: %v", b.Name, err)
 			}
 		}

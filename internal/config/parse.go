@@ -237,9 +237,17 @@ func (p *parser) descriptors(n *yaml.Node, field, parentID string, d *Domain, pa
 // descriptorFields reads the fields of one descriptor entry.
 func (p *parser) descriptorFields(item *yaml.Node, f string) (descriptor, bool) {
 	pairs, ok := p.envoyMapping(item, f, "key", "value", "rate_limit", "rate_limits", "descriptors",
-		"shadow_mode", "quota_mode", "detailed_metric", "value_to_metric", "share_threshold", "metadata")
+		"shadow_mode", "quota_mode", "detailed_metric", "value_to_metric", "share_threshold", "metadata", "in_flight")
 	if !ok {
 		return descriptor{}, false
+	}
+	for _, kv := range pairs {
+		if kv.key == "in_flight" {
+			// Refused, not ignored: a bound that is not enforced is worse
+			// than none.
+			p.errorf(kv.knode, join(f, kv.key), "%s", errRLSInFlight)
+			return descriptor{}, false
+		}
 	}
 	desc := descriptor{at: item}
 	for _, kv := range pairs {

@@ -86,6 +86,9 @@ buckets:
   - channel: booking_com
     endpoint: down
     rate_limit: {unit: second, requests_per_unit: 10}
+  - name: llm/requests
+    rate_limit: {unit: second, requests_per_unit: 10}
+    in_flight: 2
 `))
 	if err != nil {
 		t.Fatal(err)
@@ -129,6 +132,13 @@ buckets:
 	waited := post("/v1/wait", `{`+b+`,"n":15,"max_wait_ms":2000}`)
 	booking, _ := json.Marshal(waited["booking"])
 	post("/v1/cancel", `{`+b+`,"n":15,"booking":`+string(booking)+`}`) // the booking carries its grant
+	metered := post("/v1/take", `{"costs":{"booking_com/availability":2}}`)
+	settle, _ := json.Marshal(metered["settle_grant"])
+	post("/v1/settle", `{"costs":{"booking_com/availability":2},"actual":{"booking_com/availability":1},"grant":`+string(settle)+`}`)
+	acquired := post("/v1/acquire", `{"bucket":"llm/requests"}`)
+	id, _ := json.Marshal(acquired["permit"].(map[string]any)["id"])
+	post("/v1/renew", `{"bucket":"llm/requests","permit_id":`+string(id)+`}`)
+	post("/v1/release", `{"bucket":"llm/requests","permit_id":`+string(id)+`}`)
 	post("/v1/drain", `{`+b+`,"pause_ms":1}`)
 	post("/v1/reset", `{"buckets":["booking_com/availability"]}`)
 	// Nine of ten tokens: past the near-limit ratio (0.8).

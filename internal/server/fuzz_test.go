@@ -14,7 +14,8 @@ import (
 	"github.com/fleetrate/fleetrate/memstore"
 )
 
-var fuzzPaths = []string{"/json", "/v1/take", "/v1/wait", "/v1/refund", "/v1/cancel", "/v1/drain", "/v1/reset", wire.TakePath, wire.RefundPath, wire.DrainPath, wire.ResetPath}
+var fuzzPaths = []string{"/json", "/v1/take", "/v1/wait", "/v1/refund", "/v1/cancel", "/v1/drain", "/v1/reset", wire.TakePath, wire.RefundPath, wire.DrainPath, wire.ResetPath,
+	"/v1/settle", "/v1/acquire", "/v1/renew", "/v1/release", wire.SettlePath, wire.ReleasePath, wire.RenewPath}
 
 // FuzzJSONAPI posts arbitrary bodies to every JSON endpoint: the service
 // never panics, answers a decision (200 or 429) or a 400 with a JSON error
@@ -46,6 +47,12 @@ func FuzzJSONAPI(f *testing.F) {
 		`{"bucket":"expedia/search","until":"2030-01-01T00:00:00Z"}`,
 		`{"buckets":[{"key":"k","limits":[{"rate":1,"burst":2}]}],"n":1,"max_wait_ns":1000}`,
 		`{"keys":["a","b"]}`,
+		`{"costs":{"booking_com":1,"booking_com/availability":2}}`,
+		`{"bucket":"booking_com","n":1,"actual":{"booking_com":0},"at_unix_micro":1}`,
+		`{"bucket":"booking_com","permit_id":"abc","ttl_ms":1000}`,
+		`{"buckets":[{"key":"k","limits":[{"rate":1,"burst":2}],"in_flight":1}],"n":1,"permit":{"id":"a","ttl_ns":1000000000},"max_wait_ns":1000}`,
+		`{"buckets":[{"key":"k","limits":[{"rate":1,"burst":2}],"in_flight":1}],"costs":[1],"actual":[2],"at_unix_micro":1}`,
+		`{"buckets":[{"key":"k","limits":[{"rate":1,"burst":2}],"in_flight":1}],"id":"a","ttl_ns":1000000000}`,
 		`{"domain":`, `[]`, `null`, `{"n":-1}`, `{"bucket":"booking_com","n":9223372036854775807}`,
 	}
 	for i, s := range seeds {

@@ -10,6 +10,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -38,6 +39,10 @@ type grantKind byte
 const (
 	grantRefund grantKind = 1
 	grantCancel grantKind = 2
+	// grantSettle is a refund grant's other form, for Store.Settle: the
+	// same id (one marker spends both), the take's costs in its digest
+	// and its slot (at plus wait) as its time.
+	grantSettle grantKind = 3
 	grantV1               = 1
 	grantBody             = 1 + 1 + 12 + 8 + 8 + 8 + 16
 	grantMAC              = 16
@@ -47,8 +52,11 @@ const (
 )
 
 func (k grantKind) String() string {
-	if k == grantCancel {
+	switch k {
+	case grantCancel:
 		return "cancel"
+	case grantSettle:
+		return "settle"
 	}
 	return "refund"
 }
@@ -116,6 +124,11 @@ func (g *grants) mac(body []byte) []byte {
 func (g *grants) issue(kind grantKind, callerID string, bs []fleetrate.Bucket, n, at int64, debts []int64, now time.Time) string {
 	c := claim{kind: kind, exp: now.Add(g.ttl).Unix(), n: n, at: at, digest: grantDigest(callerID, bs, debts)}
 	_, _ = rand.Read(c.id[:])
+	return g.sign(c)
+}
+
+// sign encodes and signs a claim.
+func (g *grants) sign(c claim) string {
 	b := make([]byte, 0, grantBody+grantMAC)
 	b = append(b, grantV1, byte(c.kind))
 	b = append(b, c.id[:]...)
@@ -173,7 +186,7 @@ func (s *Server) prove(ctx context.Context, gb giveBack) (claim, error) {
 		}
 		return claim{}, a.refuse(c, reasonNoGrant, http.StatusForbidden, codeGrantRequired, fmt.Sprintf(
 			"a %s gives back what the service granted: give the grant of the decision (its %q), or use a token with the admin scope",
-			gb.kind, map[grantKind]string{grantRefund: "grant", grantCancel: "booking.grant"}[gb.kind]))
+			gb.kind, map[grantKind]string{grantRefund: "grant", grantCancel: "booking.grant", grantSettle: "settle_grant"}[gb.kind]))
 	}
 	cl, reason := a.grants.parseGrant(gb.grant)
 	switch {
@@ -212,6 +225,9 @@ func grantRefusal(reason string, kind grantKind) string {
 	case reasonExpired:
 		return fmt.Sprintf("the grant has expired: a %s must come within the grant's lifetime", kind)
 	case reasonReplayed:
+		if kind == grantSettle {
+			return "the grant was already settled or given back: a grant settles once"
+		}
 		return "the grant was already given back"
 	case reasonMismatch:
 		return fmt.Sprintf("the grant does not match this %s: other buckets, booking, caller or kind, or more tokens than it granted", kind)
@@ -227,16 +243,51 @@ func (s *Server) grantMarker(cl claim) fleetrate.Bucket {
 		Limits: []fleetrate.Limit{{Name: "grant", Rate: 1 / (2 * ttl), Burst: 1}}}
 }
 
-// grantsFor signs the grants of a granted take of n tokens from bs at at
-// for the caller of ctx: a refund's, and, with a booking, a cancel's in
-// the booking (a copy).
-func (s *Server) grantsFor(ctx context.Context, bs []fleetrate.Bucket, n int64, at time.Time, b *wire.Booking) (string, *wire.Booking) {
+// grantsFor signs the grants of a granted take from bs at at, booked
+// wait ahead, costing costs[i] from bs[i] (n from each when costs is
+// nil), for the caller of ctx: a
+// refund's (of at most the least cost), with settleToo a settle's (the
+// refund's other form, so that the take is given back or settled once),
+// and, with a booking, a cancel's in the booking (a copy).
+func (s *Server) grantsFor(ctx context.Context, bs []fleetrate.Bucket, n int64, costs []int64, at time.Time, wait time.Duration, b *wire.Booking, settleToo bool) (refund, settle string, booking *wire.Booking) {
 	id, now := callerOf(ctx).id, s.opts.Clock()
-	refund := s.access.grants.issue(grantRefund, id, bs, n, at.UnixMicro(), nil, now)
+	g := s.access.grants
+	least := n
+	if costs != nil {
+		least = slices.Min(costs)
+	}
+	rc := claim{kind: grantRefund, exp: now.Add(g.ttl).Unix(), n: least, at: at.UnixMicro(), digest: grantDigest(id, bs, nil)}
+	_, _ = rand.Read(rc.id[:])
+	sc := rc
+	sc.kind, sc.n, sc.at, sc.digest = grantSettle, 0, settleSlot(at, wait), grantDigest(id, bs, costs)
+	refund = g.sign(rc)
+	if settleToo {
+		if costs == nil {
+			sc.digest = grantDigest(id, bs, each(n, len(bs)))
+		}
+		settle = g.sign(sc)
+	}
 	if b != nil {
 		c := *b
-		c.Grant = s.access.grants.issue(grantCancel, id, bs, n, b.StampUnixMicro, b.DebtsNS, now)
+		c.Grant = g.issue(grantCancel, id, bs, least, b.StampUnixMicro, bookingProof(b.DebtsNS, b.Costs), now)
 		b = &c
 	}
-	return refund, b
+	return refund, settle, b
+}
+
+// settleSlot is a grant's slot in µs, as fleetrate.Settlement.At gives it
+// (Result.At plus Result.Wait) and as a remote client computes it from
+// the answer's at_unix_micro and wait_ns.
+func settleSlot(at time.Time, wait time.Duration) int64 {
+	return time.UnixMicro(at.UnixMicro()).Add(wait).UnixMicro()
+}
+
+// bookingProof is what a cancel grant's digest covers of a booking: its
+// debts and, for a take of costs by bucket, its costs (the debts' count
+// is fixed by the buckets, so the two cannot be confused).
+func bookingProof(debts, costs []int64) []int64 {
+	if costs == nil {
+		return debts
+	}
+	return append(append(append([]int64(nil), debts...), -1), costs...)
 }

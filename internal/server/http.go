@@ -60,6 +60,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc(wire.CancelPath, s.api(http.MethodPost, ScopeStore, s.storeAPI(endpoint(s, v.storeCancel))))
 	mux.HandleFunc(wire.DrainPath, s.api(http.MethodPost, ScopeStore, s.storeAPI(endpoint(s, v.storeDrain))))
 	mux.HandleFunc(wire.ResetPath, s.api(http.MethodPost, ScopeStore, s.storeAPI(endpoint(s, v.storeReset))))
+	s.mountPermits(mux, v)
 	s.mountPages(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &httpError{status: http.StatusNotFound, code: wire.CodeNotFound, msg: fmt.Sprintf("no such endpoint %s %s", r.Method, r.URL.Path)})
@@ -199,12 +200,24 @@ func decodeJSON(data []byte, v any) error {
 // with the answer's own headers when it has some. An error goes back to
 // api, which writes it.
 func endpoint[Req, Resp any](s *Server, op func(context.Context, *Req) (Resp, error)) func(http.ResponseWriter, *http.Request) error {
+	return endpointWith(s, op, true)
+}
+
+// endpointWith is endpoint; bounded false leaves op to bound each of its
+// store calls itself (an operation that waits, such as /v1/acquire).
+func endpointWith[Req, Resp any](s *Server, op func(context.Context, *Req) (Resp, error), bounded bool) func(http.ResponseWriter, *http.Request) error {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		var req Req
 		if err := decodeBody(r, &req); err != nil {
 			return err
 		}
-		ctx, cancel := s.storeCtx(r.Context())
+		ctx, cancel := r.Context(), noCancel
+		if bounded {
+			ctx, cancel = s.storeCtx(ctx)
+		} else {
+			// It may wait up to the max wait before it writes.
+			_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(s.opts.MaxWait + s.opts.WriteTimeout))
+		}
 		defer cancel()
 		resp, err := op(ctx, &req)
 		if err != nil {
@@ -305,11 +318,15 @@ type BucketsRequest struct {
 // TakeRequest is the body of POST /v1/take. N defaults to 1; 0 peeks.
 // Reserve makes the take one of a lower priority class: it is granted
 // only if every bucket keeps Reserve tokens after it (fleetrate.Priority).
+//
+// Costs, instead of Bucket, Buckets and N, take a cost from each bucket
+// by name, all or nothing ("1 request and 1,200 tokens").
 type TakeRequest struct {
-	Bucket  string   `json:"bucket,omitempty"`
-	Buckets []string `json:"buckets,omitempty"`
-	N       *int64   `json:"n,omitempty"`
-	Reserve int64    `json:"reserve,omitempty"`
+	Bucket  string           `json:"bucket,omitempty"`
+	Buckets []string         `json:"buckets,omitempty"`
+	N       *int64           `json:"n,omitempty"`
+	Reserve int64            `json:"reserve,omitempty"`
+	Costs   map[string]int64 `json:"costs,omitempty"`
 }
 
 // WaitRequest is the body of POST /v1/wait. MaxWaitMS defaults to, and
@@ -321,6 +338,8 @@ type WaitRequest struct {
 	N         *int64   `json:"n,omitempty"`
 	MaxWaitMS *float64 `json:"max_wait_ms,omitempty"`
 	Reserve   int64    `json:"reserve,omitempty"`
+	// Costs are as in TakeRequest.
+	Costs map[string]int64 `json:"costs,omitempty"`
 }
 
 // RefundRequest is the body of POST /v1/refund: give back N (default 1)
@@ -381,6 +400,19 @@ type Decision struct {
 	// Grant, for a grant of n > 0 tokens, is what /v1/refund presents to
 	// give them back: signed by the service, for this caller's token, once.
 	Grant string `json:"grant,omitempty"`
+	// SettleGrant, for a grant of tokens, is what /v1/settle presents to
+	// adjust it to its real cost: the grant's other form (either spends
+	// both).
+	SettleGrant string `json:"settle_grant,omitempty"`
+	// Costs, for a take of costs by bucket, are its costs in the order of
+	// Buckets (what /v1/settle names).
+	Costs   []int64  `json:"costs,omitempty"`
+	Buckets []string `json:"buckets,omitempty"`
+	// InFlight, when a bucket bounds in-flight takes, is where the
+	// tightest one stands; Permit, for a granted /v1/acquire, is what
+	// /v1/renew and /v1/release present.
+	InFlight *InFlightView `json:"in_flight,omitempty"`
+	Permit   *PermitView   `json:"permit,omitempty"`
 	// retryAfter is RetryAfter unrounded, for the Retry-After header.
 	retryAfter time.Duration
 }
@@ -433,10 +465,11 @@ type ruleView struct {
 }
 
 type bucketView struct {
-	Name   string   `json:"name"`
-	Key    string   `json:"key"`
-	Limits []string `json:"limits"`
-	Line   int      `json:"line"`
+	Name     string   `json:"name"`
+	Key      string   `json:"key"`
+	Limits   []string `json:"limits"`
+	InFlight int64    `json:"in_flight,omitempty"`
+	Line     int      `json:"line"`
 }
 
 func specs(ls []config.LimitSpec) []string {
@@ -460,7 +493,7 @@ func (s *Server) handleConfig(w http.ResponseWriter, r *http.Request) error {
 		v.Domains = append(v.Domains, dv)
 	}
 	for _, b := range cfg.Buckets {
-		v.Buckets = append(v.Buckets, bucketView{Name: b.Name, Key: s.opts.Prefix + b.Key, Limits: specs(b.Limits), Line: b.Line})
+		v.Buckets = append(v.Buckets, bucketView{Name: b.Name, Key: s.opts.Prefix + b.Key, Limits: specs(b.Limits), InFlight: b.InFlight, Line: b.Line})
 	}
 	writeJSON(w, http.StatusOK, v)
 	return nil

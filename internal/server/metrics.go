@@ -70,6 +70,9 @@ type metrics struct {
 	nDescriptors   atomic.Int64
 	maxDescriptors int64
 	dropped        prometheus.Counter
+	// permits are the in-flight permits' and settles' metrics
+	// (permitmetrics.go).
+	permits permitMetrics
 }
 
 // OverflowDescriptor is the descriptor label of the decisions and
@@ -134,6 +137,7 @@ func newMetrics(reg *prometheus.Registry, maxDescriptors int64) *metrics {
 			Help:      "API requests being served (HTTP and gRPC).",
 		}),
 	}
+	m.permits = newPermitMetrics(reg)
 	m.opTime = map[string]func() prometheus.Observer{}
 	for _, op := range []string{storeOpTake, storeOpRefund, storeOpCancel, storeOpDrain, storeOpReset, storeOpSettle, storeOpRelease, storeOpRenew} {
 		m.opTime[op] = sync.OnceValue(func() prometheus.Observer { return m.storeTime.WithLabelValues(op) })

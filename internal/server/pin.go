@@ -21,7 +21,8 @@ const rlsKeyPrefix = "rls:"
 //     ("<prefix>_grant:...") are refused outright: their limits come from
 //     requests the client does not see;
 //   - a bucket of the configuration's buckets section is served only with
-//     the configuration's limits (rate and burst, in order), and a drain
+//     the configuration's limits (rate and burst, in order) and in-flight
+//     bound (in_flight; see pinnedInFlight), and a drain
 //     or a reset of one (admin, true) needs the admin scope, as /v1/drain
 //     and /v1/reset do.
 //
@@ -29,6 +30,9 @@ const rlsKeyPrefix = "rls:"
 func (s *Server) pinned(ctx context.Context, bs []fleetrate.Bucket, admin bool) error {
 	for i, b := range bs {
 		if err := s.pinnedKey(ctx, fmt.Sprintf("buckets[%d]", i), b.StoreKey(), b.Limits, admin); err != nil {
+			return err
+		}
+		if err := s.pinnedInFlight(ctx, fmt.Sprintf("buckets[%d]", i), b); err != nil {
 			return err
 		}
 	}
@@ -79,4 +83,19 @@ func limitList(ls []fleetrate.Limit) string {
 		parts[i] = fmt.Sprintf("{rate %g/s, burst %d}", l.Rate, l.Burst)
 	}
 	return "[" + strings.Join(parts, " ") + "]"
+}
+
+// pinnedInFlight keeps a configured bucket's in-flight bound: a client
+// that gave another (or none, to take without a permit) would hold more
+// permits than the configuration allows.
+func (s *Server) pinnedInFlight(ctx context.Context, field string, b fleetrate.Bucket) error {
+	rest := strings.TrimPrefix(b.StoreKey(), s.opts.Prefix)
+	fb, ok := s.state.Load().buckets[rest]
+	if !ok || fb.Key != rest || fb.InFlight == b.InFlight {
+		return nil
+	}
+	c := callerOf(ctx)
+	return s.access.refuse(c, reasonPinned, http.StatusForbidden, codePinned, fmt.Sprintf(
+		"%s.in_flight: key %q is a configured bucket: the raw store API serves it only with the configuration's in_flight %d, got %d",
+		field, b.StoreKey(), fb.InFlight, b.InFlight))
 }

@@ -268,7 +268,7 @@ type ruleLimits struct {
 func (s *Server) newState(cfg *config.Config) *state {
 	st := &state{cfg: cfg, buckets: map[string]fleetrate.Bucket{}, rules: map[*config.Rule]ruleLimits{}}
 	for _, b := range cfg.Buckets {
-		fb := fleetrate.Bucket{Prefix: s.opts.Prefix, Key: b.Key, Limits: b.TokenLimits()}
+		fb := fleetrate.Bucket{Prefix: s.opts.Prefix, Key: b.Key, Limits: b.TokenLimits(), InFlight: b.InFlight}
 		st.buckets[b.Name] = fb
 		st.buckets[b.Key] = fb
 	}

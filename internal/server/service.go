@@ -23,55 +23,60 @@ type service struct{ *Server }
 
 // take serves POST /v1/take.
 func (v service) take(ctx context.Context, req *TakeRequest) (Decision, error) {
-	n, err := cost(req.N, 1)
-	if err != nil {
-		return Decision{}, err
-	}
-	return v.takeBuckets(ctx, apiTake, req.Bucket, req.Buckets, n, req.Reserve, nil)
+	return v.takeBuckets(ctx, takeSpec{api: apiTake, one: req.Bucket, many: req.Buckets, costs: req.Costs, n: req.N, reserve: req.Reserve})
 }
 
 // wait serves POST /v1/wait.
 func (v service) wait(ctx context.Context, req *WaitRequest) (Decision, error) {
-	n, err := cost(req.N, 1)
+	maxWait, err := v.maxWait(req.MaxWaitMS)
 	if err != nil {
 		return Decision{}, err
 	}
+	return v.takeBuckets(ctx, takeSpec{api: apiWait, one: req.Bucket, many: req.Buckets, costs: req.Costs, n: req.N, reserve: req.Reserve, maxWait: &maxWait})
+}
+
+// maxWait reads a request's max_wait_ms: the server's max wait when not
+// given, and at most it.
+func (v service) maxWait(ms *float64) (time.Duration, error) {
 	maxWait := v.opts.MaxWait
-	if req.MaxWaitMS != nil {
-		d, err := fromMillis("max_wait_ms", *req.MaxWaitMS, fleetrate.MaxWaitCap)
+	if ms != nil {
+		d, err := fromMillis("max_wait_ms", *ms, fleetrate.MaxWaitCap)
 		if err != nil {
-			return Decision{}, err
+			return 0, err
 		}
 		maxWait = min(d, v.opts.MaxWait)
 	}
-	return v.takeBuckets(ctx, apiWait, req.Bucket, req.Buckets, n, req.Reserve, &maxWait)
+	return maxWait, nil
 }
 
-// takeBuckets takes n tokens from the named buckets, each keeping reserve
-// tokens, and waiting up to *maxWait for /v1/wait (maxWait is nil for
+// takeBuckets takes from the named buckets, each keeping reserve tokens,
+// waiting up to *maxWait for /v1/wait and /v1/acquire (maxWait is nil for
 // /v1/take, which does not wait). It is long because the decision, its
-// metric and its answer (with the booking and grant a give-back needs)
+// metric and its answer (with the booking and grants a give-back needs)
 // read best in the order they happen.
-func (v service) takeBuckets(ctx context.Context, api, one string, many []string, n, reserve int64, maxWait *time.Duration) (Decision, error) {
-	names, bs, err := v.resolve(one, many)
+func (v service) takeBuckets(ctx context.Context, t takeSpec) (Decision, error) {
+	names, bs, n, costs, err := v.resolveTake(t)
 	if err != nil {
 		return Decision{}, err
 	}
 	for i := range bs {
-		bs[i].Reserve = reserve // resolve's own copies
+		bs[i].Reserve = t.reserve // resolve's own copies
 	}
-	req := fleetrate.Request{Buckets: bs, N: n}
+	req := fleetrate.Request{Buckets: bs, N: n, Costs: costs, Permit: t.permit}
 	var booking fleetrate.Booking
-	if maxWait != nil {
-		req.MaxWait = *maxWait
+	if t.maxWait != nil {
+		req.MaxWait = *t.maxWait
 		req.Booking = &booking
 	}
 	// Checked here rather than left to the store, so that a bad request is
 	// not counted as a decision that failed.
+	if err := checkPermitTake(names, req); err != nil {
+		return Decision{}, err
+	}
 	if err := req.Validate(); err != nil {
 		return Decision{}, err
 	}
-	res, err := v.store.Take(ctx, req)
+	res, err := v.decidePermit(ctx, req)
 	// The metric names one bucket, the one that decided, so that lists of
 	// buckets cannot multiply the label values.
 	label, result := names[0], resultError
@@ -84,8 +89,11 @@ func (v service) takeBuckets(ctx context.Context, api, one string, many []string
 		if res.Bucket >= 0 && res.Bucket < len(names) {
 			label, decider = names[res.Bucket], names[res.Bucket]
 		}
+		if f := res.InFlight; f.Bucket >= 0 && f.Bucket < len(names) {
+			v.metrics.permitsHeld(names[f.Bucket], f)
+		}
 	}
-	v.metrics.decision(api, "", label, result)
+	v.metrics.decision(t.api, "", label, result)
 	if err != nil {
 		return Decision{}, err
 	}
@@ -101,16 +109,20 @@ func (v service) takeBuckets(ctx context.Context, api, one string, many []string
 		AtUnixMicro:  res.At.UnixMicro(),
 		retryAfter:   res.RetryAfter,
 	}
-	if maxWait != nil {
-		mw := millis(*maxWait)
+	taken := n > 0 || slices.ContainsFunc(req.Costs, func(c int64) bool { return c > 0 })
+	if t.maxWait != nil {
+		mw := millis(*t.maxWait)
 		d.MaxWaitMS = &mw
-		if res.Allowed && n > 0 {
-			d.Booking = &wire.Booking{StampUnixMicro: booking.Stamp, DebtsNS: booking.Debts}
+		if res.Allowed && taken && len(booking.Debts) > 0 {
+			d.Booking = &wire.Booking{StampUnixMicro: booking.Stamp, DebtsNS: booking.Debts, Costs: booking.Costs}
 		}
 	}
-	if res.Allowed && n > 0 {
-		d.Grant, d.Booking = v.grantsFor(ctx, bs, n, res.At, d.Booking)
+	if res.Allowed && taken {
+		// A settle grant for the metered takes only (costs, acquire): it
+		// costs /v1/take's hot path a tenth of its allocations.
+		d.Grant, d.SettleGrant, d.Booking = v.grantsFor(ctx, bs, n, req.Costs, res.At, res.Wait, d.Booking, req.Costs != nil || req.Permit.ID != "")
 	}
+	v.describePermit(&d, names, req, res)
 	return d, nil
 }
 
@@ -173,6 +185,9 @@ func (v service) cancel(ctx context.Context, req *CancelRequest) (Done, error) {
 	if req.Booking == nil {
 		return Done{}, badRequest(wire.CodeInvalid, "booking: the /v1/wait decision's booking is required")
 	}
+	if req.Booking.Costs != nil && req.N == nil {
+		n = 0 // a booking of costs by bucket carries its costs
+	}
 	_, bs, err := v.resolve(req.Bucket, req.Buckets)
 	if err != nil {
 		return Done{}, err
@@ -183,11 +198,11 @@ func (v service) cancel(ctx context.Context, req *CancelRequest) (Done, error) {
 // cancelBooking gives back a booking, proven by its grant (or by the
 // admin scope).
 func (v service) cancelBooking(ctx context.Context, bs []fleetrate.Bucket, n int64, b *wire.Booking) (Done, error) {
-	cl, err := v.prove(ctx, giveBack{kind: grantCancel, grant: b.Grant, bs: bs, n: n, at: b.StampUnixMicro, debts: b.DebtsNS})
+	cl, err := v.prove(ctx, giveBack{kind: grantCancel, grant: b.Grant, bs: bs, n: n, at: b.StampUnixMicro, debts: bookingProof(b.DebtsNS, b.Costs)})
 	if err != nil {
 		return Done{}, err
 	}
-	if err := v.store.Cancel(ctx, bs, n, fleetrate.Booking{Stamp: b.StampUnixMicro, Debts: b.DebtsNS}); err != nil {
+	if err := v.store.Cancel(ctx, bs, n, fleetrate.Booking{Stamp: b.StampUnixMicro, Debts: b.DebtsNS, Costs: b.Costs}); err != nil {
 		v.unspend(ctx, cl)
 		return Done{}, err
 	}
@@ -240,7 +255,10 @@ func (v service) storeTake(ctx context.Context, req *wire.TakeRequest) (wire.Res
 	if err := checkWireBuckets(req.Buckets); err != nil {
 		return wire.Result{}, err
 	}
-	freq := fleetrate.Request{Buckets: wire.ToBuckets(req.Buckets), N: req.N, MaxWait: time.Duration(req.MaxWaitNS)}
+	freq := fleetrate.Request{Buckets: wire.ToBuckets(req.Buckets), N: req.N, MaxWait: time.Duration(req.MaxWaitNS), Costs: req.Costs}
+	if req.Permit != nil {
+		freq.Permit = req.Permit.ToPermit()
+	}
 	var booked fleetrate.Booking
 	if req.Booking {
 		freq.Booking = &booked
@@ -261,10 +279,10 @@ func (v service) storeTake(ctx context.Context, req *wire.TakeRequest) (wire.Res
 	}
 	out := wire.FromResult(res)
 	if len(booked.Debts) > 0 {
-		out.Booking = &wire.Booking{StampUnixMicro: booked.Stamp, DebtsNS: booked.Debts}
+		out.Booking = &wire.Booking{StampUnixMicro: booked.Stamp, DebtsNS: booked.Debts, Costs: booked.Costs}
 	}
-	if res.Allowed && freq.N > 0 {
-		out.Grant, out.Booking = v.grantsFor(ctx, freq.Buckets, freq.N, res.At, out.Booking)
+	if res.Allowed && (freq.N > 0 || slices.ContainsFunc(freq.Costs, func(c int64) bool { return c > 0 })) {
+		out.Grant, out.SettleGrant, out.Booking = v.grantsFor(ctx, freq.Buckets, freq.N, freq.Costs, res.At, res.Wait, out.Booking, true)
 	}
 	return out, nil
 }
@@ -277,7 +295,7 @@ func (v service) storeCancel(ctx context.Context, req *wire.CancelRequest) (wire
 	}
 	if err == nil {
 		// Checked before the grant is spent, with the store's own words.
-		err = fleetrate.ValidateCancel(bs, req.N, fleetrate.Booking{Stamp: req.Booking.StampUnixMicro, Debts: req.Booking.DebtsNS})
+		err = fleetrate.ValidateCancel(bs, req.N, fleetrate.Booking{Stamp: req.Booking.StampUnixMicro, Debts: req.Booking.DebtsNS, Costs: req.Booking.Costs})
 	}
 	if err != nil {
 		return wire.OK{}, err

@@ -23,6 +23,11 @@ const (
 	CancelPath = "/v1/store/cancel"
 	DrainPath  = "/v1/store/drain"
 	ResetPath  = "/v1/store/reset"
+	// SettlePath, ReleasePath and RenewPath are Store.Settle,
+	// Store.Release and Store.Renew.
+	SettlePath  = "/v1/store/settle"
+	ReleasePath = "/v1/store/release"
+	RenewPath   = "/v1/store/renew"
 )
 
 // Error codes carried in Error.Code. They map to fleetrate's sentinels.
@@ -63,6 +68,9 @@ type Bucket struct {
 	// Reserve is fleetrate.Bucket.Reserve: for a take of a lower priority
 	// class, the tokens every limit keeps for the classes above.
 	Reserve int64 `json:"reserve,omitempty"`
+	// InFlight is fleetrate.Bucket.InFlight: how many permits of the
+	// bucket may be held at once (0: no bound).
+	InFlight int64 `json:"in_flight,omitempty"`
 }
 
 // Bytes is a key that may hold any bytes. It travels as a plain JSON
@@ -111,12 +119,19 @@ type TakeRequest struct {
 	MaxWaitNS int64    `json:"max_wait_ns"`
 	// Booking asks for the take's Booking in the answer (Request.Booking).
 	Booking bool `json:"booking,omitempty"`
+	// Costs are fleetrate.Request.Costs: one cost per bucket, in order
+	// (n is then 0).
+	Costs []int64 `json:"costs,omitempty"`
+	// Permit is fleetrate.Request.Permit.
+	Permit *Permit `json:"permit,omitempty"`
 }
 
 // Booking is a fleetrate.Booking.
 type Booking struct {
 	StampUnixMicro int64   `json:"stamp_unix_micro"`
 	DebtsNS        []int64 `json:"debts_ns"`
+	// Costs are fleetrate.Booking.Costs: the take's costs by bucket.
+	Costs []int64 `json:"costs,omitempty"`
 	// Grant, in an answer, is the signed grant a cancel of this booking
 	// presents (in its booking) to give it back.
 	Grant string `json:"grant,omitempty"`
@@ -154,6 +169,13 @@ type Result struct {
 	// Grant, for a granted take, is the signed grant a refund of it
 	// presents.
 	Grant string `json:"grant,omitempty"`
+	// SettleGrant, for a granted take, is the signed grant a settle of it
+	// presents. It is the refund's grant in another form: whichever is
+	// presented first spends both.
+	SettleGrant string `json:"settle_grant,omitempty"`
+	// InFlight is fleetrate.Result.InFlight, when a bucket of the take
+	// bounds in-flight takes.
+	InFlight *InFlight `json:"in_flight,omitempty"`
 }
 
 // RefundRequest asks for Store.Refund.
@@ -210,7 +232,7 @@ func FromBuckets(bs []fleetrate.Bucket) []Bucket {
 		for j, l := range b.Limits {
 			ls[j] = FromLimit(l)
 		}
-		out[i] = Bucket{Prefix: Bytes(b.Prefix), Key: Bytes(b.Key), Limits: ls, Reserve: b.Reserve}
+		out[i] = Bucket{Prefix: Bytes(b.Prefix), Key: Bytes(b.Key), Limits: ls, Reserve: b.Reserve, InFlight: b.InFlight}
 	}
 	return out
 }
@@ -223,7 +245,7 @@ func ToBuckets(bs []Bucket) []fleetrate.Bucket {
 		for j, l := range b.Limits {
 			ls[j] = l.ToLimit()
 		}
-		out[i] = fleetrate.Bucket{Prefix: string(b.Prefix), Key: string(b.Key), Limits: ls, Reserve: b.Reserve}
+		out[i] = fleetrate.Bucket{Prefix: string(b.Prefix), Key: string(b.Key), Limits: ls, Reserve: b.Reserve, InFlight: b.InFlight}
 	}
 	return out
 }
@@ -246,6 +268,9 @@ func FromResult(r fleetrate.Result) Result {
 	if !r.At.IsZero() {
 		w.AtUnixMicro = r.At.UnixMicro()
 	}
+	if f := r.InFlight; f != (fleetrate.InFlight{}) {
+		w.InFlight = &InFlight{Bound: f.Bound, Held: f.Held, Bucket: f.Bucket, Queued: f.Queued, Ahead: f.Ahead}
+	}
 	return w
 }
 
@@ -266,6 +291,9 @@ func (r Result) ToResult() fleetrate.Result {
 	}
 	if r.AtUnixMicro != 0 {
 		res.At = time.UnixMicro(r.AtUnixMicro)
+	}
+	if f := r.InFlight; f != nil {
+		res.InFlight = fleetrate.InFlight{Bound: f.Bound, Held: f.Held, Bucket: f.Bucket, Queued: f.Queued, Ahead: f.Ahead}
 	}
 	return res
 }
