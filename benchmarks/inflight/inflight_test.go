@@ -26,6 +26,7 @@ import (
 var (
 	duration = flag.Duration("inflight.duration", 12*time.Second, "how long the fleet runs")
 	ttl      = flag.Duration("inflight.ttl", 2*time.Second, "the permits' lease")
+	rateFlag = flag.Float64("inflight.rate", 30, "the credential's rate, requests a second")
 )
 
 func TestMain(m *testing.M) {
@@ -59,20 +60,20 @@ type proc struct {
 func TestInFlightFleet(t *testing.T) {
 	const (
 		bound      = 8
-		rate       = 30.0
 		procs      = 4
 		goroutines = 16
 	)
+	rate := *rateFlag
 	srv := redistest.Start(t)
 	skipUnsupported(t, srv.URL())
-	up := &mockota.Concurrent{Bound: bound, MinLatency: 50 * time.Millisecond, MaxLatency: 500 * time.Millisecond}
+	up := &mockota.Concurrent{Bound: bound, MinLatency: 50 * time.Millisecond, MaxLatency: 500 * time.Millisecond, By: workerHeader}
 	hs := httptest.NewServer(up)
 	defer hs.Close()
 	start := time.Now()
 	until := start.Add(*duration)
 	ps := make([]*proc, procs)
 	for i := range ps {
-		raw, _ := json.Marshal(spec{Redis: srv.URL(), URL: hs.URL, Prefix: fmt.Sprintf("inflight:%d:", start.UnixNano()), Goroutines: goroutines, Bound: bound, Rate: rate, TTL: *ttl, Until: until})
+		raw, _ := json.Marshal(spec{Worker: fmt.Sprint(i), Redis: srv.URL(), URL: hs.URL, Prefix: fmt.Sprintf("inflight:%d:", start.UnixNano()), Goroutines: goroutines, Bound: bound, Rate: rate, TTL: *ttl, Until: until})
 		exe, _ := os.Executable()
 		p := &proc{cmd: exec.Command(exe, "-test.run=^$")}
 		p.cmd.Env = append(os.Environ(), workerEnv+"="+string(raw))
@@ -87,6 +88,11 @@ func TestInFlightFleet(t *testing.T) {
 		wg.Go(func() { _ = p.cmd.Wait() })
 	}
 	time.Sleep(*duration / 3)
+	// Kill worker 0 mid-request: while it holds permits.
+	for up.InFlightOf("0") == 0 && time.Since(start) < *duration/2 {
+		time.Sleep(time.Millisecond)
+	}
+	heldAtKill := up.InFlightOf("0")
 	killedAt := time.Now()
 	_ = ps[0].cmd.Process.Signal(syscall.SIGKILL)
 	time.Sleep(max(*duration/2-time.Since(start), 0))
@@ -116,9 +122,9 @@ func TestInFlightFleet(t *testing.T) {
 	recovered := mockota.FullAgain(tl, killedAt, bound)
 	steady := mockota.MeanInFlight(tl, start.Add(time.Second), killedAt)
 	runFor := end.Sub(start).Seconds()
-	mean := 0.275 // s: the upstream's mean latency
+	mean := st.Busy.Seconds() / float64(max(served, 1)) // the upstream's mean latency
 	tighter := min(rate, bound/mean)
-	t.Logf("errors: %v", sum.Errors)
+	t.Logf("errors: %v; worker 0 had %d requests in flight when killed; takes %d, renews %d, releases %d, requests %d, acquired %d, backpressure %d", sum.Errors, heldAtKill, sum.Takes, sum.Renews, sum.Releases, sum.Requests, sum.Acquired, sum.Backpressure)
 	fmt.Printf("| %d × %d, bound %d, %.0f/s, lease %v | %d | %d | %v | %.1f of %d | %.1f/s (%.0f %% of %.1f/s) | %.2f | %d / %d / %d |\n",
 		procs, goroutines, bound, rate, *ttl, peak, refused, recovered.Round(time.Millisecond), steady, bound,
 		float64(served)/runFor, 100*float64(served)/runFor/tighter, tighter,

@@ -16,11 +16,16 @@ import (
 	"github.com/fleetrate/fleetrate/redisstore"
 )
 
-// workerEnv carries a worker process's spec.
-const workerEnv = "FLEETRATE_INFLIGHT_WORKER"
+// workerEnv carries a worker process's spec; workerHeader names the
+// worker in its requests, so the upstream counts each one's in flight.
+const (
+	workerEnv    = "FLEETRATE_INFLIGHT_WORKER"
+	workerHeader = "X-Worker"
+)
 
 // spec is what a worker process does.
 type spec struct {
+	Worker             string
 	Redis, URL, Prefix string
 	Goroutines         int
 	Bound              int64
@@ -97,7 +102,7 @@ func work(s spec) result {
 		wg.Go(func() {
 			var mine result
 			for time.Now().Before(s.Until) {
-				mine.call(lim, client, s.URL)
+				mine.call(lim, client, s.URL, s.Worker)
 			}
 			mu.Lock()
 			res.add(mine)
@@ -110,7 +115,7 @@ func work(s spec) result {
 }
 
 // call acquires a permit, sends one request holding it, and releases it.
-func (r *result) call(lim *fleetrate.Limiter, client *http.Client, url string) {
+func (r *result) call(lim *fleetrate.Limiter, client *http.Client, url, worker string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	res, err := lim.Acquire(ctx, "{cred}")
@@ -138,6 +143,7 @@ func (r *result) call(lim *fleetrate.Limiter, client *http.Client, url string) {
 		return
 	}
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	req.Header.Set(workerHeader, worker)
 	resp, err := client.Do(req)
 	if err != nil {
 		r.errorf("request: %v", err)

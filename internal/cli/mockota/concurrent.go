@@ -17,10 +17,14 @@ import (
 type Concurrent struct {
 	Bound                  int
 	MinLatency, MaxLatency time.Duration
+	// By, when set, names a request header whose value identifies the
+	// caller (a worker process): InFlightOf counts its requests in flight.
+	By string
 
 	mu       sync.Mutex
 	rng      *rand.Rand
 	inFlight int
+	of       map[string]int
 	stats    ConcurrentStats
 	timeline []InFlightPoint
 }
@@ -32,6 +36,9 @@ type ConcurrentStats struct {
 	// Served, Refused and Cut count the requests answered 200, answered
 	// 429 (over the bound) and ended early (the client went away).
 	Served, Refused, Cut int
+	// Busy is the latency of the served requests, summed: Served / Busy
+	// is their mean rate per request in flight.
+	Busy time.Duration
 }
 
 // InFlightPoint is the number of requests in flight from At on.
@@ -47,6 +54,14 @@ func (c *Concurrent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		c.rng = rand.New(rand.NewPCG(1, 2))
 	}
 	c.inFlight++
+	who := ""
+	if c.By != "" {
+		if c.of == nil {
+			c.of = map[string]int{}
+		}
+		who = r.Header.Get(c.By)
+		c.of[who]++
+	}
 	c.stats.Peak = max(c.stats.Peak, c.inFlight)
 	c.timeline = append(c.timeline, InFlightPoint{time.Now(), c.inFlight})
 	over := c.inFlight > c.Bound
@@ -55,6 +70,9 @@ func (c *Concurrent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	done := func(outcome *int) {
 		c.mu.Lock()
 		c.inFlight--
+		if c.By != "" {
+			c.of[who]--
+		}
 		*outcome++
 		c.timeline = append(c.timeline, InFlightPoint{time.Now(), c.inFlight})
 		c.mu.Unlock()
@@ -68,11 +86,22 @@ func (c *Concurrent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer t.Stop()
 	select {
 	case <-t.C:
+		c.mu.Lock()
+		c.stats.Busy += lat
+		c.mu.Unlock()
 		done(&c.stats.Served)
 		w.WriteHeader(http.StatusOK)
 	case <-r.Context().Done():
 		done(&c.stats.Cut)
 	}
+}
+
+// InFlightOf returns how many requests whose By header is v are in
+// flight.
+func (c *Concurrent) InFlightOf(v string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.of[v]
 }
 
 // Stats returns what the upstream saw so far.
