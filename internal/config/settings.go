@@ -25,7 +25,7 @@ func (p *parser) settings(n *yaml.Node, s *Settings) {
 		"max_wait": &s.MaxWait, "read_timeout": &s.ReadTimeout, "write_timeout": &s.WriteTimeout,
 		"idle_timeout": &s.IdleTimeout, "shutdown_timeout": &s.ShutdownTimeout, "drain_delay": &s.DrainDelay, "store_timeout": &s.StoreTimeout,
 		"reload_interval":  &s.ReloadInterval,
-		"breaker_cool_off": &s.BreakerCoolOff,
+		"breaker_cool_off": &s.BreakerCoolOff, "latency_target": &s.LatencyTarget,
 	}
 	bools := map[string]**bool{
 		"response_headers": &s.ResponseHeaders, "shadow_mode": &s.ShadowMode, "store_api": &s.StoreAPI,

@@ -187,10 +187,17 @@ type Options struct {
 	// Clock is used to turn /v1/drain's "until" into a duration. Default
 	// time.Now.
 	Clock func() time.Time
-	// MaxInFlight bounds the decisions in flight (RLS calls, API
-	// requests); beyond it they are shed (shed.go). Default
-	// DefaultMaxInFlight().
+	// MaxInFlight is the hard cap on decisions in flight (RLS calls, API
+	// requests); beyond the concurrency limit, which never exceeds it,
+	// they are shed (shed.go). Default DefaultMaxInFlight().
 	MaxInFlight int64
+	// LatencyTarget is the decision latency the concurrency limit keeps
+	// under (package inflight): while more than a tenth of the decisions
+	// take longer, the limit falls, down to a few in flight; while they
+	// do not and the limit is reached, it climbs back to MaxInFlight.
+	// Default DefaultLatencyTarget (10 ms); negative: the limit stays at
+	// MaxInFlight.
+	LatencyTarget time.Duration
 	// Breaker, when set, is the circuit breaker in front of Store
 	// (failsafe.Store): /readyz reports its state (breaker.go).
 	Breaker Breaker
@@ -291,7 +298,9 @@ func New(opts Options) (*Server, error) {
 	s.logNotices(opts.Config)
 	s.tried = opts.Config.Hash
 	s.metrics.lastReload.SetToCurrentTime()
-	s.shed = newShedder(opts.MaxInFlight, opts.Registry)
+	if s.shed, err = newShedder(opts.MaxInFlight, opts.LatencyTarget, opts.Registry); err != nil {
+		return nil, err
+	}
 	s.handler = s.shedHTTP(s.routes())
 	s.grpc = s.newGRPC()
 	return s, nil

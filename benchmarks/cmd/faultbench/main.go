@@ -77,7 +77,7 @@ func run(args []string, out io.Writer) error {
 	fs.DurationVar(&f.fault, "fault", 3*time.Second, "how long the fault lasts")
 	fs.DurationVar(&f.after, "after", 2*time.Second, "load after the fault clears")
 	fs.BoolVar(&f.overload, "overload", false, "run the overload measurement instead")
-	fs.StringVar(&overloadBounds, "bounds", overloadBounds, "with -overload: the --max-in-flight values to run, comma-separated (default: the service's default)")
+	fs.StringVar(&overloadBounds, "bounds", overloadBounds, "with -overload: the --max-in-flight values to run, comma-separated (default: the service's default), or serve's flags, such as \"--latency-target 5ms\"")
 	fs.IntVar(&descriptors, "descriptors", 1, "descriptors (buckets) per RLS call: more make each decision dearer for the service than for the load generator")
 	fs.StringVar(&serverCPU, "server-cpu", "", "run fleetrate on this CPU only (taskset -c, GOMAXPROCS=1), so that a load generator pinned elsewhere can offer it more than it decides")
 	if err := fs.Parse(args); err != nil {

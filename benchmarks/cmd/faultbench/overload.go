@@ -22,7 +22,8 @@ import (
 // by default.
 const envoyDeadline = 20 * time.Millisecond
 
-// overloadBounds is -bounds: the --max-in-flight values to run.
+// overloadBounds is -bounds: the --max-in-flight values to run, or
+// serve's flags ("--latency-target 5ms").
 var overloadBounds = "default,1000000000"
 
 // overload measures fleetrate on Redis at each -bounds value of
@@ -36,9 +37,12 @@ func overload(out io.Writer, dir, bin string, srv *redistest.Server) error {
 	}
 	var services []service
 	for _, b := range strings.Split(overloadBounds, ",") {
-		if b == "default" {
+		switch {
+		case b == "default":
 			services = append(services, fleetrateService(bin, dir, srv.URL()))
-		} else {
+		case strings.HasPrefix(b, "--"):
+			services = append(services, fleetrateService(bin, dir, srv.URL(), strings.Fields(b)...))
+		default:
 			services = append(services, fleetrateService(bin, dir, srv.URL(), "--max-in-flight", b))
 		}
 	}
