@@ -3,11 +3,11 @@
 // than a target and climbs back while they do not and the limit is
 // reached, between a floor and a hard cap.
 //
-// A fixed bound cannot fit every decision: 128 decisions of one bucket
-// each are answered within a few milliseconds, 128 of 32 buckets each
-// queued for 150 ms on one CPU, far past Envoy's 20 ms deadline, and
-// every one of them then failed at the caller (docs/OPERATIONS.md,
-// Overload). The limit here is what keeps queueing delay under the
+// A fixed bound cannot fit every decision: 64 decisions of one bucket
+// each queue on one CPU for about 3 ms, 64 of 32 buckets each for about
+// 58 ms, far past Envoy's 20 ms deadline, and nearly every one of them
+// then failed at the caller (docs/OPERATIONS.md, "Failure policy, breaker
+// and load shedding"). The limit here is what keeps queueing delay under the
 // target, found by additive increase and multiplicative decrease (AIMD),
 // as TCP finds its congestion window: the calls beyond it are refused at
 // once, and those admitted are answered in time.
