@@ -298,19 +298,47 @@ func openLoop(ctx context.Context, rls rlspb.RateLimitServiceClient, rate int, d
 
 // one makes call i with the given deadline.
 func one(rls rlspb.RateLimitServiceClient, i int, deadline time.Duration) call {
+	req := request(i)
 	ctx, cancel := context.WithTimeout(context.Background(), deadline)
 	defer cancel()
-	req := &rlspb.RateLimitRequest{Domain: "bench", HitsAddend: 1}
-	for d := range descriptors {
-		req.Descriptors = append(req.Descriptors, &rlcommon.RateLimitDescriptor{
-			Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "k", Value: "key" + strconv.Itoa((i*descriptors+d)%1000)}}})
-	}
 	start := time.Now()
 	resp, err := rls.ShouldRateLimit(ctx, req)
 	c := call{start: start, took: time.Since(start), code: status.Code(err)}
 	c.over = err == nil && resp.OverallCode == rlspb.RateLimitResponse_OVER_LIMIT
 	return c
 }
+
+// request returns call i's request: descriptors buckets of the 1000,
+// from bucket i*descriptors on. The requests repeat every
+// 1000/gcd(descriptors, 1000) calls and are built once, so that at 10
+// times the service's decisions the generator's own CPU goes to sending
+// calls rather than building them (it is read-only, and proto.Marshal may
+// read it from many goroutines).
+func request(i int) *rlspb.RateLimitRequest {
+	requestsOnce.Do(func() {
+		period := 1000
+		for g := 1000; g > 0; g-- {
+			if descriptors%g == 0 && 1000%g == 0 {
+				period = 1000 / g
+				break
+			}
+		}
+		for n := range period {
+			req := &rlspb.RateLimitRequest{Domain: "bench", HitsAddend: 1}
+			for d := range descriptors {
+				req.Descriptors = append(req.Descriptors, &rlcommon.RateLimitDescriptor{
+					Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "k", Value: "key" + strconv.Itoa((n*descriptors+d)%1000)}}})
+			}
+			requests = append(requests, req)
+		}
+	})
+	return requests[i%len(requests)]
+}
+
+var (
+	requestsOnce sync.Once
+	requests     []*rlspb.RateLimitRequest
+)
 
 // sampler reads the service's state every 50 ms until ctx ends.
 func sampler(ctx context.Context, p *proc, clientInFlight *atomic.Int64) func() []sample {
