@@ -42,7 +42,7 @@ func addSafetyFlags(f *pflag.FlagSet) {
 	f.Duration("breaker-cool-off", failsafe.DefaultCoolOff, "how long the open breaker keeps calls from Redis before one probe")
 	f.Int64("fleet-size", 1, "with --failure-policy local_fallback: how many service replicas share the limits (each decides at 1/fleet-size of them)")
 	f.Int64("max-in-flight", server.DefaultMaxInFlight(), "hard cap on decisions in flight (RLS calls and API requests); beyond the concurrency limit, which never exceeds it, they are answered at once with gRPC RESOURCE_EXHAUSTED or HTTP 503 and Retry-After")
-	f.Duration("latency-target", server.DefaultLatencyTarget, "decision latency the concurrency limit keeps under: while more than a tenth of the decisions take longer, the limit on decisions in flight falls (down to 4), and climbs back to --max-in-flight while they do not; 0 turns it off (the limit is --max-in-flight)")
+	f.Duration("latency-target", server.DefaultLatencyTarget, "queue the concurrency limit keeps the median decision under: while more than half of the decisions take longer than the fastest of the last minute or so by more, the limit on decisions in flight falls (down to 1), and climbs back to --max-in-flight while they do not; 0 turns it off (the limit is --max-in-flight)")
 }
 
 // safety resolves the safety settings, with s the file's server section.

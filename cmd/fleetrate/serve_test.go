@@ -224,7 +224,7 @@ func startServe(t *testing.T, args ...string) (string, string, *serveLog, func()
 	// Envoy's 20 ms less the way there) is for production, not for the race
 	// detector on a loaded machine. serve_safety_test.go runs on defaults.
 	// The concurrency limit is off for the same reason (a burst of
-	// decisions takes longer than its 10 ms target under -race), unless a
+	// decisions queues longer than its 5 ms target under -race), unless a
 	// test sets --latency-target (serve_overload_test.go).
 	args = append([]string{"serve", "--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0", "--log-format", "json", "--log-level", "info", "--store-timeout", "1s", "--latency-target", "0"}, args...)
 	go func() { done <- run(ctx, args, os.Getenv, io.Discard, logs) }()

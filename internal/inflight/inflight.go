@@ -7,10 +7,21 @@
 // each queue on one CPU for about 3 ms, 64 of 32 buckets each for about
 // 58 ms, far past Envoy's 20 ms deadline, and nearly every one of them
 // then failed at the caller (docs/OPERATIONS.md, "Failure policy, breaker
-// and load shedding"). The limit here is what keeps queueing delay under the
-// target, found by additive increase and multiplicative decrease (AIMD),
-// as TCP finds its congestion window: the calls beyond it are refused at
-// once, and those admitted are answered in time.
+// and load shedding"). The limit here is what keeps the queue short,
+// found by additive increase and multiplicative decrease (AIMD), as TCP
+// finds its congestion window: the calls beyond it are refused at once,
+// and those admitted are answered in time.
+//
+// The signal is the queue: a decision's latency less the baseline, the
+// fastest decision of the last minute or so (the store's round trip and
+// the work itself; at most twice the target, for a service that starts
+// overloaded). A window in which more than half of the decisions queued
+// longer than the target cuts the limit. Too many decisions in flight
+// delay most of them; a distant store delays the baseline as much; a
+// stall of the host or a burst delays some: only the first cuts the
+// limit. (The fastest decision of a window, CoDel's signal, stayed fast
+// with 26 in flight of 32-bucket decisions: the store's batches answer
+// some at once.)
 //
 // The controller reads time only from its callers (Acquire's admission
 // time, Release's end time), so its logic is tested on a fixed timeline.
@@ -25,10 +36,11 @@ import (
 
 // Defaults of Options.
 const (
-	// DefaultTarget is Options.Target: half of Envoy's 20 ms rate-limit
-	// deadline, which leaves the other half for the network, the wait
-	// before the service reads a call, and the caller.
-	DefaultTarget = 10 * time.Millisecond
+	// DefaultTarget is Options.Target: CoDel's target for a queue. Half
+	// of the decisions then take at most the baseline plus 5 ms, within
+	// Envoy's 20 ms with room for the slower half, the network, the wait
+	// before the service reads a call and the caller.
+	DefaultTarget = 5 * time.Millisecond
 	// DefaultInterval is Options.Interval.
 	DefaultInterval = 100 * time.Millisecond
 	// DefaultMin is Options.Min: a few decisions in flight keep a CPU
@@ -38,13 +50,16 @@ const (
 	// the limit: fewer say little about the latency, and at so low a
 	// rate the limit does not bind.
 	minSamples = 10
-	// overShare is the share of a window's decisions that may take longer
-	// than the target without the limit falling (about its p90).
-	overShare = 0.1
-	// Bounds of the factor by which a late window cuts the limit: the
-	// cut is the target over the window's mean latency, at most halving
-	// and at least a tenth.
-	minCut, maxCut = 0.5, 0.9
+	// baseMemory is how long the fastest decision stands as the
+	// baseline: the baseline is the fastest of the last half to whole of
+	// it. After a cut, decisions run with few others, so even a
+	// sustained overload renews it.
+	baseMemory = time.Minute
+	// lateShare is the share of a window's decisions that may queue
+	// longer than the target without the limit falling.
+	lateShare = 0.5
+	// cut is the factor by which a late window cuts the limit.
+	cut = 0.7
 	// growth is the share by which a window that reached the limit in
 	// time raises it (at least 1).
 	growth = 0.05
@@ -54,10 +69,11 @@ const (
 type Options struct {
 	// Max is the hard cap on decisions in flight. Required, above 0.
 	Max int64
-	// Target is the decision latency the limit keeps under: a window in
-	// which more than a tenth of the decisions took longer cuts the
-	// limit. Zero: DefaultTarget. Negative: the limit does not adapt and
-	// stays at Max.
+	// Target is the queue the limit keeps the median decision under: a
+	// window in which more than half of the decisions took longer than
+	// the baseline (the fastest of the last minute or so) by more cuts
+	// the limit. Zero: DefaultTarget.
+	// Negative: the limit does not adapt and stays at Max.
 	Target time.Duration
 	// Interval is the shortest window of decisions whose latency moves
 	// the limit. Zero: DefaultInterval.
@@ -82,14 +98,18 @@ type Limiter struct {
 	// since is when the limit last changed: decisions admitted before
 	// it ran under the old limit and are not samples of the new one.
 	since time.Time
+	// base is the baseline: the fastest decision since baseStart
+	// (baseCur) and in the half of baseMemory before it (basePrev); 0
+	// for none.
+	baseStart         time.Time
+	baseCur, basePrev time.Duration
 }
 
 // window is what the decisions released since start tell of the limit.
 type window struct {
 	start time.Time
-	n     int64         // decisions sampled
-	over  int64         // of which took longer than the target
-	total time.Duration // their summed latency
+	n     int64 // decisions sampled
+	late  int64 // of which queued longer than the target
 }
 
 // New returns a Limiter, or an error naming the invalid option.
@@ -138,8 +158,8 @@ func (l *Limiter) Full() bool {
 	return false
 }
 
-// Acquire claims a slot, or reports that the limit is reached. A claimed
-// slot is given back with Release.
+// Acquire claims a slot, or reports that the limit is reached. A
+// claimed slot is given back with Release or Forget.
 func (l *Limiter) Acquire() bool {
 	n := l.inFlight.Add(1)
 	if n > l.limit.Load() {
@@ -168,24 +188,26 @@ func (l *Limiter) Release(admitted, end time.Time) {
 	if !l.Adaptive() {
 		return
 	}
+	took := end.Sub(admitted)
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	// The baseline counts for at most twice the target: a service that
+	// starts under overload has no faster decision to learn it from.
+	base := min(l.baseline(end, took), 2*l.opts.Target)
 	if l.w.start.IsZero() {
 		l.w.start = end
 	}
 	if !admitted.Before(l.since) {
-		took := end.Sub(admitted)
 		l.w.n++
-		l.w.total += took
-		if took > l.opts.Target {
-			l.w.over++
+		if took-base > l.opts.Target {
+			l.w.late++
 		}
 	}
 	if end.Sub(l.w.start) < l.opts.Interval || l.w.n < minSamples {
 		return
 	}
 	limit := l.limit.Load()
-	next := nextLimit(limit, l.peak.Load(), l.saturated.Load(), l.w, l.opts)
+	next := nextLimit(limit, l.peak.Load(), l.saturated.Load(), float64(l.w.late)/float64(l.w.n), l.opts)
 	if next != limit {
 		l.limit.Store(next)
 		l.since = end
@@ -195,17 +217,28 @@ func (l *Limiter) Release(admitted, end time.Time) {
 	l.saturated.Store(false)
 }
 
-// nextLimit is the limit after a window of decisions w, under limit, in
-// which at most peak were in flight, and saturated if a call found the
-// limit reached. A late window (more than a tenth of its decisions over
-// the target) cuts the limit, or the peak if lower, by the target over
-// the mean latency (between minCut and maxCut); a window in time that
-// reached the limit raises it by growth. The limit stays between
-// opts.Min and opts.Max.
-func nextLimit(limit, peak int64, saturated bool, w window, o Options) int64 {
-	if float64(w.over) > overShare*float64(w.n) {
-		mean := w.total / time.Duration(w.n)
-		cut := min(maxCut, max(minCut, float64(o.Target)/float64(mean)))
+// baseline takes in a decision that took took and ended at end, and
+// returns the baseline: the fastest decision of the last half to whole
+// baseMemory. l.mu is held.
+func (l *Limiter) baseline(end time.Time, took time.Duration) time.Duration {
+	if l.baseStart.IsZero() || end.Sub(l.baseStart) >= baseMemory/2 {
+		l.basePrev, l.baseCur, l.baseStart = l.baseCur, took, end
+		if l.basePrev == 0 {
+			l.basePrev = took
+		}
+	}
+	l.baseCur = min(l.baseCur, took)
+	return min(l.baseCur, l.basePrev)
+}
+
+// nextLimit is the limit after a window under limit in which at most
+// peak decisions were in flight, saturated if a call found the limit
+// reached, and of whose decisions the share late queued longer than the
+// target. A late window (a share over lateShare) cuts the limit, or the
+// peak if lower, by cut; a window in time that reached the limit raises
+// it by growth. The limit stays between opts.Min and opts.Max.
+func nextLimit(limit, peak int64, saturated bool, late float64, o Options) int64 {
+	if late > lateShare {
 		return max(o.Min, int64(float64(min(limit, max(peak, 1)))*cut))
 	}
 	if saturated || peak >= limit {

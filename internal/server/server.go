@@ -191,11 +191,12 @@ type Options struct {
 	// requests); beyond the concurrency limit, which never exceeds it,
 	// they are shed (shed.go). Default DefaultMaxInFlight().
 	MaxInFlight int64
-	// LatencyTarget is the decision latency the concurrency limit keeps
-	// under (package inflight): while more than a tenth of the decisions
-	// take longer, the limit falls, down to a few in flight; while they
-	// do not and the limit is reached, it climbs back to MaxInFlight.
-	// Default DefaultLatencyTarget (10 ms); negative: the limit stays at
+	// LatencyTarget is the queue the concurrency limit keeps the median
+	// decision under (package inflight): while more than half of the
+	// decisions take longer than the fastest of the last minute or so by
+	// more, the limit falls, down to 1 in flight; while they do not and
+	// the limit is reached, it climbs back to MaxInFlight. Default
+	// DefaultLatencyTarget (5 ms); negative: the limit stays at
 	// MaxInFlight.
 	LatencyTarget time.Duration
 	// Breaker, when set, is the circuit breaker in front of Store

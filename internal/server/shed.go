@@ -84,7 +84,7 @@ func newShedder(max int64, target time.Duration, reg prometheus.Registerer) (*sh
 }
 
 // acquire claims a slot, or reports that the limit is reached; a claimed
-// slot is given back with release(admitted).
+// slot is given back with release(admitted, ...).
 func (sh *shedder) acquire() (admitted time.Time, ok bool) {
 	if !sh.lim.Acquire() {
 		return time.Time{}, false

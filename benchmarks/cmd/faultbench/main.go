@@ -71,7 +71,7 @@ func run(args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("faultbench", flag.ContinueOnError)
 	fs.StringVar(&f.ratelimit, "ratelimit", "", "envoyproxy/ratelimit binary (see peers.sh); empty: fleetrate only")
 	fs.StringVar(&f.faults, "faults", "kill,stop,sleep", "faults to run: kill, stop (SIGSTOP), sleep (DEBUG SLEEP)")
-	fs.StringVar(&f.policies, "policies", "fail_closed,fail_open,local_fallback", "fleetrate --failure-policy values to run (fail_closed is the default)")
+	fs.StringVar(&f.policies, "policies", "fail_closed,fail_open,local_fallback", "fleetrate --failure-policy values to run (fail_closed is the default), each optionally followed by more of serve's flags (\"fail_open --latency-target 0\")")
 	fs.IntVar(&f.rate, "rate", 500, "RLS calls a second offered during the fault runs")
 	fs.DurationVar(&f.before, "before", 1500*time.Millisecond, "load before the fault")
 	fs.DurationVar(&f.fault, "fault", 3*time.Second, "how long the fault lasts")
@@ -105,7 +105,7 @@ func run(args []string, out io.Writer) error {
 	}
 	var services []service
 	for _, p := range strings.Split(f.policies, ",") {
-		services = append(services, fleetrateService(bin, dir, srv.URL(), "--failure-policy", p))
+		services = append(services, fleetrateService(bin, dir, srv.URL(), append([]string{"--failure-policy"}, strings.Fields(p)...)...))
 	}
 	if f.ratelimit != "" {
 		services = append(services, ratelimitService(f.ratelimit, dir, srv.Addr()))
