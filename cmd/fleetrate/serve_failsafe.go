@@ -2,7 +2,8 @@ package main
 
 // This file is the service's safety settings: the failure policy and
 // circuit breaker (package failsafe) in front of a Redis store, and the
-// bound on decisions in flight (server.Options.MaxInFlight).
+// bound on decisions in flight (server.Options.MaxInFlight and
+// LatencyTarget).
 
 import (
 	"crypto/tls"
@@ -30,6 +31,8 @@ type safetySettings struct {
 	coolOff     time.Duration
 	fleetSize   int64
 	maxInFlight int64
+	// latencyTarget is --latency-target; 0 turns the adaptive limit off.
+	latencyTarget time.Duration
 }
 
 // addSafetyFlags adds the safety settings' flags to f.
@@ -38,16 +41,18 @@ func addSafetyFlags(f *pflag.FlagSet) {
 	f.Int64("breaker-failures", failsafe.DefaultFailureThreshold, "consecutive failed store calls that open the circuit breaker; while open, decisions follow --failure-policy without calling Redis")
 	f.Duration("breaker-cool-off", failsafe.DefaultCoolOff, "how long the open breaker keeps calls from Redis before one probe")
 	f.Int64("fleet-size", 1, "with --failure-policy local_fallback: how many service replicas share the limits (each decides at 1/fleet-size of them)")
-	f.Int64("max-in-flight", server.DefaultMaxInFlight(), "most decisions in flight (RLS calls and API requests); beyond, they are answered at once with gRPC RESOURCE_EXHAUSTED or HTTP 503 and Retry-After")
+	f.Int64("max-in-flight", server.DefaultMaxInFlight(), "hard cap on decisions in flight (RLS calls and API requests); beyond the concurrency limit, which never exceeds it, they are answered at once with gRPC RESOURCE_EXHAUSTED or HTTP 503 and Retry-After")
+	f.Duration("latency-target", server.DefaultLatencyTarget, "queue the concurrency limit keeps the median decision under: while more than half of the decisions take longer than the fastest of the last minute or so by more, the limit on decisions in flight falls (down to 1), and climbs back to --max-in-flight while they do not; 0 turns it off (the limit is --max-in-flight)")
 }
 
 // safety resolves the safety settings, with s the file's server section.
 func (r *resolver) safety(s config.Settings) safetySettings {
 	out := safetySettings{
-		failures:    r.int64("breaker-failures", s.BreakerFailures),
-		coolOff:     r.dur("breaker-cool-off", s.BreakerCoolOff),
-		fleetSize:   r.int64("fleet-size", s.FleetSize),
-		maxInFlight: r.int64("max-in-flight", s.MaxInFlight),
+		failures:      r.int64("breaker-failures", s.BreakerFailures),
+		coolOff:       r.dur("breaker-cool-off", s.BreakerCoolOff),
+		fleetSize:     r.int64("fleet-size", s.FleetSize),
+		maxInFlight:   r.int64("max-in-flight", s.MaxInFlight),
+		latencyTarget: r.dur("latency-target", s.LatencyTarget),
 	}
 	name := r.str("failure-policy", s.FailurePolicy)
 	p, err := failsafe.ParsePolicy(name)
@@ -67,6 +72,10 @@ func (r *resolver) safety(s config.Settings) safetySettings {
 func (st *serveSettings) safeServerOptions(store serveStore, tlsCfg *tls.Config, log *slog.Logger) (server.Options, error) {
 	opts := st.serverOptions(store, tlsCfg, log)
 	opts.MaxInFlight = st.safety.maxInFlight
+	opts.LatencyTarget = st.safety.latencyTarget
+	if opts.LatencyTarget == 0 {
+		opts.LatencyTarget = -1 // off: the server's zero is its default
+	}
 	if st.redis == "" {
 		return opts, nil // the in-memory store does not fail
 	}

@@ -229,7 +229,10 @@ func startServeEnv(t *testing.T, getenv func(string) string, args ...string) (st
 	// The store timeout is 1 s unless a test sets one: the default (15 ms,
 	// Envoy's 20 ms less the way there) is for production, not for the race
 	// detector on a loaded machine. serve_safety_test.go runs on defaults.
-	args = append([]string{"serve", "--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0", "--log-format", "json", "--log-level", "info", "--store-timeout", "1s"}, args...)
+	// The concurrency limit is off for the same reason (a burst of
+	// decisions queues longer than its 5 ms target under -race), unless a
+	// test sets --latency-target (serve_overload_test.go).
+	args = append([]string{"serve", "--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0", "--log-format", "json", "--log-level", "info", "--store-timeout", "1s", "--latency-target", "0"}, args...)
 	go func() { done <- run(ctx, args, getenv, io.Discard, logs) }()
 	deadline := time.Now().Add(10 * time.Second)
 	for {

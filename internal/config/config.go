@@ -325,6 +325,7 @@ type Settings struct {
 	BreakerCoolOff  *time.Duration
 	FleetSize       *int64
 	MaxInFlight     *int64
+	LatencyTarget   *time.Duration
 }
 
 // Config is a loaded configuration file. It is immutable once loaded and

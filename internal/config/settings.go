@@ -28,7 +28,7 @@ func (p *parser) settings(n *yaml.Node, s *Settings) {
 		"idle_timeout": &s.IdleTimeout, "shutdown_timeout": &s.ShutdownTimeout, "drain_delay": &s.DrainDelay, "store_timeout": &s.StoreTimeout,
 		"grpc_max_connection_age": &s.GRPCMaxConnAge, "grpc_max_connection_age_grace": &s.GRPCMaxConnAgeGrace, "grpc_keepalive_time": &s.GRPCKeepaliveTime, "grpc_keepalive_timeout": &s.GRPCKeepaliveTimeout,
 		"reload_interval":  &s.ReloadInterval,
-		"breaker_cool_off": &s.BreakerCoolOff,
+		"breaker_cool_off": &s.BreakerCoolOff, "latency_target": &s.LatencyTarget,
 	}
 	bools := map[string]**bool{
 		"response_headers": &s.ResponseHeaders, "shadow_mode": &s.ShadowMode, "store_api": &s.StoreAPI,

@@ -204,10 +204,18 @@ type Options struct {
 	// Clock is used to turn /v1/drain's "until" into a duration. Default
 	// time.Now.
 	Clock func() time.Time
-	// MaxInFlight bounds the decisions in flight (RLS calls, API
-	// requests); beyond it they are shed (shed.go). Default
-	// DefaultMaxInFlight().
+	// MaxInFlight is the hard cap on decisions in flight (RLS calls, API
+	// requests); beyond the concurrency limit, which never exceeds it,
+	// they are shed (shed.go). Default DefaultMaxInFlight().
 	MaxInFlight int64
+	// LatencyTarget is the queue the concurrency limit keeps the median
+	// decision under (package inflight): while more than half of the
+	// decisions take longer than the fastest of the last minute or so by
+	// more, the limit falls, down to 1 in flight; while they do not and
+	// the limit is reached, it climbs back to MaxInFlight. Default
+	// DefaultLatencyTarget (5 ms); negative: the limit stays at
+	// MaxInFlight.
+	LatencyTarget time.Duration
 	// Breaker, when set, is the circuit breaker in front of Store
 	// (failsafe.Store): /readyz reports its state (breaker.go).
 	Breaker Breaker
@@ -309,7 +317,9 @@ func New(opts Options) (*Server, error) {
 	s.logNotices(opts.Config)
 	s.tried = opts.Config.Hash
 	s.metrics.lastReload.SetToCurrentTime()
-	s.shed = newShedder(opts.MaxInFlight, opts.Registry)
+	if s.shed, err = newShedder(opts.MaxInFlight, opts.LatencyTarget, opts.Registry); err != nil {
+		return nil, err
+	}
 	s.tracing = newTracing(opts.Tracer)
 	s.handler = s.shedHTTP(s.routes())
 	s.grpc = s.newGRPC()

@@ -1,10 +1,12 @@
 package server
 
-// This file bounds the decisions in flight: beyond Options.MaxInFlight, an
-// RLS call is answered RESOURCE_EXHAUSTED and an API request 503 with
-// Retry-After at once, rather than queued, so that an overloaded service
-// keeps answering what it admits within Envoy's deadline, and its
-// goroutines and memory stay bounded by the bound, not by the offered load.
+// This file bounds the decisions in flight: beyond the concurrency limit
+// (package inflight: it adapts to the decisions' latency, under the hard
+// cap Options.MaxInFlight), an RLS call is answered RESOURCE_EXHAUSTED and
+// an API request 503 with Retry-After at once, rather than queued, so that
+// an overloaded service keeps answering what it admits within Envoy's
+// deadline, and its goroutines and memory stay bounded by the limit, not
+// by the offered load.
 
 import (
 	"context"
@@ -12,13 +14,16 @@ import (
 	"net/http"
 	"runtime"
 	"strings"
-	"sync/atomic"
+	"time"
 
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/tap"
+
+	"github.com/fleetrate/fleetrate"
+	"github.com/fleetrate/fleetrate/internal/concurrency"
 )
 
 // DefaultMaxInFlightPerCPU is the default Options.MaxInFlight per CPU
@@ -26,9 +31,12 @@ import (
 // each, 20,000/s on one CPU) queue for about 3 ms, well within Envoy's
 // 20 ms, and leave room for bursts of a large Envoy fleet. Decisions of
 // many descriptors need a lower bound: 64 of 32 descriptors queued for
-// about 58 ms (docs/OPERATIONS.md, "Failure policy, breaker and load
-// shedding").
+// about 58 ms; the concurrency limit (Options.LatencyTarget) finds it
+// (docs/OPERATIONS.md, "Failure policy, breaker and load shedding").
 const DefaultMaxInFlightPerCPU = 64
+
+// DefaultLatencyTarget is the default Options.LatencyTarget.
+const DefaultLatencyTarget = concurrency.DefaultTarget
 
 // DefaultMaxInFlight is the default Options.MaxInFlight on this machine.
 func DefaultMaxInFlight() int64 { return DefaultMaxInFlightPerCPU * int64(runtime.NumCPU()) }
@@ -40,41 +48,60 @@ const codeOverloaded = "overloaded"
 // the smallest the header can say.
 const shedRetryAfter = "1"
 
-// shedder counts the decisions in flight and refuses those beyond max.
+// shedder bounds the decisions in flight with an concurrency.Limiter: a
+// limit that adapts to their latency (Options.LatencyTarget) under the
+// hard cap Options.MaxInFlight.
 type shedder struct {
-	max      int64
-	inFlight atomic.Int64
-	shed     *prometheus.CounterVec
+	lim  *concurrency.Limiter
+	shed *prometheus.CounterVec
 }
 
-func newShedder(max int64, reg prometheus.Registerer) *shedder {
-	sh := &shedder{max: max, shed: prometheus.NewCounterVec(prometheus.CounterOpts{
+func newShedder(max int64, target time.Duration, reg prometheus.Registerer) (*shedder, error) {
+	lim, err := concurrency.New(concurrency.Options{Max: max, Target: target})
+	if err != nil {
+		return nil, fmt.Errorf("%w: server: %v", fleetrate.ErrInvalid, err)
+	}
+	sh := &shedder{lim: lim, shed: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: metricsNamespace,
 		Name:      "shed_total",
-		Help:      "Decisions refused at once because MaxInFlight were in flight (gRPC RESOURCE_EXHAUSTED, HTTP 503).",
+		Help:      "Decisions refused at once because the concurrency limit was in flight (gRPC RESOURCE_EXHAUSTED, HTTP 503).",
 	}, []string{"api"})}
-	limit := prometheus.NewGauge(prometheus.GaugeOpts{
+	capacity := prometheus.NewGauge(prometheus.GaugeOpts{
 		Namespace: metricsNamespace,
 		Name:      "max_in_flight",
-		Help:      "The bound on decisions in flight (--max-in-flight); beyond it they are shed.",
+		Help:      "The hard cap on decisions in flight (--max-in-flight); the concurrency limit never exceeds it.",
 	})
-	limit.Set(float64(max))
+	capacity.Set(float64(max))
+	limit := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: metricsNamespace,
+		Name:      "concurrency_limit",
+		Help:      "The current limit on decisions in flight: it falls while decisions take longer than --latency-target and climbs back to --max-in-flight while they do not; beyond it they are shed.",
+	}, func() float64 { return float64(lim.Limit()) })
 	sh.shed.WithLabelValues("grpc")
 	sh.shed.WithLabelValues("http")
-	reg.MustRegister(sh.shed, limit)
-	return sh
+	reg.MustRegister(sh.shed, capacity, limit)
+	return sh, nil
 }
 
-// acquire claims a slot, or reports that every slot is taken.
-func (sh *shedder) acquire() bool {
-	if sh.inFlight.Add(1) > sh.max {
-		sh.inFlight.Add(-1)
-		return false
+// acquire claims a slot, or reports that the limit is reached; a claimed
+// slot is given back with release(admitted, ...).
+func (sh *shedder) acquire() (admitted time.Time, ok bool) {
+	if !sh.lim.Acquire() {
+		return time.Time{}, false
 	}
-	return true
+	return time.Now(), true
 }
 
-func (sh *shedder) release() { sh.inFlight.Add(-1) }
+// release gives back a slot claimed at admitted; the latency of a
+// decision made (decided) moves the concurrency limit, that of a failure
+// does not (concurrency.Limiter.Forget).
+func (sh *shedder) release(admitted time.Time, decided bool) {
+	if decided {
+		sh.lim.Release(admitted, time.Now())
+	} else {
+		sh.lim.Forget()
+	}
+}
 
 // shedRLS is the RLS service behind the bound.
 type shedRLS struct {
@@ -85,12 +112,21 @@ type shedRLS struct {
 // ShouldRateLimit implements the Envoy rate limit service, answering
 // RESOURCE_EXHAUSTED at once when MaxInFlight calls are in flight.
 func (r shedRLS) ShouldRateLimit(ctx context.Context, req *rlspb.RateLimitRequest) (*rlspb.RateLimitResponse, error) {
-	if !r.sh.acquire() {
+	admitted, ok := r.sh.acquire()
+	if !ok {
 		r.sh.shed.WithLabelValues("grpc").Inc()
-		return nil, status.Error(codes.ResourceExhausted, r.sh.message())
+		return nil, errShed
 	}
-	defer r.sh.release()
-	return r.rlsService.ShouldRateLimit(ctx, req)
+	if err := ctx.Err(); err != nil {
+		// The caller gave up while the call waited to be read: deciding
+		// it would spend, on an answer nobody reads, the CPU the calls
+		// still waited for need.
+		r.sh.release(admitted, false)
+		return nil, status.FromContextError(err).Err()
+	}
+	resp, err := r.rlsService.ShouldRateLimit(ctx, req)
+	r.sh.release(admitted, err == nil)
+	return resp, err
 }
 
 // tap refuses an RLS call with RESOURCE_EXHAUSTED before gRPC reads and
@@ -100,9 +136,9 @@ func (r shedRLS) ShouldRateLimit(ctx context.Context, req *rlspb.RateLimitReques
 // slot itself is claimed in ShouldRateLimit, which sheds the calls
 // that pass this check in a race.
 func (sh *shedder) tap(ctx context.Context, info *tap.Info) (context.Context, error) {
-	if info.FullMethodName == rlsMethod && sh.inFlight.Load() >= sh.max {
+	if info.FullMethodName == rlsMethod && sh.lim.Full() {
 		sh.shed.WithLabelValues("grpc").Inc()
-		return ctx, status.Error(codes.ResourceExhausted, sh.message())
+		return ctx, errShed
 	}
 	return ctx, nil
 }
@@ -110,9 +146,13 @@ func (sh *shedder) tap(ctx context.Context, info *tap.Info) (context.Context, er
 // rlsMethod is the full gRPC name of ShouldRateLimit.
 const rlsMethod = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
 
-func (sh *shedder) message() string {
-	return fmt.Sprintf("fleetrate: overloaded: %d decisions in flight (--max-in-flight); try again", sh.max)
-}
+// shedMessage says why a decision was shed.
+const shedMessage = "fleetrate: overloaded: the concurrency limit of decisions in flight is reached (fleetrate_concurrency_limit, at most --max-in-flight); try again"
+
+// errShed is a shed RLS call's answer, built once: under overload the
+// service sheds many times what it decides, and each shed must cost
+// little.
+var errShed = status.Error(codes.ResourceExhausted, shedMessage)
 
 // shedHTTP puts the API's requests behind the bound; the probes, metrics
 // and pages are always served.
@@ -123,14 +163,17 @@ func (s *Server) shedHTTP(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		if !sh.acquire() {
+		admitted, ok := sh.acquire()
+		if !ok {
 			sh.shed.WithLabelValues("http").Inc()
 			w.Header().Set("Retry-After", shedRetryAfter)
-			writeError(w, &httpError{status: http.StatusServiceUnavailable, code: codeOverloaded, msg: sh.message()})
+			writeError(w, &httpError{status: http.StatusServiceUnavailable, code: codeOverloaded, msg: shedMessage})
 			return
 		}
-		defer sh.release()
-		next.ServeHTTP(w, r)
+		// A failure (5xx) is not a sample of the concurrency limit.
+		sw := &statusWriter{ResponseWriter: w}
+		defer func() { sh.release(admitted, sw.code < http.StatusInternalServerError) }()
+		next.ServeHTTP(sw, r)
 	})
 }
 

@@ -54,7 +54,7 @@ func TestShedBeyondMaxInFlight(t *testing.T) {
 		t.Errorf("/healthz under overload: %d", code)
 	}
 	_, metrics := ts.get(t, "/metrics")
-	for _, want := range []string{`fleetrate_shed_total{api="grpc"} 1`, `fleetrate_shed_total{api="http"} 1`, `fleetrate_max_in_flight 2`} {
+	for _, want := range []string{`fleetrate_shed_total{api="grpc"} 1`, `fleetrate_shed_total{api="http"} 1`, `fleetrate_max_in_flight 2`, `fleetrate_concurrency_limit 2`} {
 		if !strings.Contains(metrics, want) {
 			t.Errorf("metrics lack %s", want)
 		}

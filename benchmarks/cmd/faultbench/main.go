@@ -71,13 +71,13 @@ func run(args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("faultbench", flag.ContinueOnError)
 	fs.StringVar(&f.ratelimit, "ratelimit", "", "envoyproxy/ratelimit binary (see peers.sh); empty: fleetrate only")
 	fs.StringVar(&f.faults, "faults", "kill,stop,sleep", "faults to run: kill, stop (SIGSTOP), sleep (DEBUG SLEEP)")
-	fs.StringVar(&f.policies, "policies", "fail_closed,fail_open,local_fallback", "fleetrate --failure-policy values to run (fail_closed is the default)")
+	fs.StringVar(&f.policies, "policies", "fail_closed,fail_open,local_fallback", "fleetrate --failure-policy values to run (fail_closed is the default), each optionally followed by more of serve's flags (\"fail_open --latency-target 0\")")
 	fs.IntVar(&f.rate, "rate", 500, "RLS calls a second offered during the fault runs")
 	fs.DurationVar(&f.before, "before", 1500*time.Millisecond, "load before the fault")
 	fs.DurationVar(&f.fault, "fault", 3*time.Second, "how long the fault lasts")
 	fs.DurationVar(&f.after, "after", 2*time.Second, "load after the fault clears")
 	fs.BoolVar(&f.overload, "overload", false, "run the overload measurement instead")
-	fs.StringVar(&overloadBounds, "bounds", overloadBounds, "with -overload: the --max-in-flight values to run, comma-separated (default: the service's default)")
+	fs.StringVar(&overloadBounds, "bounds", overloadBounds, "with -overload: the --max-in-flight values to run, comma-separated (default: the service's default), or serve's flags, such as \"--latency-target 5ms\"")
 	fs.IntVar(&descriptors, "descriptors", 1, "descriptors (buckets) per RLS call: more make each decision dearer for the service than for the load generator")
 	fs.StringVar(&serverCPU, "server-cpu", "", "run fleetrate on this CPU only (taskset -c, GOMAXPROCS=1), so that a load generator pinned elsewhere can offer it more than it decides")
 	if err := fs.Parse(args); err != nil {
@@ -105,7 +105,7 @@ func run(args []string, out io.Writer) error {
 	}
 	var services []service
 	for _, p := range strings.Split(f.policies, ",") {
-		services = append(services, fleetrateService(bin, dir, srv.URL(), "--failure-policy", p))
+		services = append(services, fleetrateService(bin, dir, srv.URL(), append([]string{"--failure-policy"}, strings.Fields(p)...)...))
 	}
 	if f.ratelimit != "" {
 		services = append(services, ratelimitService(f.ratelimit, dir, srv.Addr()))
@@ -298,19 +298,47 @@ func openLoop(ctx context.Context, rls rlspb.RateLimitServiceClient, rate int, d
 
 // one makes call i with the given deadline.
 func one(rls rlspb.RateLimitServiceClient, i int, deadline time.Duration) call {
+	req := request(i)
 	ctx, cancel := context.WithTimeout(context.Background(), deadline)
 	defer cancel()
-	req := &rlspb.RateLimitRequest{Domain: "bench", HitsAddend: 1}
-	for d := range descriptors {
-		req.Descriptors = append(req.Descriptors, &rlcommon.RateLimitDescriptor{
-			Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "k", Value: "key" + strconv.Itoa((i*descriptors+d)%1000)}}})
-	}
 	start := time.Now()
 	resp, err := rls.ShouldRateLimit(ctx, req)
 	c := call{start: start, took: time.Since(start), code: status.Code(err)}
 	c.over = err == nil && resp.OverallCode == rlspb.RateLimitResponse_OVER_LIMIT
 	return c
 }
+
+// request returns call i's request: descriptors buckets of the 1000,
+// from bucket i*descriptors on. The requests repeat every
+// 1000/gcd(descriptors, 1000) calls and are built once, so that at 10
+// times the service's decisions the generator's own CPU goes to sending
+// calls rather than building them (it is read-only, and proto.Marshal may
+// read it from many goroutines).
+func request(i int) *rlspb.RateLimitRequest {
+	requestsOnce.Do(func() {
+		period := 1000
+		for g := 1000; g > 0; g-- {
+			if descriptors%g == 0 && 1000%g == 0 {
+				period = 1000 / g
+				break
+			}
+		}
+		for n := range period {
+			req := &rlspb.RateLimitRequest{Domain: "bench", HitsAddend: 1}
+			for d := range descriptors {
+				req.Descriptors = append(req.Descriptors, &rlcommon.RateLimitDescriptor{
+					Entries: []*rlcommon.RateLimitDescriptor_Entry{{Key: "k", Value: "key" + strconv.Itoa((n*descriptors+d)%1000)}}})
+			}
+			requests = append(requests, req)
+		}
+	})
+	return requests[i%len(requests)]
+}
+
+var (
+	requestsOnce sync.Once
+	requests     []*rlspb.RateLimitRequest
+)
 
 // sampler reads the service's state every 50 ms until ctx ends.
 func sampler(ctx context.Context, p *proc, clientInFlight *atomic.Int64) func() []sample {
