@@ -17,7 +17,7 @@
 # --quick runs each command's short version, to check that the commands,
 # the conversion and the markers work; its figures are not for the docs,
 # so it writes into a copy of the file unless --doc names one. Sections:
-# bench fleetbench servebench memstore overlimit fleettest priorities
+# bench fleetbench servebench memstore overlimit fleettest inflight priorities
 # outbound headers simulate headersim statuspage. Every section needs redis-server (as
 # ./test.sh does); servebench also bin/ratelimit and bin/gubernator, which
 # ./peers.sh builds (RATELIMIT_SRC names a local envoyproxy/ratelimit
@@ -26,7 +26,7 @@ set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$here")
 out=$here/results
-all=(bench fleetbench servebench memstore overlimit fleettest priorities outbound headers simulate headersim statuspage)
+all=(bench fleetbench servebench memstore overlimit fleettest inflight priorities outbound headers simulate headersim statuspage)
 
 quick=0 doc=
 sections=()
@@ -95,6 +95,10 @@ section_cmd() {
     conv=tables
     if [ "$q" = 1 ]; then cmd="go test -count=1 -v -run 'TestFleet(Wait|Cancels)\$' ./internal/harness/fleettest"
     else cmd="go test -race -count=1 -v -run TestFleet ./internal/harness/fleettest"; fi ;;
+  inflight)
+    conv=tables
+    if [ "$q" = 1 ]; then cmd="cd benchmarks && go test -count=1 -v -run TestInFlightFleet ./inflight"
+    else cmd="cd benchmarks && go test -count=1 -v -run TestInFlightFleet ./inflight -args -inflight.duration=60s && go test -count=1 -v -run TestInFlightFleet ./inflight -args -inflight.duration=60s -inflight.rate=60"; fi ;;
   priorities)
     conv=tables
     if [ "$q" = 1 ]; then cmd="go test -count=1 -v -run TestFleetPriorityBench ./internal/harness/fleettest -priority.bench=2s"

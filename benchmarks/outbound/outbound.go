@@ -399,6 +399,8 @@ func ScenariosAt(hidden, pace float64) []Scenario {
 	return []Scenario{
 		{Name: "documented 20/s burst 2", Limit: doc, Target: 20, Upstream: mockota.AdversaryConfig{Rate: 20, Burst: 2}},
 		{Name: "strict 20/s burst 1", Limit: strict, Spacing: 50 * time.Millisecond, Target: 20, Upstream: mockota.AdversaryConfig{Rate: 20, Burst: 1}},
+		// The same window without Spacing declared: what the gate buys.
+		{Name: "strict 20/s burst 1, without Spacing", Limit: strict, Target: 20, Upstream: mockota.AdversaryConfig{Rate: 20, Burst: 1}},
 		hiddenRow(mockota.RetrySeconds),
 		hiddenRow(mockota.RetryDate),
 		hiddenRow(mockota.RetryMissing),
