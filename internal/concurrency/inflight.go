@@ -43,9 +43,12 @@ const (
 	DefaultTarget = 5 * time.Millisecond
 	// DefaultInterval is Options.Interval.
 	DefaultInterval = 100 * time.Millisecond
-	// DefaultMin is Options.Min: a few decisions in flight keep a CPU
-	// and a store connection busy.
-	DefaultMin = 1
+	// DefaultMin is Options.Min: a handful of decisions are always
+	// admitted, so the limit sheds an overload, never a light load on a
+	// busy host (other processes' CPU reads as queueing: with two CPU
+	// hogs on two cores, 2 callers' decisions queue past the target, and
+	// a floor of 1 shed one of them for as long as the hogs ran).
+	DefaultMin = 4
 	// minSamples is how many decisions a window needs before it moves
 	// the limit: fewer say little about the latency, and at so low a
 	// rate the limit does not bind.
