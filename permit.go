@@ -292,20 +292,41 @@ func (r *Reservation) Lapsed() bool {
 // Release gives back the reservation's in-flight permit, at once, to the
 // first waiter in the queue. Call it when the work ends, even when it
 // failed: a permit not released comes back only when its lease ends,
-// after the Limiter stops renewing it (the holder's process died). It does
-// nothing for a reservation without a permit, and a second call does
+// after the Limiter stops renewing it (the holder's process died). A
+// permit whose lease has ended is released harmlessly. Releasing a
+// reservation that holds no permit, or one released (or cancelled, or
+// abandoned) already, is an error wrapping ErrInvalid that changes
 // nothing.
 func (r *Reservation) Release(ctx context.Context) error {
 	if r == nil || r.permit == nil {
-		return nil
+		return fmt.Errorf("%w: release: the reservation holds no in-flight permit (its take was denied, or none of its buckets bounds in-flight takes)", ErrInvalid)
 	}
 	if ctx == nil {
 		return errNilContext
 	}
-	p := r.permit
-	if !p.released.CompareAndSwap(false, true) {
+	if !r.permit.released.CompareAndSwap(false, true) {
+		return fmt.Errorf("%w: release: permit %s was released already (or its reservation cancelled or abandoned)", ErrInvalid, r.permit.lease.ID)
+	}
+	return r.release(ctx)
+}
+
+// giveUp releases the reservation's permit, if it holds one not released
+// yet, as Cancel does.
+func (r *Reservation) giveUp(ctx context.Context) error {
+	if r.permit == nil || !r.permit.released.CompareAndSwap(false, true) {
 		return nil
 	}
+	if ctx == nil {
+		r.permit.released.Store(false)
+		return errNilContext
+	}
+	return r.release(ctx)
+}
+
+// release gives the permit back to the store; the caller has marked it
+// released.
+func (r *Reservation) release(ctx context.Context) error {
+	p := r.permit
 	r.l.permits.held.Add(-1)
 	p.mu.Lock()
 	if p.timer != nil {

@@ -242,3 +242,37 @@ func (f *flakyStore) Renew(ctx context.Context, bs []fleetrate.Bucket, p fleetra
 	}
 	return f.Store.Renew(ctx, bs, p)
 }
+
+// TestReleaseMisuseIsAnError: releasing a denial's reservation, or one
+// released already, fails with ErrInvalid and changes nothing; releasing a
+// permit whose lease has ended is harmless.
+func TestReleaseMisuseIsAnError(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		l := permitLimiter(t, 1, time.Second)
+		r, err := l.TryAcquire(ctx, "api")
+		if err != nil || !r.Result.Allowed {
+			t.Fatalf("TryAcquire: %+v, %v", r, err)
+		}
+		denied, _ := l.TryAcquire(ctx, "api")
+		if err := denied.Release(ctx); !errors.Is(err, fleetrate.ErrInvalid) || !strings.Contains(err.Error(), "holds no in-flight permit") {
+			t.Fatalf("Release of a denial: %v, want ErrInvalid saying it holds no permit", err)
+		}
+		if err := r.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Release(ctx); !errors.Is(err, fleetrate.ErrInvalid) || !strings.Contains(err.Error(), "released already") {
+			t.Fatalf("a second Release: %v, want ErrInvalid saying released already", err)
+		}
+		if st := l.PermitStats(); st.Held != 0 {
+			t.Fatalf("after a release and a refused second one: %+v, want none held", st)
+		}
+		// A holder whose lease ended (renewals stopped) releases harmlessly.
+		g, _ := l.TryAcquire(ctx, "api")
+		g.Abandon()
+		time.Sleep(fleetrate.DefaultPermitTTL + time.Second)
+		if next, _ := l.TryAcquire(ctx, "api"); !next.Result.Allowed {
+			t.Fatalf("after an abandoned permit's lease ended: %+v, want granted", next.Result)
+		}
+	})
+}

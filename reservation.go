@@ -66,7 +66,7 @@ func (r *Reservation) Cancel(ctx context.Context) error {
 	if r == nil {
 		return nil
 	}
-	rerr := r.Release(ctx)
+	rerr := r.giveUp(ctx)
 	if (r.n == 0 && r.costs == nil) || len(r.booked.Debts) == 0 || !r.done.CompareAndSwap(false, true) {
 		return rerr
 	}

@@ -73,19 +73,9 @@ func replay(req fleetrate.Request, now int64, reply []int64, count int, out []fl
 	if len(req.Buckets) > 1 {
 		states = make([]gcra.State, len(req.Buckets))
 	}
-	for b, bk := range req.Buckets {
-		m := len(bk.Limits)
-		if len(reply) < pos+m {
-			return bad("ends early")
-		}
-		debts := reply[pos : pos+m : pos+m]
-		for _, d := range debts {
-			if d < 0 {
-				return bad("negative debt %d", d)
-			}
-		}
-		states[b] = gcra.State{Stamp: now, Debts: debts}
-		pos += m
+	pos, err := readDebts(req.Buckets, now, reply, pos, states)
+	if err != nil {
+		return bad("%v", err)
 	}
 	if cap(out) < int(made) {
 		out = make([]fleetrate.Result, made)
@@ -100,4 +90,25 @@ func replay(req fleetrate.Request, now int64, reply []int64, count int, out []fl
 		}
 	}
 	return out, reply[pos:], nil
+}
+
+// readDebts reads from reply at pos the debts of each bucket before a
+// take, into states at the script's instant now, and returns the position
+// after them. The states share reply's memory.
+func readDebts(buckets []fleetrate.Bucket, now int64, reply []int64, pos int, states []gcra.State) (int, error) {
+	for b, bk := range buckets {
+		m := len(bk.Limits)
+		if len(reply) < pos+m {
+			return 0, errors.New("ends early")
+		}
+		debts := reply[pos : pos+m : pos+m]
+		for _, d := range debts {
+			if d < 0 {
+				return 0, fmt.Errorf("negative debt %d", d)
+			}
+		}
+		states[b] = gcra.State{Stamp: now, Debts: debts}
+		pos += m
+	}
+	return pos, nil
 }

@@ -70,19 +70,9 @@ func decodeExt(req fleetrate.Request, reply []int64) (fleetrate.Result, error) {
 	}
 	now, pos := reply[0], 2
 	states := make([]gcra.State, len(req.Buckets))
-	for b, bk := range req.Buckets {
-		m := len(bk.Limits)
-		if len(reply) < pos+m {
-			return bad("ends early")
-		}
-		debts := reply[pos : pos+m : pos+m]
-		for _, d := range debts {
-			if d < 0 {
-				return bad("negative debt %d", d)
-			}
-		}
-		states[b] = gcra.State{Stamp: now, Debts: debts}
-		pos += m
+	pos, err := readDebts(req.Buckets, now, reply, pos, states)
+	if err != nil {
+		return bad("%v", err)
 	}
 	for b, bk := range req.Buckets {
 		if bk.InFlight == 0 {

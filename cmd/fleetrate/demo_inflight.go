@@ -14,7 +14,6 @@ import (
 
 	"github.com/fleetrate/fleetrate"
 	"github.com/fleetrate/fleetrate/internal/cli/mockota"
-	"github.com/fleetrate/fleetrate/memstore"
 )
 
 // The demo's in-flight runs: an upstream that serves at most
@@ -40,15 +39,11 @@ type inFlightResult struct {
 // its own upstream and bucket in the demo's store kind: the rate alone,
 // then the rate and the in-flight bound.
 func runInFlights(ctx context.Context, o demoOptions) ([]inFlightResult, error) {
-	var store fleetrate.Store = memstore.New(memstore.Options{})
-	if o.redis != "" {
-		rs, closeRedis, err := openRedis(ctx, o.redis)
-		if err != nil {
-			return nil, err
-		}
-		defer closeRedis()
-		store = rs
+	store, closeStore, err := demoStore(ctx, o)
+	if err != nil {
+		return nil, err
 	}
+	defer closeStore()
 	results := make([]inFlightResult, 2)
 	errs := make([]error, 2)
 	var wg sync.WaitGroup

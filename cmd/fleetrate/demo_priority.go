@@ -58,15 +58,11 @@ type priorityResult struct {
 // own bucket in the demo's store kind, and returns them: without classes,
 // then with.
 func runPriorities(ctx context.Context, o demoOptions) ([]priorityResult, error) {
-	var store fleetrate.Store = memstore.New(memstore.Options{})
-	if o.redis != "" {
-		rs, closeRedis, err := openRedis(ctx, o.redis)
-		if err != nil {
-			return nil, err
-		}
-		defer closeRedis()
-		store = rs
+	store, closeStore, err := demoStore(ctx, o)
+	if err != nil {
+		return nil, err
 	}
+	defer closeStore()
 	start := time.Now().Add(20 * time.Millisecond)
 	results := make([]priorityResult, 2)
 	errs := make([]error, 2)
@@ -205,4 +201,17 @@ func printPriorities(w io.Writer, o demoOptions, rs []priorityResult) {
 // and its rate over d.
 func grantBound(limit fleetrate.Limit, d time.Duration) int {
 	return int(limit.Burst) + int(limit.Rate*d.Seconds())
+}
+
+// demoStore returns the store of the demo's side runs (priorities, in
+// flight): in memory, or the Redis of --redis; close it when done.
+func demoStore(ctx context.Context, o demoOptions) (fleetrate.Store, func(), error) {
+	if o.redis == "" {
+		return memstore.New(memstore.Options{}), func() {}, nil
+	}
+	rs, closeRedis, err := openRedis(ctx, o.redis)
+	if err != nil {
+		return nil, nil, err
+	}
+	return rs, closeRedis, nil
 }
