@@ -79,8 +79,11 @@
 // transport reads them (see RateLimitHeaders) and steers the whole fleet
 // by them before any 429: a stated limit below the documented one caps
 // the effective rate, and fewer requests remaining before the reset than
-// the bucket would grant hold the bucket down fleet-wide. Headers never
-// raise anything above the documented limits.
+// the bucket would grant hold the bucket down fleet-wide. Token fields
+// (OpenAI's and Anthropic's) steer the channel's meter named TokensMeter
+// the same way: fewer tokens remaining before the reset than the meter
+// would grant drain it. Headers never raise anything above the documented
+// limits.
 //
 // Upstream describes an API's documented limits once and yields both the
 // limiter's buckets (Upstream.Buckets) and the request mapping

@@ -206,4 +206,46 @@ func (t *Transport) readHeaders(ctx context.Context, tg Target, pt pacer.Target,
 			slog.Int64("remaining", q.Remaining), slog.Duration("reset", q.Reset),
 			slog.Int64("hold_ms", held.Milliseconds()), slog.Any("error", err))...)
 	}
+	if tq := r.Tokens; tq.Stated() {
+		t.m.headerRead(tg, "read")
+		t.holdMeter(ctx, tg, pt, TokensMeter, tq)
+	}
+}
+
+// TokensMeter is the name of the meter (Upstream.Meters) that an
+// upstream's token fields (OpenAI's x-ratelimit-*-tokens, Anthropic's
+// anthropic-ratelimit-tokens-*) steer.
+const TokensMeter = "tokens"
+
+// holdMeter drains the channel's meter named name when the upstream says
+// fewer of its units remain before the reset than the meter would grant
+// by then, refilling at its fastest limit's rate: it grants no more than
+// remaining before the reset afterwards. A drain never shortens another
+// nor raises anything; a channel without the meter is left alone.
+func (t *Transport) holdMeter(ctx context.Context, tg Target, pt pacer.Target, name string, q ratelimitheader.Quota) {
+	if q.Reset <= 0 || q.Remaining < 0 {
+		return
+	}
+	if _, ok := tg.Costs[name]; !ok {
+		return
+	}
+	b, err := t.lim.Bucket(MeterBucket(tg.Channel, name))
+	if err != nil {
+		return
+	}
+	var rate float64
+	for _, l := range b.Limits {
+		rate = max(rate, l.Rate)
+	}
+	spend := time.Duration(float64(q.Remaining) / rate * float64(time.Second))
+	if !(rate > 0) || spend >= q.Reset {
+		return
+	}
+	d := min(q.Reset-spend, t.maxRetryAfter)
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeTimeout)
+	defer cancel()
+	err = t.lim.Store().Drain(dctx, []fleetrate.Bucket{b}, d)
+	t.log.LogAttrs(ctx, slog.LevelInfo, "rate_headers_hold", append(pt.Attrs, slog.String("meter", name),
+		slog.Int64("remaining", q.Remaining), slog.Duration("reset", q.Reset),
+		slog.Int64("hold_ms", d.Milliseconds()), slog.Any("error", err))...)
 }

@@ -144,3 +144,42 @@ func TestSettleKeepsTokensWithinTheLimit(t *testing.T) {
 		})
 	}
 }
+
+// TestTokenFieldsHoldTheTokensMeter: an answer saying 600 tokens remain
+// for the next 30 s, on a tokens meter that would grant 150 a second,
+// drains the meter so that it grants no more than those 600 before the
+// reset: the next request of 500 tokens waits about 26 s.
+func TestTokenFieldsHoldTheTokensMeter(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		up := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("x-ratelimit-limit-tokens", "9000")
+			w.Header().Set("x-ratelimit-remaining-tokens", "600")
+			w.Header().Set("x-ratelimit-reset-tokens", "30s")
+			fmt.Fprint(w, `{"usage":{"total_tokens":500}}`)
+		})
+		api := transport.Upstream{
+			Channel: "openai",
+			Meters:  []transport.Meter{{Name: transport.TokensMeter, Limits: []fleetrate.Limit{fleetrate.PerSecond(150, 2000)}}},
+			Endpoints: []transport.Endpoint{{
+				Name: "chat", Pattern: "POST /v1/chat/completions",
+				Limits: []fleetrate.Limit{fleetrate.PerSecond(50, 5)},
+				Costs:  map[string]int64{"tokens": 500},
+			}},
+		}
+		tr, lim, _ := boundedSetup(t, memstore.New(memstore.Options{}), api, inMemory(up),
+			fleetrate.Config{MaxWait: time.Minute}, transport.Options{MaxWait: time.Minute, MaxAttempts: 1})
+		resp, err := post(t, tr, "/v1/chat/completions", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		res, err := lim.Peek(t.Context(), transport.MeterBucket("openai", transport.TokensMeter))
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Held for 30 s - 600/150 s = 26 s, then refilling from empty.
+		if res.Allowed || res.RetryAfter < 25*time.Second || res.RetryAfter > 27*time.Second+2000*time.Second/150 {
+			t.Fatalf("the tokens meter after an answer with 600 tokens left for 30 s: %+v, want held about 26 s", res)
+		}
+	})
+}
