@@ -140,3 +140,14 @@ func TestNoFigureElsewhere(t *testing.T) {
 		}
 	}
 }
+
+// maxReadmeLines is issue 35's bound on the README: a newcomer reads it
+// in five minutes; everything else lives in docs/ and the package docs.
+const maxReadmeLines = 260
+
+// TestReadmeLength keeps the README within maxReadmeLines lines.
+func TestReadmeLength(t *testing.T) {
+	if n := strings.Count(read(t, "README.md"), "\n"); n > maxReadmeLines {
+		t.Errorf("README.md has %d lines, more than %d: move the detail to docs/ or a package doc", n, maxReadmeLines)
+	}
+}
