@@ -17,7 +17,8 @@ import (
 func (t *Transport) backOff(ctx context.Context, tg Target, attrs []slog.Attr, attempt int, resp *http.Response, li limitInfo) error {
 	delay := max(t.backoff(attempt, t.backoffMin, t.backoffMax), li.pause)
 	if dl, ok := ctx.Deadline(); ok && li.limited && dl.Sub(t.now()) < delay {
-		return t.gaveUp(ctx, tg, attrs, attempt, resp, li, context.DeadlineExceeded)
+		li.cause = context.DeadlineExceeded
+		return t.gaveUp(ctx, tg, attrs, attempt, resp, li)
 	}
 	if resp != nil {
 		discard(resp)
@@ -33,6 +34,9 @@ type limitInfo struct {
 	limited           bool
 	retryAfter, pause time.Duration
 	atFloor           bool // the rate was at its floor already
+	// cause is why the transport gives up on the request, when it does
+	// before its last attempt (its context's deadline); nil otherwise.
+	cause error
 }
 
 // onLimited handles a 429 (or 503 with Retry-After) to a request sent at
@@ -54,7 +58,8 @@ func (t *Transport) onLimited(ctx context.Context, tg Target, pt pacer.Target, r
 }
 
 // gaveUp ends a request still rate limited after attempt attempts.
-func (t *Transport) gaveUp(ctx context.Context, tg Target, attrs []slog.Attr, attempt int, resp *http.Response, li limitInfo, cause error) error {
+func (t *Transport) gaveUp(ctx context.Context, tg Target, attrs []slog.Attr, attempt int, resp *http.Response, li limitInfo) error {
+	cause := li.cause
 	if cause == nil && li.atFloor {
 		cause = ErrPersistentLimit
 	}

@@ -482,7 +482,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		if attempt >= t.maxAttempts {
 			if li.limited {
-				return nil, t.gaveUp(ctx, tg, attrs, attempt, resp, li, nil)
+				return nil, t.gaveUp(ctx, tg, attrs, attempt, resp, li)
 			}
 			return resp, err
 		}

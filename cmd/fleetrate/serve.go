@@ -216,7 +216,8 @@ func closeAll(ls ...net.Listener) {
 }
 
 // serve runs the service until ctx ends (SIGTERM or interrupt), reloading
-// the configuration on SIGHUP.
+// the configuration on SIGHUP. It is long because it wires the store, the
+// server, the listeners and the shutdown in their one order.
 func serve(ctx context.Context, st serveSettings, logOut io.Writer) error {
 	log := newLogger(st.logFormat, st.logLevel, logOut)
 	ctx, cancel := context.WithCancel(ctx) // ends the certificate's watch when serve returns

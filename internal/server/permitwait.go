@@ -20,7 +20,9 @@ const apiAcquire = "acquire"
 // released (a PermitNotifier), when a held lease may have ended
 // (RetryAfter), or at a third of its own lease to keep its place, until
 // its max wait: then, when the server begins to shut down, or when the
-// caller goes away, it leaves the queue and the decision is a denial. It is a loop as Limiter.Acquire's is.
+// caller goes away, it leaves the queue and the decision is a denial. It
+// is long because it is one loop, as Limiter.Acquire's is: its exits are
+// easier to check together.
 func (v service) decidePermit(ctx context.Context, req fleetrate.Request) (fleetrate.Result, error) {
 	if req.Permit.ID == "" || req.MaxWait == 0 {
 		sctx, cancel := v.storeCtx(ctx)

@@ -299,7 +299,8 @@ func ratio(a, b float64) string {
 
 // measureService starts s, waits until it answers, warms it up, then runs
 // callers goroutines calling ShouldRateLimit for d and reads the service's
-// CPU time around them.
+// CPU time around them. It is long because the steps share the process
+// and its counters, read in this order.
 func measureService(s service, callers int, d time.Duration, redisCPU func() (time.Duration, error)) (result, error) {
 	port := benchsvc.FreePort()
 	cmd, err := s.start(port)

@@ -128,10 +128,21 @@ type Listener struct {
 	lost  bool      // a subscription was lost, and none began since
 }
 
+// ListenOptions are where a Listener listens and how: the store keys'
+// prefix of its limiter, its logger, its clock, and how long its own
+// announcements may take.
+type ListenOptions struct {
+	Prefix  string
+	Log     *slog.Logger
+	Now     func() time.Time
+	Timeout time.Duration
+}
+
 // Listen starts listening on a for the messages of a limiter whose store
-// keys begin with prefix, calling heard with each, on the clock now. Its
-// own announcements give up after timeout. Close stops it.
-func Listen(a Announcer, prefix string, log *slog.Logger, now func() time.Time, timeout time.Duration, heard func(Message)) *Listener {
+// keys begin with o.Prefix, calling heard with each, on the clock o.Now.
+// Its own announcements give up after o.Timeout. Close stops it.
+func Listen(a Announcer, o ListenOptions, heard func(Message)) *Listener {
+	prefix, log, now, timeout := o.Prefix, o.Log, o.Now, o.Timeout
 	ctx, stop := context.WithCancel(context.Background())
 	l := &Listener{a: a, prefix: prefix, log: log, now: now, timeout: timeout, stop: stop, done: make(chan struct{})}
 	go func() {

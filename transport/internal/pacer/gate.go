@@ -91,7 +91,7 @@ func (p *Pacer) Answered(ctx context.Context, tg Target, gp GatePass, sent time.
 	p.known.mu.Unlock()
 	// Compared with none (0) for a process's first answers, the whole
 	// round trips count as late.
-	late, d := sendtime.Late(tg.Spacing, gp.asked, sent, rtt, gp.quickest, quickest)
+	late, d := sendtime.Late(tg.Spacing, gp.asked, sent, rtt, sendtime.Quickest{Take: gp.quickest, Answer: quickest})
 	if d <= 0 {
 		return
 	}

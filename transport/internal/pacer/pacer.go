@@ -105,7 +105,7 @@ func New(cfg Config) *Pacer {
 
 // Listen starts listening to a for the limiter's announcements.
 func (p *Pacer) Listen(a notice.Announcer) {
-	p.ann = notice.Listen(a, p.cfg.Limiter.Prefix(), p.cfg.Log, p.cfg.Now, p.cfg.StoreTimeout, p.heard)
+	p.ann = notice.Listen(a, notice.ListenOptions{Prefix: p.cfg.Limiter.Prefix(), Log: p.cfg.Log, Now: p.cfg.Now, Timeout: p.cfg.StoreTimeout}, p.heard)
 }
 
 // Close stops listening for announcements.

@@ -111,7 +111,7 @@ func (p *parse) xRateLimit() {
 	lim, hasLim := p.count(fields[0], true)
 	rem, hasRem := p.count(fields[1], false)
 	reset, hasReset := p.xReset(fields[2])
-	p.check(&p.out.Requests, lim, hasLim, rem, hasRem, reset, hasReset, fields)
+	p.check(&p.out.Requests, values{lim, rem, reset, hasLim, hasRem, hasReset}, fields)
 }
 
 // openai reads x-ratelimit-{limit,remaining,reset}-{requests,tokens}.
@@ -124,7 +124,7 @@ func (p *parse) openai() {
 		lim, hasLim := p.count(fields[0], true)
 		rem, hasRem := p.count(fields[1], false)
 		reset, hasReset := p.goReset(fields[2])
-		p.check(dim.q, lim, hasLim, rem, hasRem, reset, hasReset, fields)
+		p.check(dim.q, values{lim, rem, reset, hasLim, hasRem, hasReset}, fields)
 		if dim.q.Limit > 0 {
 			dim.q.Window = time.Minute
 		}
@@ -157,7 +157,7 @@ func (p *parse) anthropic() {
 		lim, hasLim := p.count(fields[0], true)
 		rem, hasRem := p.count(fields[1], false)
 		reset, hasReset := p.timeReset(fields[2])
-		p.check(&q, lim, hasLim, rem, hasRem, reset, hasReset, fields)
+		p.check(&q, values{lim, rem, reset, hasLim, hasRem, hasReset}, fields)
 		if q.Limit > 0 {
 			q.Window = time.Minute
 		}
@@ -280,7 +280,7 @@ func (p *parse) draftDictionary(v string) {
 			reset, hasReset = p.resetIn(fields[2], s, time.Duration(sec*float64(time.Second)))
 		}
 	}
-	p.check(&p.out.Requests, lim, hasLim, rem, hasRem, reset, hasReset, fields)
+	p.check(&p.out.Requests, values{lim, rem, reset, hasLim, hasRem, hasReset}, fields)
 }
 
 // draftFields reads RateLimit-Limit, -Remaining and -Reset (revisions 00
@@ -309,7 +309,7 @@ func (p *parse) draftFields() {
 	}
 	rem, hasRem := p.count(fields[1], false)
 	reset, hasReset := p.deltaReset(fields[2])
-	p.check(&p.out.Requests, lim, hasLim, rem, hasRem, reset, hasReset, fields)
+	p.check(&p.out.Requests, values{lim, rem, reset, hasLim, hasRem, hasReset}, fields)
 	if p.out.Requests.Limit > 0 {
 		p.out.Requests.Window = window
 	}

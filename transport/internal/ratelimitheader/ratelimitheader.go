@@ -247,10 +247,19 @@ func (p *parse) count(field string, limit bool) (int64, bool) {
 	return n, true
 }
 
+// values are what one form read of a quota, each with whether it was
+// present and valid.
+type values struct {
+	limit, remaining                 int64
+	reset                            time.Duration
+	hasLimit, hasRemaining, hasReset bool
+}
+
 // check sets q from the values read, leaving out those that contradict
 // each other: remaining above the limit drops both, remaining without a
 // reset (or a reset without remaining) drops it.
-func (p *parse) check(q *Quota, limit int64, hasLimit bool, remaining int64, hasRemaining bool, reset time.Duration, hasReset bool, fields [3]string) {
+func (p *parse) check(q *Quota, v values, fields [3]string) {
+	limit, hasLimit, remaining, hasRemaining, reset, hasReset := v.limit, v.hasLimit, v.remaining, v.hasRemaining, v.reset, v.hasReset
 	if hasLimit && hasRemaining && remaining > limit {
 		p.ignore(fields[1], fmt.Sprint(remaining), AboveLimit)
 		return
@@ -312,7 +321,7 @@ func Check(q Quota) Reading {
 			p.ignore("reset", "0", Missing)
 		}
 	}
-	p.check(&p.out.Requests, q.Limit, hasLim, q.Remaining, hasRem && hasReset, reset, hasReset, [3]string{"limit", "remaining", "reset"})
+	p.check(&p.out.Requests, values{q.Limit, q.Remaining, reset, hasLim, hasRem && hasReset, hasReset}, [3]string{"limit", "remaining", "reset"})
 	if p.out.Requests.Limit > 0 {
 		p.out.Requests.Window = q.Window
 	}

@@ -64,12 +64,20 @@ func GateLimit(spacing time.Duration) fleetrate.Limit {
 // endpoint's quickest answer, the time a request on time would have taken
 // to come back. An endpoint whose quickest answer takes the whole spacing
 // tells nothing in time, and its gate is never held.
-func Late(spacing time.Duration, asked, sent time.Time, rtt, quickestTake, quickestAnswer time.Duration) (late, hold time.Duration) {
+func Late(spacing time.Duration, asked, sent time.Time, rtt time.Duration, q Quickest) (late, hold time.Duration) {
+	quickestTake, quickestAnswer := q.Take, q.Answer
 	late = sent.Add(rtt).Sub(asked) - quickestTake - quickestAnswer
 	if late <= Margin(spacing) || quickestAnswer >= spacing {
 		return late, 0
 	}
 	return late, spacing - quickestAnswer
+}
+
+// Quickest are the quickest recent round trips Late compares a request's
+// with: the gate's take (quickestTake) and the endpoint's answer
+// (quickestAnswer).
+type Quickest struct {
+	Take, Answer time.Duration
 }
 
 // RTTWindow is how long the quickest answer of an endpoint counts: the

@@ -159,7 +159,7 @@ func TestLate(t *testing.T) {
 		{"answers slower than the spacing tell nothing", 50 * ms, asked, 100 * ms, 0, 50 * ms, 50 * ms, 0},
 		{"first answers: none to compare with", 50 * ms, asked, 10 * ms, 0, 0, 10 * ms, 50 * ms},
 	} {
-		late, hold := Late(c.spacing, asked, c.sent, c.rtt, c.qTake, c.qAnswer)
+		late, hold := Late(c.spacing, asked, c.sent, c.rtt, Quickest{Take: c.qTake, Answer: c.qAnswer})
 		if late != c.wantLate || hold != c.wantHold {
 			t.Errorf("%s: Late = %v, %v; want %v, %v", c.name, late, hold, c.wantLate, c.wantHold)
 		}
