@@ -13,11 +13,12 @@ cd "$(dirname "$0")"
 # The tools the tests need, beside Go 1.26: redis-server and redis-sentinel
 # (the store tests start their own on free loopback ports), chromium (the
 # status page's browser tests) and promtool, from Debian's prometheus
-# package (the alert rules' checks). Missing ones are installed with apt-get
+# package (the alert rules' checks), and gcc for the race detector (cgo).
+# Missing ones are installed with apt-get
 # (through sudo when not root); where that cannot be done the script stops
 # with the one command that does it. FLEETRATE_NO_INSTALL=1 skips installing
 # and only reports.
-install_cmd="apt-get update && apt-get install -y --no-install-recommends redis-server redis-sentinel chromium prometheus"
+install_cmd="apt-get update && apt-get install -y --no-install-recommends redis-server redis-sentinel chromium prometheus gcc libc6-dev"
 install_tools() {
   local missing=() sudo=
   command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
@@ -25,6 +26,9 @@ install_tools() {
   command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 \
     || [ -n "${FLEETRATE_CHROMIUM:-}" ] || missing+=(chromium)
   command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+  # The race detector needs cgo, and cgo a C compiler: without one, go
+  # test -race refuses to run (a bare Debian has none).
+  command -v gcc >/dev/null 2>&1 || missing+=(gcc libc6-dev)
   [ "${#missing[@]}" -eq 0 ] && return 0
   echo "test.sh: missing ${missing[*]}, which the tests need"
   if [ "$(id -u)" -ne 0 ]; then
