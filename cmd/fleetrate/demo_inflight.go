@@ -30,9 +30,10 @@ const (
 
 // inFlightResult is one in-flight run's outcome.
 type inFlightResult struct {
-	bounded  bool
-	stats    mockota.ConcurrentStats
-	duration time.Duration
+	bounded   bool
+	stats     mockota.ConcurrentStats
+	duration  time.Duration
+	storeErrs int64 // takes the store failed (timed out), asked again
 }
 
 // runInFlights runs the two in-flight runs at the same time, each with
@@ -80,11 +81,20 @@ func runInFlight(ctx context.Context, o demoOptions, store fleetrate.Store, pref
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: demoInFlightWorkers}}
 	url := "http://" + ln.Addr().String() + "/"
 	var failed atomic.Value
+	var storeErrs atomic.Int64
 	var wg sync.WaitGroup
 	for range demoInFlightWorkers {
 		wg.Go(func() {
 			for runCtx.Err() == nil {
-				if err := callOnce(runCtx, lim, client, url, bounded); err != nil && runCtx.Err() == nil {
+				err := callOnce(runCtx, lim, client, url, bounded)
+				switch {
+				case err == nil || runCtx.Err() != nil:
+				case errors.Is(err, fleetrate.ErrStoreUnavailable):
+					// A slow or failing store is an error, never a
+					// grant: the caller waits a little and asks again.
+					storeErrs.Add(1)
+					_ = sleepUntil(runCtx, time.Now().Add(50*time.Millisecond))
+				default:
 					failed.Store(err)
 					return
 				}
@@ -95,7 +105,7 @@ func runInFlight(ctx context.Context, o demoOptions, store fleetrate.Store, pref
 	if err, _ := failed.Load().(error); err != nil {
 		return inFlightResult{}, err
 	}
-	return inFlightResult{bounded: bounded, stats: up.Stats(), duration: o.duration}, nil
+	return inFlightResult{bounded: bounded, stats: up.Stats(), duration: o.duration, storeErrs: storeErrs.Load()}, nil
 }
 
 // callOnce takes the credential's token (and its permit, when bounded),
@@ -139,4 +149,9 @@ func printInFlights(w io.Writer, o demoOptions, rs []inFlightResult) {
 			fmt.Fprintf(tw, "%s\t%.1f\t%d\t%d\t%d\t\n", name, float64(r.stats.Served)/r.duration.Seconds(), r.stats.Refused, r.stats.Peak, demoInFlightBound)
 		}
 	})
+	for _, r := range rs {
+		if r.storeErrs > 0 {
+			fmt.Fprintf(w, "  (the store failed %d takes, bounded=%t: each was an error, asked again after 50 ms)\n", r.storeErrs, r.bounded)
+		}
+	}
 }
