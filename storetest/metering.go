@@ -28,7 +28,6 @@ func costs(bs []fleetrate.Bucket, maxWait time.Duration, c ...int64) fleetrate.R
 // costsByBucket checks that one take charges each bucket its own cost,
 // all or nothing: "1 request and 600 tokens".
 func costsByBucket(t *testing.T, s fleetrate.Store, key func(string) string) {
-	skipUnsupported(t, s, key)
 	bs := meteredBuckets(key)
 	res := mustTake(t, s, costs(bs, 0, 1, 600))
 	if !res.Allowed || res.Remaining != 9 || res.Bucket != 0 || res.N != 1 {
@@ -67,7 +66,6 @@ func costsByBucket(t *testing.T, s fleetrate.Store, key func(string) string) {
 // costsCancel checks that a booking of costs by bucket is given back cost
 // by cost.
 func costsCancel(t *testing.T, s fleetrate.Store, key func(string) string) {
-	skipUnsupported(t, s, key)
 	ctx := context.Background()
 	bs := []fleetrate.Bucket{
 		{Key: key("{c}:requests"), Limits: []fleetrate.Limit{fleetrate.Every(2*time.Second, 1)}},
@@ -101,7 +99,6 @@ func costsCancel(t *testing.T, s fleetrate.Store, key func(string) string) {
 // more owes it at once (never refused, even beyond empty), and that bad
 // settles name the value.
 func settle(t *testing.T, s fleetrate.Store, key func(string) string) {
-	skipUnsupported(t, s, key)
 	ctx := context.Background()
 	lim := fleetrate.PerPeriod(1000, time.Hour) // 3.6 s a token
 	bs := []fleetrate.Bucket{{Key: key("settle"), Limits: []fleetrate.Limit{lim}}}

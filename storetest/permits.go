@@ -23,27 +23,8 @@ func acquire(bs []fleetrate.Bucket, id string, maxWait time.Duration) fleetrate.
 	return fleetrate.Request{Buckets: bs, N: 1, MaxWait: maxWait, Permit: fleetrate.Permit{ID: id, TTL: 10 * time.Second}}
 }
 
-// skipUnsupported skips the scenario when s does not run the extension of
-// the store contract it needs yet (it answers errors.ErrUnsupported).
-func skipUnsupported(t *testing.T, s fleetrate.Store, key func(string) string) {
-	t.Helper()
-	ctx := context.Background()
-	bs := []fleetrate.Bucket{bounded(key("probe"), 1)}
-	_, err := s.Take(ctx, acquire(bs, "probe", 0))
-	if err == nil {
-		_, err = s.Release(ctx, bs, "probe")
-	}
-	if err == nil {
-		err = s.Settle(ctx, bs, fleetrate.Settlement{Costs: []int64{0}, Actual: []int64{0}, At: time.Now()})
-	}
-	if errors.Is(err, errors.ErrUnsupported) {
-		t.Skipf("the store does not run this yet: %v", err)
-	}
-}
-
 // inFlightBound checks the bound, release (twice is harmless) and renew.
 func inFlightBound(t *testing.T, s fleetrate.Store, key func(string) string) {
-	skipUnsupported(t, s, key)
 	ctx := context.Background()
 	bs := []fleetrate.Bucket{bounded(key("inflight"), 2)}
 	for i, id := range []string{"a", "b"} {
@@ -91,7 +72,6 @@ func inFlightBound(t *testing.T, s fleetrate.Store, key func(string) string) {
 // permitAllOrNothing checks that a take denied by a rate takes no permit,
 // and one denied for a permit takes no tokens.
 func permitAllOrNothing(t *testing.T, s fleetrate.Store, key func(string) string) {
-	skipUnsupported(t, s, key)
 	rate := fleetrate.Bucket{Key: key("{p}:rate"), Limits: []fleetrate.Limit{fleetrate.Every(time.Hour, 1)}}
 	bs := []fleetrate.Bucket{bounded(key("{p}:bound"), 1), rate}
 	if res := mustTake(t, s, acquire(bs, "a", 0)); !res.Allowed {
@@ -122,7 +102,6 @@ func permitAllOrNothing(t *testing.T, s fleetrate.Store, key func(string) string
 // served, that a take that may not wait never jumps the queue, and that a
 // release wakes the first waiter when the store can tell.
 func permitQueue(t *testing.T, s fleetrate.Store, key func(string) string) {
-	skipUnsupported(t, s, key)
 	ctx := context.Background()
 	bs := []fleetrate.Bucket{bounded(key("queue"), 1)}
 	mustTake(t, s, acquire(bs, "a", 0))
@@ -172,7 +151,6 @@ func permitQueue(t *testing.T, s fleetrate.Store, key func(string) string) {
 // permitLease checks that a permit nobody renews lapses at its lease on
 // the store's clock, never before, and that a renewed one does not.
 func permitLease(t *testing.T, s fleetrate.Store, key func(string) string) {
-	skipUnsupported(t, s, key)
 	ctx := context.Background()
 	bs := []fleetrate.Bucket{bounded(key("lease"), 1), bounded(key("renewed"), 1)}
 	ttl := fleetrate.MinPermitTTL
@@ -202,7 +180,6 @@ func permitLease(t *testing.T, s fleetrate.Store, key func(string) string) {
 // permitRace checks that goroutines racing for the last permits never hold
 // more than the bound.
 func permitRace(t *testing.T, s fleetrate.Store, key func(string) string) {
-	skipUnsupported(t, s, key)
 	bs := []fleetrate.Bucket{bounded(key("race"), 3)}
 	var granted atomic.Int64
 	var wg sync.WaitGroup
@@ -225,7 +202,6 @@ func permitRace(t *testing.T, s fleetrate.Store, key func(string) string) {
 
 // permitInvalid checks that bad permits and bounds name the field.
 func permitInvalid(t *testing.T, s fleetrate.Store, key func(string) string) {
-	skipUnsupported(t, s, key)
 	ctx := context.Background()
 	b := bounded(key("bad"), 2)
 	plain := fleetrate.Bucket{Key: key("plain"), Limits: b.Limits}

@@ -1,9 +1,7 @@
 package inflight
 
 import (
-	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"net/http/httptest"
@@ -15,12 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
-	"github.com/fleetrate/fleetrate"
 	"github.com/fleetrate/fleetrate/internal/cli/mockota"
 	"github.com/fleetrate/fleetrate/internal/harness/redistest"
-	"github.com/fleetrate/fleetrate/redisstore"
 )
 
 var (
@@ -66,7 +60,6 @@ func TestInFlightFleet(t *testing.T) {
 	)
 	rate := *rateFlag
 	srv := redistest.Start(t)
-	skipUnsupported(t, srv.URL())
 	up := &mockota.Concurrent{Bound: bound, MinLatency: 50 * time.Millisecond, MaxLatency: 500 * time.Millisecond, By: workerHeader}
 	hs := httptest.NewServer(up)
 	defer hs.Close()
@@ -143,23 +136,5 @@ func TestInFlightFleet(t *testing.T) {
 	// 2 s lease, quiet and with two CPU hogs.
 	if want := *ttl + *ttl/3 + 1500*time.Millisecond; recovered < 0 || recovered > want {
 		t.Errorf("after the kill the requests in flight came back to %d after %v, want within the lease %v, a third of it and 1.5 s (%v)", bound, recovered, *ttl, want)
-	}
-}
-
-// skipUnsupported skips the test on a redisstore that does not run
-// in-flight permits yet.
-func skipUnsupported(t *testing.T, url string) {
-	opt, err := redis.ParseURL(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rs, err := redisstore.New(redis.NewClient(opt), redisstore.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := fleetrate.Bucket{Key: "probe", Limits: []fleetrate.Limit{fleetrate.PerSecond(1, 1)}, InFlight: 1}
-	_, err = rs.Take(context.Background(), fleetrate.Request{Buckets: []fleetrate.Bucket{b}, N: 1, Permit: fleetrate.Permit{ID: "probe", TTL: time.Second}})
-	if errors.Is(err, errors.ErrUnsupported) {
-		t.Skipf("redisstore does not run in-flight permits yet: %v", err)
 	}
 }

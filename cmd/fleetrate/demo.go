@@ -226,12 +226,7 @@ func runDemo(ctx context.Context, o demoOptions, stdout, stderr io.Writer) error
 	var prioErr, inflightErr error
 	var wg sync.WaitGroup
 	wg.Go(func() { prio, prioErr = runPriorities(ctx, o) })
-	wg.Go(func() {
-		inflight, inflightErr = runInFlights(ctx, o)
-		if errors.Is(inflightErr, errors.ErrUnsupported) {
-			inflight, inflightErr = nil, nil
-		}
-	})
+	wg.Go(func() { inflight, inflightErr = runInFlights(ctx, o) })
 	results, err := runFleets(ctx, o, stderr)
 	wg.Wait()
 	if err = errors.Join(err, prioErr, inflightErr); err != nil {
@@ -241,11 +236,7 @@ func runDemo(ctx context.Context, o demoOptions, stdout, stderr io.Writer) error
 	fmt.Fprintln(stdout)
 	printPriorities(stdout, o, prio)
 	fmt.Fprintln(stdout)
-	if inflight != nil {
-		printInFlights(stdout, o, inflight)
-	} else {
-		fmt.Fprintf(stdout, "in flight: skipped, %s does not run in-flight permits\n", o.storeName())
-	}
+	printInFlights(stdout, o, inflight)
 	return errors.Join(sharedVerdict(results), inFlightVerdict(inflight))
 }
 
