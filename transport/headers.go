@@ -223,9 +223,6 @@ const TokensMeter = "tokens"
 // remaining before the reset afterwards. A drain never shortens another
 // nor raises anything; a channel without the meter is left alone.
 func (t *Transport) holdMeter(ctx context.Context, tg Target, pt pacer.Target, name string, q ratelimitheader.Quota) {
-	if q.Reset <= 0 || q.Remaining < 0 {
-		return
-	}
 	if _, ok := tg.Costs[name]; !ok {
 		return
 	}
@@ -237,11 +234,10 @@ func (t *Transport) holdMeter(ctx context.Context, tg Target, pt pacer.Target, n
 	for _, l := range b.Limits {
 		rate = max(rate, l.Rate)
 	}
-	spend := time.Duration(float64(q.Remaining) / rate * float64(time.Second))
-	if !(rate > 0) || spend >= q.Reset {
+	d := min(pacer.HoldDown(q, rate), t.maxRetryAfter)
+	if d <= 0 {
 		return
 	}
-	d := min(q.Reset-spend, t.maxRetryAfter)
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeTimeout)
 	defer cancel()
 	err = t.lim.Store().Drain(dctx, []fleetrate.Bucket{b}, d)

@@ -59,7 +59,7 @@ func (p *Pacer) Stated(ctx context.Context, tg Target, q ratelimitheader.Quota, 
 	if p.adapts(tg) {
 		rate *= p.cfg.Rates.Effective(v.rate.st, now)
 	}
-	d := holdDown(q, rate)
+	d := HoldDown(q, rate)
 	if d <= time.Duration(float64(time.Second)/rate) {
 		// Within one interval: the requests in flight when the answer
 		// left would otherwise draw a hold at nearly every answer near the
@@ -78,11 +78,11 @@ func (p *Pacer) Stated(ctx context.Context, tg Target, q ratelimitheader.Quota, 
 	return d, ceiling, p.holdStated(ctx, tg, d)
 }
 
-// holdDown returns how long buckets pacing at rate (per second) hold so
+// HoldDown returns how long buckets pacing at rate (per second) hold so
 // that, refilling from empty afterwards, they grant no more than q's
 // remaining before its reset: 0 when they would not grant more anyway, or
 // q states no remaining.
-func holdDown(q ratelimitheader.Quota, rate float64) time.Duration {
+func HoldDown(q ratelimitheader.Quota, rate float64) time.Duration {
 	if q.Reset <= 0 || !(rate > 0) {
 		return 0
 	}

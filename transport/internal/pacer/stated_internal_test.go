@@ -27,8 +27,8 @@ func TestHoldDown(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			if got := holdDown(c.q, c.rate); got != c.want {
-				t.Errorf("holdDown(%+v, %v) = %v, want %v", c.q, c.rate, got, c.want)
+			if got := HoldDown(c.q, c.rate); got != c.want {
+				t.Errorf("HoldDown(%+v, %v) = %v, want %v", c.q, c.rate, got, c.want)
 			}
 		})
 	}
