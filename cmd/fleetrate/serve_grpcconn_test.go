@@ -27,6 +27,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/fleetrate/fleetrate/internal/harness/h2goaway"
 )
 
 // testCA is a certificate authority made by a test.
@@ -169,39 +171,6 @@ func TestServeClientSANNeedsClientCA(t *testing.T) {
 	}
 }
 
-// awaitGoAway speaks HTTP/2 on conn, answering SETTINGS and PING, until a
-// GOAWAY frame comes, which it returns.
-func awaitGoAway(t *testing.T, conn net.Conn) *http2.GoAwayFrame {
-	t.Helper()
-	if _, err := conn.Write([]byte(http2.ClientPreface)); err != nil {
-		t.Fatal(err)
-	}
-	fr := http2.NewFramer(conn, conn)
-	if err := fr.WriteSettings(); err != nil {
-		t.Fatal(err)
-	}
-	// A bound on a hung test only.
-	_ = conn.SetReadDeadline(time.Now().Add(30 * time.Second))
-	for {
-		f, err := fr.ReadFrame()
-		if err != nil {
-			t.Fatalf("no GOAWAY before the connection ended: %v", err)
-		}
-		switch f := f.(type) {
-		case *http2.SettingsFrame:
-			if !f.IsAck() {
-				_ = fr.WriteSettingsAck()
-			}
-		case *http2.PingFrame:
-			if !f.IsAck() {
-				_ = fr.WritePing(true, f.Data)
-			}
-		case *http2.GoAwayFrame:
-			return f
-		}
-	}
-}
-
 // TestServeConnectionAge: with envoyproxy/ratelimit's
 // GRPC_MAX_CONNECTION_AGE a client gets GOAWAY once its connection is that
 // old; by default (24 h, as its default) it does not within the test.
@@ -215,7 +184,7 @@ func TestServeConnectionAge(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	if f := awaitGoAway(t, conn); f.ErrCode != http2.ErrCodeNo {
+	if f := h2goaway.Await(t, conn); f.ErrCode != http2.ErrCodeNo {
 		t.Errorf("GOAWAY %v, want NO_ERROR", f.ErrCode)
 	}
 	cmd := serveCommand(envFrom(nil))

@@ -10,6 +10,7 @@ import (
 	"golang.org/x/net/http2"
 
 	"github.com/fleetrate/fleetrate"
+	"github.com/fleetrate/fleetrate/internal/harness/h2goaway"
 )
 
 // TestGRPCConnectionAge: a connection older than MaxConnectionAge gets
@@ -26,44 +27,15 @@ func TestGRPCConnectionAge(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	if _, err := conn.Write([]byte(http2.ClientPreface)); err != nil {
-		t.Fatal(err)
+	// The GOAWAY comes after 0.2 s +/- 10 %.
+	f := h2goaway.Await(t, conn)
+	if f.ErrCode != http2.ErrCodeNo {
+		t.Errorf("GOAWAY %v, want NO_ERROR (a graceful one)", f.ErrCode)
 	}
-	fr := http2.NewFramer(conn, conn)
-	if err := fr.WriteSettings(); err != nil {
-		t.Fatal(err)
-	}
-	// A bound on a hung test only: the GOAWAY comes after 0.2 s +/- 10 %.
-	_ = conn.SetReadDeadline(time.Now().Add(30 * time.Second))
-	for {
-		f, err := fr.ReadFrame()
-		if err != nil {
-			t.Fatalf("no GOAWAY before the connection ended: %v", err)
-		}
-		switch f := f.(type) {
-		case *http2.SettingsFrame:
-			if !f.IsAck() {
-				if err := fr.WriteSettingsAck(); err != nil {
-					t.Fatal(err)
-				}
-			}
-		case *http2.PingFrame:
-			if !f.IsAck() {
-				if err := fr.WritePing(true, f.Data); err != nil {
-					t.Fatal(err)
-				}
-			}
-		case *http2.GoAwayFrame:
-			if f.ErrCode != http2.ErrCodeNo {
-				t.Errorf("GOAWAY %v, want NO_ERROR (a graceful one)", f.ErrCode)
-			}
-			// The gRPC client's connection ages too: it keeps working.
-			for range 3 {
-				if r := ts.should(t, "edge", 1, desc("ten", "x")); r.OverallCode != ok {
-					t.Fatalf("after GOAWAY: %v", r)
-				}
-			}
-			return
+	// The gRPC client's connection ages too: it keeps working.
+	for range 3 {
+		if r := ts.should(t, "edge", 1, desc("ten", "x")); r.OverallCode != ok {
+			t.Fatalf("after GOAWAY: %v", r)
 		}
 	}
 }
