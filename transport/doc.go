@@ -39,7 +39,12 @@
 // within the max wait (as fleetrate.Limiter.Acquire does), else fails with
 // backpressure. It holds the permit, renewed at a third of the limiter's
 // Config.PermitTTL, until its response body is read to its end or closed,
-// or its round trip fails; a 429 that is retried gives its permit back
+// or its round trip fails before the request is written. A round trip that
+// fails after it (a timeout, a cancel, a reset) does not give its permit
+// back: the upstream may still be running the request, so the permit
+// lapses at the end of its lease, logged (rate_permit_abandoned) and
+// counted (MetricPermitsLapsed, cause "failed_after_send"). A 429 that is
+// retried gives its permit back
 // before the backoff. The permit is held from the booking: a request
 // booked ahead sleeps until its slot holding it (a one-bucket request
 // books its whole wait ahead, one drawing from its credential too at most
@@ -93,9 +98,9 @@
 //
 // Events are logged with log/slog (rate_throttle_wait, rate_limited,
 // rate_backpressure, rate_gave_up, rate_store_error, rate_spacing_hold,
-// rate_body_unclosed, rate_permit_lapsed, rate_settle_error,
-// rate_headers_limit, rate_headers_hold, rate_headers_ignored),
-// keyed by channel and
-// endpoint and by the entity id set with WithEntity. Metrics go to the
+// rate_body_unclosed, rate_permit_abandoned, rate_permit_lapsed,
+// rate_settle_error, rate_headers_limit, rate_headers_hold,
+// rate_headers_ignored), keyed by channel and endpoint and by the entity
+// id set with WithEntity. Metrics go to the
 // prometheus.Registerer in Options.
 package transport

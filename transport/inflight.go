@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httptrace"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -29,8 +30,12 @@ const (
 	// MetricPermitsLapsed counts permits lost to their lease's end, with a
 	// cause label: "unclosed" for a response body dropped without being
 	// read to its end or closed (its permit lapses PermitTTL later),
-	// "renewal" for a lease that lapsed while held because renewals did
-	// not reach the store in time. Alert on either.
+	// "failed_after_send" for a round trip that failed after the request
+	// was written (a timeout, a cancel, a reset: the upstream may still be
+	// running it, so its permit lapses PermitTTL later rather than going
+	// back), "renewal" for a lease that lapsed while held because renewals
+	// did not reach the store in time. Alert on "unclosed" and "renewal";
+	// watch "failed_after_send" beside the request timeouts.
 	MetricPermitsLapsed = "fleetrate_transport_permits_lapsed_total"
 )
 
@@ -115,6 +120,9 @@ type held struct {
 	// handed is set once the answer's body is watched: from then on the
 	// body ends the hold.
 	handed bool
+	// asked and wrote record what the request's client trace saw: a
+	// connection asked for, and the request's headers written on it.
+	asked, wrote atomic.Bool
 }
 
 // hold returns the hold of a request sent on r, or nil when there is
@@ -142,8 +150,31 @@ func (h *held) drop() {
 	}
 }
 
-// answer takes the base transport's answer to the held request: a failed
-// round trip ends the hold at once; a response's body ends it when read
+// traced returns req with a client trace that records whether it was
+// written, so that a failed round trip knows whether the upstream may be
+// running it. It returns req itself when there is no permit to keep.
+func (h *held) traced(req *http.Request) *http.Request {
+	if h == nil || !h.permit {
+		return req
+	}
+	return req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
+		GetConn:      func(string) { h.asked.Store(true) },
+		WroteHeaders: func() { h.wrote.Store(true) },
+	}))
+}
+
+// mayRun reports whether the upstream may be running a request whose
+// round trip failed: its headers were written, or the base transport
+// reports no trace at all, so nothing says they were not.
+func (h *held) mayRun() bool {
+	return h.wrote.Load() || !h.asked.Load()
+}
+
+// answer takes the base transport's answer to the held request: a round
+// trip that failed before the request was written ends the hold at once,
+// one that failed after it (a timeout, a cancel, a reset) abandons its
+// permit, which lapses at the end of its lease, since the upstream may
+// still be running the request; a response's body ends the hold when read
 // to its end or closed.
 func (h *held) answer(resp *http.Response, err error) *http.Response {
 	if h == nil {
@@ -151,6 +182,10 @@ func (h *held) answer(resp *http.Response, err error) *http.Response {
 	}
 	h.handed = true
 	if err != nil || resp == nil {
+		if h.permit && err != nil && h.mayRun() {
+			h.abandon("failed_after_send", "rate_permit_abandoned")
+			return resp
+		}
 		h.end(nil, nil)
 		return resp
 	}
@@ -168,7 +203,7 @@ func (h *held) answer(resp *http.Response, err error) *http.Response {
 	// A body dropped unclosed ends nothing: its request may still be
 	// running upstream. Stop renewing the permit, so that it lapses at
 	// the end of its lease, and say so.
-	runtime.AddCleanup(b, func(h *held) { h.abandon() }, h)
+	runtime.AddCleanup(b, func(h *held) { h.abandon("unclosed", "rate_body_unclosed") }, h)
 	return resp
 }
 
@@ -214,10 +249,12 @@ func (h *held) settle(ctx context.Context, resp *http.Response, kept []byte) {
 	}
 }
 
-// abandon ends the hold of a response body dropped without being read to
-// its end or closed: its permit is no longer renewed and lapses at the
-// end of its lease.
-func (h *held) abandon() {
+// abandon ends a hold whose request may still be running upstream: a
+// response body dropped without being read to its end or closed, or a
+// round trip that failed after the request was written. Its permit is no
+// longer renewed and lapses at the end of its lease; the lapse is counted
+// with cause and logged as event.
+func (h *held) abandon(cause, event string) {
 	if !h.ended.CompareAndSwap(false, true) {
 		return
 	}
@@ -225,9 +262,13 @@ func (h *held) abandon() {
 	if !h.permit {
 		return
 	}
+	level := slog.LevelError // a body dropped unclosed is the caller's bug
+	if cause != "unclosed" {
+		level = slog.LevelWarn
+	}
 	h.t.pm.gauge(heldGauge, h.tg, -1)
-	h.t.pm.lapse(h.tg, "unclosed")
-	h.t.log.LogAttrs(h.ctx, slog.LevelError, "rate_body_unclosed", append(h.attrs,
+	h.t.pm.lapse(h.tg, cause)
+	h.t.log.LogAttrs(h.ctx, level, event, append(h.attrs,
 		slog.Int64("lapses_in_ms", h.t.lim.PermitTTL().Milliseconds()))...)
 }
 

@@ -2,14 +2,17 @@ package transport_test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httptrace"
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -251,21 +254,133 @@ func TestPermitEndsWithTheBody(t *testing.T) {
 			})
 		})
 	}
-	t.Run("round trip fails", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
-			fail := roundTripFunc(func(*http.Request) (*http.Response, error) { return nil, io.ErrUnexpectedEOF })
-			tr, _, reg := boundedSetup(t, memstore.New(memstore.Options{}), llmUpstream(1, 0), fail,
-				fleetrate.Config{MaxWait: time.Minute}, transport.Options{MaxWait: time.Second, MaxAttempts: 1})
-			for range 3 {
+}
+
+// TestFailedRoundTripPermit: a round trip that fails before its request
+// is written (no connection) gives its permit back at once, so the next
+// request goes out without waiting; one that fails after (a reset, a
+// timeout), or through a base transport that reports no trace, may still
+// be running upstream, so its permit lapses at the end of its lease and
+// the next request waits exactly that long, on the store's clock; the
+// lapse is counted with cause "failed_after_send".
+func TestFailedRoundTripPermit(t *testing.T) {
+	const ttl = 3 * time.Second
+	for _, tc := range []struct {
+		name  string
+		trace func(*httptrace.ClientTrace) // the base's calls before it fails
+		wait  time.Duration
+	}{
+		{"before it is written", func(ct *httptrace.ClientTrace) { ct.GetConn("llm.test:80") }, 0},
+		{"after it is written", func(ct *httptrace.ClientTrace) { ct.GetConn("llm.test:80"); ct.WroteHeaders() }, ttl},
+		{"with no trace", func(*httptrace.ClientTrace) {}, ttl},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var calls atomic.Int32
+				base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+					if calls.Add(1) == 1 {
+						tc.trace(httptrace.ContextClientTrace(r.Context()))
+						return nil, io.ErrUnexpectedEOF
+					}
+					return &http.Response{StatusCode: http.StatusOK, Body: http.NoBody, Request: r}, nil
+				})
+				tr, _, reg := boundedSetup(t, memstore.New(memstore.Options{}), llmUpstream(1, 0), base,
+					fleetrate.Config{MaxWait: time.Minute, PermitTTL: ttl}, transport.Options{MaxWait: time.Minute, MaxAttempts: 1})
 				if _, err := get(t, context.Background(), tr, "/chat"); err == nil {
 					t.Fatal("a failed round trip returned no error")
 				}
+				start := time.Now()
+				if _, err := get(t, context.Background(), tr, "/chat"); err != nil {
+					t.Fatal(err)
+				}
+				if waited := time.Since(start); waited != tc.wait {
+					t.Errorf("the next request waited %v; want %v", waited, tc.wait)
+				}
+				if h := gauge(t, reg, transport.MetricPermitsHeld); h != 0 {
+					t.Errorf("held %v; want 0", h)
+				}
+				lapsed := 0.0
+				if tc.wait > 0 {
+					lapsed = 1
+				}
+				if n := lapsedOf(t, reg, "failed_after_send"); n != lapsed {
+					t.Errorf("lapsed (failed_after_send) %v; want %v", n, lapsed)
+				}
+			})
+		})
+	}
+}
+
+// lapsedOf returns the lapsed permits counted in reg with the cause.
+func lapsedOf(t *testing.T, reg *prometheus.Registry, cause string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != transport.MetricPermitsLapsed {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "cause" && l.GetValue() == cause {
+					n += m.GetCounter().GetValue()
+				}
 			}
-			if h := gauge(t, reg, transport.MetricPermitsHeld); h != 0 {
-				t.Errorf("held %v; want 0", h)
+		}
+	}
+	return n
+}
+
+// TestTimedOutRequestsKeepTheBound: callers whose timeout is shorter than
+// the upstream's answer give up on their requests, which the upstream
+// (like many) goes on running and counting. Over net/http, 6 callers with
+// a bound of 2 never put more than 2 in flight at it: a timed-out
+// request's permit lapses at the end of its lease, not when its caller
+// gives up.
+func TestTimedOutRequestsKeepTheBound(t *testing.T) {
+	up := &boundedUpstream{bound: 2, latency: func(i int) time.Duration {
+		if i%3 == 0 {
+			return 400 * time.Millisecond // past the callers' timeout
+		}
+		return 10 * time.Millisecond
+	}}
+	srv := httptest.NewServer(up)
+	defer srv.Close()
+	tr, _, _ := boundedSetup(t, memstore.New(memstore.Options{}), llmUpstream(2, 0), http.DefaultTransport,
+		fleetrate.Config{MaxWait: time.Minute, PermitTTL: time.Second}, transport.Options{MaxWait: time.Minute, MaxAttempts: 1})
+	client := &http.Client{Transport: tr}
+	var wg sync.WaitGroup
+	var timedOut atomic.Int32
+	for range 6 {
+		wg.Go(func() {
+			for range 3 {
+				ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+				req, _ := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL+"/chat", nil)
+				resp, err := client.Do(req)
+				if err == nil {
+					_, err = io.Copy(io.Discard, resp.Body)
+					_ = resp.Body.Close()
+				}
+				if errors.Is(err, context.DeadlineExceeded) {
+					timedOut.Add(1)
+				}
+				cancel()
 			}
 		})
-	})
+	}
+	wg.Wait()
+	time.Sleep(500 * time.Millisecond) // the last abandoned requests end upstream
+	n, most, over := up.stats()
+	t.Logf("%d requests reached the upstream, %d timed out at the callers, at most %d in flight", n, timedOut.Load(), most)
+	if most > 2 || over != 0 {
+		t.Fatalf("at most %d in flight, %d past the bound; want <= 2, 0", most, over)
+	}
+	if timedOut.Load() == 0 {
+		t.Fatal("no request timed out: the test proved nothing")
+	}
 }
 
 // TestUnclosedBodyLapses: a response body dropped without being read to

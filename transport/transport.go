@@ -443,7 +443,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			}
 		}
 		sent := t.now()
-		resp, err := t.base.RoundTrip(out)
+		resp, err := t.base.RoundTrip(h.traced(out))
 		resp = h.answer(resp, err)
 
 		var li limitInfo

@@ -146,6 +146,10 @@ func (r *result) call(lim *fleetrate.Limiter, client *http.Client, url, worker s
 	req.Header.Set(workerHeader, worker)
 	resp, err := client.Do(req)
 	if err != nil {
+		// Given up on (the deadline) after it may have been sent: the
+		// upstream may still be running it, so the permit is left to
+		// lapse at the end of its lease rather than given back.
+		res.Abandon()
 		r.errorf("request: %v", err)
 		return
 	}
