@@ -169,12 +169,14 @@ func decide(now int64, req fleetrate.Request, states []State) (fleetrate.Result,
 	case wait > int64(req.MaxWait):
 		res.RetryAfter = time.Duration(wait)
 		if blocked >= 0 {
-			res.RetryAfter = max(res.RetryAfter, time.Duration(states[blocked].Permits.NextFree(now))*time.Microsecond)
+			res.RetryAfter = max(res.RetryAfter, time.Duration(states[blocked].Permits.Wait(now))*time.Microsecond)
 		}
 	case blocked >= 0:
 		// No permit is free: wait in the queue when the take may wait,
-		// at most until a held lease ends.
-		res.RetryAfter = max(time.Duration(states[blocked].Permits.NextFree(now))*time.Microsecond, time.Microsecond)
+		// at most until a held lease ends or a waiter's place lapses (one
+		// stopped at the head of the queue holds back those behind it
+		// until then, with permits free).
+		res.RetryAfter = time.Duration(states[blocked].Permits.Wait(now)) * time.Microsecond
 		queued := req.MaxWait > 0
 		if queued {
 			ahead = enqueue(now, req, states, blocked)

@@ -145,6 +145,35 @@ func (s *Set) NextFree(now int64) int64 {
 	return max(first-now, 0)
 }
 
+// NextLapse returns how long (µs) from now until the first waiter's place
+// in the queue lapses, with no renewal: when a waiter that stopped (a
+// paused or dead process) leaves the queue, and those behind it move up,
+// with no release to tell them. 0 when nobody waits.
+func (s *Set) NextLapse(now int64) int64 {
+	if len(s.Queue) == 0 {
+		return 0
+	}
+	first := s.Queue[0].Expires
+	for _, l := range s.Queue[1:] {
+		first = min(first, l.Expires)
+	}
+	return max(first-now, 0)
+}
+
+// Wait returns how long (µs) from now a take that finds no permit for it
+// waits at most before things change without a word from the store: a
+// held lease ends (NextFree) or a waiter's place lapses (NextLapse),
+// whichever comes first; at least 1. A release, or a waiter ahead taking
+// its permit, comes sooner, and a store that tells wakes the waiters it
+// concerns (see fleetrate.PermitNotifier).
+func (s *Set) Wait(now int64) int64 {
+	d := s.NextFree(now)
+	if q := s.NextLapse(now); q > 0 && (d == 0 || q < d) {
+		d = q
+	}
+	return max(d, 1)
+}
+
 // Last returns when the last lease ends (µs), or 0 when none is held or
 // queued: a store keeps the set until then.
 func (s *Set) Last() int64 {

@@ -65,3 +65,23 @@ func TestCloneIsIndependent(t *testing.T) {
 		t.Fatal("Clone shares memory with the original")
 	}
 }
+
+// TestWait: a take that finds no permit waits until a held lease ends or
+// a waiter's place lapses, whichever is first, and at least 1 µs.
+func TestWait(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		s    Set
+		want int64
+	}{
+		{"nothing", Set{}, 1},
+		{"held", Set{Held: []Lease{{ID: "a", Expires: 150}, {ID: "b", Expires: 120}}}, 20},
+		{"a waiter first", Set{Held: []Lease{{ID: "a", Expires: 150}}, Queue: []Lease{{ID: "q", Expires: 130}}}, 30},
+		{"waiters alone", Set{Queue: []Lease{{ID: "q", Expires: 180}, {ID: "r", Expires: 140}}}, 40},
+		{"ended", Set{Held: []Lease{{ID: "a", Expires: 90}}}, 1},
+	} {
+		if got := tc.s.Wait(100); got != tc.want {
+			t.Errorf("%s: Wait(100) = %d, want %d", tc.name, got, tc.want)
+		}
+	}
+}

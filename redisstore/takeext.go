@@ -78,15 +78,15 @@ func decodeExt(req fleetrate.Request, reply []int64) (fleetrate.Result, error) {
 		if bk.InFlight == 0 {
 			continue
 		}
-		if len(reply) < pos+5 {
+		if len(reply) < pos+viewLen {
 			return bad("ends early")
 		}
-		p, err := permitView(now, req.Permit.ID, reply[pos:pos+5])
+		p, err := permitView(now, req.Permit.ID, reply[pos:pos+viewLen])
 		if err != nil {
 			return bad("bucket %d: %v", b, err)
 		}
 		states[b].Permits = p
-		pos += 5
+		pos += viewLen
 	}
 	if len(reply) != pos+1 {
 		return bad("%d values, want %d", len(reply), pos+1)
@@ -98,16 +98,20 @@ func decodeExt(req fleetrate.Request, reply []int64) (fleetrate.Result, error) {
 	return res, nil
 }
 
+// viewLen is how many values the take script reports for each bound.
+const viewLen = 6
+
 // permitView returns a set of permits that stands as a bound stood for id
 // before a take, from the script's view of it (held, mine, place, qlen,
-// first): the leases that gcra.Decide reads, with every other holder and
+// first, qfirst): the leases that gcra.Decide reads (the earliest end of
+// the held and of the waiters' places), with every other holder and
 // waiter anonymous. The replay allocates what memstore keeps: at most
 // the bound's holders (65,536) and the waiters, of which a reply may
 // report maxQueueView at most (beyond, the takes of the bucket fail as an
 // unavailable store: a million takes waiting on one bucket is no queue
 // but a fault).
 func permitView(now int64, id string, v []int64) (inflight.Set, error) {
-	held, mine, place, qlen, first := v[0], v[1], v[2], v[3], v[4]
+	held, mine, place, qlen, first, qfirst := v[0], v[1], v[2], v[3], v[4], v[5]
 	switch {
 	case held < 0 || held > fleetrate.MaxInFlight || qlen < 0 || qlen > maxQueueView:
 		return inflight.Set{}, fmt.Errorf("%d held and %d waiting", held, qlen)
@@ -117,6 +121,8 @@ func permitView(now int64, id string, v []int64) (inflight.Set, error) {
 		return inflight.Set{}, fmt.Errorf("place %d in a queue of %d", place, qlen)
 	case held > 0 && first <= now:
 		return inflight.Set{}, fmt.Errorf("a lease ending at %d, not after now %d", first, now)
+	case qlen > 0 && qfirst <= now:
+		return inflight.Set{}, fmt.Errorf("a place in the queue ending at %d, not after now %d", qfirst, now)
 	}
 	var p inflight.Set
 	if held > 0 {
@@ -133,6 +139,7 @@ func permitView(now int64, id string, v []int64) (inflight.Set, error) {
 		for i := range p.Queue {
 			p.Queue[i].Expires = math.MaxInt64
 		}
+		p.Queue[0].Expires = qfirst
 		if place >= 0 {
 			p.Queue[place].ID = id
 		}

@@ -148,6 +148,34 @@ func permitQueue(t *testing.T, s fleetrate.Store, key func(string) string) {
 	}
 }
 
+// permitStalledQueue checks the wait a store reports to a take held back
+// by a waiter that stopped at the head of the queue (a paused process),
+// with the permit free: until that waiter's place lapses, not a moment,
+// which would have every waiter behind it take again at once.
+func permitStalledQueue(t *testing.T, s fleetrate.Store, key func(string) string) {
+	ctx := context.Background()
+	bs := []fleetrate.Bucket{bounded(key("stalled"), 1)}
+	mustTake(t, s, acquire(bs, "holder", 0))
+	if res := mustTake(t, s, acquire(bs, "stalled", time.Second)); !res.InFlight.Queued {
+		t.Fatalf("the waiter: %+v, want queued", res)
+	}
+	if _, err := s.Release(ctx, bs, "holder"); err != nil {
+		t.Fatal(err)
+	}
+	// The stalled waiter's place lapses 10 s after its take (acquire's
+	// TTL); each take below sees at most the calls' time less.
+	for _, tc := range []struct {
+		id      string
+		maxWait time.Duration
+	}{{"behind", time.Second}, {"late", 0}} {
+		res := mustTake(t, s, acquire(bs, tc.id, tc.maxWait))
+		if res.Allowed || res.RetryAfter < 5*time.Second || res.RetryAfter > 10*time.Second {
+			t.Fatalf("%s, with the permit free and a stalled waiter ahead: allowed %v, retry after %v; want denied, retry after up to 10 s, when its place lapses",
+				tc.id, res.Allowed, res.RetryAfter)
+		}
+	}
+}
+
 // permitLease checks that a permit nobody renews lapses at its lease on
 // the store's clock, never before, and that a renewed one does not.
 func permitLease(t *testing.T, s fleetrate.Store, key func(string) string) {

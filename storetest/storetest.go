@@ -76,6 +76,7 @@ func Run(t *testing.T, newStore func(t *testing.T) fleetrate.Store) {
 		{"PermitAllOrNothing", permitAllOrNothing},
 		{"PermitQueue", permitQueue},
 		{"PermitLease", permitLease},
+		{"PermitStalledQueue", permitStalledQueue},
 		{"PermitRace", permitRace},
 		{"PermitInvalid", permitInvalid},
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/fleetrate/fleetrate/internal/cli/mockota"
 	"github.com/fleetrate/fleetrate/internal/harness/redistest"
+	"github.com/fleetrate/fleetrate/internal/harness/schednoise"
 )
 
 var (
@@ -63,6 +64,7 @@ func TestInFlightFleet(t *testing.T) {
 	up := &mockota.Concurrent{Bound: bound, MinLatency: 50 * time.Millisecond, MaxLatency: 500 * time.Millisecond, By: workerHeader}
 	hs := httptest.NewServer(up)
 	defer hs.Close()
+	noise := schednoise.Start()
 	start := time.Now()
 	until := start.Add(*duration)
 	ps := make([]*proc, procs)
@@ -96,8 +98,10 @@ func TestInFlightFleet(t *testing.T) {
 	_ = ps[1].cmd.Process.Signal(syscall.SIGCONT)
 	wg.Wait()
 	end := time.Now()
+	worst := noise.Stop()
 
 	var sum result
+	var takesOf []int64 // each live worker's takes
 	for i, p := range ps {
 		if i == 0 {
 			continue // killed: it wrote nothing
@@ -108,6 +112,7 @@ func TestInFlightFleet(t *testing.T) {
 		}
 		sum.add(r)
 		sum.Takes += r.Takes
+		takesOf = append(takesOf, r.Takes)
 		sum.Renews += r.Renews
 		sum.Releases += r.Releases
 	}
@@ -118,7 +123,7 @@ func TestInFlightFleet(t *testing.T) {
 	runFor := end.Sub(start).Seconds()
 	mean := st.Busy.Seconds() / float64(max(served, 1)) // the upstream's mean latency
 	tighter := min(rate, bound/mean)
-	t.Logf("errors: %v; worker 0 had %d requests in flight when killed; takes %d, renews %d, releases %d, requests %d, acquired %d, backpressure %d", sum.Errors, heldAtKill, sum.Takes, sum.Renews, sum.Releases, sum.Requests, sum.Acquired, sum.Backpressure)
+	t.Logf("errors: %v; worker 0 had %d requests in flight when killed; takes %d (workers 1-3: %v), renews %d, releases %d, requests %d, acquired %d, backpressure %d", sum.Errors, heldAtKill, sum.Takes, takesOf, sum.Renews, sum.Releases, sum.Requests, sum.Acquired, sum.Backpressure)
 	t.Logf("\n%s\n%s\n| %d × %d, bound %d, %.0f/s, lease %v | %d | %d | %v | %.1f of %d | %.1f/s (%.0f %% of %.1f/s) | %.2f | %d / %d / %d |",
 		"| fleet | peak in flight at the upstream | 429s | after the kill, back to the bound in | steady in flight | served (of what the tighter limit admits) | store calls per request | not held at send / lapsed / cut by the kill |",
 		"|---|---|---|---|---|---|---|---|",
@@ -132,9 +137,12 @@ func TestInFlightFleet(t *testing.T) {
 	// The dead worker's permits and places in the queue lapse within the
 	// lease; nothing announces a lapse, so the first live waiter takes the
 	// freed permit at its next take, within a third of the lease more.
-	// The 1.5 s beyond is the machine's noise: 3.46-3.51 s measured at a
-	// 2 s lease, quiet and with two CPU hogs.
-	if want := *ttl + *ttl/3 + 1500*time.Millisecond; recovered < 0 || recovered > want {
-		t.Errorf("after the kill the requests in flight came back to %d after %v, want within the lease %v, a third of it and 1.5 s (%v)", bound, recovered, *ttl, want)
+	// Then 8 requests must be out at once, which the rate and the random
+	// latencies delay: 3.46-3.51 s measured at a 2 s lease, quiet and with
+	// two CPU hogs, and 4.22 s once with the hogs; hence 2 s beyond, and
+	// the scheduling noise measured in the run.
+	allow := schednoise.Allowance(worst, 2*time.Second)
+	if want := *ttl + *ttl/3 + allow; recovered < 0 || recovered > want {
+		t.Errorf("after the kill the requests in flight came back to %d after %v, want within the lease %v, a third of it and %v (%v)", bound, recovered, *ttl, allow, want)
 	}
 }

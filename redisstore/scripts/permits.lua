@@ -55,18 +55,23 @@ end
 -- view returns where a bucket of in-flight bound stands for id ('' for
 -- none), once expired: held (counting a live fill as the whole bound),
 -- real (the holders alone), mine (id holds a permit), place (id's index in
--- the queue, -1 when it waits not), qlen and first (the earliest lease
--- end of the held, the fill's included; 0 when none is held).
-local function view(h, q, bound, id)
+-- the queue, -1 when it waits not), qlen, first (the earliest lease end
+-- of the held, the fill's included; 0 when none is held) and qfirst (the
+-- earliest lease end of the waiters; 0 when none waits).
+local function view(h, q, w, bound, id)
   local real = redis.call('ZCARD', h)
   local fill = redis.call('ZSCORE', h, FILL)
   if fill then real = real - 1 end
   local held = real
   if fill and held < bound then held = bound end
-  local v = { held = held, real = real, first = 0, mine = false, place = -1, qlen = redis.call('ZCARD', q) }
+  local v = { held = held, real = real, first = 0, mine = false, place = -1, qlen = redis.call('ZCARD', q), qfirst = 0 }
   if real > 0 or fill then
     local r = redis.call('ZRANGE', h, 0, 0, 'WITHSCORES')
     v.first = tonumber(r[2])
+  end
+  if v.qlen > 0 then
+    local r = redis.call('ZRANGE', w, 0, 0, 'WITHSCORES')
+    v.qfirst = tonumber(r[2])
   end
   if id ~= '' then
     v.mine = real > 0 and redis.call('ZSCORE', h, id) ~= false

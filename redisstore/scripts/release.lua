@@ -16,7 +16,7 @@ for b = 1, #KEYS / 4 do
   redis.call('ZREM', q, id)
   redis.call('ZREM', w, id)
   held = held + redis.call('ZREM', h, id)
-  local v = view(h, q, bound, '')
+  local v = view(h, q, w, bound, '')
   if v.held < bound and v.qlen > 0 then
     local woken = redis.call('ZRANGE', q, 0, bound - v.held - 1)
     for i = 1, #woken do redis.call('PUBLISH', channel, woken[i] .. ' ' .. key) end

@@ -20,7 +20,7 @@ for b = 1, #KEYS / 3 do
   elseif redis.call('ZSCORE', w, id) then
     redis.call('ZADD', w, 'XX', 'GT', exp, id)
     held = held + 1
-  elseif redis.call('ZSCORE', h, FILL) and view(h, q, 0, '').real < tonumber(ARGV[2 + b]) then
+  elseif redis.call('ZSCORE', h, FILL) and view(h, q, w, 0, '').real < tonumber(ARGV[2 + b]) then
     redis.call('ZADD', h, exp, id)
     held = held + 1
   end

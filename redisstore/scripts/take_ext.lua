@@ -9,8 +9,8 @@
 -- bucket keys, KEYS holds the three permit keys (h, q, w: see
 -- permits.lua) of each bucket with a bound, in order.
 -- Returns {now_us, 1, the debts of each bucket before the take, then for
--- each bucket with a bound held, mine, place, qlen and first before the
--- take (see view), then the decision: 0 denied, 1 granted, 2 queued}. The
+-- each bucket with a bound held, mine, place, qlen, first and qfirst
+-- before the take (see view), then the decision: 0 denied, 1 granted, 2 queued}. The
 -- client replays the decision with gcra.Decide and checks it.
 local nb = tonumber(ARGV[1])
 local max_wait = tonumber(ARGV[2])
@@ -41,12 +41,12 @@ for b = 1, nb do
   if bounds[b] > 0 then
     local h, q, w = KEYS[pk[b] + 1], KEYS[pk[b] + 2], KEYS[pk[b] + 3]
     expire(h, q, w, now)
-    local v = view(h, q, bounds[b], id)
+    local v = view(h, q, w, bounds[b], id)
     views[b] = v
     local mine = 0
     if v.mine then mine = 1 end
     local o = #out
-    out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] = v.held, mine, v.place, v.qlen, v.first
+    out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5], out[o + 6] = v.held, mine, v.place, v.qlen, v.first, v.qfirst
     if id ~= '' and not blocked and not admits(v, bounds[b]) then blocked = b end
   end
 end
