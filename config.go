@@ -38,6 +38,9 @@ type BucketConfig struct {
 	// TryAcquire, which hold a permit until Reservation.Release (see
 	// Bucket.InFlight). At most MaxInFlight.
 	InFlight int64
+	// Quotas are the bucket's calendar quotas ("10,000 a month"), enforced
+	// with its Limits in one atomic step (see Quota).
+	Quotas []Quota
 }
 
 // Config configures a Limiter. The zero value of each field means its
@@ -112,6 +115,9 @@ func (c Config) Validate() error {
 		}
 		if err := validateLimits(fmt.Sprintf("buckets[%d] %q limits", i, b.Name), b.Limits); err != nil {
 			return fmt.Errorf("%w: config: %w", ErrInvalid, err)
+		}
+		if err := validateQuotas(fmt.Sprintf("config: buckets[%d] %q", i, b.Name), b.Quotas); err != nil {
+			return err
 		}
 		field, ps := fmt.Sprintf("buckets[%d] %q priorities", i, b.Name), b.Priorities
 		if len(ps) == 0 {

@@ -119,8 +119,8 @@ func (l *Limiter) bind(binder Binder, limits []Limit) BoundTaker {
 // addBucket registers the configured bucket b, with its priority classes
 // (the limiter's when it names none).
 func (l *Limiter) addBucket(binder Binder, b BucketConfig) {
-	nb := namedBucket{Bucket: Bucket{Prefix: l.prefix, Key: b.Name, Limits: compileLimits(b.Limits), InFlight: b.InFlight}}
-	if b.InFlight == 0 {
+	nb := namedBucket{Bucket: Bucket{Prefix: l.prefix, Key: b.Name, Limits: compileLimits(b.Limits), InFlight: b.InFlight, Quotas: slices.Clone(b.Quotas)}}
+	if b.InFlight == 0 && len(b.Quotas) == 0 {
 		nb.taker = l.bind(binder, nb.Limits)
 	}
 	nb.classes = slices.Clone(b.Priorities)

@@ -68,6 +68,9 @@ type Bucket struct {
 	// (Request.Permit) together with its tokens, and Store.Release gives
 	// it back. 0, the default, bounds nothing. At most MaxInFlight.
 	InFlight int64
+	// Quotas are the bucket's calendar quotas (see Quota), enforced
+	// together with Limits; each of a different Period.
+	Quotas []Quota
 }
 
 // compiled reports whether b is valid for a take of n tokens because its
@@ -81,7 +84,7 @@ func (b *Bucket) compiled(n int64) bool {
 			return false
 		}
 	}
-	return b.InFlight == 0
+	return b.InFlight == 0 && len(b.Quotas) == 0
 }
 
 // StoreKey returns the full store key, Prefix + Key.
@@ -188,6 +191,28 @@ func (r Request) Validate() error {
 	return r.validate()
 }
 
+// validateCost checks a cost of n from bucket i, b, against its reserve,
+// its limits' bursts and its quotas' counts.
+func validateCost(i int, b Bucket, n int64) error {
+	for _, l := range b.Limits {
+		if b.Reserve < 0 || b.Reserve >= l.Burst {
+			return fmt.Errorf("%w: buckets[%d] %q reserve: must be between 0 and burst-1 (%d), got %d", ErrInvalid, i, b.StoreKey(), l.Burst-1, b.Reserve)
+		}
+		if n > l.Burst {
+			return fmt.Errorf("%w: n=%d, bucket %q burst %d", ErrBurstExceeded, n, b.Key, l.Burst)
+		}
+		if n > l.Burst-b.Reserve {
+			return fmt.Errorf("%w: n=%d plus reserve %d, bucket %q burst %d", ErrBurstExceeded, n, b.Reserve, b.Key, l.Burst)
+		}
+	}
+	for _, q := range b.Quotas {
+		if n > q.Count {
+			return fmt.Errorf("%w: n=%d, bucket %q quota %s of %d", ErrBurstExceeded, n, b.Key, q.label(), q.Count)
+		}
+	}
+	return nil
+}
+
 // validate is Validate without the shortcut for a Limiter's requests.
 func (r Request) validate() error {
 	if len(r.Buckets) == 0 {
@@ -219,16 +244,8 @@ func (r Request) validate() error {
 		if n < 0 {
 			return fmt.Errorf("%w: costs[%d]: bucket %q cost must be >= 0, got %d", ErrInvalid, i, b.StoreKey(), n)
 		}
-		for _, l := range b.Limits {
-			if b.Reserve < 0 || b.Reserve >= l.Burst {
-				return fmt.Errorf("%w: buckets[%d] %q reserve: must be between 0 and burst-1 (%d), got %d", ErrInvalid, i, b.StoreKey(), l.Burst-1, b.Reserve)
-			}
-			if n > l.Burst {
-				return fmt.Errorf("%w: n=%d, bucket %q burst %d", ErrBurstExceeded, n, b.Key, l.Burst)
-			}
-			if n > l.Burst-b.Reserve {
-				return fmt.Errorf("%w: n=%d plus reserve %d, bucket %q burst %d", ErrBurstExceeded, n, b.Reserve, b.Key, l.Burst)
-			}
+		if err := validateCost(i, b, n); err != nil {
+			return err
 		}
 		if b.InFlight > 0 {
 			permits = true
@@ -290,6 +307,21 @@ func validateBucket(i int, b Bucket) error {
 	if b.InFlight < 0 || b.InFlight > MaxInFlight {
 		return fmt.Errorf("%w: buckets[%d] %q in_flight: must be between 1 and %d (0: no bound), got %d", ErrInvalid, i, b.StoreKey(), MaxInFlight, b.InFlight)
 	}
+	return validateQuotas(fmt.Sprintf("buckets[%d] %q", i, b.StoreKey()), b.Quotas)
+}
+
+// validateQuotas checks the quotas of field: each valid, no period twice.
+func validateQuotas(field string, qs []Quota) error {
+	for j, q := range qs {
+		if err := q.Validate(); err != nil {
+			return fmt.Errorf("%s quotas[%d]: %w", field, j, err)
+		}
+		for _, o := range qs[:j] {
+			if o.Key() == q.Key() {
+				return fmt.Errorf("%w: %s quotas[%d]: period %q appears twice (one quota per period)", ErrInvalid, field, j, q.Key())
+			}
+		}
+	}
 	return nil
 }
 
@@ -335,6 +367,14 @@ type Result struct {
 	// InFlight is, when a bucket of the take bounds in-flight takes, where
 	// the tightest such bucket stands after the decision.
 	InFlight InFlight
+	// Quotas are, when buckets of the take have calendar quotas, where
+	// each stands after the decision, in the order of the buckets and
+	// their quotas. When a quota refused the take, QuotaDenied is set and
+	// Quotas[Quota] is the one that refused; otherwise Quota is the index
+	// of the quota with the fewest remaining.
+	Quotas      []QuotaStatus
+	Quota       int
+	QuotaDenied bool
 }
 
 // InFlight is where a bucket's in-flight bound stands after a decision.

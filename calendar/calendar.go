@@ -136,7 +136,8 @@ func midnight(y int, m time.Month, d int, loc *time.Location) time.Time {
 }
 
 // Parse reads a period: a unit, then options separated by spaces: a time
-// zone name ("Europe/Paris"; UTC by default), for a week the weekday it
+// zone name ("Europe/Paris"; UTC by default) or a fixed offset
+// ("UTC+05:30", as FixedZone names it), for a week the weekday it
 // starts on ("monday"), for a month its anchor day ("day=15"). For
 // example "month day=1 America/New_York", "week monday", "day Asia/Tokyo".
 func Parse(s string) (Period, error) {
@@ -183,12 +184,67 @@ func (p *Period) option(o string) error {
 	if p.Location != nil {
 		return fmt.Errorf("calendar: %q: a second time zone, or an unknown option", o)
 	}
+	if loc, ok, err := fixedZone(o); ok {
+		if err != nil {
+			return err
+		}
+		p.Location = loc
+		return nil
+	}
 	loc, err := time.LoadLocation(o)
 	if err != nil || o == "" || strings.EqualFold(o, "local") {
 		return fmt.Errorf("calendar: time zone %q: unknown (want an IANA name such as Europe/Paris, or UTC)", o)
 	}
 	p.Location = loc
 	return nil
+}
+
+// FixedZone returns a zone at a fixed offset from UTC (east positive),
+// named as Parse reads it back: "UTC+05:30", "UTC-08:00", "UTC+00:17:23".
+// The offset must be within ±24 hours, whole seconds.
+func FixedZone(offset time.Duration) (*time.Location, error) {
+	if offset%time.Second != 0 || offset <= -24*time.Hour || offset >= 24*time.Hour {
+		return nil, fmt.Errorf("calendar: zone offset %v: want whole seconds within ±24h", offset)
+	}
+	sign, off := "+", offset
+	if off < 0 {
+		sign, off = "-", -off
+	}
+	secs := int(off / time.Second)
+	name := fmt.Sprintf("UTC%s%02d:%02d", sign, secs/3600, secs/60%60)
+	if secs%60 != 0 {
+		name += fmt.Sprintf(":%02d", secs%60)
+	}
+	return time.FixedZone(name, int(offset/time.Second)), nil
+}
+
+// fixedZone reads a zone named as FixedZone names it; ok is false when o
+// is no such name.
+func fixedZone(o string) (loc *time.Location, ok bool, err error) {
+	rest, found := strings.CutPrefix(o, "UTC")
+	if !found || len(rest) < 6 || rest[0] != '+' && rest[0] != '-' {
+		return nil, false, nil
+	}
+	parts := strings.Split(rest[1:], ":")
+	if len(parts) > 3 || len(parts) < 2 {
+		return nil, true, fmt.Errorf("calendar: zone %q: want UTC+hh:mm or UTC+hh:mm:ss", o)
+	}
+	var secs int
+	for i, part := range parts {
+		n, err := strconv.Atoi(part)
+		if err != nil || len(part) != 2 || n < 0 || i > 0 && n > 59 || i == 0 && n > 23 {
+			return nil, true, fmt.Errorf("calendar: zone %q: want UTC+hh:mm or UTC+hh:mm:ss, hours below 24", o)
+		}
+		secs = secs*60 + n
+	}
+	if len(parts) == 2 {
+		secs *= 60
+	}
+	if rest[0] == '-' {
+		secs = -secs
+	}
+	loc, err = FixedZone(time.Duration(secs) * time.Second)
+	return loc, true, err
 }
 
 // String returns the period as Parse reads it.

@@ -113,3 +113,31 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+// TestFixedZoneRoundTrips: a period in a fixed-offset zone reads back from
+// its string, with the same windows; bad offsets are refused, naming them.
+func TestFixedZoneRoundTrips(t *testing.T) {
+	for _, off := range []time.Duration{0, 5*time.Hour + 30*time.Minute, -8 * time.Hour, 17*time.Minute + 23*time.Second, -(23*time.Hour + 59*time.Minute + 59*time.Second)} {
+		loc, err := FixedZone(off)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := Period{Unit: Hour, Location: loc}
+		q, err := Parse(p.String())
+		if err != nil {
+			t.Fatalf("%v: Parse(%q): %v", off, p.String(), err)
+		}
+		at := time.Date(2026, 12, 4, 20, 0, 0, 0, time.UTC)
+		if s1, _ := p.Window(at); !s1.Equal(func() time.Time { s2, _ := q.Window(at); return s2 }()) || q.String() != p.String() {
+			t.Errorf("%v: %q read back as %q with another window", off, p.String(), q.String())
+		}
+	}
+	for _, bad := range []string{"hour UTC+24:00", "hour UTC+05:60", "hour UTC+5:30", "hour UTC+05:30:00:00", "hour UTC+aa:bb"} {
+		if _, err := Parse(bad); err == nil || !strings.Contains(err.Error(), "zone") {
+			t.Errorf("Parse(%q) = %v, want an error naming the zone", bad, err)
+		}
+	}
+	if _, err := FixedZone(25 * time.Hour); err == nil {
+		t.Error("FixedZone(25h): no error")
+	}
+}

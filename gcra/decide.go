@@ -85,7 +85,7 @@ func plain(l *fleetrate.Limit) fleetrate.Limit {
 //
 // Decide assumes a validated request.
 func Decide(now int64, req fleetrate.Request, states []State) (fleetrate.Result, bool) {
-	if len(req.Buckets) == 1 && len(req.Buckets[0].Limits) == 1 && req.Booking == nil && req.Costs == nil && req.Buckets[0].InFlight == 0 {
+	if len(req.Buckets) == 1 && len(req.Buckets[0].Limits) == 1 && req.Booking == nil && req.Costs == nil && req.Buckets[0].InFlight == 0 && len(req.Buckets[0].Quotas) == 0 {
 		var res fleetrate.Result
 		b := &req.Buckets[0]
 		changed := decideOne(now, &b.Limits[0], req.N, b.Reserve, req.MaxWait, &states[0], &res)
@@ -165,6 +165,37 @@ func decide(now int64, req fleetrate.Request, states []State) (fleetrate.Result,
 	wait := max(need, 0)
 	res := fleetrate.Result{At: time.UnixMicro(now), N: fleetrate.CostOf(req.N, req.Costs, wb)}
 	blocked, ahead := admit(now, req, states)
+	if !hasQuotas(req) {
+		return decideTokens(now, req, states, res, wait, wb, wl, blocked, ahead)
+	}
+	rb, ri, qwait := quotaRefusal(now, req, states)
+	if rb < 0 {
+		res, changed := decideTokens(now, req, states, res, wait, wb, wl, blocked, ahead)
+		if res.Allowed {
+			changed = useQuotas(now, req, states) || changed
+		}
+		fillQuotas(&res, now, req, states, -1, -1)
+		return res, changed
+	}
+	// A quota refuses: denied whatever the max wait (a quota is not
+	// booked ahead), until its window ends, or longer when the tokens or
+	// a permit need longer. The take joins no queue.
+	res.RetryAfter = max(time.Duration(wait), time.Duration(qwait))
+	if blocked >= 0 {
+		res.RetryAfter = max(res.RetryAfter, time.Duration(states[blocked].Permits.Wait(now))*time.Microsecond)
+	}
+	res.Bucket, res.LimitIndex, res.Limit = wb, wl, plain(&req.Buckets[wb].Limits[wl])
+	fillStatus(&res, req, states, false)
+	fillInFlight(&res, req, states, blocked)
+	fillQuotas(&res, now, req, states, rb, ri)
+	return res, false
+}
+
+// decideTokens is decide once every quota admits the take: the tokens
+// and the permits decide, wait ns from now for the tokens of bucket wb's
+// limit wl, the permits blocked in bucket blocked (-1: none) with ahead
+// waiting before the take.
+func decideTokens(now int64, req fleetrate.Request, states []State, res fleetrate.Result, wait int64, wb, wl, blocked, ahead int) (fleetrate.Result, bool) {
 	switch {
 	case wait > int64(req.MaxWait):
 		res.RetryAfter = time.Duration(wait)

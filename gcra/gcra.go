@@ -72,6 +72,10 @@ type State struct {
 	// (fleetrate.Bucket.InFlight), the permits held and the takes queued
 	// for one. A store keeps them until the last lease ends (see TTL).
 	Permits inflight.Set
+	// Quotas are, for a bucket with calendar quotas (fleetrate.Quota),
+	// what each used in its window, by period. A store keeps them until
+	// the last window ends (see TTL).
+	Quotas []QuotaUse
 }
 
 // MaxAnchorAge is how long, in µs, a state keeps its Anchor: a week, far
@@ -261,7 +265,7 @@ func (s *State) Converts(limits []fleetrate.Limit) bool {
 
 // Clone returns a copy of s with debts and fills of its own.
 func (s *State) Clone() State {
-	c := State{Stamp: s.Stamp, Debts: slices.Clone(s.Debts), Fills: slices.Clone(s.Fills), Anchor: s.Anchor, Horizon: s.Horizon}
+	c := State{Stamp: s.Stamp, Debts: slices.Clone(s.Debts), Fills: slices.Clone(s.Fills), Anchor: s.Anchor, Horizon: s.Horizon, Quotas: slices.Clone(s.Quotas)}
 	if !s.Permits.Empty() {
 		c.Permits = s.Permits.Clone()
 	}
@@ -322,6 +326,11 @@ func (s *State) TTL() time.Duration {
 	}
 	if last := s.Permits.Last(); last > s.Stamp {
 		m = max(m, (last-s.Stamp)*1000)
+	}
+	for _, u := range s.Quotas {
+		if u.End > s.Stamp {
+			m = max(m, (u.End-s.Stamp)*1000)
+		}
 	}
 	return time.Duration(m)
 }

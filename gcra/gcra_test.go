@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 	"math/rand/v2"
+	"reflect"
 	"slices"
 	"testing"
 	"time"
@@ -238,7 +239,7 @@ func TestDecideOneMatchesDecide(t *testing.T) {
 			ref, fast := []State{clone()}, []State{clone()}
 			want, wantChanged := decide(now, take(rb, n, maxWait), ref)
 			got, changed := Decide(now, take(rb, n, maxWait), fast)
-			if got != want || changed != wantChanged || fast[0].Stamp != ref[0].Stamp || fast[0].Debts[0] != ref[0].Debts[0] {
+			if !reflect.DeepEqual(got, want) || changed != wantChanged || fast[0].Stamp != ref[0].Stamp || fast[0].Debts[0] != ref[0].Debts[0] {
 				t.Fatalf("trial %d: reserve %d: Decide %+v %v %+v, want %+v %v %+v", trial, rb.Reserve, got, changed, fast[0], want, wantChanged, ref[0])
 			}
 		}
@@ -247,13 +248,13 @@ func TestDecideOneMatchesDecide(t *testing.T) {
 
 		fast := []State{clone()}
 		got, changed := Decide(now, take(b, n, maxWait), fast)
-		if got != want || changed != wantChanged || fast[0].Stamp != ref[0].Stamp || fast[0].Debts[0] != ref[0].Debts[0] {
+		if !reflect.DeepEqual(got, want) || changed != wantChanged || fast[0].Stamp != ref[0].Stamp || fast[0].Debts[0] != ref[0].Debts[0] {
 			t.Fatalf("trial %d: Decide %+v %v %+v, want %+v %v %+v", trial, got, changed, fast[0], want, wantChanged, ref[0])
 		}
 		one := clone()
 		res := fleetrate.Result{Allowed: true, Bucket: 7, Degraded: true} // overwritten
 		changed = DecideOne(now, b.Limits, n, maxWait, &one, &res)
-		if res != want || changed != wantChanged || one.Stamp != ref[0].Stamp || one.Debts[0] != ref[0].Debts[0] {
+		if !reflect.DeepEqual(res, want) || changed != wantChanged || one.Stamp != ref[0].Stamp || one.Debts[0] != ref[0].Debts[0] {
 			t.Fatalf("trial %d: DecideOne %+v %v %+v, want %+v %v %+v", trial, res, changed, one, want, wantChanged, ref[0])
 		}
 		if got.Limit != (fleetrate.Limit{Name: lim.Name, Rate: lim.Rate, Burst: lim.Burst}) {
@@ -274,7 +275,7 @@ func TestDecideOneSeveralLimits(t *testing.T) {
 		want, wantChanged := Decide(now, req, ref)
 		var got fleetrate.Result
 		changed := DecideOne(now, limits, req.N, req.MaxWait, &one, &got)
-		if got != want || changed != wantChanged || one.Stamp != ref[0].Stamp || !slices.Equal(one.Debts, ref[0].Debts) {
+		if !reflect.DeepEqual(got, want) || changed != wantChanged || one.Stamp != ref[0].Stamp || !slices.Equal(one.Debts, ref[0].Debts) {
 			t.Fatalf("step %d: DecideOne %+v %v %+v, want %+v %v %+v", i, got, changed, one, want, wantChanged, ref[0])
 		}
 		now += 40_000

@@ -173,7 +173,7 @@ func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Resu
 // leasable reports whether a lease may serve req: a take of 1 to Tokens
 // tokens now from one bucket, without a booking or a reserve.
 func (s *Store) leasable(req fleetrate.Request) bool {
-	return len(req.Buckets) == 1 && req.N >= 1 && req.N <= s.opts.Tokens && req.MaxWait == 0 && req.Booking == nil && req.Buckets[0].Reserve == 0 && req.Costs == nil && req.Buckets[0].InFlight == 0
+	return len(req.Buckets) == 1 && req.N >= 1 && req.N <= s.opts.Tokens && req.MaxWait == 0 && req.Booking == nil && req.Buckets[0].Reserve == 0 && req.Costs == nil && req.Buckets[0].InFlight == 0 && len(req.Buckets[0].Quotas) == 0
 }
 
 // acquire takes l.sem. When another caller holds it, asking the shared

@@ -124,7 +124,8 @@ func (e *entry) elapse(now int64) int64 {
 	if e.expires.Load() <= now {
 		clear(e.state.Debts)
 		e.state.Stamp, e.state.Anchor, e.state.Horizon = now, 0, 0
-		e.state.Permits = inflight.Set{} // every lease has ended
+		e.state.Permits = inflight.Set{}    // every lease has ended
+		e.state.Quotas = e.state.Quotas[:0] // every window has ended
 		return now
 	}
 	return max(now, e.state.Stamp)

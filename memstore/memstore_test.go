@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -129,7 +130,7 @@ func TestBoundTakerMatchesTake(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got != want {
+			if !reflect.DeepEqual(got, want) {
 				t.Fatalf("%v take %d: bound taker decided\n%+v\nTake decided\n%+v", limits, i, got, want)
 			}
 			now = now.Add(time.Duration(i%5) * 300 * time.Microsecond)

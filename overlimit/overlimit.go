@@ -196,10 +196,11 @@ func (s *Store) Unwrap() fleetrate.Store { return s.next }
 // the take's, and that would still not have ended after the take's
 // MaxWait. Otherwise the store decides, and its denial is cached.
 func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Result, error) {
-	if req.N <= 0 || req.Permit.ID != "" {
+	if req.N <= 0 || req.Permit.ID != "" || quotas(req) {
 		// A peek, a take with costs by bucket, or one of a permit: a
 		// permit's denial ends when a holder releases, which no
-		// retry-after foretells.
+		// retry-after foretells. A take with calendar quotas reports
+		// their use, which a cached denial would not.
 		return s.next.Take(ctx, req)
 	}
 	if err := req.Validate(); err != nil {
@@ -220,6 +221,16 @@ func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Resu
 		s.remember(req, res, asked, gen)
 	}
 	return res, err
+}
+
+// quotas reports whether a bucket of req has calendar quotas.
+func quotas(req fleetrate.Request) bool {
+	for i := range req.Buckets {
+		if len(req.Buckets[i].Quotas) > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // key writes b's full store key into buf.

@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -113,8 +114,8 @@ func (s *Store) Reset(ctx context.Context, keys ...string) error {
 		for _, k := range keys {
 			del := []string{k}
 			if h, q, w, err := s.permitKeys(k); err == nil {
-				// A key refused permit keys never had any.
-				del = append(del, h, q, w)
+				// A key refused permit keys never had any, nor quotas.
+				del = append(del, h, q, w, strings.TrimSuffix(h, heldSuffix)+quotaSuffix)
 			}
 			if err := s.c.Del(ctx, del...).Err(); err != nil {
 				return err

@@ -114,7 +114,7 @@ func TestBatchMatchesSequentialModel(t *testing.T) {
 					*model[b.Key] = states[j]
 				}
 			}
-			if got != want {
+			if !reflect.DeepEqual(got, want) {
 				t.Fatalf("round %d take %d (%+v):\nbatch decided %+v\nmodel decided %+v", round, i, c.req, got, want)
 			}
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"reflect"
 	"slices"
 	"testing"
 	"time"
@@ -171,7 +172,7 @@ func TestExtendedMatchesModel(t *testing.T) {
 }
 
 // sameResult compares two decisions, their times included.
-func sameResult(a, b fleetrate.Result) bool { return a == b }
+func sameResult(a, b fleetrate.Result) bool { return reflect.DeepEqual(a, b) }
 
 func minBurst(ls []fleetrate.Limit) int64 {
 	m := ls[0].Burst

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"time"
 
 	"github.com/fleetrate/fleetrate"
 	"github.com/fleetrate/fleetrate/gcra"
@@ -19,12 +20,41 @@ func extended(req *fleetrate.Request) bool {
 		return true
 	}
 	for i := range req.Buckets {
-		if req.Buckets[i].InFlight > 0 {
+		if req.Buckets[i].InFlight > 0 || len(req.Buckets[i].Quotas) > 0 {
 			return true
 		}
 	}
 	return false
 }
+
+// quotaSuffix names, after a bucket's permit base (see permitBase), the
+// hash that holds what its calendar quotas used.
+const quotaSuffix = ":quotas"
+
+// appendQuotaKeys appends to keys the quota key of each bucket with
+// calendar quotas.
+func (s *Store) appendQuotaKeys(keys []string, buckets []fleetrate.Bucket) ([]string, error) {
+	for _, b := range buckets {
+		if len(b.Quotas) == 0 {
+			continue
+		}
+		base, err := permitBase(b.StoreKey(), s.cluster || s.MultipleClocks())
+		if err != nil {
+			return nil, err
+		}
+		keys = append(keys, base+quotaSuffix)
+	}
+	return keys, nil
+}
+
+// clientNow is this machine's clock, which the first try of a take with
+// calendar quotas computes their windows on; a test moves it.
+var clientNow = time.Now
+
+// windowTries is how many times a take with calendar quotas is sent: the
+// first with the windows of this machine's clock, then with those of the
+// server's clock when they differ (a take near a boundary).
+const windowTries = 3
 
 // takeExt runs one validated take with costs by bucket or in-flight
 // permits in one call of the extended take script.
@@ -37,23 +67,46 @@ func (s *Store) takeExt(ctx context.Context, req fleetrate.Request) (fleetrate.R
 	if err != nil {
 		return fleetrate.Result{}, err
 	}
-	args := make([]any, 4, 4+len(req.Buckets)*8)
-	args[0], args[1], args[2], args[3] = len(req.Buckets), int64(req.MaxWait), req.Permit.ID, microseconds(req.Permit.TTL)
-	for i := range req.Buckets {
-		args = appendTakeLimits(args, req.Buckets[i:i+1])
-		args = append(args, fleetrate.CostOf(req.N, req.Costs, i), req.Buckets[i].InFlight)
+	if keys, err = s.appendQuotaKeys(keys, req.Buckets); err != nil {
+		return fleetrate.Result{}, err
 	}
 	sctx, cancel := s.ctx(ctx)
 	defer cancel()
-	var reply []int64
-	err = s.bounded(sctx, func(ctx context.Context) (err error) {
-		reply, err = s.eval(ctx, takeExtScript, keys, args...).Int64Slice()
-		return err
-	})
-	if err != nil {
-		return fleetrate.Result{}, failed(ctx, "take", err)
+	at := clientNow()
+	for range windowTries {
+		args := extArgs(req, at)
+		var reply []int64
+		err = s.bounded(sctx, func(ctx context.Context) (err error) {
+			reply, err = s.eval(ctx, takeExtScript, keys, args...).Int64Slice()
+			return err
+		})
+		if err != nil {
+			return fleetrate.Result{}, failed(ctx, "take", err)
+		}
+		if len(reply) == 2 && reply[1] == 3 {
+			at = time.UnixMicro(reply[0]) // the server's clock: its windows
+			continue
+		}
+		return decodeExt(req, reply)
 	}
-	return decodeExt(req, reply)
+	return fleetrate.Result{}, unavailable("take", fmt.Errorf("the calendar quotas' windows moved %d times in a row (the server's clock jumping?)", windowTries))
+}
+
+// extArgs returns the arguments of the extended take script for req, with
+// the calendar quotas' windows at at.
+func extArgs(req fleetrate.Request, at time.Time) []any {
+	args := make([]any, 4, 4+len(req.Buckets)*9)
+	args[0], args[1], args[2], args[3] = len(req.Buckets), int64(req.MaxWait), req.Permit.ID, microseconds(req.Permit.TTL)
+	for i := range req.Buckets {
+		b := &req.Buckets[i]
+		args = appendTakeLimits(args, req.Buckets[i:i+1])
+		args = append(args, fleetrate.CostOf(req.N, req.Costs, i), b.InFlight, len(b.Quotas))
+		for _, q := range b.Quotas {
+			start, end := q.Period.Window(at)
+			args = append(args, q.Key(), start.UnixMicro(), end.UnixMicro(), q.Count)
+		}
+	}
+	return args
 }
 
 // decodeExt checks and replays the extended take script's reply for req:
@@ -87,6 +140,17 @@ func decodeExt(req fleetrate.Request, reply []int64) (fleetrate.Result, error) {
 		}
 		states[b].Permits = p
 		pos += viewLen
+	}
+	for b, bk := range req.Buckets {
+		for qi := range bk.Quotas {
+			if len(reply) < pos+1 || reply[pos] < 0 || reply[pos] > fleetrate.MaxQuotaCount {
+				return bad("bucket %d quota %d: no use, or out of range", b, qi)
+			}
+			q := &bk.Quotas[qi]
+			start, end := q.Period.Window(time.UnixMicro(now))
+			states[b].Quotas = append(states[b].Quotas, gcra.QuotaUse{Key: q.Key(), Start: start.UnixMicro(), End: end.UnixMicro(), Used: reply[pos]})
+			pos++
+		}
 	}
 	if len(reply) != pos+1 {
 		return bad("%d values, want %d", len(reply), pos+1)

@@ -152,7 +152,30 @@ func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Resu
 	if n := len(req.Buckets[res.Bucket].Limits); res.LimitIndex < 0 || res.LimitIndex >= n || res.NextTokenNS < 0 {
 		return fleetrate.Result{}, fmt.Errorf("%w: remote: answer names limit %d of %d, next token in %dns", fleetrate.ErrStoreUnavailable, res.LimitIndex, n, res.NextTokenNS)
 	}
-	return res.ToResult(), nil
+	out := res.ToResult()
+	if err := quotasOf(req, &out); err != nil {
+		return fleetrate.Result{}, err
+	}
+	return out, nil
+}
+
+// quotasOf checks that res reports every calendar quota of req, in order,
+// and gives each the request's own Quota.
+func quotasOf(req fleetrate.Request, res *fleetrate.Result) error {
+	k := 0
+	for b := range req.Buckets {
+		for qi, q := range req.Buckets[b].Quotas {
+			if k >= len(res.Quotas) || res.Quotas[k].Bucket != b || res.Quotas[k].Index != qi {
+				return fmt.Errorf("%w: remote: answer does not report quota %d of bucket %d", fleetrate.ErrStoreUnavailable, qi, b)
+			}
+			res.Quotas[k].Quota = q
+			k++
+		}
+	}
+	if k != len(res.Quotas) || k > 0 && (res.Quota < 0 || res.Quota >= k) {
+		return fmt.Errorf("%w: remote: answer reports %d quotas (index %d) for %d", fleetrate.ErrStoreUnavailable, len(res.Quotas), res.Quota, k)
+	}
+	return nil
 }
 
 // Cancel implements fleetrate.Store. It presents the grant the service

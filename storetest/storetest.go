@@ -77,6 +77,10 @@ func Run(t *testing.T, newStore func(t *testing.T) fleetrate.Store) {
 		{"PermitQueue", permitQueue},
 		{"PermitLease", permitLease},
 		{"PermitStalledQueue", permitStalledQueue},
+		{"QuotaCounts", quotaCounts},
+		{"QuotaChange", quotaChange},
+		{"QuotaBoundary", quotaBoundary},
+		{"QuotaInvalid", quotaInvalid},
 		{"PermitRace", permitRace},
 		{"PermitInvalid", permitInvalid},
 	}

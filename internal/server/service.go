@@ -459,6 +459,11 @@ func checkWireBuckets(bs []wire.Bucket) error {
 		if n := len(b.Key) + len(b.Prefix); n > MaxStoreKeyBytes {
 			return badRequest(wire.CodeInvalid, "buckets[%d].key: %d bytes, at most %d", i, n, MaxStoreKeyBytes)
 		}
+		for j, q := range b.Quotas {
+			if _, err := q.ToQuota(); err != nil {
+				return badRequest(wire.CodeInvalid, "buckets[%d].quotas[%d].period: %v", i, j, err)
+			}
+		}
 	}
 	return nil
 }

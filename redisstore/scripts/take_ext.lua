@@ -5,29 +5,63 @@
 -- common.lua and permits.lua.
 -- ARGV: nb (the bucket keys are KEYS[1..nb]), max_wait_ns, the permit id
 -- ('' for none), its ttl_us, then for each bucket its limits and reserve
--- (see common.lua), its cost and its in-flight bound (0: none). After the
--- bucket keys, KEYS holds the three permit keys (h, q, w: see
--- permits.lua) of each bucket with a bound, in order.
+-- (see common.lua), its cost, its in-flight bound (0: none), its number of
+-- calendar quotas and for each its field (the period), window start and
+-- end (µs) and count. After the bucket keys, KEYS holds the three permit
+-- keys (h, q, w: see permits.lua) of each bucket with a bound, in order,
+-- then the quota key of each bucket with quotas, in order.
 -- Returns {now_us, 1, the debts of each bucket before the take, then for
 -- each bucket with a bound held, mine, place, qlen, first and qfirst
--- before the take (see view), then the decision: 0 denied, 1 granted, 2 queued}. The
--- client replays the decision with gcra.Decide and checks it.
+-- before the take (see view), then each quota's use in its window before
+-- the take, then the decision: 0 denied, 1 granted, 2 queued}; or
+-- {now_us, 3} when a quota's window does not hold now. The client replays
+-- the decision with gcra.Decide and checks it.
 local nb = tonumber(ARGV[1])
 local max_wait = tonumber(ARGV[2])
 local id = ARGV[3]
 local ttl = tonumber(ARGV[4])
 local now = now_us()
 
-local lims, ms, debts, bounds, pk = {}, {}, {}, {}, {}
+local lims, ms, debts, bounds, pk, quotas = {}, {}, {}, {}, {}, {}
 local pos, k = 5, nb
 for b = 1, nb do
   lims[b], ms[b], pos = read_take_limits(pos)
   lims[b].c, bounds[b] = tonumber(ARGV[pos]), tonumber(ARGV[pos + 1])
-  pos = pos + 2
+  local nq = tonumber(ARGV[pos + 2])
+  pos = pos + 3
+  quotas[b] = {}
+  for i = 1, nq do
+    quotas[b][i] = { field = ARGV[pos], start = tonumber(ARGV[pos + 1]), stop = tonumber(ARGV[pos + 2]), count = tonumber(ARGV[pos + 3]) }
+    pos = pos + 4
+  end
   debts[b] = load(KEYS[b], lims[b], ms[b], now)
   if bounds[b] > 0 then
     pk[b] = k
     k = k + 3
+  end
+end
+
+-- Quotas: each bucket with quotas has one hash key after the permit keys,
+-- a field per period holding "<window start> <used>". The client sent the
+-- window it computed for its own clock; on this server's clock it may be
+-- another one (near a boundary): then the reply is {now, 3}, and the
+-- client sends the windows of now.
+local qk = {}
+for b = 1, nb do
+  local qs = quotas[b]
+  if #qs > 0 then
+    k = k + 1
+    qk[b] = KEYS[k]
+    for i = 1, #qs do
+      local q = qs[i]
+      if now < q.start or now >= q.stop then return { now, 3 } end
+      q.used = 0
+      local v = redis.call('HGET', qk[b], q.field)
+      if v then
+        local st, used = string.match(v, '^(%d+) (%d+)$')
+        if tonumber(st) == q.start then q.used = tonumber(used) end
+      end
+    end
   end
 end
 
@@ -65,8 +99,20 @@ end
 local wait = math.max(need, 0)
 local exp = now + ttl
 
+-- A quota that does not admit the take's cost refuses it, whatever its
+-- max wait: a quota is not booked ahead.
+local refused = false
+for b = 1, nb do
+  local qs = quotas[b]
+  for i = 1, #qs do
+    local o = #out
+    out[o + 1] = qs[i].used
+    if lims[b].c > 0 and qs[i].used + lims[b].c > qs[i].count then refused = true end
+  end
+end
+
 local decision = 0
-if wait > max_wait then
+if refused or wait > max_wait then
   decision = 0
 elseif blocked then
   if max_wait > 0 then
@@ -101,6 +147,18 @@ else
   end
   if booked then
     for b = 1, nb do save(KEYS[b], now, debts[b]) end
+  end
+  for b = 1, nb do
+    local qs = quotas[b]
+    if #qs > 0 and lims[b].c > 0 then
+      local last = 0
+      for i = 1, #qs do
+        local q = qs[i]
+        redis.call('HSET', qk[b], q.field, string.format('%d %d', q.start, q.used + lims[b].c))
+        last = math.max(last, q.stop)
+      end
+      redis.call('PEXPIRE', qk[b], math.max(math.ceil((last - now) / 1000), 0) + TTL_SLACK_MS)
+    end
   end
 end
 out[#out + 1] = decision

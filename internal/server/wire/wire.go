@@ -14,6 +14,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/fleetrate/fleetrate"
+	"github.com/fleetrate/fleetrate/calendar"
 )
 
 // Paths of the raw store API.
@@ -71,6 +72,26 @@ type Bucket struct {
 	// InFlight is fleetrate.Bucket.InFlight: how many permits of the
 	// bucket may be held at once (0: no bound).
 	InFlight int64 `json:"in_flight,omitempty"`
+	// Quotas are fleetrate.Bucket.Quotas: calendar quotas.
+	Quotas []Quota `json:"quotas,omitempty"`
+}
+
+// Quota is a fleetrate.Quota, its period as calendar.Parse reads it
+// ("month day=1 Europe/Paris").
+type Quota struct {
+	Name   string `json:"name,omitempty"`
+	Count  int64  `json:"count"`
+	Period string `json:"period"`
+}
+
+// QuotaStatus is a fleetrate.QuotaStatus.
+type QuotaStatus struct {
+	Bucket         int   `json:"bucket"`
+	Index          int   `json:"index"`
+	Quota          Quota `json:"quota"`
+	Used           int64 `json:"used"`
+	Remaining      int64 `json:"remaining"`
+	ResetUnixMicro int64 `json:"reset_unix_micro"`
 }
 
 // Bytes is a key that may hold any bytes. It travels as a plain JSON
@@ -176,6 +197,11 @@ type Result struct {
 	// InFlight is fleetrate.Result.InFlight, when a bucket of the take
 	// bounds in-flight takes.
 	InFlight *InFlight `json:"in_flight,omitempty"`
+	// Quotas, Quota and QuotaDenied are fleetrate.Result's, when buckets
+	// of the take have calendar quotas.
+	Quotas      []QuotaStatus `json:"quotas,omitempty"`
+	Quota       int           `json:"quota,omitempty"`
+	QuotaDenied bool          `json:"quota_denied,omitempty"`
 }
 
 // RefundRequest asks for Store.Refund.
@@ -233,8 +259,26 @@ func FromBuckets(bs []fleetrate.Bucket) []Bucket {
 			ls[j] = FromLimit(l)
 		}
 		out[i] = Bucket{Prefix: Bytes(b.Prefix), Key: Bytes(b.Key), Limits: ls, Reserve: b.Reserve, InFlight: b.InFlight}
+		for _, q := range b.Quotas {
+			out[i].Quotas = append(out[i].Quotas, FromQuota(q))
+		}
 	}
 	return out
+}
+
+// FromQuota converts a fleetrate.Quota.
+func FromQuota(q fleetrate.Quota) Quota {
+	return Quota{Name: q.Name, Count: q.Count, Period: q.Period.String()}
+}
+
+// ToQuota converts to a fleetrate.Quota; an error names the period that
+// calendar.Parse does not read.
+func (q Quota) ToQuota() (fleetrate.Quota, error) {
+	p, err := calendar.Parse(q.Period)
+	if err != nil {
+		return fleetrate.Quota{}, err
+	}
+	return fleetrate.Quota{Name: q.Name, Count: q.Count, Period: p}, nil
 }
 
 // ToBuckets converts to fleetrate buckets.
@@ -246,6 +290,13 @@ func ToBuckets(bs []Bucket) []fleetrate.Bucket {
 			ls[j] = l.ToLimit()
 		}
 		out[i] = fleetrate.Bucket{Prefix: string(b.Prefix), Key: string(b.Key), Limits: ls, Reserve: b.Reserve, InFlight: b.InFlight}
+		for _, wq := range b.Quotas {
+			// A period Parse refuses is a zero one, which validation
+			// refuses naming it; servers check the periods first.
+			q, _ := wq.ToQuota()
+			q.Name, q.Count = wq.Name, wq.Count
+			out[i].Quotas = append(out[i].Quotas, q)
+		}
 	}
 	return out
 }
@@ -271,6 +322,10 @@ func FromResult(r fleetrate.Result) Result {
 	if f := r.InFlight; f != (fleetrate.InFlight{}) {
 		w.InFlight = &InFlight{Bound: f.Bound, Held: f.Held, Bucket: f.Bucket, Queued: f.Queued, Ahead: f.Ahead}
 	}
+	for _, q := range r.Quotas {
+		w.Quotas = append(w.Quotas, QuotaStatus{Bucket: q.Bucket, Index: q.Index, Quota: FromQuota(q.Quota), Used: q.Used, Remaining: q.Remaining, ResetUnixMicro: q.Reset.UnixMicro()})
+	}
+	w.Quota, w.QuotaDenied = r.Quota, r.QuotaDenied
 	return w
 }
 
@@ -295,6 +350,12 @@ func (r Result) ToResult() fleetrate.Result {
 	if f := r.InFlight; f != nil {
 		res.InFlight = fleetrate.InFlight{Bound: f.Bound, Held: f.Held, Bucket: f.Bucket, Queued: f.Queued, Ahead: f.Ahead}
 	}
+	for _, w := range r.Quotas {
+		q, _ := w.Quota.ToQuota() // checked by the client against its request
+		q.Name, q.Count = w.Quota.Name, w.Quota.Count
+		res.Quotas = append(res.Quotas, fleetrate.QuotaStatus{Bucket: w.Bucket, Index: w.Index, Quota: q, Used: w.Used, Remaining: w.Remaining, Reset: time.UnixMicro(w.ResetUnixMicro)})
+	}
+	res.Quota, res.QuotaDenied = r.Quota, r.QuotaDenied
 	return res
 }
 
