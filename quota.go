@@ -20,7 +20,10 @@ const MaxQuotaCount = 1 << 50
 // it, in one atomic step on the store's clock, which also decides the
 // window a take falls in.
 //
-// A quota counts what was granted. A take that a quota refuses is denied
+// A quota counts what was granted: Cancel, Refund and Settle give tokens
+// back to the token-bucket limits, never to a quota, which so never admits
+// more than its count, and may count a booking cancelled before its slot.
+// A take that a quota refuses is denied
 // whatever its max wait, with Result.RetryAfter until the window ends: a
 // quota is not booked ahead. A take granted with a wait counts in the
 // window it was granted in. A change of Count keeps what the window used
