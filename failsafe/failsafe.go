@@ -16,7 +16,9 @@
 //     fleetrate.ErrStoreUnavailable), never a plain denial;
 //   - LocalFallback decides on an in-memory bucket whose limits are the
 //     shared ones divided by FleetSize, so that the fleet as a whole stays
-//     near the shared allowance.
+//     near the shared allowance (its in-flight bound and calendar quotas
+//     too; a quota's local count starts afresh, so an outage may admit
+//     one more count of it in its window).
 //
 // Invalid requests (fleetrate.ErrInvalid, ErrBurstExceeded) and the
 // caller's own cancellation pass through untouched and do not count as
@@ -424,8 +426,10 @@ func (s *Store) scale(req fleetrate.Request) fleetrate.Request {
 	out := req
 	out.Buckets = make([]fleetrate.Bucket, len(req.Buckets))
 	for i, b := range req.Buckets {
-		b.Limits = s.scaleLimits(b.Limits, fleetrate.CostOf(req.N, req.Costs, i))
+		n := fleetrate.CostOf(req.N, req.Costs, i)
+		b.Limits = s.scaleLimits(b.Limits, n)
 		b.InFlight = s.scaleInFlight(b.InFlight)
+		b.Quotas = s.scaleQuotas(b.Quotas, n)
 		out.Buckets[i] = b
 	}
 	return out
@@ -438,6 +442,23 @@ func (s *Store) scaleInFlight(bound int64) int64 {
 		return bound
 	}
 	return max(bound/int64(s.opts.FleetSize), 1)
+}
+
+// scaleQuotas are a bucket's calendar quotas for the local fallback: each
+// count divided by FleetSize, at least the take's cost n and 1 (as for
+// limits' bursts). The local bucket does not know
+// what the shared store counted in the window, so during an outage the
+// fleet admits at most one more count of each quota in its window.
+func (s *Store) scaleQuotas(qs []fleetrate.Quota, n int64) []fleetrate.Quota {
+	if len(qs) == 0 || s.opts.FleetSize == 1 {
+		return qs
+	}
+	out := make([]fleetrate.Quota, len(qs))
+	for i, q := range qs {
+		q.Count = max(q.Count/int64(s.opts.FleetSize), n, 1)
+		out[i] = q
+	}
+	return out
 }
 
 func (s *Store) scaleLimits(limits []fleetrate.Limit, n int64) []fleetrate.Limit {
@@ -467,6 +488,7 @@ func (s *Store) localBuckets(bs []fleetrate.Bucket) []fleetrate.Bucket {
 	for i, b := range bs {
 		b.Limits = s.scaleLimits(b.Limits, 0)
 		b.InFlight = s.scaleInFlight(b.InFlight)
+		b.Quotas = s.scaleQuotas(b.Quotas, 0)
 		out[i] = b
 	}
 	return out
