@@ -83,7 +83,9 @@
 // RateLimit-Policy, X-RateLimit-*, OpenAI's and Anthropic's). The
 // transport reads them (see RateLimitHeaders) and steers the whole fleet
 // by them before any 429: a stated limit below the documented one caps
-// the effective rate, and fewer requests remaining before the reset than
+// the effective rate (for ten of its windows, at least a minute, after
+// the last answer that stated it: a cap no answer restates lapses, and
+// the rate climbs again), and fewer requests remaining before the reset than
 // the bucket would grant hold the bucket down fleet-wide. Token fields
 // (OpenAI's and Anthropic's) steer the channel's meter named TokensMeter
 // the same way: fewer tokens remaining before the reset than the meter

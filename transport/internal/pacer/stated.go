@@ -9,6 +9,7 @@ import (
 	"github.com/fleetrate/fleetrate"
 	"github.com/fleetrate/fleetrate/transport/internal/hold"
 	"github.com/fleetrate/fleetrate/transport/internal/notice"
+	"github.com/fleetrate/fleetrate/transport/internal/ratecontrol"
 	"github.com/fleetrate/fleetrate/transport/internal/ratelimitheader"
 )
 
@@ -50,11 +51,13 @@ func (p *Pacer) Stated(ctx context.Context, tg Target, q ratelimitheader.Quota, 
 	v := p.known.get(tg.EndpointKey)
 	lowered := false
 	if p.adapts(tg) && q.Limit > 0 && q.Window > 0 {
-		st, low := p.cfg.Rates.Stated(v.rate.st, p.cfg.Rates.Ceiling(float64(q.Limit)/q.Window.Seconds(), documented), now)
+		st, low := p.cfg.Rates.Stated(v.rate.st, p.cfg.Rates.Ceiling(float64(q.Limit)/q.Window.Seconds(), documented), now, ratecontrol.CeilingKeep(q.Window))
 		p.known.setRate(v, st)
 		lowered = low
 	}
-	ceiling = v.rate.st.Ceiling
+	if now.Before(v.rate.st.CeilingUntil) {
+		ceiling = v.rate.st.Ceiling
+	}
 	rate := documented
 	if p.adapts(tg) {
 		rate *= p.cfg.Rates.Effective(v.rate.st, now)

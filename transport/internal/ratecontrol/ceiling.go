@@ -29,24 +29,43 @@ func (s Settings) Ceiling(rate, documented float64) float64 {
 }
 
 // Effective returns the effective rate at now, as a fraction of the
-// documented rate: the climb's factor, capped by the ceiling stated last.
+// documented rate: the climb's factor, capped by the ceiling stated last
+// while it holds.
 func (s Settings) Effective(st State, now time.Time) float64 {
 	f := s.Factor(st.Climb, now)
-	if st.Ceiling > 0 {
-		f = min(f, st.Ceiling)
+	if c := st.ceiling(now); c > 0 {
+		f = min(f, c)
 	}
 	return f
 }
 
 // Stated returns the state after an answer stated a ceiling (see
-// Ceiling; 0 states none below the documented rate) at now, and whether
-// the effective rate fell by it: then the slots booked at the old rate are
-// to be voided. A later statement replaces an earlier one, up or down; a
-// statement of none lifts the cap.
-func (s Settings) Stated(st State, ceiling float64, now time.Time) (next State, lowered bool) {
+// Ceiling; 0 states none below the documented rate) at now, to hold for
+// keep unless stated again, and whether the effective rate fell by it:
+// then the slots booked at the old rate are to be voided. A later
+// statement replaces an earlier one, up or down; a statement of none
+// lifts the cap. A ceiling no answer restates within keep lapses (an
+// upstream that stopped sending the fields, or changed its limit without
+// saying), and the climb probes again.
+func (s Settings) Stated(st State, ceiling float64, now time.Time, keep time.Duration) (next State, lowered bool) {
 	before := s.Effective(st, now)
-	st.Ceiling = ceiling
+	st.Ceiling, st.CeilingUntil = ceiling, now.Add(keep)
 	return st, s.Effective(st, now) < before
+}
+
+// CeilingKeep is how long a ceiling stated with a window of w holds
+// unless an answer states it again: ten windows, at least a minute.
+func CeilingKeep(w time.Duration) time.Duration {
+	return max(10*w, time.Minute)
+}
+
+// ceiling returns the ceiling in force at now: 0 when none was stated or
+// it lapsed.
+func (st State) ceiling(now time.Time) float64 {
+	if st.Ceiling > 0 && now.Before(st.CeilingUntil) {
+		return st.Ceiling
+	}
+	return 0
 }
 
 // capped returns the climb a 429 is judged against: c, or, when the
@@ -54,8 +73,8 @@ func (s Settings) Stated(st State, ceiling float64, now time.Time) (next State, 
 // ceiling (begun Recovery ago from w = the ceiling, where the curve is
 // flat): the 429 was drawn at the stated limit, not at the climb's rate.
 func (s Settings) capped(st State, now time.Time) Climb {
-	if st.Ceiling > 0 && st.Ceiling < s.Factor(st.Climb, now) {
-		return Climb{W: st.Ceiling, Start: now.Add(-s.Recovery)}
+	if c := st.ceiling(now); c > 0 && c < s.Factor(st.Climb, now) {
+		return Climb{W: c, Start: now.Add(-s.Recovery)}
 	}
 	return st.Climb
 }

@@ -49,16 +49,16 @@ func TestStated(t *testing.T) {
 		wantLowered bool
 	}{
 		{"first statement below the documented rate", State{}, 0.625, t0, 0.625, true},
-		{"the same again", State{Ceiling: 0.625}, 0.625, t0, 0.625, false},
-		{"a lower one", State{Ceiling: 0.625}, 0.5, t0, 0.5, true},
-		{"a higher one lifts the cap", State{Ceiling: 0.5}, 0.625, t0, 0.625, false},
-		{"none lifts it to the documented rate", State{Ceiling: 0.5}, 0, t0, 1, false},
+		{"the same again", State{Ceiling: 0.625, CeilingUntil: forever}, 0.625, t0, 0.625, false},
+		{"a lower one", State{Ceiling: 0.625, CeilingUntil: forever}, 0.5, t0, 0.5, true},
+		{"a higher one lifts the cap", State{Ceiling: 0.5, CeilingUntil: forever}, 0.625, t0, 0.625, false},
+		{"none lifts it to the documented rate", State{Ceiling: 0.5, CeilingUntil: forever}, 0, t0, 1, false},
 		{"above a climb after a 429: the climb rules", State{Climb: climbing}, 0.9, t0, defaults.Factor(climbing, t0), false},
 		{"below the climb: caps it", State{Climb: climbing}, 0.5, t0, 0.5, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			st, lowered := defaults.Stated(c.st, c.ceiling, c.at)
+			st, lowered := defaults.Stated(c.st, c.ceiling, c.at, time.Hour)
 			if got := defaults.Effective(st, c.at); got != c.want || lowered != c.wantLowered {
 				t.Errorf("Stated(%+v, %v): effective %v lowered %v, want %v %v", c.st, c.ceiling, got, lowered, c.want, c.wantLowered)
 			}
@@ -66,6 +66,31 @@ func TestStated(t *testing.T) {
 				t.Errorf("effective %v above the climb's %v: a statement raised the rate", got, climb)
 			}
 		})
+	}
+}
+
+// forever is a ceiling's end beyond every test's timeline.
+var forever = time.Unix(1<<40, 0)
+
+// TestCeilingLapses: a ceiling holds for its keep after the answer that
+// stated it, longer when restated, and then lapses: the climb rules again.
+func TestCeilingLapses(t *testing.T) {
+	t.Parallel()
+	t0 := time.Unix(1000, 0)
+	keep := CeilingKeep(time.Second)
+	if keep != time.Minute || CeilingKeep(time.Minute) != 10*time.Minute {
+		t.Fatalf("CeilingKeep: %v for a 1 s window, %v for a minute; want 1m, 10m", keep, CeilingKeep(time.Minute))
+	}
+	st, _ := defaults.Stated(State{}, 0.5, t0, keep)
+	if f := defaults.Effective(st, t0.Add(keep-time.Nanosecond)); f != 0.5 {
+		t.Errorf("just before the keep ends: %v, want the ceiling 0.5", f)
+	}
+	if f := defaults.Effective(st, t0.Add(keep)); f != 1 {
+		t.Errorf("once the keep ends: %v, want the documented rate 1", f)
+	}
+	st, _ = defaults.Stated(st, 0.5, t0.Add(keep/2), keep)
+	if f := defaults.Effective(st, t0.Add(keep)); f != 0.5 {
+		t.Errorf("restated halfway: %v at the first keep's end, want 0.5", f)
 	}
 }
 
@@ -77,7 +102,7 @@ func TestLimitedUnderACeiling(t *testing.T) {
 	t.Parallel()
 	start := time.Unix(1000, 0)
 	now := start.Add(49 * time.Second)
-	st := State{Ceiling: 0.625}
+	st := State{Ceiling: 0.625, CeilingUntil: forever}
 	next, ch, _, ok := defaults.Limited(st, evidence(now, time.Time{}, start, false))
 	if !ok {
 		t.Fatal("a 429 under a ceiling lowered nothing")

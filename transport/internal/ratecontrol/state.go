@@ -29,8 +29,9 @@ type State struct {
 	Proven float64
 	// Ceiling is the upstream's limit as its answers last stated it, a
 	// fraction of the documented rate (see Settings.Ceiling): the
-	// effective rate never exceeds it. 0: none stated.
-	Ceiling float64
+	// effective rate never exceeds it until CeilingUntil. 0: none stated.
+	Ceiling      float64
+	CeilingUntil time.Time
 }
 
 // Evidence is what a 429 tells the controller of one bucket.
@@ -79,7 +80,7 @@ func (s Settings) Limited(st State, ev Evidence) (next State, ch Change, floor, 
 	// Under a stated ceiling the 429 was drawn at the ceiling, not at the
 	// climb's rate: it is lowered from there.
 	c := s.Lowered(s.capped(st, ev.Now), ev.Now, ev.Resume, proven, max(high, proven))
-	to := s.Effective(State{Climb: c, Ceiling: st.Ceiling}, ev.Resume)
+	to := s.Effective(State{Climb: c, Ceiling: st.Ceiling, CeilingUntil: st.CeilingUntil}, ev.Resume)
 	if to == s.Floor && !st.Floored.IsZero() && ev.Sent.After(st.Floored) {
 		// Sent after a 429 had brought the rate to its floor, and
 		// limited all the same.
