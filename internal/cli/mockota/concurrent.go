@@ -27,6 +27,7 @@ type Concurrent struct {
 	of       map[string]int
 	stats    ConcurrentStats
 	timeline []InFlightPoint
+	served   []time.Time // when each served request was answered
 }
 
 // ConcurrentStats is what a Concurrent upstream saw.
@@ -88,6 +89,7 @@ func (c *Concurrent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case <-t.C:
 		c.mu.Lock()
 		c.stats.Busy += lat
+		c.served = append(c.served, time.Now())
 		c.mu.Unlock()
 		done(&c.stats.Served)
 		w.WriteHeader(http.StatusOK)
@@ -109,6 +111,20 @@ func (c *Concurrent) Stats() ConcurrentStats {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.stats
+}
+
+// ServedBetween returns how many requests were answered 200 between from
+// and to.
+func (c *Concurrent) ServedBetween(from, to time.Time) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, at := range c.served {
+		if !at.Before(from) && at.Before(to) {
+			n++
+		}
+	}
+	return n
 }
 
 // Timeline returns the requests in flight at each change, in time order.
