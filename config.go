@@ -98,7 +98,7 @@ func (c Config) Validate() error {
 	if c.MaxWait < 0 || c.MaxWait > MaxWaitCap {
 		return fmt.Errorf("%w: config: max wait must be between 0 and %v, got %v", ErrInvalid, MaxWaitCap, c.MaxWait)
 	}
-	if err := validatePriorities("priorities", c.Priorities, c.Limits); err != nil {
+	if err := validatePriorities("priorities", c.Priorities, c.Limits, c.InFlight); err != nil {
 		return fmt.Errorf("%w: config: %w", ErrInvalid, err)
 	}
 	seen := make(map[string]bool, len(c.Buckets))
@@ -123,7 +123,7 @@ func (c Config) Validate() error {
 		if len(ps) == 0 {
 			field, ps = fmt.Sprintf("priorities (of buckets[%d] %q)", i, b.Name), c.Priorities
 		}
-		if err := validatePriorities(field, ps, b.Limits); err != nil {
+		if err := validatePriorities(field, ps, b.Limits, b.InFlight); err != nil {
 			return fmt.Errorf("%w: config: %w", ErrInvalid, err)
 		}
 	}

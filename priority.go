@@ -42,6 +42,16 @@ type Priority struct {
 	// *BackpressureError when the bucket holds nothing beyond the reserve.
 	// At most MaxWaitCap.
 	Horizon time.Duration
+	// InFlightReserve is, for a bucket that bounds takes in flight
+	// (BucketConfig.InFlight), how many of its permits a take of this
+	// class leaves free for the classes above (Bucket.PermitReserve): it
+	// is admitted while the permits held, the waiters of its class or
+	// above ahead of it, and this reserve stay below the bound, and a
+	// waiter of this class never holds back a take of a class above it.
+	// It must be below the bound of every bucket that configures the
+	// class and bounds takes in flight; buckets without a bound ignore it.
+	// 0 keeps none.
+	InFlightReserve int64
 }
 
 type priorityKey struct{}
@@ -73,13 +83,15 @@ func PriorityFrom(ctx context.Context) string {
 
 // validatePriorities checks the classes of field that apply to buckets
 // with the given limits (none: checked where they apply).
-func validatePriorities(field string, ps []Priority, limits []Limit) error {
+func validatePriorities(field string, ps []Priority, limits []Limit, inFlight int64) error {
 	for i, p := range ps {
 		switch {
 		case p.Name == "":
 			return fmt.Errorf("%s[%d].name: must not be empty", field, i)
 		case p.Reserve < 0:
 			return fmt.Errorf("%s[%d] %q reserve: must be at least 0, got %d", field, i, p.Name, p.Reserve)
+		case p.InFlightReserve < 0 || inFlight > 0 && p.InFlightReserve >= inFlight:
+			return fmt.Errorf("%s[%d] %q in_flight_reserve: must be between 0 and the bucket's in_flight - 1 (%d), got %d", field, i, p.Name, max(inFlight-1, 0), p.InFlightReserve)
 		case p.Horizon < 0 || p.Horizon > MaxWaitCap:
 			return fmt.Errorf("%s[%d] %q horizon: must be between 0 and %v, got %v", field, i, p.Name, MaxWaitCap, p.Horizon)
 		}
@@ -133,6 +145,9 @@ func (l *Limiter) classify(ctx context.Context, bs []Bucket, maxWait time.Durati
 			continue
 		}
 		bs[i].Reserve = p.Reserve
+		if bs[i].InFlight > 0 {
+			bs[i].PermitReserve = p.InFlightReserve
+		}
 		maxWait = min(maxWait, p.Horizon)
 	}
 	return maxWait, nil

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/fleetrate/fleetrate"
+	"github.com/fleetrate/fleetrate/memstore"
 )
 
 // bulkRun saturates a 10/s bucket (burst 10) with 16 bulk waiters for 10 s
@@ -214,5 +215,40 @@ func TestPriorityOnALimiterWithoutClasses(t *testing.T) {
 	}
 	if _, err := l.Allow(fleetrate.WithPriority(context.Background(), ""), "k"); err != nil {
 		t.Errorf("Allow as top class: %v", err)
+	}
+}
+
+// TestPriorityKeepsPermits: a class with an in-flight reserve leaves that
+// many permits of the bound to the classes above; a reserve of the whole
+// bound is refused, naming the field.
+func TestPriorityKeepsPermits(t *testing.T) {
+	ctx := context.Background()
+	lim, err := fleetrate.New(memstore.New(memstore.Options{}), fleetrate.Config{Buckets: []fleetrate.BucketConfig{{
+		Name: "llm", Limits: []fleetrate.Limit{fleetrate.PerSecond(1000, 1000)}, InFlight: 2,
+		Priorities: []fleetrate.Priority{{Name: "bulk", InFlightReserve: 1}},
+	}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bulk := fleetrate.WithPriority(ctx, "bulk")
+	first, err := lim.TryAcquire(bulk, "llm")
+	if err != nil || !first.Result.Allowed {
+		t.Fatalf("the first bulk acquire: %+v, %v; want granted", first, err)
+	}
+	if r, err := lim.TryAcquire(bulk, "llm"); err != nil || r.Result.Allowed {
+		t.Fatalf("a second bulk acquire, 1 of 2 held and 1 kept: %+v, %v; want refused", r, err)
+	}
+	top, err := lim.TryAcquire(ctx, "llm")
+	if err != nil || !top.Result.Allowed {
+		t.Fatalf("a top acquire with the kept permit free: %+v, %v; want granted", top, err)
+	}
+	_ = first.Release(ctx)
+	_ = top.Release(ctx)
+	_, err = fleetrate.New(memstore.New(memstore.Options{}), fleetrate.Config{Buckets: []fleetrate.BucketConfig{{
+		Name: "llm", Limits: []fleetrate.Limit{fleetrate.PerSecond(1000, 1000)}, InFlight: 2,
+		Priorities: []fleetrate.Priority{{Name: "bulk", InFlightReserve: 2}},
+	}}})
+	if !errors.Is(err, fleetrate.ErrInvalid) || !strings.Contains(err.Error(), "in_flight_reserve") {
+		t.Fatalf("an in-flight reserve of the whole bound: %v, want ErrInvalid naming in_flight_reserve", err)
 	}
 }

@@ -68,6 +68,13 @@ type Bucket struct {
 	// (Request.Permit) together with its tokens, and Store.Release gives
 	// it back. 0, the default, bounds nothing. At most MaxInFlight.
 	InFlight int64
+	// PermitReserve is, for a take of a lower priority class, how many of
+	// InFlight's permits it leaves free for the classes above: it is
+	// admitted when the permits held, the waiters ahead of it of its class
+	// or above (a PermitReserve no larger) and PermitReserve together stay
+	// below InFlight. A waiter of a lower class never holds back a take of
+	// a higher one. 0, the default, is the top class. Below InFlight.
+	PermitReserve int64
 	// Quotas are the bucket's calendar quotas (see Quota), enforced
 	// together with Limits; each of a different Period.
 	Quotas []Quota
@@ -306,6 +313,12 @@ func validateBucket(i int, b Bucket) error {
 	}
 	if b.InFlight < 0 || b.InFlight > MaxInFlight {
 		return fmt.Errorf("%w: buckets[%d] %q in_flight: must be between 1 and %d (0: no bound), got %d", ErrInvalid, i, b.StoreKey(), MaxInFlight, b.InFlight)
+	}
+	if b.PermitReserve < 0 || b.PermitReserve > 0 && b.PermitReserve >= b.InFlight {
+		return fmt.Errorf("%w: buckets[%d] %q permit_reserve: must be between 0 and in_flight-1 (%d), got %d", ErrInvalid, i, b.StoreKey(), max(b.InFlight-1, 0), b.PermitReserve)
+	}
+	if len(b.Quotas) == 0 {
+		return nil
 	}
 	return validateQuotas(fmt.Sprintf("buckets[%d] %q", i, b.StoreKey()), b.Quotas)
 }

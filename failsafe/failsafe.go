@@ -428,7 +428,7 @@ func (s *Store) scale(req fleetrate.Request) fleetrate.Request {
 	for i, b := range req.Buckets {
 		n := fleetrate.CostOf(req.N, req.Costs, i)
 		b.Limits = s.scaleLimits(b.Limits, n)
-		b.InFlight = s.scaleInFlight(b.InFlight)
+		b.InFlight, b.PermitReserve = s.scaleInFlight(b.InFlight), s.scalePermitReserve(b)
 		b.Quotas = s.scaleQuotas(b.Quotas, n)
 		out.Buckets[i] = b
 	}
@@ -442,6 +442,17 @@ func (s *Store) scaleInFlight(bound int64) int64 {
 		return bound
 	}
 	return max(bound/int64(s.opts.FleetSize), 1)
+}
+
+// scalePermitReserve is b's permit reserve (its priority class) for the
+// local fallback: divided by FleetSize as its bound is, rounded up, and
+// below the local bound.
+func (s *Store) scalePermitReserve(b fleetrate.Bucket) int64 {
+	if b.PermitReserve == 0 || s.opts.FleetSize == 1 {
+		return b.PermitReserve
+	}
+	fs := int64(s.opts.FleetSize)
+	return min((b.PermitReserve+fs-1)/fs, s.scaleInFlight(b.InFlight)-1)
 }
 
 // scaleQuotas are a bucket's calendar quotas for the local fallback: each
@@ -487,7 +498,7 @@ func (s *Store) localBuckets(bs []fleetrate.Bucket) []fleetrate.Bucket {
 	out := make([]fleetrate.Bucket, len(bs))
 	for i, b := range bs {
 		b.Limits = s.scaleLimits(b.Limits, 0)
-		b.InFlight = s.scaleInFlight(b.InFlight)
+		b.InFlight, b.PermitReserve = s.scaleInFlight(b.InFlight), s.scalePermitReserve(b)
 		b.Quotas = s.scaleQuotas(b.Quotas, 0)
 		out[i] = b
 	}

@@ -267,7 +267,7 @@ func admit(now int64, req fleetrate.Request, states []State) (blocked, ahead int
 		if req.Permit.ID == "" || blocked >= 0 {
 			continue
 		}
-		if ok, a := states[b].Permits.Admit(req.Permit.ID, bk.InFlight); !ok {
+		if ok, a := states[b].Permits.Admit(req.Permit.ID, bk.InFlight, bk.PermitReserve); !ok {
 			blocked, ahead = b, a
 		}
 	}
@@ -283,10 +283,10 @@ func enqueue(now int64, req fleetrate.Request, states []State, blocked int) (ahe
 		if bk.InFlight == 0 {
 			continue
 		}
-		if ok, _ := states[b].Permits.Admit(req.Permit.ID, bk.InFlight); ok && b != blocked {
+		if ok, _ := states[b].Permits.Admit(req.Permit.ID, bk.InFlight, bk.PermitReserve); ok && b != blocked {
 			continue
 		}
-		if a := states[b].Permits.Enqueue(req.Permit.ID, exp); b == blocked {
+		if a := states[b].Permits.Enqueue(req.Permit.ID, exp, bk.PermitReserve); b == blocked {
 			ahead = a
 		}
 	}

@@ -42,10 +42,12 @@ func (s *State) quotaUse(q *fleetrate.Quota, now int64) (i int, u QuotaUse) {
 	return -1, u
 }
 
-// quotaRefusal returns the first quota of req's buckets that does not
-// admit its cost at now, as (bucket, quota index), and how long (ns)
-// until its window ends; -1 when every quota admits the take.
+// quotaRefusal returns the quota of req's buckets that refuses its cost
+// at now and whose window ends last (a take refused by a day's quota and
+// a week's waits for the week), as (bucket, quota index), and how long
+// (ns) until that window ends; -1 when every quota admits the take.
 func quotaRefusal(now int64, req fleetrate.Request, states []State) (bucket, index int, wait int64) {
+	bucket, index = -1, -1
 	for b := range req.Buckets {
 		n := fleetrate.CostOf(req.N, req.Costs, b)
 		if n == 0 {
@@ -53,12 +55,12 @@ func quotaRefusal(now int64, req fleetrate.Request, states []State) (bucket, ind
 		}
 		for qi := range req.Buckets[b].Quotas {
 			q := &req.Buckets[b].Quotas[qi]
-			if _, u := states[b].quotaUse(q, now); u.Used+n > q.Count {
-				return b, qi, (u.End - now) * 1000
+			if _, u := states[b].quotaUse(q, now); u.Used+n > q.Count && (u.End-now)*1000 > wait {
+				bucket, index, wait = b, qi, (u.End-now)*1000
 			}
 		}
 	}
-	return -1, -1, 0
+	return bucket, index, wait
 }
 
 // useQuotas counts a granted take's cost in the window at now of every

@@ -17,10 +17,13 @@ package inflight
 import "slices"
 
 // Lease is one holder's permit, or one waiter's place in the queue: who,
-// and until when (µs on the store's clock).
+// and until when (µs on the store's clock). A waiter's Reserve is the
+// permits its take leaves free for the priority classes above its own
+// (fleetrate.Bucket.PermitReserve): 0 for the top class.
 type Lease struct {
 	ID      string
 	Expires int64
+	Reserve int64
 }
 
 // Set is what a store keeps for a bucket's in-flight bound: the permits
@@ -52,21 +55,38 @@ func (s *Set) place(id string) int {
 	return slices.IndexFunc(s.Queue, func(l Lease) bool { return l.ID == id })
 }
 
-// Admit reports whether id may hold a permit now under bound: it holds one
-// already (a retried acquire), or a permit is free for it once every
-// waiter ahead of it is served. A take that is not queued counts as the
-// last in line, so it never takes a permit a waiter is owed. ahead is how
-// many waiters come before id (all of them, when id is not queued). The
+// Admit reports whether id, a take that leaves reserve permits free for
+// the classes above its own (0: the top class), may hold a permit now
+// under bound: it holds one already (a retried acquire), or a permit is
+// free for it once every waiter ahead of it of its class or above (a
+// reserve no larger) is served, with reserve permits to spare. A take
+// that is not queued counts as the last in line, so it never takes a
+// permit a waiter of its class or above is owed; a waiter of a lower
+// class never holds back one above it. ahead is how many waiters of its
+// class or above come before id (all of them, when id is not queued). The
 // caller has expired s.
-func (s *Set) Admit(id string, bound int64) (ok bool, ahead int) {
+func (s *Set) Admit(id string, bound, reserve int64) (ok bool, ahead int) {
 	if s.holds(id) >= 0 {
 		return true, 0
 	}
-	ahead = s.place(id)
-	if ahead < 0 {
-		ahead = len(s.Queue)
+	ahead = s.ahead(id, reserve)
+	return int64(len(s.Held)+ahead)+reserve < bound, ahead
+}
+
+// ahead returns how many waiters of reserve at most reserve come before
+// id in the queue (before its end, when id does not wait).
+func (s *Set) ahead(id string, reserve int64) int {
+	end := s.place(id)
+	if end < 0 {
+		end = len(s.Queue)
 	}
-	return int64(len(s.Held)+ahead) < bound, ahead
+	n := 0
+	for _, l := range s.Queue[:end] {
+		if l.Reserve <= reserve {
+			n++
+		}
+	}
+	return n
 }
 
 // Grant gives id a permit until expires, leaving the queue if it waited.
@@ -82,15 +102,17 @@ func (s *Set) Grant(id string, expires int64) {
 	s.Held = append(s.Held, Lease{ID: id, Expires: expires})
 }
 
-// Enqueue puts id in the queue until expires, keeping its place when it
-// waits already (its lease is renewed), and returns how many wait ahead.
-func (s *Set) Enqueue(id string, expires int64) (ahead int) {
+// Enqueue puts id, of reserve (see Admit), in the queue until expires,
+// keeping its place when it waits already (its lease is renewed), and
+// returns how many of its class or above wait ahead.
+func (s *Set) Enqueue(id string, expires, reserve int64) (ahead int) {
 	if i := s.place(id); i >= 0 {
 		s.Queue[i].Expires = max(s.Queue[i].Expires, expires)
-		return i
+		return s.ahead(id, reserve)
 	}
-	s.Queue = append(s.Queue, Lease{ID: id, Expires: expires})
-	return len(s.Queue) - 1
+	ahead = s.ahead(id, reserve)
+	s.Queue = append(s.Queue, Lease{ID: id, Expires: expires, Reserve: reserve})
+	return ahead
 }
 
 // Renew extends id's permit, or its place in the queue, until expires. It
@@ -122,13 +144,22 @@ func (s *Set) Release(id string) (held bool) {
 	return false
 }
 
-// Head returns the first waiter's ID, or "" when nobody waits: after a
-// release, the one take a store may wake.
-func (s *Set) Head() string {
-	if len(s.Queue) == 0 {
-		return ""
+// Woken returns the waiters a permit is free for under bound, the ones a
+// store wakes after a release: the first in the queue, as many as permits
+// are free, passing over a waiter whose reserve (its priority class)
+// leaves it none, within the first free + 64.
+func (s *Set) Woken(bound int64) []string {
+	free := bound - int64(len(s.Held))
+	var ids []string
+	for i, l := range s.Queue {
+		if int64(len(ids)) >= free || int64(i) >= free+64 {
+			break
+		}
+		if l.Reserve < free {
+			ids = append(ids, l.ID)
+		}
 	}
-	return s.Queue[0].ID
+	return ids
 }
 
 // NextFree returns how long (µs) from now until a held permit's lease ends

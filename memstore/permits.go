@@ -30,8 +30,8 @@ func (s *Store) Release(ctx context.Context, buckets []fleetrate.Bucket, id stri
 			if p.Release(id) {
 				held++
 			}
-			if h := p.Head(); h != "" {
-				wake = append(wake, waiter{key: b.StoreKey(), id: h})
+			for _, id := range p.Woken(b.InFlight) {
+				wake = append(wake, waiter{key: b.StoreKey(), id: id})
 			}
 		}
 		return true

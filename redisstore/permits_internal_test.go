@@ -74,12 +74,12 @@ func FuzzPermitKeys(f *testing.F) {
 // FuzzPermitReply feeds the replay of the extended take script any reply:
 // it must answer a decision or an error, never panic.
 func FuzzPermitReply(f *testing.F) {
-	f.Add(int64(1e15), int64(1), int64(0), int64(2), int64(0), int64(-1), int64(0), int64(1e15+5), int64(0), int64(1))
-	f.Add(int64(1e15), int64(1), int64(5), int64(1<<20), int64(1), int64(3), int64(2), int64(0), int64(1e15+9), int64(2))
-	f.Fuzz(func(t *testing.T, now, made, debt, held, mine, place, qlen, first, qfirst, decision int64) {
+	f.Add(int64(1e15), int64(1), int64(0), int64(2), int64(0), int64(-1), int64(0), int64(1e15+5), int64(0), int64(0), int64(1))
+	f.Add(int64(1e15), int64(1), int64(5), int64(1<<20), int64(1), int64(3), int64(2), int64(0), int64(1e15+9), int64(1), int64(2))
+	f.Fuzz(func(t *testing.T, now, made, debt, held, mine, place, qlen, first, qfirst, eligible, decision int64) {
 		b := fleetrate.Bucket{Key: "k", Limits: []fleetrate.Limit{fleetrate.PerSecond(10, 10)}, InFlight: 2}
 		req := fleetrate.Request{Buckets: []fleetrate.Bucket{b}, N: 1, MaxWait: time.Second, Permit: fleetrate.Permit{ID: "me", TTL: time.Minute}}
-		reply := []int64{now, made, debt, held, mine, place, qlen % 1000, first, qfirst, decision}
+		reply := []int64{now, made, debt, held, mine, place, qlen % 1000, first, qfirst, eligible, decision}
 		res, err := decodeExt(req, reply)
 		if err == nil && res.InFlight.Bound != 2 {
 			t.Fatalf("reply %v decoded to %+v", reply, res)

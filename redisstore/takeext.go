@@ -100,7 +100,7 @@ func extArgs(req fleetrate.Request, at time.Time) []any {
 	for i := range req.Buckets {
 		b := &req.Buckets[i]
 		args = appendTakeLimits(args, req.Buckets[i:i+1])
-		args = append(args, fleetrate.CostOf(req.N, req.Costs, i), b.InFlight, len(b.Quotas))
+		args = append(args, fleetrate.CostOf(req.N, req.Costs, i), b.InFlight, b.PermitReserve, len(b.Quotas))
 		for _, q := range b.Quotas {
 			start, end := q.Period.Window(at)
 			args = append(args, q.Key(), start.UnixMicro(), end.UnixMicro(), q.Count)
@@ -163,19 +163,25 @@ func decodeExt(req fleetrate.Request, reply []int64) (fleetrate.Result, error) {
 }
 
 // viewLen is how many values the take script reports for each bound.
-const viewLen = 6
+const viewLen = 7
 
 // permitView returns a set of permits that stands as a bound stood for id
 // before a take, from the script's view of it (held, mine, place, qlen,
-// first, qfirst): the leases that gcra.Decide reads (the earliest end of
-// the held and of the waiters' places), with every other holder and
-// waiter anonymous. The replay allocates what memstore keeps: at most
+// first, qfirst, eligible): the leases that gcra.Decide reads (the
+// earliest end of the held and of the waiters' places), with every other
+// holder and waiter anonymous, and of the waiters ahead of id (all, when
+// it waits not) eligible of its priority class or above and the others
+// below every class. The replay allocates what memstore keeps: at most
 // the bound's holders (65,536) and the waiters, of which a reply may
 // report maxQueueView at most (beyond, the takes of the bucket fail as an
 // unavailable store: a million takes waiting on one bucket is no queue
 // but a fault).
 func permitView(now int64, id string, v []int64) (inflight.Set, error) {
-	held, mine, place, qlen, first, qfirst := v[0], v[1], v[2], v[3], v[4], v[5]
+	held, mine, place, qlen, first, qfirst, eligible := v[0], v[1], v[2], v[3], v[4], v[5], v[6]
+	before := place // the waiters ahead of id
+	if place < 0 {
+		before = qlen
+	}
 	switch {
 	case held < 0 || held > fleetrate.MaxInFlight || qlen < 0 || qlen > maxQueueView:
 		return inflight.Set{}, fmt.Errorf("%d held and %d waiting", held, qlen)
@@ -187,6 +193,8 @@ func permitView(now int64, id string, v []int64) (inflight.Set, error) {
 		return inflight.Set{}, fmt.Errorf("a lease ending at %d, not after now %d", first, now)
 	case qlen > 0 && qfirst <= now:
 		return inflight.Set{}, fmt.Errorf("a place in the queue ending at %d, not after now %d", qfirst, now)
+	case eligible < 0 || eligible > before:
+		return inflight.Set{}, fmt.Errorf("%d waiters of the take's class ahead of it, of %d", eligible, before)
 	}
 	var p inflight.Set
 	if held > 0 {
@@ -202,6 +210,9 @@ func permitView(now int64, id string, v []int64) (inflight.Set, error) {
 		p.Queue = make([]inflight.Lease, qlen)
 		for i := range p.Queue {
 			p.Queue[i].Expires = math.MaxInt64
+			if int64(i) >= eligible {
+				p.Queue[i].Reserve = fleetrate.MaxInFlight // below every class
+			}
 		}
 		p.Queue[0].Expires = qfirst
 		if place >= 0 {

@@ -260,3 +260,41 @@ func permitInvalid(t *testing.T, s fleetrate.Store, key func(string) string) {
 func acquireTTL(b fleetrate.Bucket, id string, ttl time.Duration) fleetrate.Request {
 	return fleetrate.Request{Buckets: []fleetrate.Bucket{b}, N: 1, Permit: fleetrate.Permit{ID: id, TTL: ttl}}
 }
+
+// permitPriority checks priority classes on permits: a take of a lower
+// class leaves its reserve free, and a lower-class waiter at the head of
+// the queue never holds back a take of the top class.
+func permitPriority(t *testing.T, s fleetrate.Store, key func(string) string) {
+	b := bounded(key("classes"), 3)
+	low := b
+	low.PermitReserve = 1
+	take := func(bk fleetrate.Bucket, id string, maxWait time.Duration) fleetrate.Result {
+		t.Helper()
+		return mustTake(t, s, acquire([]fleetrate.Bucket{bk}, id, maxWait))
+	}
+	if res := take(low, "low1", 0); !res.Allowed {
+		t.Fatalf("a low take with 0 of 3 held and a reserve of 1: %+v, want granted", res)
+	}
+	if res := take(low, "low2", 0); !res.Allowed {
+		t.Fatalf("a low take with 1 of 3 held: %+v, want granted", res)
+	}
+	if res := take(low, "low3", time.Second); res.Allowed || !res.InFlight.Queued {
+		t.Fatalf("a low take with 2 of 3 held, the last kept for the top class: %+v, want queued", res)
+	}
+	// The top class passes the low waiter.
+	if res := take(b, "top", time.Second); !res.Allowed || res.InFlight.Held != 3 {
+		t.Fatalf("a top take behind a low waiter, 1 of 3 free: %+v, want granted", res)
+	}
+	// Released, the permit goes to the low waiter when no top one waits.
+	if _, err := s.Release(context.Background(), []fleetrate.Bucket{b}, "low1"); err != nil {
+		t.Fatal(err)
+	}
+	if res := take(b, "top2", time.Second); !res.Allowed {
+		t.Fatalf("a top take with 1 free and a low waiter ahead: %+v, want granted (the low one keeps 1 free)", res)
+	}
+	invalid := bounded(key("bad"), 2)
+	invalid.PermitReserve = 2
+	if _, err := s.Take(context.Background(), acquire([]fleetrate.Bucket{invalid}, "x", 0)); !errors.Is(err, fleetrate.ErrInvalid) || !strings.Contains(err.Error(), "permit_reserve") {
+		t.Errorf("a permit reserve of the whole bound: %v, want ErrInvalid naming permit_reserve", err)
+	}
+}

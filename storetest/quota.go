@@ -129,3 +129,17 @@ func quotaInvalid(t *testing.T, s fleetrate.Store, key func(string) string) {
 		}
 	}
 }
+
+// quotaRefusedByTwo checks that a take refused by two quotas at once (a
+// day's and a year's) waits for the window that ends last: a retry after
+// the first one's end would be refused again.
+func quotaRefusedByTwo(t *testing.T, s fleetrate.Store, key func(string) string) {
+	year := fleetrate.Quota{Name: "year", Count: 1, Period: calendar.Period{Unit: calendar.Year}}
+	b := quotaBucket(key("two"), daily(1), year)
+	mustTake(t, s, fleetrate.Request{Buckets: []fleetrate.Bucket{b}, N: 1})
+	res := mustTake(t, s, fleetrate.Request{Buckets: []fleetrate.Bucket{b}, N: 1})
+	_, end := year.Period.Window(res.At)
+	if res.Allowed || !res.QuotaDenied || res.Quota != 1 || res.RetryAfter != end.Sub(res.At) {
+		t.Fatalf("refused by a day's and a year's quota: %+v; want the year's, retry after %v", res, end.Sub(res.At))
+	}
+}

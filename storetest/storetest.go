@@ -77,10 +77,12 @@ func Run(t *testing.T, newStore func(t *testing.T) fleetrate.Store) {
 		{"PermitQueue", permitQueue},
 		{"PermitLease", permitLease},
 		{"PermitStalledQueue", permitStalledQueue},
+		{"PermitPriority", permitPriority},
 		{"QuotaCounts", quotaCounts},
 		{"QuotaChange", quotaChange},
 		{"QuotaBoundary", quotaBoundary},
 		{"QuotaInvalid", quotaInvalid},
+		{"QuotaRefusedByTwo", quotaRefusedByTwo},
 		{"PermitRace", permitRace},
 		{"PermitInvalid", permitInvalid},
 	}

@@ -6,7 +6,10 @@
 --   h: the permits held, a sorted set of holder ids scored by lease end
 --      (µs on the server's clock);
 --   q: the queue, a sorted set of waiter ids scored by arrival (each new
---      waiter one above the last), so first come first served;
+--      waiter's whole part one above the last's), so first come first
+--      served; the fraction is the waiter's reserve / 65536 (its priority
+--      class: Bucket.PermitReserve, below MaxInFlight = 65536; 0 for the
+--      top class, and for waiters written before classes);
 --   w: the waiters' lease ends, a sorted set of the same ids.
 --
 -- After a failover (see failover_permits.go) h may also hold the member
@@ -17,6 +20,11 @@
 -- slack (keep).
 
 local FILL = ' fill'
+
+-- reserve_of returns the reserve of a waiter whose queue score is score.
+local function reserve_of(score)
+  return (score - math.floor(score)) * 65536
+end
 
 -- last_score returns the highest score of sorted set z, or nil.
 local function last_score(z)
@@ -58,7 +66,7 @@ end
 -- the queue, -1 when it waits not), qlen, first (the earliest lease end
 -- of the held, the fill's included; 0 when none is held) and qfirst (the
 -- earliest lease end of the waiters; 0 when none waits).
-local function view(h, q, w, bound, id)
+local function view(h, q, w, bound, id, r)
   local real = redis.call('ZCARD', h)
   local fill = redis.call('ZSCORE', h, FILL)
   if fill then real = real - 1 end
@@ -77,16 +85,27 @@ local function view(h, q, w, bound, id)
     v.mine = real > 0 and redis.call('ZSCORE', h, id) ~= false
     if v.qlen > 0 then v.place = redis.call('ZRANK', q, id) or -1 end
   end
+  -- eligible: the waiters ahead of id (all, when it waits not) of its
+  -- class or above, a reserve of at most r (inflight.Set.Admit).
+  v.eligible = 0
+  if r and v.qlen > 0 then
+    local last = v.place - 1
+    if v.place < 0 then last = -1 end
+    if v.place ~= 0 then
+      local ahead = redis.call('ZRANGE', q, 0, last, 'WITHSCORES')
+      for i = 2, #ahead, 2 do
+        if reserve_of(tonumber(ahead[i])) <= r then v.eligible = v.eligible + 1 end
+      end
+    end
+  end
   return v
 end
 
--- admits mirrors inflight.Set.Admit: whether id may hold a permit now,
--- and how many wait ahead of it.
-local function admits(v, bound)
+-- admits mirrors inflight.Set.Admit: whether id, of reserve r, may hold
+-- a permit now, and how many of its class or above wait ahead of it.
+local function admits(v, bound, r)
   if v.mine then return true, 0 end
-  local ahead = v.place
-  if ahead < 0 then ahead = v.qlen end
-  return v.held + ahead < bound, ahead
+  return v.held + v.eligible + r < bound, v.eligible
 end
 
 -- grant mirrors inflight.Set.Grant: id (whose view is v) holds a permit
@@ -100,15 +119,16 @@ local function grant(h, q, w, v, id, exp)
   redis.call('ZADD', h, 'GT', exp, id)
 end
 
--- enqueue mirrors inflight.Set.Enqueue: id waits until exp, keeping its
--- place when it waits already. It returns how many wait ahead.
-local function enqueue(q, w, v, id, exp)
+-- enqueue mirrors inflight.Set.Enqueue: id, of reserve r, waits until
+-- exp, keeping its place when it waits already. It returns how many of its
+-- class or above wait ahead (v.eligible, which view counted for r).
+local function enqueue(q, w, v, id, exp, r)
   if v.place >= 0 then
     redis.call('ZADD', w, 'GT', exp, id)
-    return v.place
+    return v.eligible
   end
-  local seq = (last_score(q) or -1) + 1
-  redis.call('ZADD', q, seq, id)
+  local seq = math.floor(last_score(q) or -1) + 1
+  redis.call('ZADD', q, seq + r / 65536, id)
   redis.call('ZADD', w, exp, id)
-  return v.qlen
+  return v.eligible
 end

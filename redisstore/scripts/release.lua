@@ -1,7 +1,8 @@
 -- fleetrate release: give back id's permit, and its place in the queue, in
 -- every bucket with an in-flight bound (inflight.Set.Release), and publish
 -- on channel a notice "<waiter id> <bucket key>" for each waiter a permit
--- is now free for (the first ones in the queue, as many as are free), so
+-- is now free for (the first ones in the queue, as many as are free,
+-- passing over those whose priority class's reserve leaves them none), so
 -- that only their processes wake (see NotifyPermit).
 -- KEYS: for each bucket, its key and its three permit keys (see
 -- permits.lua). ARGV: channel, id, then each bucket's bound.
@@ -17,9 +18,20 @@ for b = 1, #KEYS / 4 do
   redis.call('ZREM', w, id)
   held = held + redis.call('ZREM', h, id)
   local v = view(h, q, w, bound, '')
-  if v.held < bound and v.qlen > 0 then
-    local woken = redis.call('ZRANGE', q, 0, bound - v.held - 1)
-    for i = 1, #woken do redis.call('PUBLISH', channel, woken[i] .. ' ' .. key) end
+  local free = bound - v.held
+  if free > 0 and v.qlen > 0 then
+    -- The first waiters a permit is free for, in order: a waiter of a
+    -- reserve of free or more cannot take one (inflight.Set.Admit), so
+    -- it is passed over, within the first free + 64.
+    local ahead = redis.call('ZRANGE', q, 0, free + 63, 'WITHSCORES')
+    local woken = 0
+    for i = 1, #ahead, 2 do
+      if woken >= free then break end
+      if reserve_of(tonumber(ahead[i + 1])) < free then
+        redis.call('PUBLISH', channel, ahead[i] .. ' ' .. key)
+        woken = woken + 1
+      end
+    end
   end
 end
 return held

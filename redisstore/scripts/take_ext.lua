@@ -5,14 +5,15 @@
 -- common.lua and permits.lua.
 -- ARGV: nb (the bucket keys are KEYS[1..nb]), max_wait_ns, the permit id
 -- ('' for none), its ttl_us, then for each bucket its limits and reserve
--- (see common.lua), its cost, its in-flight bound (0: none), its number of
+-- (see common.lua), its cost, its in-flight bound (0: none) and permit
+-- reserve (its priority class: Bucket.PermitReserve), its number of
 -- calendar quotas and for each its field (the period), window start and
 -- end (µs) and count. After the bucket keys, KEYS holds the three permit
 -- keys (h, q, w: see permits.lua) of each bucket with a bound, in order,
 -- then the quota key of each bucket with quotas, in order.
 -- Returns {now_us, 1, the debts of each bucket before the take, then for
--- each bucket with a bound held, mine, place, qlen, first and qfirst
--- before the take (see view), then each quota's use in its window before
+-- each bucket with a bound held, mine, place, qlen, first, qfirst and
+-- eligible before the take (see view), then each quota's use in its window before
 -- the take, then the decision: 0 denied, 1 granted, 2 queued}; or
 -- {now_us, 3} when a quota's window does not hold now. The client replays
 -- the decision with gcra.Decide and checks it.
@@ -22,13 +23,13 @@ local id = ARGV[3]
 local ttl = tonumber(ARGV[4])
 local now = now_us()
 
-local lims, ms, debts, bounds, pk, quotas = {}, {}, {}, {}, {}, {}
+local lims, ms, debts, bounds, preserves, pk, quotas = {}, {}, {}, {}, {}, {}, {}
 local pos, k = 5, nb
 for b = 1, nb do
   lims[b], ms[b], pos = read_take_limits(pos)
-  lims[b].c, bounds[b] = tonumber(ARGV[pos]), tonumber(ARGV[pos + 1])
-  local nq = tonumber(ARGV[pos + 2])
-  pos = pos + 3
+  lims[b].c, bounds[b], preserves[b] = tonumber(ARGV[pos]), tonumber(ARGV[pos + 1]), tonumber(ARGV[pos + 2])
+  local nq = tonumber(ARGV[pos + 3])
+  pos = pos + 4
   quotas[b] = {}
   for i = 1, nq do
     quotas[b][i] = { field = ARGV[pos], start = tonumber(ARGV[pos + 1]), stop = tonumber(ARGV[pos + 2]), count = tonumber(ARGV[pos + 3]) }
@@ -75,13 +76,13 @@ for b = 1, nb do
   if bounds[b] > 0 then
     local h, q, w = KEYS[pk[b] + 1], KEYS[pk[b] + 2], KEYS[pk[b] + 3]
     expire(h, q, w, now)
-    local v = view(h, q, w, bounds[b], id)
+    local v = view(h, q, w, bounds[b], id, preserves[b])
     views[b] = v
     local mine = 0
     if v.mine then mine = 1 end
     local o = #out
-    out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5], out[o + 6] = v.held, mine, v.place, v.qlen, v.first, v.qfirst
-    if id ~= '' and not blocked and not admits(v, bounds[b]) then blocked = b end
+    out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5], out[o + 6], out[o + 7] = v.held, mine, v.place, v.qlen, v.first, v.qfirst, v.eligible
+    if id ~= '' and not blocked and not admits(v, bounds[b], preserves[b]) then blocked = b end
   end
 end
 
@@ -121,9 +122,9 @@ elseif blocked then
     for b = 1, nb do
       if bounds[b] > 0 then
         local v = views[b]
-        if b == blocked or not admits(v, bounds[b]) then
+        if b == blocked or not admits(v, bounds[b], preserves[b]) then
           local q, w = KEYS[pk[b] + 2], KEYS[pk[b] + 3]
-          enqueue(q, w, v, id, exp)
+          enqueue(q, w, v, id, exp, preserves[b])
           keep(KEYS[pk[b] + 1], q, w, now)
         end
       end

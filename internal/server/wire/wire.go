@@ -72,6 +72,9 @@ type Bucket struct {
 	// InFlight is fleetrate.Bucket.InFlight: how many permits of the
 	// bucket may be held at once (0: no bound).
 	InFlight int64 `json:"in_flight,omitempty"`
+	// PermitReserve is fleetrate.Bucket.PermitReserve: for a take of a
+	// lower priority class, the permits it leaves free for those above.
+	PermitReserve int64 `json:"permit_reserve,omitempty"`
 	// Quotas are fleetrate.Bucket.Quotas: calendar quotas.
 	Quotas []Quota `json:"quotas,omitempty"`
 }
@@ -258,7 +261,7 @@ func FromBuckets(bs []fleetrate.Bucket) []Bucket {
 		for j, l := range b.Limits {
 			ls[j] = FromLimit(l)
 		}
-		out[i] = Bucket{Prefix: Bytes(b.Prefix), Key: Bytes(b.Key), Limits: ls, Reserve: b.Reserve, InFlight: b.InFlight}
+		out[i] = Bucket{Prefix: Bytes(b.Prefix), Key: Bytes(b.Key), Limits: ls, Reserve: b.Reserve, InFlight: b.InFlight, PermitReserve: b.PermitReserve}
 		for _, q := range b.Quotas {
 			out[i].Quotas = append(out[i].Quotas, FromQuota(q))
 		}
@@ -289,7 +292,7 @@ func ToBuckets(bs []Bucket) []fleetrate.Bucket {
 		for j, l := range b.Limits {
 			ls[j] = l.ToLimit()
 		}
-		out[i] = fleetrate.Bucket{Prefix: string(b.Prefix), Key: string(b.Key), Limits: ls, Reserve: b.Reserve, InFlight: b.InFlight}
+		out[i] = fleetrate.Bucket{Prefix: string(b.Prefix), Key: string(b.Key), Limits: ls, Reserve: b.Reserve, InFlight: b.InFlight, PermitReserve: b.PermitReserve}
 		for _, wq := range b.Quotas {
 			// A period Parse refuses is a zero one, which validation
 			// refuses naming it; servers check the periods first.
