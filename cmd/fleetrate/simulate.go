@@ -16,9 +16,9 @@ import (
 	"github.com/fleetrate/fleetrate/internal/cli/simulate"
 )
 
-const simulateLong = `simulate plays the same simulated seconds of traffic through a fixed-window
-counter and through fleetrate's token bucket (the real memstore on a
-simulated clock):
+const simulateLong = `simulate (--scenario minute, the default) plays the same simulated seconds
+of traffic through a fixed-window counter and through fleetrate's token
+bucket (the real memstore on a simulated clock):
 
   - cron clients that each fire a batch at every :00 and retry refused
     requests after Retry-After;
@@ -90,14 +90,14 @@ func newSimulateCmd() *cobra.Command {
 	f.StringVarP(&out, "out", "o", filepath.Join(os.TempDir(), "fleetrate-simulate.png"), "chart file, .png or .svg (fonts not embedded); empty for none")
 	f.DurationVar(&cfg.Duration, "duration", simulate.DefaultDuration, "simulated time from 12:00:00")
 	f.DurationVar(&cfg.Window, "window", simulate.DefaultWindow, "fixed window length")
-	f.Int64Var(&cfg.Quota, "quota", simulate.DefaultQuota, "fixed window quota per client and window")
-	f.Float64Var(&cfg.Rate, "rate", 0, "token bucket rate per second (default quota/window)")
-	f.Int64Var(&cfg.Burst, "burst", simulate.DefaultBurst, "token bucket burst")
+	f.Int64Var(&cfg.Quota, "quota", simulate.DefaultQuota, "fixed window quota per client and window; --scenario month: the calendar quota (default 10000)")
+	f.Float64Var(&cfg.Rate, "rate", 0, "token bucket rate per second (default quota/window); --scenario month: the smoothing bucket's (default 0.5)")
+	f.Int64Var(&cfg.Burst, "burst", simulate.DefaultBurst, "token bucket burst; --scenario month: the smoothing bucket's (default 30)")
 	f.IntVar(&cfg.CronClients, "cron-clients", simulate.DefaultCronClients, "clients firing a batch at every :00 (0 for none)")
 	f.IntVar(&cfg.CronBatch, "cron-batch", simulate.DefaultCronBatch, "requests per cron client per minute")
 	f.DurationVar(&cfg.Boundary, "boundary", simulate.DefaultBoundary, "window boundary straddled by the boundary client, from 12:00:00")
 	f.BoolVar(&noBoundary, "no-boundary", false, "leave out the boundary client")
-	f.DurationVar(&cfg.BoundarySpan, "boundary-span", simulate.DefaultBoundarySpan, "how long before and after the boundary it sends each quota")
+	f.DurationVar(&cfg.BoundarySpan, "boundary-span", simulate.DefaultBoundarySpan, "how long before and after the boundary it sends each quota (--scenario month: default 10m)")
 	f.DurationVar(&cfg.Span, "span", simulate.DefaultSpan, "sliding span for the most-admitted count")
 	f.StringVar(&month.scenario, "scenario", "minute", `"minute" (cron stampedes and a window boundary, seconds) or "month" (calendar quotas, days)`)
 	f.StringVar(&month.period, "period", simulate.DefaultMonthPeriod, `month scenario: the quota's calendar period, e.g. "month day=15 Europe/Paris"`)

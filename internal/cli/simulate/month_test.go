@@ -277,6 +277,7 @@ func TestMonthValidate(t *testing.T) {
 		{MonthConfig{Rate: -1}, "smoothing bucket: rate must be positive"},
 		{MonthConfig{Burst: -5}, "smoothing bucket: burst must be at least 1, got -5"},
 		{MonthConfig{BareBurst: 1 << 40}, "bare bucket (quota per 30 days, burst 1099511627776)"},
+		{MonthConfig{Quota: 1_000_000, Days: 62}, "simulate month: 10122000 requests, more than 1000000; use a smaller quota or fewer days"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.want, func(t *testing.T) {
