@@ -67,6 +67,7 @@ func (r *MonthReport) WriteChart(w io.Writer, format string) error {
 			p.Add(line)
 			p.Legend.Add(l.Name, line)
 		}
+		p.Y.Max *= 1.3 // headroom for the legend above the lines
 		rows = append(rows, []*plot.Plot{p})
 	}
 	return drawChart(w, format, rows, fmt.Sprintf("A month: quota %d/%s + bucket %s, burst %d; fixed window; bare bucket; quota alone",

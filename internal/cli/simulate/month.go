@@ -197,7 +197,7 @@ type MonthStats struct {
 	MaxInMinute int
 }
 
-// Admitted and Denied total the customers' requests.
+// Admitted totals the customers' admitted requests.
 func (s MonthStats) Admitted() (n int) {
 	for _, c := range s.Customers {
 		n += len(c.Admits)
