@@ -35,6 +35,14 @@ func (r *Report) WriteChart(w io.Writer, format string) error {
 	if err != nil {
 		return err
 	}
+	c := r.Config
+	return drawChart(w, format, panels,
+		fmt.Sprintf("Admitted requests per second: fixed window of %d per %s vs token bucket of %g/s, burst %d", c.Quota, Per(c.Window), c.Rate, c.Burst))
+}
+
+// drawChart draws panels one above the other under a headline, as "svg"
+// or "png".
+func drawChart(w io.Writer, format string, panels [][]*plot.Plot, headline string) error {
 	const width = 24 * vg.Centimeter
 	height := vg.Length(len(panels)) * 9 * vg.Centimeter
 	var canvas vg.CanvasWriterTo
@@ -60,11 +68,8 @@ func (r *Report) WriteChart(w io.Writer, format string) error {
 		YAlign:  draw.YTop,
 		Handler: plot.DefaultTextHandler,
 	}
-	c := r.Config
-	dc.FillText(sty, vg.Point{X: width / 2, Y: height - 3*vg.Millimeter},
-		fmt.Sprintf("Admitted requests per second: fixed window of %d per %s vs token bucket of %g/s, burst %d", c.Quota, Per(c.Window), c.Rate, c.Burst))
-
-	_, err = canvas.WriteTo(w)
+	dc.FillText(sty, vg.Point{X: width / 2, Y: height - 3*vg.Millimeter}, headline)
+	_, err := canvas.WriteTo(w)
 	return err
 }
 
@@ -127,19 +132,7 @@ func sansFont(size vg.Length, weight string) font.Font {
 
 // panel builds one plot with a step line per limiter.
 func (r *Report) panel(title string, fixed, bucket []int) (*plot.Plot, error) {
-	p := plot.New()
-	p.Title.Text = title
-	p.Title.TextStyle.Font = sansFont(10, "")
-	p.X.Label.Text = "seconds since " + Start.Format("15:04:05")
-	p.Y.Label.Text = "admitted / s"
-	for _, ax := range []*plot.Axis{&p.X, &p.Y} {
-		ax.Label.TextStyle.Font = sansFont(9, "")
-		ax.Tick.Label.Font = sansFont(8, "")
-	}
-	p.Legend.TextStyle.Font = sansFont(9, "")
-	p.Legend.Top = true
-	p.Legend.XOffs = -2 * vg.Millimeter
-	p.Y.Min = 0
+	p := newPlot(title, "seconds since "+Start.Format("15:04:05"), "admitted / s")
 	p.X.Min = 0
 	p.X.Max = float64(len(fixed))
 	p.X.Tick.Marker = minuteTicks{}
@@ -170,6 +163,25 @@ func (r *Report) panel(title string, fixed, bucket []int) (*plot.Plot, error) {
 		p.Legend.Add(s.name, l)
 	}
 	return p, nil
+}
+
+// newPlot returns an empty plot in the chart's fonts, its legend at the
+// top right and its y axis from 0.
+func newPlot(title, xLabel, yLabel string) *plot.Plot {
+	p := plot.New()
+	p.Title.Text = title
+	p.Title.TextStyle.Font = sansFont(10, "")
+	p.X.Label.Text = xLabel
+	p.Y.Label.Text = yLabel
+	for _, ax := range []*plot.Axis{&p.X, &p.Y} {
+		ax.Label.TextStyle.Font = sansFont(9, "")
+		ax.Tick.Label.Font = sansFont(8, "")
+	}
+	p.Legend.TextStyle.Font = sansFont(9, "")
+	p.Legend.Top = true
+	p.Legend.XOffs = -2 * vg.Millimeter
+	p.Y.Min = 0
+	return p
 }
 
 // minuteTicks labels every 10 s and marks the minute boundaries.

@@ -12,6 +12,13 @@
 // The token bucket side is the real thing: a fleetrate.Limiter over a
 // memstore whose clock is the simulation's. The fixed window exists only
 // here, as the comparison.
+//
+// RunMonth plays a month instead (month.go): customers' traffic through a
+// calendar quota with a smoothing bucket, a fixed window of the month, a
+// bare bucket refilled at the month's average rate and the quota alone,
+// to show what a plan's customer sees: a quota spent early comes back on
+// the 1st, and smoothing keeps a fixed window's double quota off the
+// boundary.
 package simulate
 
 import (
