@@ -299,6 +299,7 @@ type Settings struct {
 	HealthChecksStore       *bool
 	TLSHTTP                 *bool
 	QuotaMode               *bool
+	FixedWindow             *bool
 	ResponseDynamicMetadata *bool
 	MetricsAddr             *string
 	MetricsPath             *string

@@ -118,9 +118,14 @@ func (s *Server) planDescriptor(rp *requestPlan, i int, d *rlcommon.RateLimitDes
 		if m, p.limits, err = overrideMatch(rp, i, ov, entries, m); err != nil {
 			return err
 		}
+		if p.limits != nil && s.opts.FixedWindow {
+			e := m.Rule.Enforced(true)
+			p.limits, p.quotas, p.quotaSpec = e.Limits, e.Quotas, e.QuotaSpec
+		}
 	} else if m.Rule != nil && !m.Rule.Unlimited && !m.Rule.Denies() {
 		rl := rp.st.rules[m.Rule]
 		p.limits, p.lim, p.current = rl.limits, rl.lim, rl.current
+		p.quotas, p.quotaSpec = rl.quotas, rl.quotaSpec
 	}
 	p.rule, p.metric = m.Rule, m.Metric
 	if m.Rule == nil {
@@ -128,12 +133,13 @@ func (s *Server) planDescriptor(rp *requestPlan, i int, d *rlcommon.RateLimitDes
 		return nil
 	}
 	if p.limits != nil {
-		p.buckets[0] = fleetrate.Bucket{Prefix: s.opts.Prefix, Key: m.Key, Limits: p.limits}
+		p.buckets[0] = fleetrate.Bucket{Prefix: s.opts.Prefix, Key: m.Key, Limits: p.limits, Quotas: p.quotas}
 		for _, l := range p.limits {
 			if p.hits > l.Burst {
 				p.tooMany = true
 			}
 		}
+		p.tooMany = p.tooMany || quotaTooMany(p.quotas, p.hits)
 	}
 	return nil
 }

@@ -156,6 +156,12 @@ type Options struct {
 	// envoyproxy/ratelimit's global QUOTA_MODE does: a request is denied
 	// only when all its limited descriptors are over their limits.
 	QuotaMode bool
+	// FixedWindow serves every RLS limit of unit minute, hour, day or week
+	// (unit_multiplier 1) as envoyproxy/ratelimit's fixed window: a
+	// calendar quota of requests_per_unit that resets at the UTC boundary
+	// (see config.Rule.Enforced), instead of a token bucket that refills
+	// continuously. Off by default.
+	FixedWindow bool
 	// ResponseDynamicMetadata adds dynamic metadata to RLS responses, as
 	// envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA does: the domain,
 	// the descriptors, hits_addend, and the merged metadata of the rules
@@ -266,7 +272,12 @@ type state struct {
 // these takes itself, as instrumented times the others.
 type ruleLimits struct {
 	limits []fleetrate.Limit
-	lim    *fleetrate.Limiter
+	// quotas are the rule's calendar quotas, and quotaSpec for each the
+	// index of the rule's limit it serves as a fixed window, or -1 (see
+	// config.Enforcement).
+	quotas    []fleetrate.Quota
+	quotaSpec []int
+	lim       *fleetrate.Limiter
 	// current are the rule's limits as a status's current_limit reports
 	// them, built once and shared by the responses (which never change
 	// them).
@@ -276,18 +287,21 @@ type ruleLimits struct {
 func (s *Server) newState(cfg *config.Config) *state {
 	st := &state{cfg: cfg, buckets: map[string]fleetrate.Bucket{}, rules: map[*config.Rule]ruleLimits{}}
 	for _, b := range cfg.Buckets {
-		fb := fleetrate.Bucket{Prefix: s.opts.Prefix, Key: b.Key, Limits: b.TokenLimits(), InFlight: b.InFlight}
+		fb := fleetrate.Bucket{Prefix: s.opts.Prefix, Key: b.Key, Limits: b.TokenLimits(), InFlight: b.InFlight, Quotas: b.Quotas}
 		st.buckets[b.Name] = fb
 		st.buckets[b.Key] = fb
 	}
 	for _, d := range cfg.Domains {
 		d.Walk(func(r *config.Rule) {
 			if !r.Unlimited && !r.Denies() {
-				rl := ruleLimits{limits: r.TokenLimits()}
+				e := r.Enforced(s.opts.FixedWindow)
+				rl := ruleLimits{limits: e.Limits, quotas: e.Quotas, quotaSpec: e.QuotaSpec}
 				for _, spec := range r.Limits {
 					rl.current = append(rl.current, currentLimit(spec))
 				}
-				if s.opts.LocalCacheBytes <= 0 {
+				// A Limiter's default limits have no quotas: a rule with
+				// quotas takes through the store.
+				if s.opts.LocalCacheBytes <= 0 && len(e.Quotas) == 0 {
 					rl.lim, _ = fleetrate.New(s.opts.Store, fleetrate.Config{Prefix: s.opts.Prefix, Limits: rl.limits})
 				}
 				st.rules[r] = rl
