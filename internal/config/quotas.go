@@ -179,3 +179,9 @@ func QuotaSpec(q fleetrate.Quota) LimitSpec {
 	n := uint32(min(q.Count, math.MaxUint32))
 	return LimitSpec{Name: q.Name, RequestsPerUnit: n, Unit: quotaUnits[q.Period.Unit], UnitMultiplier: 1, Burst: int64(n)}
 }
+
+// IsPassThrough reports whether l is a PassThrough limit, which stands
+// for a limit served as a calendar quota and decides nothing.
+func IsPassThrough(l fleetrate.Limit) bool {
+	return l.Rate == fleetrate.MaxRate && l.Burst == fleetrate.MaxBurst
+}

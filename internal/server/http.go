@@ -55,6 +55,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("/v1/drain", s.api(http.MethodPost, ScopeAdmin, endpoint(s, v.drain)))
 	mux.HandleFunc("/v1/reset", s.api(http.MethodPost, ScopeAdmin, endpoint(s, v.reset)))
 	mux.HandleFunc("/v1/config", s.api(http.MethodGet, ScopeAdmin, s.handleConfig))
+	mux.HandleFunc(UsagePath, s.api(http.MethodGet, ScopeDecide, s.handleUsage))
 	mux.HandleFunc(wire.TakePath, s.api(http.MethodPost, ScopeStore, s.storeAPI(endpoint(s, v.storeTake))))
 	mux.HandleFunc(wire.RefundPath, s.api(http.MethodPost, ScopeStore, s.storeAPI(endpoint(s, v.storeRefund))))
 	mux.HandleFunc(wire.CancelPath, s.api(http.MethodPost, ScopeStore, s.storeAPI(endpoint(s, v.storeCancel))))
