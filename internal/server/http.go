@@ -414,6 +414,12 @@ type Decision struct {
 	// /v1/renew and /v1/release present.
 	InFlight *InFlightView `json:"in_flight,omitempty"`
 	Permit   *PermitView   `json:"permit,omitempty"`
+	// Quotas, when buckets of the take have calendar quotas, are where
+	// each stands after the decision; QuotaDenied is set when one of them
+	// refused the take (retry_after_ms is then the time until its window
+	// ends).
+	Quotas      []QuotaView `json:"quotas,omitempty"`
+	QuotaDenied bool        `json:"quota_denied,omitempty"`
 	// retryAfter is RetryAfter unrounded, for the Retry-After header.
 	retryAfter time.Duration
 }

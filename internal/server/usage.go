@@ -49,6 +49,8 @@ type UsageView struct {
 
 // QuotaView is where one calendar quota stands.
 type QuotaView struct {
+	// Bucket names the bucket holding the quota, in a take's answer.
+	Bucket string `json:"bucket,omitempty"`
 	Name   string `json:"name,omitempty"`
 	Count  int64  `json:"count"`
 	Period string `json:"period"`
@@ -92,10 +94,22 @@ func fillUsage(v *UsageView, u fleetrate.Usage) {
 		l, rem, full := wire.FromLimit(u.Limit), max(u.Remaining, 0), millis(u.Full.Sub(u.At))
 		v.Limit, v.Remaining, v.FullAfterMS = &l, &rem, &full
 	}
-	for _, q := range u.Quotas {
-		v.Quotas = append(v.Quotas, QuotaView{Name: q.Quota.Name, Count: q.Quota.Count, Period: q.Quota.Period.String(),
-			Used: q.Used, Remaining: q.Remaining, ResetUnixMicro: q.Reset.UnixMicro(), ResetAfterMS: millis(max(q.Reset.Sub(u.At), 0))})
+	v.Quotas = quotaViews(nil, fleetrate.Result{At: u.At, Quotas: u.Quotas})
+}
+
+// quotaViews reports the quotas of res, each naming its bucket when
+// names are given (the names of the take's buckets, in order).
+func quotaViews(names []string, res fleetrate.Result) []QuotaView {
+	var out []QuotaView
+	for _, q := range res.Quotas {
+		qv := QuotaView{Name: q.Quota.Name, Count: q.Quota.Count, Period: q.Quota.Period.String(),
+			Used: q.Used, Remaining: q.Remaining, ResetUnixMicro: q.Reset.UnixMicro(), ResetAfterMS: millis(max(q.Reset.Sub(res.At), 0))}
+		if q.Bucket >= 0 && q.Bucket < len(names) {
+			qv.Bucket = names[q.Bucket]
+		}
+		out = append(out, qv)
 	}
+	return out
 }
 
 // usageBucket resolves the query of GET /v1/usage to the bucket it

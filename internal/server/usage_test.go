@@ -89,12 +89,17 @@ func TestUsageOfABucket(t *testing.T) {
 	}
 	granted := 0
 	for range 10 {
+		d = Decision{}
 		if ts.post(t, "/v1/take", `{"bucket":"llm/requests"}`, &d); d.Allowed {
 			granted++
 		}
 	}
 	if granted != 3 {
 		t.Fatalf("%d takes granted after a usage of 3 available", granted)
+	}
+	// The take's answer states the quota that refused it, and its reset.
+	if q := d.Quotas; d.Allowed || !d.QuotaDenied || len(q) != 1 || q[0].Bucket != "llm/requests" || q[0].Used != 5 || q[0].Remaining != 0 || d.RetryAfterMS != 24*3600*1000 {
+		t.Fatalf("a take of a spent quota: %+v", d)
 	}
 }
 
