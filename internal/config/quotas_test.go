@@ -2,6 +2,8 @@ package config
 
 import (
 	"errors"
+	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -152,5 +154,33 @@ descriptors:
 	j := cfg.Domain("d").Match(entries("j", "v")).Rule.Enforced(true)
 	if len(j.Quotas) != 1 || j.Quotas[0].Count != 9 || j.QuotaSpec[0] != -1 || j.Limits[0].Burst != 7 {
 		t.Errorf("rule j: %+v", j)
+	}
+}
+
+// TestOperationsQuotaExamplesLoad loads the YAML examples of
+// docs/OPERATIONS.md's "Calendar quotas" and "fixed windows" sections.
+func TestOperationsQuotaExamplesLoad(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile("../../docs/OPERATIONS.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(b)
+	start, end := strings.Index(doc, "#### Calendar quotas"), strings.Index(doc, "#### Errors")
+	if start < 0 || end < start {
+		t.Fatal(`docs/OPERATIONS.md lacks its "Calendar quotas" section before "Errors"`)
+	}
+	blocks := regexp.MustCompile("(?s)```yaml\n(.*?)```").FindAllStringSubmatch(doc[start:end], -1)
+	if len(blocks) != 2 {
+		t.Fatalf("want 2 YAML examples, got %d", len(blocks))
+	}
+	for i, m := range blocks {
+		cfg, err := Load("OPERATIONS.md", []byte(m[1]))
+		if err != nil {
+			t.Fatalf("example %d: %v", i, err)
+		}
+		if i == 1 && (cfg.Settings.FixedWindow == nil || !*cfg.Settings.FixedWindow) {
+			t.Errorf("example %d does not set fixed_window", i)
+		}
 	}
 }
