@@ -466,6 +466,7 @@ type domainView struct {
 type ruleView struct {
 	ID         string   `json:"id"`
 	Limits     []string `json:"limits,omitempty"`
+	Quotas     []string `json:"quotas,omitempty"`
 	Unlimited  bool     `json:"unlimited,omitempty"`
 	ShadowMode bool     `json:"shadow_mode,omitempty"`
 	Line       int      `json:"line"`
@@ -475,8 +476,18 @@ type bucketView struct {
 	Name     string   `json:"name"`
 	Key      string   `json:"key"`
 	Limits   []string `json:"limits"`
+	Quotas   []string `json:"quotas,omitempty"`
 	InFlight int64    `json:"in_flight,omitempty"`
 	Line     int      `json:"line"`
+}
+
+// quotaSpecs describes quotas as "10000/month Europe/Paris".
+func quotaSpecs(qs []fleetrate.Quota) []string {
+	var out []string
+	for _, q := range qs {
+		out = append(out, q.String())
+	}
+	return out
 }
 
 func specs(ls []config.LimitSpec) []string {
@@ -494,13 +505,13 @@ func (s *Server) handleConfig(w http.ResponseWriter, r *http.Request) error {
 	for _, name := range names {
 		dv := domainView{Name: name, Rules: []ruleView{}}
 		cfg.Domains[name].Walk(func(r *config.Rule) {
-			dv.Rules = append(dv.Rules, ruleView{ID: r.ID, Limits: specs(r.Limits), Unlimited: r.Unlimited, ShadowMode: r.ShadowMode, Line: r.Line})
+			dv.Rules = append(dv.Rules, ruleView{ID: r.ID, Limits: specs(r.Limits), Quotas: quotaSpecs(r.Quotas), Unlimited: r.Unlimited, ShadowMode: r.ShadowMode, Line: r.Line})
 		})
 		slices.SortFunc(dv.Rules, func(a, b ruleView) int { return strings.Compare(a.ID, b.ID) })
 		v.Domains = append(v.Domains, dv)
 	}
 	for _, b := range cfg.Buckets {
-		v.Buckets = append(v.Buckets, bucketView{Name: b.Name, Key: s.opts.Prefix + b.Key, Limits: specs(b.Limits), InFlight: b.InFlight, Line: b.Line})
+		v.Buckets = append(v.Buckets, bucketView{Name: b.Name, Key: s.opts.Prefix + b.Key, Limits: specs(b.Limits), Quotas: quotaSpecs(b.Quotas), InFlight: b.InFlight, Line: b.Line})
 	}
 	writeJSON(w, http.StatusOK, v)
 	return nil

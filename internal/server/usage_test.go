@@ -94,6 +94,9 @@ func TestUsageOfABucket(t *testing.T) {
 			granted++
 		}
 	}
+	if code, body := ts.get(t, "/v1/config"); code != 200 || !strings.Contains(body, `"quotas":["5/day"]`) || !strings.Contains(body, `"quotas":["4/month Europe/Paris"]`) {
+		t.Errorf("/v1/config does not list the quotas: %d %s", code, body)
+	}
 	if granted != 3 {
 		t.Fatalf("%d takes granted after a usage of 3 available", granted)
 	}
