@@ -1,6 +1,7 @@
 package server
 
 import (
+	"regexp"
 	"testing"
 	"time"
 
@@ -162,4 +163,20 @@ func TestDescriptorQuota(t *testing.T) {
 	ts.clock.Advance(toMidnight)
 	r = ts.should(t, "plans", 1, desc("api_key", "k1"))
 	wantStatus(t, "after midnight in Tokyo", r.Statuses[0], ok, 5, day, 4, 24*time.Hour)
+}
+
+// TestFixedWindowNearLimit: a fixed window counts near-limit hits as
+// envoyproxy/ratelimit does, against requests_per_unit: of ten hits of a
+// limit of 10 at ratio 0.8, the 9th and the 10th.
+func TestFixedWindowNearLimit(t *testing.T) {
+	t.Parallel()
+	ts := start(t, "domain: edge\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 10}\n", func(o *Options) { o.FixedWindow = true })
+	for range 11 {
+		ts.should(t, "edge", 1, desc("user", "u1"))
+	}
+	_, body := ts.get(t, "/metrics")
+	m := regexp.MustCompile(`(?m)^fleetrate_near_limit_total\{descriptor="edge\.user",domain="edge"\} (\S+)$`).FindStringSubmatch(body)
+	if m == nil || m[1] != "2" {
+		t.Fatalf("fleetrate_near_limit_total: %v, want 2", m)
+	}
 }

@@ -118,7 +118,7 @@ func (s *Server) respond(ctx context.Context, req *rlspb.RateLimitRequest, plans
 		}
 		s.metrics.decision(apiRLS, p.domain, p.metric, result)
 		if failure == nil && o.hasRes && p.hits > 0 && !p.negative {
-			if n := nearLimitHits(o.res, p.hits, s.opts.NearLimitRatio); n > 0 {
+			if n := nearLimitHits(nearLimitOf(o), p.hits, s.opts.NearLimitRatio); n > 0 {
 				s.metrics.nearLimit.WithLabelValues(p.domain, s.metrics.descriptor(p.metric)).Add(float64(n))
 			}
 		}

@@ -59,6 +59,23 @@ func (s *Server) plan(st *state, req *rlspb.RateLimitRequest) ([]plan, error) {
 	return plans, nil
 }
 
+// ruleLimits returns how the descriptors of rule r take: its bucket's
+// limits and quotas (config.Rule.Enforced), the statuses' current
+// limits, and a Limiter when one can take for it.
+func (s *Server) ruleLimits(r *config.Rule) ruleLimits {
+	e := r.Enforced(s.opts.FixedWindow)
+	rl := ruleLimits{limits: e.Limits, quotas: e.Quotas, quotaSpec: e.QuotaSpec}
+	for _, spec := range r.Limits {
+		rl.current = append(rl.current, currentLimit(spec))
+	}
+	// A Limiter's default limits have no quotas: such a rule takes from
+	// the store.
+	if s.opts.LocalCacheBytes <= 0 && len(e.Quotas) == 0 {
+		rl.lim, _ = fleetrate.New(s.opts.Store, fleetrate.Config{Prefix: s.opts.Prefix, Limits: rl.limits})
+	}
+	return rl
+}
+
 // requestPlan is what every descriptor of one request shares.
 type requestPlan struct {
 	st          *state

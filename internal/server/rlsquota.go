@@ -103,3 +103,15 @@ func quotaTooMany(quotas []fleetrate.Quota, hits int64) bool {
 	}
 	return false
 }
+
+// nearLimitOf is the result nearLimitHits reads for an outcome the store
+// answered: when a quota decided its status, the quota as a limit of
+// burst count with its remaining (a fixed window's near limit, as
+// envoyproxy/ratelimit counts it); else the store's answer.
+func nearLimitOf(o *outcome) fleetrate.Result {
+	if !o.quota || o.res.Quota < 0 || o.res.Quota >= len(o.res.Quotas) {
+		return o.res
+	}
+	q := o.res.Quotas[o.res.Quota]
+	return fleetrate.Result{Allowed: o.res.Allowed, Remaining: q.Remaining, Limit: fleetrate.Limit{Burst: q.Quota.Count}}
+}

@@ -156,11 +156,8 @@ type Options struct {
 	// envoyproxy/ratelimit's global QUOTA_MODE does: a request is denied
 	// only when all its limited descriptors are over their limits.
 	QuotaMode bool
-	// FixedWindow serves every RLS limit of unit minute, hour, day or week
-	// (unit_multiplier 1) as envoyproxy/ratelimit's fixed window: a
-	// calendar quota of requests_per_unit that resets at the UTC boundary
-	// (see config.Rule.Enforced), instead of a token bucket that refills
-	// continuously. Off by default.
+	// FixedWindow serves RLS limits of unit minute, hour, day or week as
+	// envoyproxy/ratelimit's fixed windows in UTC (config.Rule.Enforced).
 	FixedWindow bool
 	// ResponseDynamicMetadata adds dynamic metadata to RLS responses, as
 	// envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA does: the domain,
@@ -272,9 +269,7 @@ type state struct {
 // these takes itself, as instrumented times the others.
 type ruleLimits struct {
 	limits []fleetrate.Limit
-	// quotas are the rule's calendar quotas, and quotaSpec for each the
-	// index of the rule's limit it serves as a fixed window, or -1 (see
-	// config.Enforcement).
+	// quotas and quotaSpec are as config.Enforcement's.
 	quotas    []fleetrate.Quota
 	quotaSpec []int
 	lim       *fleetrate.Limiter
@@ -294,17 +289,7 @@ func (s *Server) newState(cfg *config.Config) *state {
 	for _, d := range cfg.Domains {
 		d.Walk(func(r *config.Rule) {
 			if !r.Unlimited && !r.Denies() {
-				e := r.Enforced(s.opts.FixedWindow)
-				rl := ruleLimits{limits: e.Limits, quotas: e.Quotas, quotaSpec: e.QuotaSpec}
-				for _, spec := range r.Limits {
-					rl.current = append(rl.current, currentLimit(spec))
-				}
-				// A Limiter's default limits have no quotas: a rule with
-				// quotas takes through the store.
-				if s.opts.LocalCacheBytes <= 0 && len(e.Quotas) == 0 {
-					rl.lim, _ = fleetrate.New(s.opts.Store, fleetrate.Config{Prefix: s.opts.Prefix, Limits: rl.limits})
-				}
-				st.rules[r] = rl
+				st.rules[r] = s.ruleLimits(r)
 			}
 		})
 	}
