@@ -178,3 +178,24 @@ func TestUsageRefusals(t *testing.T) {
 		}
 	}
 }
+
+// TestRawStorePinsQuotas: the raw store API serves a configured bucket
+// only with its configured quotas, so that no client takes what they do
+// not count.
+func TestRawStorePinsQuotas(t *testing.T) {
+	t.Parallel()
+	ts := start(t, usageConfig)
+	bucket := func(quotas string) string {
+		return `{"buckets":[{"prefix":"fleetrate:","key":"{llm}/requests","limits":[{"rate":10,"burst":10}]` + quotas + `}],"n":1}`
+	}
+	for _, q := range []string{``, `,"quotas":[{"count":6,"period":"day"}]`, `,"quotas":[{"count":5,"period":"day Asia/Tokyo"}]`} {
+		var e wire.Error
+		if code := ts.post(t, wire.TakePath, bucket(q), &e); code != http.StatusForbidden || e.Code != codePinned || !strings.Contains(e.Error, "5/day") {
+			t.Errorf("raw take with quotas %q: %d %+v, want 403 %s naming the configured 5/day", q, code, e, codePinned)
+		}
+	}
+	var res wire.Result
+	if code := ts.post(t, wire.TakePath, bucket(`,"quotas":[{"count":5,"period":"day","name":"any"}]`), &res); code != 200 || !res.Allowed || len(res.Quotas) != 1 || res.Quotas[0].Used != 1 {
+		t.Errorf("raw take with the configured quota: %d %+v", code, res)
+	}
+}
