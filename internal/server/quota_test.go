@@ -1,6 +1,7 @@
 package server
 
 import (
+	"fmt"
 	"regexp"
 	"testing"
 	"time"
@@ -43,10 +44,21 @@ func wantStatus(t *testing.T, what string, st *rlspb.RateLimitResponse_Descripto
 // Options.FixedWindow for each unit it serves as a calendar quota: a
 // limit of 3 admits 3, refuses the 4th with the reset at the next UTC
 // boundary, refuses still a second before it, and admits 3 again at the
-// boundary, exactly: a token bucket would admit one.
+// boundary, exactly: a token bucket would admit one. With the over-limit
+// cache too, which must not hold a denial past the boundary.
 func TestEnvoyCaseFixedWindowResetsAtTheBoundary(t *testing.T) {
 	t.Parallel()
-	ts := start(t, fixedWindowConfig, func(o *Options) { o.FixedWindow = true })
+	for _, cache := range []int64{0, 1 << 20} {
+		t.Run(fmt.Sprintf("local cache %d bytes", cache), func(t *testing.T) {
+			t.Parallel()
+			ts := start(t, fixedWindowConfig, func(o *Options) { o.FixedWindow, o.LocalCacheBytes = true, cache })
+			fixedWindowSequences(t, ts)
+		})
+	}
+}
+
+// fixedWindowSequences runs the boundary sequence of each unit.
+func fixedWindowSequences(t *testing.T, ts *testServer) {
 	for _, c := range []struct {
 		key  string
 		unit rlspb.RateLimitResponse_RateLimit_Unit
