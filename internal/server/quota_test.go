@@ -192,3 +192,23 @@ func TestFixedWindowNearLimit(t *testing.T) {
 		t.Fatalf("fleetrate_near_limit_total: %v, want 2", m)
 	}
 }
+
+// TestFixedWindowDeniedRequestKeepsItsCount: when one descriptor of a
+// request is over its fixed window, the others' windows keep the hit, as
+// envoyproxy/ratelimit counts every descriptor's hits, and their statuses
+// say so truthfully.
+func TestFixedWindowDeniedRequestKeepsItsCount(t *testing.T) {
+	t.Parallel()
+	ts := start(t, fixedWindowConfig, func(o *Options) { o.FixedWindow = true })
+	for range 3 {
+		ts.should(t, "fixed", 1, desc("per_day", "a"))
+	}
+	r := ts.should(t, "fixed", 1, desc("per_hour", "a"), desc("per_day", "a"))
+	if r.OverallCode != over {
+		t.Fatalf("request over the day's window: %v", r)
+	}
+	wantStatus(t, "per_hour beside a denial", r.Statuses[0], ok, 3, rlspb.RateLimitResponse_RateLimit_HOUR, 2, time.Hour)
+	wantStatus(t, "per_day", r.Statuses[1], over, 3, rlspb.RateLimitResponse_RateLimit_DAY, 0, 24*time.Hour)
+	r = ts.should(t, "fixed", 1, desc("per_hour", "a"))
+	wantStatus(t, "per_hour after", r.Statuses[0], ok, 3, rlspb.RateLimitResponse_RateLimit_HOUR, 1, time.Hour)
+}
