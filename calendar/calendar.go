@@ -24,9 +24,11 @@ const (
 	Week
 	Month
 	Year
+	// Minute is last so that the values above keep their numbers.
+	Minute
 )
 
-var unitNames = map[Unit]string{Hour: "hour", Day: "day", Week: "week", Month: "month", Year: "year"}
+var unitNames = map[Unit]string{Minute: "minute", Hour: "hour", Day: "day", Week: "week", Month: "month", Year: "year"}
 
 // String returns the unit's name, as Parse reads it.
 func (u Unit) String() string {
@@ -57,7 +59,7 @@ type Period struct {
 // Validate checks the period, naming the failing field.
 func (p Period) Validate() error {
 	if _, ok := unitNames[p.Unit]; !ok {
-		return fmt.Errorf("calendar: unit: want hour, day, week, month or year, got %v", p.Unit)
+		return fmt.Errorf("calendar: unit: want minute, hour, day, week, month or year, got %v", p.Unit)
 	}
 	if p.Weekday < time.Sunday || p.Weekday > time.Saturday {
 		return fmt.Errorf("calendar: weekday: want 0 (Sunday) to 6 (Saturday), got %d", p.Weekday)
@@ -73,9 +75,9 @@ func (p Period) Validate() error {
 
 // Window returns the window of the period that t falls in: start <= t <
 // end. Windows follow the wall clock of the period's location: a day is
-// 23 or 25 hours on the days daylight saving starts or ends; an hour is
-// always 60 minutes, and the hour repeated when clocks go back is two
-// windows.
+// 23 or 25 hours on the days daylight saving starts or ends; an hour (and
+// a minute) is always 60 minutes (seconds), and the hour repeated when
+// clocks go back is two windows.
 func (p Period) Window(t time.Time) (start, end time.Time) {
 	loc := p.Location
 	if loc == nil {
@@ -83,11 +85,15 @@ func (p Period) Window(t time.Time) (start, end time.Time) {
 	}
 	t = t.In(loc)
 	switch p.Unit {
-	case Hour:
+	case Minute, Hour:
+		d := time.Hour
+		if p.Unit == Minute {
+			d = time.Minute
+		}
 		_, off := t.Zone()
 		shift := time.Duration(off) * time.Second
-		start = t.Add(shift).Truncate(time.Hour).Add(-shift)
-		return start, start.Add(time.Hour)
+		start = t.Add(shift).Truncate(d).Add(-shift)
+		return start, start.Add(d)
 	case Day:
 		y, m, d := t.Date()
 		start = midnight(y, m, d, loc)
@@ -143,7 +149,7 @@ func midnight(y int, m time.Month, d int, loc *time.Location) time.Time {
 func Parse(s string) (Period, error) {
 	f := strings.Fields(s)
 	if len(f) == 0 {
-		return Period{}, errors.New("calendar: empty period: want a unit (hour, day, week, month, year)")
+		return Period{}, errors.New("calendar: empty period: want a unit (minute, hour, day, week, month, year)")
 	}
 	var p Period
 	for u, n := range unitNames {
@@ -152,7 +158,7 @@ func Parse(s string) (Period, error) {
 		}
 	}
 	if p.Unit == 0 {
-		return Period{}, fmt.Errorf("calendar: unit %q: want hour, day, week, month or year", f[0])
+		return Period{}, fmt.Errorf("calendar: unit %q: want minute, hour, day, week, month or year", f[0])
 	}
 	for _, o := range f[1:] {
 		if err := p.option(o); err != nil {

@@ -46,6 +46,8 @@ func TestWindows(t *testing.T) {
 		{"week from Monday", Period{Unit: Week, Weekday: time.Monday}, at(utc, 2026, 12, 6, 23, 0), at(utc, 2026, 11, 30, 0, 0), at(utc, 2026, 12, 7, 0, 0), 7 * 24 * time.Hour},
 		{"leap year", Period{Unit: Year}, at(utc, 2028, 7, 1, 0, 0), at(utc, 2028, 1, 1, 0, 0), at(utc, 2029, 1, 1, 0, 0), 366 * 24 * time.Hour},
 		{"hour", Period{Unit: Hour, Location: ny}, at(ny, 2026, 12, 4, 9, 59), at(ny, 2026, 12, 4, 9, 0), at(ny, 2026, 12, 4, 10, 0), time.Hour},
+		{"minute", Period{Unit: Minute}, at(utc, 2026, 12, 4, 9, 59).Add(59*time.Second + 999*time.Millisecond), at(utc, 2026, 12, 4, 9, 59), at(utc, 2026, 12, 4, 10, 0), time.Minute},
+		{"minute exactly at its start", Period{Unit: Minute, Location: ny}, at(ny, 2026, 11, 1, 1, 30), at(ny, 2026, 11, 1, 1, 30), at(ny, 2026, 11, 1, 1, 31), time.Minute},
 	} {
 		start, end := c.p.Window(c.t)
 		if !start.Equal(c.start) || !end.Equal(c.end) || end.Sub(start) != c.length {
@@ -91,7 +93,7 @@ func TestParse(t *testing.T) {
 // period prints as text that parses to the same windows, and its windows
 // hold the moment they are asked about.
 func FuzzParse(f *testing.F) {
-	for _, s := range []string{"day", "month day=31 Europe/Paris", "week monday UTC", "hour Asia/Kolkata", "year"} {
+	for _, s := range []string{"day", "month day=31 Europe/Paris", "week monday UTC", "hour Asia/Kolkata", "year", "minute UTC+00:17:23", "minute"} {
 		f.Add(s, int64(1_800_000_000))
 	}
 	f.Fuzz(func(t *testing.T, s string, sec int64) {

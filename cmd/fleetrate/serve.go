@@ -103,6 +103,7 @@ type serveSettings struct {
 	responseHeaders bool
 	shadowMode      bool
 	quotaMode       bool
+	fixedWindow     bool
 	dynamicMetadata bool
 	storeAPI        bool
 	redisBatch      bool
@@ -170,6 +171,7 @@ func serveCommand(getenv func(string) string) *cobra.Command {
 	f.Bool("response-headers", false, "add the IETF draft's RateLimit-Policy and RateLimit fields to RLS responses")
 	f.Bool("shadow-mode", false, "answer OK to every RLS request while still counting (global shadow mode)")
 	f.Bool("quota-mode", false, "put every RLS descriptor in quota mode: a request is denied only when all its descriptors are over their limits")
+	f.Bool("fixed-window", false, "serve RLS limits of unit minute, hour, day and week as envoyproxy/ratelimit does: a fixed window that resets at the UTC boundary (a calendar quota), not a token bucket")
 	f.Bool("response-dynamic-metadata", false, "add dynamic metadata (domain, descriptors, the rules' metadata) to RLS responses")
 	f.Bool("store-api", true, "serve the raw store API (/v1/store/...) used by remotestore")
 	f.Bool("redis-batch", true, "send concurrent decisions to Redis as one script call (redisstore's default; false sets redisstore.Options.Unbatched)")
@@ -355,6 +357,7 @@ func (st *serveSettings) serverOptions(store serveStore, tlsCfg *tls.Config, log
 		GRPC:                    st.envoyCompat.grpc,
 		ShadowMode:              st.shadowMode,
 		QuotaMode:               st.quotaMode,
+		FixedWindow:             st.fixedWindow,
 		DisableStoreAPI:         !st.storeAPI,
 		ResponseDynamicMetadata: st.dynamicMetadata,
 		Logger:                  log,

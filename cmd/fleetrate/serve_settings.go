@@ -202,6 +202,7 @@ func (r *resolver) settings(st *serveSettings, s config.Settings) {
 	st.responseHeaders = r.boolean("response-headers", s.ResponseHeaders)
 	st.shadowMode = r.boolean("shadow-mode", s.ShadowMode)
 	st.quotaMode = r.boolean("quota-mode", s.QuotaMode)
+	st.fixedWindow = r.boolean("fixed-window", s.FixedWindow)
 	st.dynamicMetadata = r.boolean("response-dynamic-metadata", s.ResponseDynamicMetadata)
 	st.storeAPI = r.boolean("store-api", s.StoreAPI)
 	st.redisBatch = r.boolean("redis-batch", s.RedisBatch)

@@ -14,7 +14,7 @@ import (
 type bucketEntry struct {
 	name, channel, endpoint string
 	hasName, hasChannel     bool
-	rl, rls                 *yaml.Node
+	rl, rls, quotas         *yaml.Node
 	inFlight                int64
 }
 
@@ -37,7 +37,7 @@ func (p *parser) buckets(n *yaml.Node, cfg *Config) {
 
 // bucket parses one entry of the buckets list.
 func (p *parser) bucket(item *yaml.Node, f string, cfg *Config) (Bucket, bool) {
-	pairs, ok := p.mapping(item, f, "name", "channel", "endpoint", "rate_limit", "rate_limits", "in_flight")
+	pairs, ok := p.mapping(item, f, "name", "channel", "endpoint", "rate_limit", "rate_limits", "in_flight", "quotas")
 	if !ok {
 		return Bucket{}, false
 	}
@@ -56,6 +56,8 @@ func (p *parser) bucket(item *yaml.Node, f string, cfg *Config) (Bucket, bool) {
 			e.rl = kv.val
 		case "rate_limits":
 			e.rls = kv.val
+		case "quotas":
+			e.quotas = kv.val
 		case "in_flight":
 			e.inFlight, _ = p.integer(kv.val, join(f, "in_flight"), 1, fleetrate.MaxInFlight)
 		}
@@ -77,6 +79,11 @@ func (p *parser) bucket(item *yaml.Node, f string, cfg *Config) (Bucket, bool) {
 		return Bucket{}, false
 	}
 	b.Limits, b.InFlight = r.Limits, e.inFlight
+	if e.quotas != nil {
+		if b.Quotas, ok = p.quotas(e.quotas, join(f, "quotas")); !ok {
+			return Bucket{}, false
+		}
+	}
 	return b, true
 }
 

@@ -165,6 +165,9 @@ type Rule struct {
 	ID string
 	// Limits are enforced together on one bucket. Empty when Unlimited.
 	Limits []LimitSpec
+	// Quotas are the calendar quotas of the rule's bucket (quotas in the
+	// file), enforced with Limits in one take.
+	Quotas []fleetrate.Quota
 	// Unlimited rules always admit, without touching the store.
 	Unlimited bool
 	// ShadowMode rules are evaluated and counted, but never deny.
@@ -233,6 +236,9 @@ type Bucket struct {
 	Key string
 	// Limits are enforced together.
 	Limits []LimitSpec
+	// Quotas are the bucket's calendar quotas (quotas in the file),
+	// enforced with Limits in one take.
+	Quotas []fleetrate.Quota
 	// InFlight, when above 0, bounds the takes of the bucket in flight
 	// across the fleet (in_flight, 1 to fleetrate.MaxInFlight): each
 	// holds a permit from /v1/acquire to /v1/release.
@@ -293,6 +299,7 @@ type Settings struct {
 	HealthChecksStore       *bool
 	TLSHTTP                 *bool
 	QuotaMode               *bool
+	FixedWindow             *bool
 	ResponseDynamicMetadata *bool
 	MetricsAddr             *string
 	MetricsPath             *string

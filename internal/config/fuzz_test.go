@@ -22,6 +22,8 @@ func FuzzLoad(f *testing.F) {
 	f.Add("domain: d\ndescriptors:\n  - key: k\n    value: a*b*c\n    quota_mode: yes\n    metadata: {x: [1, {y: z}]}\n    rate_limit: {unit: second, requests_per_unit: 1, key: ignored}\n")
 	f.Add("buckets:\n  - {name: llm/requests, in_flight: 8, rate_limit: {unit: minute, requests_per_unit: 600}}\n")
 	f.Add("domain: d\ndescriptors:\n  - {key: k, in_flight: 2, rate_limit: {unit: second, requests_per_unit: 1}}\n")
+	f.Add("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 3}\n    quotas: [{count: 10000, period: \"month day=31 Europe/Paris\", name: m}, {count: 5, period: \"day UTC+05:30\"}]\n")
+	f.Add("buckets:\n  - {name: a/b, rate_limit: {unit: second, requests_per_unit: 1}, quotas: [{count: 1, period: week monday}]}\n")
 	f.Add("{")
 	f.Add("domain: [1, 2]\n")
 	f.Add("<<: {domain: d}\n")
@@ -46,6 +48,12 @@ func FuzzLoad(f *testing.F) {
 						t.Fatalf("rule %s loaded with an invalid limit: %v", r.ID, err)
 					}
 				}
+				for _, fixed := range []bool{false, true} {
+					e := r.Enforced(fixed)
+					if err := fleetrate.ValidateBuckets([]fleetrate.Bucket{{Key: "k", Limits: e.Limits, Quotas: e.Quotas}}); err != nil {
+						t.Fatalf("rule %s (fixed windows %t) enforces an invalid bucket: %v", r.ID, fixed, err)
+					}
+				}
 			})
 			d.Match([]Entry{{Key: "k", Value: "v"}, {Key: "j", Value: "w"}})
 		}
@@ -53,7 +61,7 @@ func FuzzLoad(f *testing.F) {
 			if got, ok := cfg.Bucket(b.Name); !ok || got.Key != b.Key {
 				t.Fatalf("bucket %q not found by name", b.Name)
 			}
-			if err := fleetrate.ValidateBuckets([]fleetrate.Bucket{{Key: b.Key, Limits: b.TokenLimits(), InFlight: b.InFlight}}); err != nil {
+			if err := fleetrate.ValidateBuckets([]fleetrate.Bucket{{Key: b.Key, Limits: b.TokenLimits(), InFlight: b.InFlight, Quotas: b.Quotas}}); err != nil {
 				t.Fatalf("bucket %q loaded invalid: %v", b.Name, err)
 			}
 		}

@@ -202,7 +202,7 @@ type descriptor struct {
 	// at is the key's node (or the entry's, when the key is missing): the
 	// line errors about the entry name.
 	at                                       *yaml.Node
-	rl, rls, children, meta                  *yaml.Node
+	rl, rls, children, meta, quotas          *yaml.Node
 	shadow, quota, detailed, toMetric, share bool
 }
 
@@ -237,7 +237,7 @@ func (p *parser) descriptors(n *yaml.Node, field, parentID string, d *Domain, pa
 // descriptorFields reads the fields of one descriptor entry.
 func (p *parser) descriptorFields(item *yaml.Node, f string) (descriptor, bool) {
 	pairs, ok := p.envoyMapping(item, f, "key", "value", "rate_limit", "rate_limits", "descriptors",
-		"shadow_mode", "quota_mode", "detailed_metric", "value_to_metric", "share_threshold", "metadata", "in_flight")
+		"shadow_mode", "quota_mode", "detailed_metric", "value_to_metric", "share_threshold", "metadata", "in_flight", "quotas")
 	if !ok {
 		return descriptor{}, false
 	}
@@ -266,6 +266,8 @@ func (p *parser) descriptorFields(item *yaml.Node, f string) (descriptor, bool) 
 			desc.children = kv.val
 		case "metadata":
 			desc.meta = kv.val
+		case "quotas":
+			desc.quotas = kv.val
 		case "shadow_mode":
 			desc.shadow, _ = p.boolean(kv.val, vf)
 		case "quota_mode":
@@ -311,6 +313,9 @@ func (p *parser) descriptorNode(desc descriptor, f, parentID string, parent *nod
 // or its limits have errors.
 func (p *parser) descriptorRule(desc descriptor, f, id string) *Rule {
 	if desc.rl == nil && desc.rls == nil {
+		if desc.quotas != nil {
+			p.errorf(desc.quotas, join(f, "quotas"), "needs rate_limit or rate_limits beside it: the token bucket that smooths the minute")
+		}
 		if desc.shadow {
 			p.errorf(desc.at, join(f, "shadow_mode"), "has no effect without rate_limit")
 		}
@@ -328,6 +333,16 @@ func (p *parser) descriptorRule(desc descriptor, f, id string) *Rule {
 	}
 	if !p.limits(desc.at, f, desc.rl, desc.rls, r, true) {
 		return nil
+	}
+	if desc.quotas != nil {
+		if r.Unlimited {
+			p.errorf(desc.quotas, join(f, "quotas"), "must not be given when unlimited is true")
+			return nil
+		}
+		var ok bool
+		if r.Quotas, ok = p.quotas(desc.quotas, join(f, "quotas")); !ok {
+			return nil
+		}
 	}
 	return r
 }

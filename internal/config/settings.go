@@ -33,7 +33,7 @@ func (p *parser) settings(n *yaml.Node, s *Settings) {
 	bools := map[string]**bool{
 		"response_headers": &s.ResponseHeaders, "shadow_mode": &s.ShadowMode, "store_api": &s.StoreAPI,
 		"redis_batch": &s.RedisBatch, "health_checks_store": &s.HealthChecksStore, "tls_http": &s.TLSHTTP,
-		"quota_mode": &s.QuotaMode, "adaptive_procs": &s.AdaptiveProcs, "response_dynamic_metadata": &s.ResponseDynamicMetadata,
+		"quota_mode": &s.QuotaMode, "fixed_window": &s.FixedWindow, "adaptive_procs": &s.AdaptiveProcs, "response_dynamic_metadata": &s.ResponseDynamicMetadata,
 		"limit_headers": &s.LimitHeaders, "redis_tls_skip_hostname_verification": &s.RedisTLSSkipHostname,
 	}
 	type bounded struct {

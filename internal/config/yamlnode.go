@@ -1,6 +1,7 @@
 package config
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -154,6 +155,10 @@ func (p *parser) integer(n *yaml.Node, field string, lo, hi int64) (int64, bool)
 		return 0, false
 	}
 	v, err := strconv.ParseInt(s.Value, 0, 64)
+	if errors.Is(err, strconv.ErrRange) {
+		p.errorf(s, field, "must be between %d and %d, got %s, which overflows", lo, hi, s.Value)
+		return 0, false
+	}
 	if err != nil || s.Tag != "!!int" {
 		p.errorf(s, field, "must be a whole number, got %q", s.Value)
 		return 0, false

@@ -58,14 +58,14 @@ func (s *Server) rlconfig(w http.ResponseWriter, r *http.Request) {
 		d.Walk(func(r *config.Rule) {
 			lim := "unlimited"
 			if !r.Unlimited {
-				lim = strings.Join(specs(r.Limits), " + ")
+				lim = strings.Join(append(specs(r.Limits), quotaSpecs(r.Quotas)...), " + ")
 			}
 			lines = append(lines, fmt.Sprintf("%s: %s, shadow_mode: %t, quota_mode: %t\n", r.ID, lim, r.ShadowMode, r.QuotaMode))
 		})
 	}
 	slices.Sort(lines)
 	for _, b := range cfg.Buckets {
-		lines = append(lines, fmt.Sprintf("bucket %s (key %s%s): %s\n", b.Name, s.opts.Prefix, b.Key, strings.Join(specs(b.Limits), " + ")))
+		lines = append(lines, fmt.Sprintf("bucket %s (key %s%s): %s\n", b.Name, s.opts.Prefix, b.Key, strings.Join(append(specs(b.Limits), quotaSpecs(b.Quotas)...), " + ")))
 	}
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	for _, l := range lines {

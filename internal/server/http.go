@@ -55,6 +55,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("/v1/drain", s.api(http.MethodPost, ScopeAdmin, endpoint(s, v.drain)))
 	mux.HandleFunc("/v1/reset", s.api(http.MethodPost, ScopeAdmin, endpoint(s, v.reset)))
 	mux.HandleFunc("/v1/config", s.api(http.MethodGet, ScopeAdmin, s.handleConfig))
+	mux.HandleFunc(UsagePath, s.api(http.MethodGet, ScopeDecide, s.handleUsage))
 	mux.HandleFunc(wire.TakePath, s.api(http.MethodPost, ScopeStore, s.storeAPI(endpoint(s, v.storeTake))))
 	mux.HandleFunc(wire.RefundPath, s.api(http.MethodPost, ScopeStore, s.storeAPI(endpoint(s, v.storeRefund))))
 	mux.HandleFunc(wire.CancelPath, s.api(http.MethodPost, ScopeStore, s.storeAPI(endpoint(s, v.storeCancel))))
@@ -413,6 +414,12 @@ type Decision struct {
 	// /v1/renew and /v1/release present.
 	InFlight *InFlightView `json:"in_flight,omitempty"`
 	Permit   *PermitView   `json:"permit,omitempty"`
+	// Quotas, when buckets of the take have calendar quotas, are where
+	// each stands after the decision; QuotaDenied is set when one of them
+	// refused the take (retry_after_ms is then the time until its window
+	// ends).
+	Quotas      []QuotaView `json:"quotas,omitempty"`
+	QuotaDenied bool        `json:"quota_denied,omitempty"`
 	// retryAfter is RetryAfter unrounded, for the Retry-After header.
 	retryAfter time.Duration
 }
@@ -459,6 +466,7 @@ type domainView struct {
 type ruleView struct {
 	ID         string   `json:"id"`
 	Limits     []string `json:"limits,omitempty"`
+	Quotas     []string `json:"quotas,omitempty"`
 	Unlimited  bool     `json:"unlimited,omitempty"`
 	ShadowMode bool     `json:"shadow_mode,omitempty"`
 	Line       int      `json:"line"`
@@ -468,8 +476,18 @@ type bucketView struct {
 	Name     string   `json:"name"`
 	Key      string   `json:"key"`
 	Limits   []string `json:"limits"`
+	Quotas   []string `json:"quotas,omitempty"`
 	InFlight int64    `json:"in_flight,omitempty"`
 	Line     int      `json:"line"`
+}
+
+// quotaSpecs describes quotas as "10000/month Europe/Paris".
+func quotaSpecs(qs []fleetrate.Quota) []string {
+	var out []string
+	for _, q := range qs {
+		out = append(out, q.String())
+	}
+	return out
 }
 
 func specs(ls []config.LimitSpec) []string {
@@ -487,13 +505,13 @@ func (s *Server) handleConfig(w http.ResponseWriter, r *http.Request) error {
 	for _, name := range names {
 		dv := domainView{Name: name, Rules: []ruleView{}}
 		cfg.Domains[name].Walk(func(r *config.Rule) {
-			dv.Rules = append(dv.Rules, ruleView{ID: r.ID, Limits: specs(r.Limits), Unlimited: r.Unlimited, ShadowMode: r.ShadowMode, Line: r.Line})
+			dv.Rules = append(dv.Rules, ruleView{ID: r.ID, Limits: specs(r.Limits), Quotas: quotaSpecs(r.Quotas), Unlimited: r.Unlimited, ShadowMode: r.ShadowMode, Line: r.Line})
 		})
 		slices.SortFunc(dv.Rules, func(a, b ruleView) int { return strings.Compare(a.ID, b.ID) })
 		v.Domains = append(v.Domains, dv)
 	}
 	for _, b := range cfg.Buckets {
-		v.Buckets = append(v.Buckets, bucketView{Name: b.Name, Key: s.opts.Prefix + b.Key, Limits: specs(b.Limits), InFlight: b.InFlight, Line: b.Line})
+		v.Buckets = append(v.Buckets, bucketView{Name: b.Name, Key: s.opts.Prefix + b.Key, Limits: specs(b.Limits), Quotas: quotaSpecs(b.Quotas), InFlight: b.InFlight, Line: b.Line})
 	}
 	writeJSON(w, http.StatusOK, v)
 	return nil

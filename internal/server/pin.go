@@ -22,7 +22,8 @@ const rlsKeyPrefix = "rls:"
 //     requests the client does not see;
 //   - a bucket of the configuration's buckets section is served only with
 //     the configuration's limits (rate and burst, in order) and in-flight
-//     bound (in_flight; see pinnedInFlight), and a drain
+//     bound (in_flight; see pinnedInFlight) and calendar quotas (see
+//     pinnedQuotas), and a drain
 //     or a reset of one (admin, true) needs the admin scope, as /v1/drain
 //     and /v1/reset do.
 //
@@ -33,6 +34,9 @@ func (s *Server) pinned(ctx context.Context, bs []fleetrate.Bucket, admin bool) 
 			return err
 		}
 		if err := s.pinnedInFlight(ctx, fmt.Sprintf("buckets[%d]", i), b); err != nil {
+			return err
+		}
+		if err := s.pinnedQuotas(ctx, fmt.Sprintf("buckets[%d]", i), b); err != nil {
 			return err
 		}
 	}
@@ -98,4 +102,32 @@ func (s *Server) pinnedInFlight(ctx context.Context, field string, b fleetrate.B
 	return s.access.refuse(c, reasonPinned, http.StatusForbidden, codePinned, fmt.Sprintf(
 		"%s.in_flight: key %q is a configured bucket: the raw store API serves it only with the configuration's in_flight %d, got %d",
 		field, b.StoreKey(), fb.InFlight, b.InFlight))
+}
+
+// pinnedQuotas keeps a configured bucket's calendar quotas: a client that
+// gave others (or none) would take what the quotas do not count, or
+// count against a window the configuration does not have.
+func (s *Server) pinnedQuotas(ctx context.Context, field string, b fleetrate.Bucket) error {
+	rest := strings.TrimPrefix(b.StoreKey(), s.opts.Prefix)
+	fb, ok := s.state.Load().buckets[rest]
+	if !ok || fb.Key != rest || sameQuotas(fb.Quotas, b.Quotas) {
+		return nil
+	}
+	return s.access.refuse(callerOf(ctx), reasonPinned, http.StatusForbidden, codePinned, fmt.Sprintf(
+		"%s.quotas: key %q is a configured bucket: the raw store API serves it only with the configuration's quotas %v, got %v",
+		field, b.StoreKey(), fb.Quotas, b.Quotas))
+}
+
+// sameQuotas reports whether a and b are the same quotas in the same
+// order: count and period (names label only).
+func sameQuotas(a, b []fleetrate.Quota) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i].Count != b[i].Count || a[i].Key() != b[i].Key() {
+			return false
+		}
+	}
+	return true
 }

@@ -29,17 +29,19 @@ const maxEntries = 32
 
 // plan is what one descriptor of a request will do.
 type plan struct {
-	rule     *config.Rule
-	limits   []fleetrate.Limit                    // token limits; nil when no store call is needed
-	buckets  [1]fleetrate.Bucket                  // the bucket, as the store takes it (buckets[:]) with no copy
-	lim      *fleetrate.Limiter                   // the rule's Limiter, nil for the store's Take
-	current  []*rlspb.RateLimitResponse_RateLimit // the rule's limits as statuses report them, shared; nil to build them
-	domain   string                               // metric label
-	metric   string                               // metric label
-	hits     int64                                // tokens to take; 0 peeks
-	tooMany  bool                                 // hits exceed a burst: can never be granted
-	negative bool                                 // give hits back instead of taking them
-	replaced bool
+	rule      *config.Rule
+	limits    []fleetrate.Limit                    // token limits; nil when no store call is needed
+	quotas    []fleetrate.Quota                    // the bucket's calendar quotas
+	quotaSpec []int                                // for each quota, the index of the rule's limit it serves, or -1
+	buckets   [1]fleetrate.Bucket                  // the bucket, as the store takes it (buckets[:]) with no copy
+	lim       *fleetrate.Limiter                   // the rule's Limiter, nil for the store's Take
+	current   []*rlspb.RateLimitResponse_RateLimit // the rule's limits as statuses report them, shared; nil to build them
+	domain    string                               // metric label
+	metric    string                               // metric label
+	hits      int64                                // tokens to take; 0 peeks
+	tooMany   bool                                 // hits exceed a burst: can never be granted
+	negative  bool                                 // give hits back instead of taking them
+	replaced  bool
 }
 
 // outcome is what one descriptor did.
@@ -54,6 +56,7 @@ type outcome struct {
 	// when the store was asked.
 	spec   *config.LimitSpec
 	idx    int
+	quota  bool // the status reports a calendar quota of the bucket
 	res    fleetrate.Result
 	hasRes bool
 	// state is the bucket as the RateLimit field reports it, when it is
@@ -115,7 +118,7 @@ func (s *Server) respond(ctx context.Context, req *rlspb.RateLimitRequest, plans
 		}
 		s.metrics.decision(apiRLS, p.domain, p.metric, result)
 		if failure == nil && o.hasRes && p.hits > 0 && !p.negative {
-			if n := nearLimitHits(o.res, p.hits, s.opts.NearLimitRatio); n > 0 {
+			if n := nearLimitHits(nearLimitOf(o), p.hits, s.opts.NearLimitRatio); n > 0 {
 				s.metrics.nearLimit.WithLabelValues(p.domain, s.metrics.descriptor(p.metric)).Add(float64(n))
 			}
 		}
@@ -282,7 +285,7 @@ func (s *Server) giveHits(ctx context.Context, p *plan, o *outcome) {
 		return
 	}
 	o.hasRes, o.result = true, resultRefunded
-	o.status, o.spec, o.idx = s.status(p, &o.res)
+	o.status, o.spec, o.idx, o.quota = s.status(p, &o.res)
 }
 
 // take takes a descriptor's hits from its bucket (or, for 0 hits, peeks):
@@ -319,7 +322,10 @@ func (s *Server) settle(p *plan, o *outcome) {
 		// the next token.
 		res.Allowed, res.RetryAfter = false, max(res.RetryAfter, time.Duration(res.Limit.Interval())-res.ResetAfter%time.Duration(res.Limit.Interval()))
 	}
-	o.status, o.spec, o.idx = s.status(p, res)
+	if p.hits == 0 && res.Allowed {
+		quotaPeek(res)
+	}
+	o.status, o.spec, o.idx, o.quota = s.status(p, res)
 	if res.Allowed {
 		o.result = resultAllowed
 		if p.hits > 0 {
@@ -385,15 +391,20 @@ func (s *Server) shadow(p *plan, o *outcome) {
 	}
 }
 
-// status reports a store result as an OK descriptor status: the limit
-// that decided, the tokens left, and the time until the request would pass
+// status reports a store result as an OK descriptor status (a calendar
+// quota's when one decided: see quotaStatus, and quota is then set): the
+// limit that decided, the tokens left, and the time until the request would pass
 // (when over limit) or until the bucket is full again (when under), in
 // whole seconds rounded up, since Envoy reads only the seconds.
-func (s *Server) status(p *plan, res *fleetrate.Result) (*rlspb.RateLimitResponse_DescriptorStatus, *config.LimitSpec, int) {
+func (s *Server) status(p *plan, res *fleetrate.Result) (st *rlspb.RateLimitResponse_DescriptorStatus, spec *config.LimitSpec, idx int, quota bool) {
+	if qi, ok := quotaDecides(res); ok {
+		st, spec, idx = s.quotaStatus(p, res, qi)
+		return st, spec, idx, true
+	}
 	// The rule's own spec, which the configuration keeps unchanged: the
 	// outcome points to it rather than to a copy of its own.
-	idx := specIndex(p, &res.Limit)
-	spec := &p.rule.Limits[idx]
+	idx = specIndex(p, &res.Limit)
+	spec = &p.rule.Limits[idx]
 	reset := res.ResetAfter
 	if !res.Allowed {
 		reset = res.RetryAfter
@@ -409,7 +420,7 @@ func (s *Server) status(p *plan, res *fleetrate.Result) (*rlspb.RateLimitRespons
 		CurrentLimit:       cl,
 		LimitRemaining:     uint32(min(max(res.Remaining, 0), math.MaxUint32)),
 		DurationUntilReset: seconds(headers.DelaySeconds(reset)),
-	}, spec, idx
+	}, spec, idx, false
 }
 
 // specIndex is the index in the rule's limits of the limit a store's
@@ -484,7 +495,7 @@ func (s *Server) giveBack(ctx context.Context, plans []plan, outs []outcome, rep
 			if err == nil {
 				cancel()
 				code := o.status.GetCode()
-				o.status, o.spec, o.idx = s.status(p, &after)
+				o.status, o.spec, o.idx, o.quota = s.status(p, &after)
 				o.status.Code = code
 				o.state, o.hasState = after, true
 				continue

@@ -46,6 +46,10 @@ func rateLimitHeaders(plans []plan, outs []outcome) []*corev3.HeaderValue {
 		}
 		l := headers.Limit{Name: names[o.idx]}
 		switch res, ok := reported(p, o); {
+		case o.quota && o.status.DurationUntilReset != nil:
+			// A calendar quota: what its window has left, until it ends.
+			l.Remaining = int64(o.status.LimitRemaining)
+			l.Reset, l.HasReset = o.status.DurationUntilReset.AsDuration(), true
 		case ok:
 			idx := specIndex(p, &res.Limit)
 			l.Name = names[idx]

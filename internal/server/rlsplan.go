@@ -59,6 +59,23 @@ func (s *Server) plan(st *state, req *rlspb.RateLimitRequest) ([]plan, error) {
 	return plans, nil
 }
 
+// ruleLimits returns how the descriptors of rule r take: its bucket's
+// limits and quotas (config.Rule.Enforced), the statuses' current
+// limits, and a Limiter when one can take for it.
+func (s *Server) ruleLimits(r *config.Rule) ruleLimits {
+	e := r.Enforced(s.opts.FixedWindow)
+	rl := ruleLimits{limits: e.Limits, quotas: e.Quotas, quotaSpec: e.QuotaSpec}
+	for _, spec := range r.Limits {
+		rl.current = append(rl.current, currentLimit(spec))
+	}
+	// A Limiter's default limits have no quotas: such a rule takes from
+	// the store.
+	if s.opts.LocalCacheBytes <= 0 && len(e.Quotas) == 0 {
+		rl.lim, _ = fleetrate.New(s.opts.Store, fleetrate.Config{Prefix: s.opts.Prefix, Limits: rl.limits})
+	}
+	return rl
+}
+
 // requestPlan is what every descriptor of one request shares.
 type requestPlan struct {
 	st          *state
@@ -118,9 +135,14 @@ func (s *Server) planDescriptor(rp *requestPlan, i int, d *rlcommon.RateLimitDes
 		if m, p.limits, err = overrideMatch(rp, i, ov, entries, m); err != nil {
 			return err
 		}
+		if p.limits != nil && s.opts.FixedWindow {
+			e := m.Rule.Enforced(true)
+			p.limits, p.quotas, p.quotaSpec = e.Limits, e.Quotas, e.QuotaSpec
+		}
 	} else if m.Rule != nil && !m.Rule.Unlimited && !m.Rule.Denies() {
 		rl := rp.st.rules[m.Rule]
 		p.limits, p.lim, p.current = rl.limits, rl.lim, rl.current
+		p.quotas, p.quotaSpec = rl.quotas, rl.quotaSpec
 	}
 	p.rule, p.metric = m.Rule, m.Metric
 	if m.Rule == nil {
@@ -128,12 +150,13 @@ func (s *Server) planDescriptor(rp *requestPlan, i int, d *rlcommon.RateLimitDes
 		return nil
 	}
 	if p.limits != nil {
-		p.buckets[0] = fleetrate.Bucket{Prefix: s.opts.Prefix, Key: m.Key, Limits: p.limits}
+		p.buckets[0] = fleetrate.Bucket{Prefix: s.opts.Prefix, Key: m.Key, Limits: p.limits, Quotas: p.quotas}
 		for _, l := range p.limits {
 			if p.hits > l.Burst {
 				p.tooMany = true
 			}
 		}
+		p.tooMany = p.tooMany || quotaTooMany(p.quotas, p.hits)
 	}
 	return nil
 }

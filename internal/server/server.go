@@ -156,6 +156,9 @@ type Options struct {
 	// envoyproxy/ratelimit's global QUOTA_MODE does: a request is denied
 	// only when all its limited descriptors are over their limits.
 	QuotaMode bool
+	// FixedWindow serves RLS limits of unit minute, hour, day or week as
+	// envoyproxy/ratelimit's fixed windows in UTC (config.Rule.Enforced).
+	FixedWindow bool
 	// ResponseDynamicMetadata adds dynamic metadata to RLS responses, as
 	// envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA does: the domain,
 	// the descriptors, hits_addend, and the merged metadata of the rules
@@ -266,7 +269,10 @@ type state struct {
 // these takes itself, as instrumented times the others.
 type ruleLimits struct {
 	limits []fleetrate.Limit
-	lim    *fleetrate.Limiter
+	// quotas and quotaSpec are as config.Enforcement's.
+	quotas    []fleetrate.Quota
+	quotaSpec []int
+	lim       *fleetrate.Limiter
 	// current are the rule's limits as a status's current_limit reports
 	// them, built once and shared by the responses (which never change
 	// them).
@@ -276,21 +282,14 @@ type ruleLimits struct {
 func (s *Server) newState(cfg *config.Config) *state {
 	st := &state{cfg: cfg, buckets: map[string]fleetrate.Bucket{}, rules: map[*config.Rule]ruleLimits{}}
 	for _, b := range cfg.Buckets {
-		fb := fleetrate.Bucket{Prefix: s.opts.Prefix, Key: b.Key, Limits: b.TokenLimits(), InFlight: b.InFlight}
+		fb := fleetrate.Bucket{Prefix: s.opts.Prefix, Key: b.Key, Limits: b.TokenLimits(), InFlight: b.InFlight, Quotas: b.Quotas}
 		st.buckets[b.Name] = fb
 		st.buckets[b.Key] = fb
 	}
 	for _, d := range cfg.Domains {
 		d.Walk(func(r *config.Rule) {
 			if !r.Unlimited && !r.Denies() {
-				rl := ruleLimits{limits: r.TokenLimits()}
-				for _, spec := range r.Limits {
-					rl.current = append(rl.current, currentLimit(spec))
-				}
-				if s.opts.LocalCacheBytes <= 0 {
-					rl.lim, _ = fleetrate.New(s.opts.Store, fleetrate.Config{Prefix: s.opts.Prefix, Limits: rl.limits})
-				}
-				st.rules[r] = rl
+				st.rules[r] = s.ruleLimits(r)
 			}
 		})
 	}

@@ -123,6 +123,7 @@ func (v service) takeBuckets(ctx context.Context, t takeSpec) (Decision, error) 
 		d.Grant, d.SettleGrant, d.Booking = v.grantsFor(ctx, bs, n, req.Costs, res.At, res.Wait, d.Booking, req.Costs != nil || req.Permit.ID != "")
 	}
 	v.describePermit(&d, names, req, res)
+	d.Quotas, d.QuotaDenied = quotaViews(names, res), res.QuotaDenied
 	return d, nil
 }
 
