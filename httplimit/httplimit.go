@@ -209,7 +209,7 @@ type Middleware struct {
 	metrics    *metrics
 
 	mu       sync.Mutex
-	policies map[string][]fleetrate.Limit
+	policies map[string]string // a mounted policy's limits and quotas, by name
 	lastLog  time.Time
 	dropped  int
 }
@@ -237,7 +237,7 @@ func New(cfg Config) (*Middleware, error) {
 		timeout:    cfg.Timeout,
 		log:        cfg.Logger,
 		metrics:    met,
-		policies:   make(map[string][]fleetrate.Limit),
+		policies:   make(map[string]string),
 	}
 	if m.prefix == "" {
 		m.prefix = DefaultPrefix
@@ -305,6 +305,8 @@ type policy struct {
 	upt      int64  // quota units per token
 	bytes    bool   // the unit is content-bytes: a cost above the burst is a 413
 	inFlight int64  // Policy.InFlight
+	cal      []fleetrate.Quota
+	calItems []string // header item names, one per quota of cal
 }
 
 // Limit returns middleware enforcing p on every request of the handlers it
@@ -334,73 +336,23 @@ func (m *Middleware) Limit(p Policy) (func(http.Handler) http.Handler, error) {
 	}, nil
 }
 
-// tiered serves a policy with tiers: each request by the policy of its
-// tier.
-type tiered struct {
-	m     *Middleware
-	name  string
-	pick  func(*http.Request) (string, error)
-	tiers map[string]*policy
-	def   *policy // the policy's own Limits; nil without
-}
-
-func (m *Middleware) compileTiers(p Policy) (*tiered, error) {
-	if err := p.Validate(); err != nil {
-		return nil, err
-	}
-	t := &tiered{m: m, name: p.Name, pick: p.Tier, tiers: make(map[string]*policy, len(p.Tiers))}
-	for _, tr := range p.Tiers {
-		pol, err := m.compile(p.tier(tr))
-		if err != nil {
-			return nil, err
-		}
-		t.tiers[tr.Name] = pol
-	}
-	if len(p.Limits) > 0 {
-		def := p
-		def.Tiers, def.Tier = nil, nil
-		pol, err := m.compile(def)
-		if err != nil {
-			return nil, err
-		}
-		t.def = pol
-	}
-	return t, nil
-}
-
-func (t *tiered) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
-	name, err := t.pick(r)
-	pol := t.def
-	if err == nil && name != "" {
-		pol = t.tiers[name]
-	}
-	if err == nil && pol == nil {
-		err = fmt.Errorf("%w: policy %q has no tier %q", ErrNoKey, t.name, name)
-	}
-	if err != nil {
-		t.m.metrics.request(t.name, OutcomeNoKey)
-		t.m.keyError(w, r, fmt.Errorf("choosing the tier: %w", err))
-		return
-	}
-	pol.serve(w, r, next)
-}
-
 func (m *Middleware) compile(p Policy) (*policy, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
 	limits := slices.Clone(p.Limits)
-	lim, err := fleetrate.New(m.store, fleetrate.Config{Prefix: m.prefix + p.Name + ":", Limits: limits, InFlight: p.InFlight})
+	cal := slices.Clone(p.Quotas)
+	lim, err := fleetrate.New(m.store, fleetrate.Config{Prefix: m.prefix + p.Name + ":", Limits: limits, InFlight: p.InFlight, Quotas: cal})
 	if err != nil {
 		return nil, fmt.Errorf("httplimit: policy %q: %w", p.Name, err)
 	}
 	m.mu.Lock()
 	prev, seen := m.policies[p.Name]
-	if seen && !slices.Equal(prev, limits) {
+	if shape := mountedShape(limits, cal); seen && prev != shape {
 		m.mu.Unlock()
-		return nil, fmt.Errorf("%w: httplimit: policy %q is already mounted with other limits (%v); give it another name", fleetrate.ErrInvalid, p.Name, prev)
+		return nil, fmt.Errorf("%w: httplimit: policy %q is already mounted with other limits or quotas (%s); give it another name", fleetrate.ErrInvalid, p.Name, prev)
 	}
-	m.policies[p.Name] = limits
+	m.policies[p.Name] = mountedShape(limits, cal)
 	m.mu.Unlock()
 	pol := &policy{
 		m:        m,
@@ -414,6 +366,7 @@ func (m *Middleware) compile(p Policy) (*policy, error) {
 		upt:      max(p.UnitsPerToken, 1),
 		bytes:    p.Unit == headers.UnitContentBytes,
 		inFlight: p.InFlight,
+		cal:      cal,
 	}
 	if pol.unit == "" {
 		pol.unit = headers.UnitRequests
@@ -449,6 +402,7 @@ func (pol *policy) advertise(unit string) error {
 		}
 		hp[i] = headers.Policy{Name: item, Quota: q * pol.upt, Unit: unit, Window: time.Duration(w) * time.Second}
 	}
+	hp = pol.advertiseQuotas(hp, unit)
 	var err error
 	if pol.header, err = headers.FormatPolicy(hp...); err != nil {
 		return fmt.Errorf("httplimit: policy %q: %w", pol.name, err)

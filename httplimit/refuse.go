@@ -35,6 +35,9 @@ func (p *policy) refuse(w http.ResponseWriter, r *http.Request, res fleetrate.Re
 	if res.N != 1 {
 		detail = fmt.Sprintf("this request costs %d %s; %s", res.N*p.upt, p.unit, detail)
 	}
+	if res.QuotaDenied && res.Quota >= 0 && res.Quota < len(res.Quotas) {
+		detail = p.quotaDetail(res, item, retry)
+	}
 	m.refused(w, r, Refusal{
 		Status: http.StatusTooManyRequests, Policy: item, Cost: res.N * p.upt, RetryAfter: res.RetryAfter, Result: res,
 		Problem: Problem{
@@ -77,6 +80,9 @@ func (p *policy) limitIndex(res fleetrate.Result) int {
 // bucket admits. For a denial "t" never ends after Retry-After. The legacy
 // reset is when the reported limit is full again.
 func (p *policy) setHeaders(h http.Header, res fleetrate.Result) string {
+	if qi, ok := p.reportedQuota(res); ok {
+		return p.setQuotaHeaders(h, res, res.Quotas[qi])
+	}
 	i := p.limitIndex(res)
 	l := p.limits[i]
 	remaining := min(max(res.Remaining, 0), l.Burst)
