@@ -97,13 +97,40 @@ func (p *policy) reportedQuota(res fleetrate.Result) (int, bool) {
 		return 0, false
 	}
 	if res.QuotaDenied {
-		return res.Quota, true
+		i, _ := quotaWait(res)
+		return i, true
 	}
 	if !res.Allowed {
 		return 0, false
 	}
 	l := p.limits[p.limitIndex(res)]
 	return res.Quota, res.Quotas[res.Quota].Remaining <= min(max(res.Remaining, 0), l.Burst)
+}
+
+// quotaWait returns, for a take refused by a quota, the index in
+// res.Quotas of the refusing quota whose window ends last, and how long
+// until then. The store names the first quota that refuses and waits for
+// its window only; when several refuse, the take is admitted only once
+// the last of their windows has ended.
+func quotaWait(res fleetrate.Result) (int, time.Duration) {
+	i := res.Quota
+	for j, st := range res.Quotas {
+		if st.Remaining < res.N && st.Reset.After(res.Quotas[i].Reset) {
+			i = j
+		}
+	}
+	return i, res.Quotas[i].Reset.Sub(res.At)
+}
+
+// retryAfter returns how long until the refused take res would be
+// admitted: the store's RetryAfter, or longer when several quotas refuse
+// (see quotaWait).
+func retryAfter(res fleetrate.Result) time.Duration {
+	if !res.QuotaDenied || res.Quota < 0 || res.Quota >= len(res.Quotas) {
+		return res.RetryAfter
+	}
+	_, d := quotaWait(res)
+	return max(res.RetryAfter, d)
 }
 
 // setQuotaHeaders sets the RateLimit fields (and the legacy ones) for a
@@ -119,7 +146,7 @@ func (p *policy) setQuotaHeaders(h http.Header, res fleetrate.Result, st fleetra
 	}
 	t := max(st.Reset.Sub(at), 0).Truncate(time.Second)
 	if !res.Allowed {
-		t = min(t, res.RetryAfter)
+		t = min(t, retryAfter(res))
 	}
 	h.Set(HeaderRateLimitPolicy, p.header)
 	if v, err := headers.FormatRateLimit(headers.Limit{Name: item, Remaining: st.Remaining * p.upt, Reset: t, HasReset: true}); err == nil {
@@ -133,7 +160,8 @@ func (p *policy) setQuotaHeaders(h http.Header, res fleetrate.Result, st fleetra
 
 // quotaDetail explains a refusal by a quota in the problem's detail.
 func (p *policy) quotaDetail(res fleetrate.Result, item string, retry int64) string {
-	st := res.Quotas[res.Quota]
+	i, _ := quotaWait(res)
+	st := res.Quotas[i]
 	d := fmt.Sprintf("the quota of policy %q (%d %s per %s) is used up for this client until %s; retry in %d s",
 		item, st.Quota.Count*p.upt, p.unit, st.Quota.Period, st.Reset.UTC().Format(time.RFC3339), retry)
 	if res.N != 1 {
