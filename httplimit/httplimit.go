@@ -307,6 +307,7 @@ type policy struct {
 	inFlight int64  // Policy.InFlight
 	cal      []fleetrate.Quota
 	calItems []string // header item names, one per quota of cal
+	zones    *zones   // with Policy.QuotaZone
 }
 
 // Limit returns middleware enforcing p on every request of the handlers it
@@ -342,7 +343,8 @@ func (m *Middleware) compile(p Policy) (*policy, error) {
 	}
 	limits := slices.Clone(p.Limits)
 	cal := slices.Clone(p.Quotas)
-	lim, err := fleetrate.New(m.store, fleetrate.Config{Prefix: m.prefix + p.Name + ":", Limits: limits, InFlight: p.InFlight, Quotas: cal})
+	cfg := fleetrate.Config{Prefix: m.prefix + p.Name + ":", Limits: limits, InFlight: p.InFlight, Quotas: cal}
+	lim, err := fleetrate.New(m.store, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("httplimit: policy %q: %w", p.Name, err)
 	}
@@ -367,6 +369,9 @@ func (m *Middleware) compile(p Policy) (*policy, error) {
 		bytes:    p.Unit == headers.UnitContentBytes,
 		inFlight: p.InFlight,
 		cal:      cal,
+	}
+	if p.QuotaZone != nil {
+		pol.zones = &zones{zone: p.QuotaZone, cfg: cfg}
 	}
 	if pol.unit == "" {
 		pol.unit = headers.UnitRequests
@@ -416,7 +421,7 @@ func (p *policy) serve(w http.ResponseWriter, r *http.Request, next http.Handler
 		next.ServeHTTP(w, r)
 		return
 	}
-	key, cost, ok := p.keyAndCost(w, r)
+	key, cost, lim, ok := p.keyAndCost(w, r)
 	if !ok {
 		return
 	}
@@ -426,14 +431,14 @@ func (p *policy) serve(w http.ResponseWriter, r *http.Request, next http.Handler
 		return
 	}
 	if cost > p.minBurst {
-		p.tooCostly(w, r, key, cost, next)
+		p.tooCostly(w, r, lim, key, cost, next)
 		return
 	}
 	if p.inFlight > 0 {
-		p.serveInFlight(w, r, key, cost, next)
+		p.serveInFlight(w, r, lim, key, cost, next)
 		return
 	}
-	res, err := p.take(r, key, cost)
+	res, err := p.take(r, lim, key, cost)
 	if err != nil {
 		if r.Context().Err() != nil {
 			return // the client has gone; there is no one to answer
@@ -465,21 +470,25 @@ func (m *Middleware) exemptRequest(r *http.Request) bool {
 	return m.exemptFunc != nil && m.exemptFunc(r)
 }
 
-// keyAndCost identifies the client and prices the request, answering the
-// request itself when either fails.
-func (p *policy) keyAndCost(w http.ResponseWriter, r *http.Request) (key string, cost int64, ok bool) {
+// keyAndCost identifies the client, the limiter of its time zone (see
+// Policy.QuotaZone) and prices the request, answering the request itself
+// when any fails.
+func (p *policy) keyAndCost(w http.ResponseWriter, r *http.Request) (key string, cost int64, lim *fleetrate.Limiter, ok bool) {
 	m := p.m
 	key, err := p.key(r)
 	if err == nil && key == "" {
 		err = fmt.Errorf("%w: the key function returned an empty key", ErrNoKey)
 	}
+	if err == nil {
+		lim, err = p.limiter(r)
+	}
 	if err != nil {
 		m.metrics.request(p.name, OutcomeNoKey)
 		m.keyError(w, r, err)
-		return "", 0, false
+		return "", 0, nil, false
 	}
 	if p.cost == nil {
-		return key, 1, true
+		return key, 1, lim, true
 	}
 	cost, err = p.cost(r)
 	if err == nil && cost < 0 {
@@ -491,20 +500,20 @@ func (p *policy) keyAndCost(w http.ResponseWriter, r *http.Request) (key string,
 			Title:  http.StatusText(http.StatusBadRequest),
 			Detail: "cannot compute the cost of this request: " + err.Error(),
 		})
-		return "", 0, false
+		return "", 0, nil, false
 	}
-	return key, cost, true
+	return key, cost, lim, true
 }
 
 // take asks the store for cost tokens of the client's bucket, within the
 // middleware's timeout. A cost of 0 peeks.
-func (p *policy) take(r *http.Request, key string, cost int64) (fleetrate.Result, error) {
+func (p *policy) take(r *http.Request, lim *fleetrate.Limiter, key string, cost int64) (fleetrate.Result, error) {
 	ctx, cancel := r.Context(), context.CancelFunc(func() {})
 	if p.m.timeout > 0 {
 		ctx, cancel = context.WithTimeout(ctx, p.m.timeout)
 	}
 	start := time.Now()
-	res, err := p.lim.AllowN(ctx, cost, bucketName(key))
+	res, err := lim.AllowN(ctx, cost, bucketName(key))
 	cancel()
 	p.m.metrics.observe(p.name, time.Since(start))
 	return res, err
@@ -515,13 +524,13 @@ func (p *policy) take(r *http.Request, key string, cost int64) (fleetrate.Result
 // sent (waiting cannot help), but the RateLimit fields report the
 // client's bucket, read with a peek that takes nothing. A content-bytes
 // policy answers 413 Content Too Large, any other 429.
-func (p *policy) tooCostly(w http.ResponseWriter, r *http.Request, key string, cost int64, next http.Handler) {
+func (p *policy) tooCostly(w http.ResponseWriter, r *http.Request, lim *fleetrate.Limiter, key string, cost int64, next http.Handler) {
 	m := p.m
 	m.metrics.request(p.name, OutcomeBadCost)
 	m.log.LogAttrs(r.Context(), slog.LevelWarn, "fleetrate: request cost exceeds the burst of its policy",
 		slog.String("policy", p.name), slog.Int64("cost", cost), slog.Int64("burst", p.minBurst))
 	w.Header().Set(HeaderRateLimitPolicy, p.header)
-	res, err := p.take(r, key, 0)
+	res, err := p.take(r, lim, key, 0)
 	if err == nil {
 		p.setHeaders(w.Header(), res)
 	}

@@ -182,3 +182,56 @@ func TestPlanTiers(t *testing.T) {
 		t.Errorf("pro: %d, RateLimit %v (%v); want 200 reporting the per-minute bucket", res.StatusCode, ls, err)
 	}
 }
+
+// TestQuotaZone gives each client a day that starts at its own midnight.
+func TestQuotaZone(t *testing.T) {
+	t.Parallel()
+	clock := manualclock.New(time.Date(2026, 3, 2, 14, 59, 59, 0, time.UTC)) // 23:59:59 in Tokyo, 09:59:59 in New York
+	zoneOf := map[string]string{"tokyo": "Asia/Tokyo", "ny": "America/New_York", "utc": "", "mars": "Mars/Olympus_Mons"}
+	p := Policy{
+		Name:      "api",
+		Limits:    []fleetrate.Limit{fleetrate.PerSecond(100, 100)},
+		Quotas:    []fleetrate.Quota{{Count: 2, Period: calendar.Period{Unit: calendar.Day}}},
+		QuotaZone: func(r *http.Request) (string, error) { return zoneOf[r.Header.Get("X-API-Key")], nil },
+	}
+	m, err := New(memConfig(clock))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw, err := m.Limit(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := mw(&okHandler{})
+	for _, key := range []string{"tokyo", "ny", "utc"} {
+		for range 2 {
+			if w := do(h, key); w.Code != http.StatusOK {
+				t.Fatalf("%s: %d", key, w.Code)
+			}
+		}
+	}
+	clock.Advance(time.Second)
+	if w := do(h, "tokyo"); w.Code != http.StatusOK || rateLimit(t, w).Remaining != 1 {
+		t.Errorf("tokyo after its midnight: %d %q, want 200 r=1", w.Code, w.Header().Get(HeaderRateLimit))
+	}
+	// New York's midnight is 05:00 UTC (EST), 14 h later; UTC's 9 h.
+	for key, retry := range map[string]string{"ny": "50400", "utc": "32400"} {
+		if w := do(h, key); w.Code != http.StatusTooManyRequests || w.Header().Get(HeaderRetryAfter) != retry {
+			t.Errorf("%s: %d, Retry-After %q; want 429 and %s", key, w.Code, w.Header().Get(HeaderRetryAfter), retry)
+		}
+	}
+	if w := do(h, "mars"); w.Code != http.StatusBadRequest {
+		t.Errorf("an unknown zone: %d, want 400", w.Code)
+	}
+	usage, err := m.UsageHandler(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := httptest.NewRequest(http.MethodGet, "/usage", nil)
+	r.Header.Set("X-API-Key", "tokyo")
+	w := httptest.NewRecorder()
+	usage.ServeHTTP(w, r)
+	if !strings.Contains(w.Body.String(), `"period":"day Asia/Tokyo","count":2,"used":1`) {
+		t.Errorf("tokyo's usage: %s", w.Body)
+	}
+}

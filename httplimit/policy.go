@@ -29,6 +29,15 @@ type Policy struct {
 	// or, without one, its period's unit ("policy.month"). See Plans in
 	// the package doc for what the headers say of them. Optional.
 	Quotas []fleetrate.Quota
+	// QuotaZone names the time zone of a request's client, for the quotas
+	// (of the policy and of its tiers) whose period has no Location: a
+	// name as calendar.Parse reads it, such as "Asia/Tokyo" or
+	// "UTC+05:30", typically from the customer's account. Each client's
+	// day then starts at its own midnight. "" leaves those quotas in UTC;
+	// an error, or a zone that is unknown, answers the request through
+	// Config.KeyError. A client whose zone changes starts a fresh window.
+	// At most MaxQuotaZones zones per policy. Optional.
+	QuotaZone func(*http.Request) (string, error)
 	// Key identifies the client; the default is Config.Key.
 	Key KeyFunc
 	// Cost is the number of tokens a request takes; the default is 1.

@@ -130,6 +130,10 @@ func (p *policy) serveUsage(w http.ResponseWriter, r *http.Request) {
 	if err == nil && key == "" {
 		err = fmt.Errorf("%w: the key function returned an empty key", ErrNoKey)
 	}
+	var lim *fleetrate.Limiter
+	if err == nil {
+		lim, err = p.limiter(r)
+	}
 	if err != nil {
 		p.m.keyError(w, r, err)
 		return
@@ -139,7 +143,7 @@ func (p *policy) serveUsage(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel = context.WithTimeout(ctx, p.m.timeout)
 	}
 	start := time.Now()
-	u, err := p.lim.Usage(ctx, bucketName(key))
+	u, err := lim.Usage(ctx, bucketName(key))
 	cancel()
 	p.m.metrics.observe(p.name, time.Since(start))
 	if err != nil {
