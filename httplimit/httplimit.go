@@ -17,6 +17,14 @@
 // with 503, never with 429; it logs with log/slog and counts with
 // Prometheus. Shadow mode evaluates and reports without ever refusing.
 //
+// A plan sold by the calendar, such as 10,000 requests a month resetting
+// on the 1st, is a policy (or a tier of one) with calendar quotas beside
+// its limits (Policy.Quotas; Policy.QuotaZone resets them at each
+// client's own midnight). The RateLimit fields then report whichever of
+// the bucket and the quotas has the fewest left, and a quota's refusal
+// carries its window's end. UsageHandler answers a client's usage as
+// JSON, for a "my usage" page.
+//
 // The middleware has the standard shape func(http.Handler) http.Handler,
 // so it mounts on http.ServeMux routes, chi (r.With(mw)) and gorilla/mux
 // (route.Handler(mw(h)) or router.Use(mw)) alike:

@@ -26,8 +26,8 @@ type Policy struct {
 	// on each client's own use: a plan such as 10,000 a month resetting on
 	// the 1st, which Limits smooth over the minute (see fleetrate.Quota).
 	// Their header items are named "policy.quota", after the quota's Name
-	// or, without one, its period's unit ("policy.month"). See Plans in
-	// the package doc for what the headers say of them. Optional.
+	// or, without one, its period's unit ("policy.month"). The package
+	// doc says what the headers report of them. Optional.
 	Quotas []fleetrate.Quota
 	// QuotaZone names the time zone of a request's client, for the quotas
 	// (of the policy and of its tiers) whose period has no Location: a
