@@ -68,6 +68,10 @@ type Config struct {
 	// InFlight bounds, as BucketConfig.InFlight does, the takes in flight
 	// of every bucket of the default Limits.
 	InFlight int64
+	// Quotas are, as BucketConfig.Quotas are, the calendar quotas of every
+	// bucket of the default Limits (each bucket name uses its own),
+	// enforced with them in one atomic step (see Quota). They need Limits.
+	Quotas []Quota
 	// PermitTTL is the lease of an in-flight permit: a holder that dies
 	// gives its permit back this long after its last renewal, and the
 	// Limiter renews held permits at a third of it. Between MinPermitTTL
@@ -88,6 +92,12 @@ func (c Config) Validate() error {
 		if err := validateLimits("limits", c.Limits); err != nil {
 			return fmt.Errorf("%w: config: %w", ErrInvalid, err)
 		}
+	}
+	if len(c.Quotas) > 0 && len(c.Limits) == 0 {
+		return fmt.Errorf("%w: config: quotas apply to the buckets of the default limits, and there are no limits", ErrInvalid)
+	}
+	if err := validateQuotas("config:", c.Quotas); err != nil {
+		return err
 	}
 	if c.InFlight < 0 || c.InFlight > MaxInFlight {
 		return fmt.Errorf("%w: config: in_flight: must be between 1 and %d (0: no bound), got %d", ErrInvalid, MaxInFlight, c.InFlight)

@@ -33,7 +33,10 @@ type Limiter struct {
 	// the lease of every permit the limiter takes.
 	inFlight  int64
 	permitTTL time.Duration
-	permits   permitCounts
+	// quotas are the calendar quotas of the buckets of the default
+	// limits.
+	quotas  []Quota
+	permits permitCounts
 }
 
 // namedBucket is a configured bucket and, when the store is a Binder, its
@@ -68,6 +71,7 @@ func New(store Store, cfg Config) (*Limiter, error) {
 		classes:   slices.Clone(cfg.Priorities),
 		inFlight:  cfg.InFlight,
 		permitTTL: cfg.PermitTTL,
+		quotas:    slices.Clone(cfg.Quotas),
 	}
 	if l.permitTTL == 0 {
 		l.permitTTL = DefaultPermitTTL
@@ -85,9 +89,9 @@ func New(store Store, cfg Config) (*Limiter, error) {
 		l.clock.off = true
 	}
 	binder, _ := store.(Binder)
-	if l.inFlight == 0 {
-		// A bound take has no permit: buckets with an in-flight bound
-		// take through requests.
+	if l.inFlight == 0 && len(l.quotas) == 0 {
+		// A bound take has no permit nor quota: buckets with an in-flight
+		// bound or quotas take through requests.
 		l.bound = l.bind(binder, l.limits)
 	}
 	l.classNames = map[string]bool{}
@@ -185,7 +189,7 @@ func (l *Limiter) bucket(name string) (Bucket, error) {
 	if len(l.limits) == 0 {
 		return Bucket{}, fmt.Errorf("%w: unknown bucket %q (no default limits configured)", ErrInvalid, name)
 	}
-	return Bucket{Prefix: l.prefix, Key: name, Limits: l.limits, InFlight: l.inFlight}, nil
+	return Bucket{Prefix: l.prefix, Key: name, Limits: l.limits, InFlight: l.inFlight, Quotas: l.quotas}, nil
 }
 
 // buckets resolves names into a pooled slice; the caller gives it back

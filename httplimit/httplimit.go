@@ -17,6 +17,14 @@
 // with 503, never with 429; it logs with log/slog and counts with
 // Prometheus. Shadow mode evaluates and reports without ever refusing.
 //
+// A plan sold by the calendar, such as 10,000 requests a month resetting
+// on the 1st, is a policy (or a tier of one) with calendar quotas beside
+// its limits (Policy.Quotas; Policy.QuotaZone resets them at each
+// client's own midnight). The RateLimit fields then report whichever of
+// the bucket and the quotas has the fewest left, and a quota's refusal
+// carries its window's end. UsageHandler answers a client's usage as
+// JSON, for a "my usage" page.
+//
 // The middleware has the standard shape func(http.Handler) http.Handler,
 // so it mounts on http.ServeMux routes, chi (r.With(mw)) and gorilla/mux
 // (route.Handler(mw(h)) or router.Use(mw)) alike:
@@ -209,7 +217,7 @@ type Middleware struct {
 	metrics    *metrics
 
 	mu       sync.Mutex
-	policies map[string][]fleetrate.Limit
+	policies map[string]string // a mounted policy's limits and quotas, by name
 	lastLog  time.Time
 	dropped  int
 }
@@ -237,7 +245,7 @@ func New(cfg Config) (*Middleware, error) {
 		timeout:    cfg.Timeout,
 		log:        cfg.Logger,
 		metrics:    met,
-		policies:   make(map[string][]fleetrate.Limit),
+		policies:   make(map[string]string),
 	}
 	if m.prefix == "" {
 		m.prefix = DefaultPrefix
@@ -305,6 +313,9 @@ type policy struct {
 	upt      int64  // quota units per token
 	bytes    bool   // the unit is content-bytes: a cost above the burst is a 413
 	inFlight int64  // Policy.InFlight
+	cal      []fleetrate.Quota
+	calItems []string // header item names, one per quota of cal
+	zones    *zones   // with Policy.QuotaZone
 }
 
 // Limit returns middleware enforcing p on every request of the handlers it
@@ -334,73 +345,24 @@ func (m *Middleware) Limit(p Policy) (func(http.Handler) http.Handler, error) {
 	}, nil
 }
 
-// tiered serves a policy with tiers: each request by the policy of its
-// tier.
-type tiered struct {
-	m     *Middleware
-	name  string
-	pick  func(*http.Request) (string, error)
-	tiers map[string]*policy
-	def   *policy // the policy's own Limits; nil without
-}
-
-func (m *Middleware) compileTiers(p Policy) (*tiered, error) {
-	if err := p.Validate(); err != nil {
-		return nil, err
-	}
-	t := &tiered{m: m, name: p.Name, pick: p.Tier, tiers: make(map[string]*policy, len(p.Tiers))}
-	for _, tr := range p.Tiers {
-		pol, err := m.compile(p.tier(tr))
-		if err != nil {
-			return nil, err
-		}
-		t.tiers[tr.Name] = pol
-	}
-	if len(p.Limits) > 0 {
-		def := p
-		def.Tiers, def.Tier = nil, nil
-		pol, err := m.compile(def)
-		if err != nil {
-			return nil, err
-		}
-		t.def = pol
-	}
-	return t, nil
-}
-
-func (t *tiered) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
-	name, err := t.pick(r)
-	pol := t.def
-	if err == nil && name != "" {
-		pol = t.tiers[name]
-	}
-	if err == nil && pol == nil {
-		err = fmt.Errorf("%w: policy %q has no tier %q", ErrNoKey, t.name, name)
-	}
-	if err != nil {
-		t.m.metrics.request(t.name, OutcomeNoKey)
-		t.m.keyError(w, r, fmt.Errorf("choosing the tier: %w", err))
-		return
-	}
-	pol.serve(w, r, next)
-}
-
 func (m *Middleware) compile(p Policy) (*policy, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
 	limits := slices.Clone(p.Limits)
-	lim, err := fleetrate.New(m.store, fleetrate.Config{Prefix: m.prefix + p.Name + ":", Limits: limits, InFlight: p.InFlight})
+	cal := slices.Clone(p.Quotas)
+	cfg := fleetrate.Config{Prefix: m.prefix + p.Name + ":", Limits: limits, InFlight: p.InFlight, Quotas: cal}
+	lim, err := fleetrate.New(m.store, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("httplimit: policy %q: %w", p.Name, err)
 	}
 	m.mu.Lock()
 	prev, seen := m.policies[p.Name]
-	if seen && !slices.Equal(prev, limits) {
+	if shape := mountedShape(limits, cal); seen && prev != shape {
 		m.mu.Unlock()
-		return nil, fmt.Errorf("%w: httplimit: policy %q is already mounted with other limits (%v); give it another name", fleetrate.ErrInvalid, p.Name, prev)
+		return nil, fmt.Errorf("%w: httplimit: policy %q is already mounted with other limits or quotas (%s); give it another name", fleetrate.ErrInvalid, p.Name, prev)
 	}
-	m.policies[p.Name] = limits
+	m.policies[p.Name] = mountedShape(limits, cal)
 	m.mu.Unlock()
 	pol := &policy{
 		m:        m,
@@ -414,6 +376,10 @@ func (m *Middleware) compile(p Policy) (*policy, error) {
 		upt:      max(p.UnitsPerToken, 1),
 		bytes:    p.Unit == headers.UnitContentBytes,
 		inFlight: p.InFlight,
+		cal:      cal,
+	}
+	if p.QuotaZone != nil {
+		pol.zones = &zones{zone: p.QuotaZone, cfg: cfg}
 	}
 	if pol.unit == "" {
 		pol.unit = headers.UnitRequests
@@ -449,6 +415,7 @@ func (pol *policy) advertise(unit string) error {
 		}
 		hp[i] = headers.Policy{Name: item, Quota: q * pol.upt, Unit: unit, Window: time.Duration(w) * time.Second}
 	}
+	hp = pol.advertiseQuotas(hp, unit)
 	var err error
 	if pol.header, err = headers.FormatPolicy(hp...); err != nil {
 		return fmt.Errorf("httplimit: policy %q: %w", pol.name, err)
@@ -462,7 +429,7 @@ func (p *policy) serve(w http.ResponseWriter, r *http.Request, next http.Handler
 		next.ServeHTTP(w, r)
 		return
 	}
-	key, cost, ok := p.keyAndCost(w, r)
+	key, cost, lim, ok := p.keyAndCost(w, r)
 	if !ok {
 		return
 	}
@@ -472,14 +439,14 @@ func (p *policy) serve(w http.ResponseWriter, r *http.Request, next http.Handler
 		return
 	}
 	if cost > p.minBurst {
-		p.tooCostly(w, r, key, cost, next)
+		p.tooCostly(w, r, lim, key, cost, next)
 		return
 	}
 	if p.inFlight > 0 {
-		p.serveInFlight(w, r, key, cost, next)
+		p.serveInFlight(w, r, lim, key, cost, next)
 		return
 	}
-	res, err := p.take(r, key, cost)
+	res, err := p.take(r, lim, key, cost)
 	if err != nil {
 		if r.Context().Err() != nil {
 			return // the client has gone; there is no one to answer
@@ -511,21 +478,25 @@ func (m *Middleware) exemptRequest(r *http.Request) bool {
 	return m.exemptFunc != nil && m.exemptFunc(r)
 }
 
-// keyAndCost identifies the client and prices the request, answering the
-// request itself when either fails.
-func (p *policy) keyAndCost(w http.ResponseWriter, r *http.Request) (key string, cost int64, ok bool) {
+// keyAndCost identifies the client, the limiter of its time zone (see
+// Policy.QuotaZone) and prices the request, answering the request itself
+// when any fails.
+func (p *policy) keyAndCost(w http.ResponseWriter, r *http.Request) (key string, cost int64, lim *fleetrate.Limiter, ok bool) {
 	m := p.m
 	key, err := p.key(r)
 	if err == nil && key == "" {
 		err = fmt.Errorf("%w: the key function returned an empty key", ErrNoKey)
 	}
+	if err == nil {
+		lim, err = p.limiter(r)
+	}
 	if err != nil {
 		m.metrics.request(p.name, OutcomeNoKey)
 		m.keyError(w, r, err)
-		return "", 0, false
+		return "", 0, nil, false
 	}
 	if p.cost == nil {
-		return key, 1, true
+		return key, 1, lim, true
 	}
 	cost, err = p.cost(r)
 	if err == nil && cost < 0 {
@@ -537,20 +508,20 @@ func (p *policy) keyAndCost(w http.ResponseWriter, r *http.Request) (key string,
 			Title:  http.StatusText(http.StatusBadRequest),
 			Detail: "cannot compute the cost of this request: " + err.Error(),
 		})
-		return "", 0, false
+		return "", 0, nil, false
 	}
-	return key, cost, true
+	return key, cost, lim, true
 }
 
 // take asks the store for cost tokens of the client's bucket, within the
 // middleware's timeout. A cost of 0 peeks.
-func (p *policy) take(r *http.Request, key string, cost int64) (fleetrate.Result, error) {
+func (p *policy) take(r *http.Request, lim *fleetrate.Limiter, key string, cost int64) (fleetrate.Result, error) {
 	ctx, cancel := r.Context(), context.CancelFunc(func() {})
 	if p.m.timeout > 0 {
 		ctx, cancel = context.WithTimeout(ctx, p.m.timeout)
 	}
 	start := time.Now()
-	res, err := p.lim.AllowN(ctx, cost, bucketName(key))
+	res, err := lim.AllowN(ctx, cost, bucketName(key))
 	cancel()
 	p.m.metrics.observe(p.name, time.Since(start))
 	return res, err
@@ -561,13 +532,13 @@ func (p *policy) take(r *http.Request, key string, cost int64) (fleetrate.Result
 // sent (waiting cannot help), but the RateLimit fields report the
 // client's bucket, read with a peek that takes nothing. A content-bytes
 // policy answers 413 Content Too Large, any other 429.
-func (p *policy) tooCostly(w http.ResponseWriter, r *http.Request, key string, cost int64, next http.Handler) {
+func (p *policy) tooCostly(w http.ResponseWriter, r *http.Request, lim *fleetrate.Limiter, key string, cost int64, next http.Handler) {
 	m := p.m
 	m.metrics.request(p.name, OutcomeBadCost)
 	m.log.LogAttrs(r.Context(), slog.LevelWarn, "fleetrate: request cost exceeds the burst of its policy",
 		slog.String("policy", p.name), slog.Int64("cost", cost), slog.Int64("burst", p.minBurst))
 	w.Header().Set(HeaderRateLimitPolicy, p.header)
-	res, err := p.take(r, key, 0)
+	res, err := p.take(r, lim, key, 0)
 	if err == nil {
 		p.setHeaders(w.Header(), res)
 	}

@@ -18,13 +18,13 @@ const releaseTimeout = time.Second
 // takes its tokens and a permit of the client's bucket at once, the
 // handler runs holding the permit, and the permit goes back when it
 // returns (or at the end of its lease, should this process die first).
-func (p *policy) serveInFlight(w http.ResponseWriter, r *http.Request, key string, cost int64, next http.Handler) {
+func (p *policy) serveInFlight(w http.ResponseWriter, r *http.Request, lim *fleetrate.Limiter, key string, cost int64, next http.Handler) {
 	ctx, cancel := r.Context(), context.CancelFunc(func() {})
 	if p.m.timeout > 0 {
 		ctx, cancel = context.WithTimeout(ctx, p.m.timeout)
 	}
 	start := time.Now()
-	res, err := p.lim.AllowCosts(ctx, fleetrate.Cost{Bucket: bucketName(key), N: cost})
+	res, err := lim.AllowCosts(ctx, fleetrate.Cost{Bucket: bucketName(key), N: cost})
 	cancel()
 	p.m.metrics.observe(p.name, time.Since(start))
 	if err != nil {

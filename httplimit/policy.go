@@ -22,6 +22,22 @@ type Policy struct {
 	// are named "policy.limit"; a single unnamed limit is named after the
 	// policy. Required.
 	Limits []fleetrate.Limit
+	// Quotas are calendar quotas enforced with Limits, in the same take,
+	// on each client's own use: a plan such as 10,000 a month resetting on
+	// the 1st, which Limits smooth over the minute (see fleetrate.Quota).
+	// Their header items are named "policy.quota", after the quota's Name
+	// or, without one, its period's unit ("policy.month"). The package
+	// doc says what the headers report of them. Optional.
+	Quotas []fleetrate.Quota
+	// QuotaZone names the time zone of a request's client, for the quotas
+	// (of the policy and of its tiers) whose period has no Location: a
+	// name as calendar.Parse reads it, such as "Asia/Tokyo" or
+	// "UTC+05:30", typically from the customer's account. Each client's
+	// day then starts at its own midnight. "" leaves those quotas in UTC;
+	// an error, or a zone that is unknown, answers the request through
+	// Config.KeyError. A client whose zone changes starts a fresh window.
+	// At most MaxQuotaZones zones per policy. Optional.
+	QuotaZone func(*http.Request) (string, error)
 	// Key identifies the client; the default is Config.Key.
 	Key KeyFunc
 	// Cost is the number of tokens a request takes; the default is 1.
@@ -66,6 +82,8 @@ type Tier struct {
 	Name string
 	// Limits are the tier's limits, as Policy.Limits. Required.
 	Limits []fleetrate.Limit
+	// Quotas are the tier's calendar quotas, as Policy.Quotas: a plan.
+	Quotas []fleetrate.Quota
 }
 
 // Validate checks the policy, naming the offending field and value.
@@ -78,7 +96,7 @@ func (p Policy) Validate() error {
 			return err
 		}
 		if len(p.Limits) == 0 {
-			return nil
+			return p.validateQuotas()
 		}
 	}
 	if len(p.Limits) == 0 {
@@ -114,7 +132,7 @@ func (p Policy) Validate() error {
 		return fmt.Errorf("%w: httplimit: policy %q: unit must be %q, %q or %q, got %q", fleetrate.ErrInvalid, p.Name,
 			headers.UnitRequests, headers.UnitContentBytes, headers.UnitConcurrentRequests, p.Unit)
 	}
-	return nil
+	return p.validateQuotas()
 }
 
 func (p Policy) validateTiers() error {
@@ -139,7 +157,7 @@ func (p Policy) validateTiers() error {
 
 // tier returns the policy that serves tier t of p.
 func (p Policy) tier(t Tier) Policy {
-	p.Name, p.Limits, p.Tiers, p.Tier = p.Name+"."+t.Name, t.Limits, nil, nil
+	p.Name, p.Limits, p.Quotas, p.Tiers, p.Tier = p.Name+"."+t.Name, t.Limits, t.Quotas, nil, nil
 	return p
 }
 

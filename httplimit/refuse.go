@@ -17,7 +17,7 @@ func (p *policy) refuse(w http.ResponseWriter, r *http.Request, res fleetrate.Re
 	m := p.m
 	attrs := []slog.Attr{
 		slog.String("policy", item), slog.Int64("cost", res.N),
-		slog.Duration("retry_after", res.RetryAfter), slog.String("method", r.Method), slog.String("path", r.URL.Path),
+		slog.Duration("retry_after", retryAfter(res)), slog.String("method", r.Method), slog.String("path", r.URL.Path),
 	}
 	if p.shadow {
 		m.metrics.request(p.name, OutcomeShadowDenied)
@@ -27,7 +27,8 @@ func (p *policy) refuse(w http.ResponseWriter, r *http.Request, res fleetrate.Re
 	}
 	m.metrics.request(p.name, OutcomeDenied)
 	m.log.LogAttrs(r.Context(), slog.LevelDebug, "fleetrate: request rate limited", attrs...)
-	retry := max(headers.DelaySeconds(res.RetryAfter), 1)
+	after := retryAfter(res)
+	retry := max(headers.DelaySeconds(after), 1)
 	w.Header().Set(HeaderRetryAfter, strconv.FormatInt(retry, 10))
 	i := p.limitIndex(res)
 	detail := fmt.Sprintf("the quota of policy %q (%d %s per %ds) is exhausted for this client; retry in %d s",
@@ -35,8 +36,11 @@ func (p *policy) refuse(w http.ResponseWriter, r *http.Request, res fleetrate.Re
 	if res.N != 1 {
 		detail = fmt.Sprintf("this request costs %d %s; %s", res.N*p.upt, p.unit, detail)
 	}
+	if res.QuotaDenied && res.Quota >= 0 && res.Quota < len(res.Quotas) {
+		detail = p.quotaDetail(res, item, retry)
+	}
 	m.refused(w, r, Refusal{
-		Status: http.StatusTooManyRequests, Policy: item, Cost: res.N * p.upt, RetryAfter: res.RetryAfter, Result: res,
+		Status: http.StatusTooManyRequests, Policy: item, Cost: res.N * p.upt, RetryAfter: after, Result: res,
 		Problem: Problem{
 			Type:             ProblemQuotaExceeded,
 			Title:            "Quota Exceeded",
@@ -77,6 +81,9 @@ func (p *policy) limitIndex(res fleetrate.Result) int {
 // bucket admits. For a denial "t" never ends after Retry-After. The legacy
 // reset is when the reported limit is full again.
 func (p *policy) setHeaders(h http.Header, res fleetrate.Result) string {
+	if qi, ok := p.reportedQuota(res); ok {
+		return p.setQuotaHeaders(h, res, res.Quotas[qi])
+	}
 	i := p.limitIndex(res)
 	l := p.limits[i]
 	remaining := min(max(res.Remaining, 0), l.Burst)

@@ -20,6 +20,7 @@ var readmeSnippetImports = []string{
 	"github.com/prometheus/client_golang/prometheus",
 	"github.com/redis/go-redis/v9",
 	"github.com/fleetrate/fleetrate",
+	"github.com/fleetrate/fleetrate/calendar",
 	"github.com/fleetrate/fleetrate/failsafe",
 	"github.com/fleetrate/fleetrate/httplimit",
 	"github.com/fleetrate/fleetrate/memstore",
