@@ -1,6 +1,7 @@
 package gcra
 
 import (
+	"iter"
 	"time"
 
 	"github.com/fleetrate/fleetrate"
@@ -48,16 +49,9 @@ func (s *State) quotaUse(q *fleetrate.Quota, now int64) (i int, u QuotaUse) {
 // (ns) until that window ends; -1 when every quota admits the take.
 func quotaRefusal(now int64, req fleetrate.Request, states []State) (bucket, index int, wait int64) {
 	bucket, index = -1, -1
-	for b := range req.Buckets {
-		n := fleetrate.CostOf(req.N, req.Costs, b)
-		if n == 0 {
-			continue
-		}
-		for qi := range req.Buckets[b].Quotas {
-			q := &req.Buckets[b].Quotas[qi]
-			if _, u := states[b].quotaUse(q, now); u.Used+n > q.Count && (u.End-now)*1000 > wait {
-				bucket, index, wait = b, qi, (u.End-now)*1000
-			}
+	for c := range charged(req) {
+		if _, u := states[c.b].quotaUse(c.q, now); u.Used+c.n > c.q.Count && (u.End-now)*1000 > wait {
+			bucket, index, wait = c.b, c.qi, (u.End-now)*1000
 		}
 	}
 	return bucket, index, wait
@@ -67,24 +61,42 @@ func quotaRefusal(now int64, req fleetrate.Request, states []State) (bucket, ind
 // quota of req's buckets, and reports whether any was counted.
 func useQuotas(now int64, req fleetrate.Request, states []State) bool {
 	changed := false
-	for b := range req.Buckets {
-		n := fleetrate.CostOf(req.N, req.Costs, b)
-		if n == 0 {
-			continue
+	for c := range charged(req) {
+		i, u := states[c.b].quotaUse(c.q, now)
+		u.Used += c.n
+		if i < 0 {
+			states[c.b].Quotas = append(states[c.b].Quotas, u)
+		} else {
+			states[c.b].Quotas[i] = u
 		}
-		for qi := range req.Buckets[b].Quotas {
-			q := &req.Buckets[b].Quotas[qi]
-			i, u := states[b].quotaUse(q, now)
-			u.Used += n
-			if i < 0 {
-				states[b].Quotas = append(states[b].Quotas, u)
-			} else {
-				states[b].Quotas[i] = u
-			}
-			changed = true
-		}
+		changed = true
 	}
 	return changed
+}
+
+// charge is a quota a take's cost charges: quota qi (q) of bucket b,
+// which the take costs n > 0 tokens of.
+type charge struct {
+	b, qi int
+	q     *fleetrate.Quota
+	n     int64
+}
+
+// charged yields every quota that req's cost charges.
+func charged(req fleetrate.Request) iter.Seq[charge] {
+	return func(yield func(charge) bool) {
+		for b := range req.Buckets {
+			n := fleetrate.CostOf(req.N, req.Costs, b)
+			if n == 0 {
+				continue
+			}
+			for qi := range req.Buckets[b].Quotas {
+				if !yield(charge{b: b, qi: qi, q: &req.Buckets[b].Quotas[qi], n: n}) {
+					return
+				}
+			}
+		}
+	}
 }
 
 // fillQuotas sets res.Quotas from every quota of req's buckets at now,

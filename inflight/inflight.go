@@ -165,27 +165,22 @@ func (s *Set) Woken(bound int64) []string {
 // NextFree returns how long (µs) from now until a held permit's lease ends
 // at the latest, with no release or renewal: the longest a waiter may have
 // to wait for the next permit. 0 when none is held.
-func (s *Set) NextFree(now int64) int64 {
-	if len(s.Held) == 0 {
-		return 0
-	}
-	first := s.Held[0].Expires
-	for _, l := range s.Held[1:] {
-		first = min(first, l.Expires)
-	}
-	return max(first-now, 0)
-}
+func (s *Set) NextFree(now int64) int64 { return firstEnd(s.Held, now) }
 
 // NextLapse returns how long (µs) from now until the first waiter's place
 // in the queue lapses, with no renewal: when a waiter that stopped (a
 // paused or dead process) leaves the queue, and those behind it move up,
 // with no release to tell them. 0 when nobody waits.
-func (s *Set) NextLapse(now int64) int64 {
-	if len(s.Queue) == 0 {
+func (s *Set) NextLapse(now int64) int64 { return firstEnd(s.Queue, now) }
+
+// firstEnd returns how long (µs) from now until the first of ls ends, 0
+// when ls is empty or one has ended.
+func firstEnd(ls []Lease, now int64) int64 {
+	if len(ls) == 0 {
 		return 0
 	}
-	first := s.Queue[0].Expires
-	for _, l := range s.Queue[1:] {
+	first := ls[0].Expires
+	for _, l := range ls[1:] {
 		first = min(first, l.Expires)
 	}
 	return max(first-now, 0)
