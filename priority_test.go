@@ -218,6 +218,56 @@ func TestPriorityOnALimiterWithoutClasses(t *testing.T) {
 	}
 }
 
+// TestQueuedLowerClassNeverHoldsBackTheTop: a bulk Acquire waiting in the
+// permit queue is passed by a top-class Acquire, and is granted only when
+// a permit is free beyond its class's reserve.
+func TestQueuedLowerClassNeverHoldsBackTheTop(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		lim, err := fleetrate.New(memstore.New(memstore.Options{}), fleetrate.Config{MaxWait: time.Minute, Buckets: []fleetrate.BucketConfig{{
+			Name: "llm", Limits: []fleetrate.Limit{fleetrate.PerSecond(1000, 1000)}, InFlight: 2,
+			Priorities: []fleetrate.Priority{{Name: "bulk", InFlightReserve: 1, Horizon: time.Minute}},
+		}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		bulk := fleetrate.WithPriority(ctx, "bulk")
+		first, err := lim.Acquire(bulk, "llm")
+		if err != nil {
+			t.Fatal(err)
+		}
+		waiter := make(chan time.Time, 1)
+		go func() {
+			r, err := lim.Acquire(bulk, "llm")
+			if err != nil {
+				t.Errorf("the queued bulk Acquire: %v", err)
+				return
+			}
+			waiter <- time.Now()
+			_ = r.Release(ctx)
+		}()
+		synctest.Wait() // the bulk waiter is queued
+		top, err := lim.Acquire(ctx, "llm")
+		if err != nil {
+			t.Fatalf("a top Acquire behind a queued bulk one: %v", err)
+		}
+		time.Sleep(time.Second)
+		_ = first.Release(ctx) // 1 of 2 held (top): still none beyond the reserve
+		synctest.Wait()
+		select {
+		case <-waiter:
+			t.Fatal("the bulk waiter took the permit the top class keeps")
+		default:
+		}
+		time.Sleep(time.Second)
+		released := time.Now()
+		_ = top.Release(ctx)
+		if at := <-waiter; at.Sub(released) > time.Millisecond {
+			t.Errorf("the bulk waiter was granted %v after the last permit freed, want at once", at.Sub(released))
+		}
+	})
+}
+
 // TestPriorityKeepsPermits: a class with an in-flight reserve leaves that
 // many permits of the bound to the classes above; a reserve of the whole
 // bound is refused, naming the field.
