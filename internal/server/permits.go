@@ -55,6 +55,11 @@ type AcquireRequest struct {
 	MaxWaitMS *float64         `json:"max_wait_ms,omitempty"`
 	TTLMS     *float64         `json:"ttl_ms,omitempty"`
 	Reserve   int64            `json:"reserve,omitempty"`
+	// PermitReserve makes the acquire one of a lower priority class for
+	// the permits too: it is granted only while the permits held, the
+	// waiters of its class or above ahead of it, and PermitReserve stay
+	// below each bucket's bound (fleetrate.Bucket.PermitReserve).
+	PermitReserve int64 `json:"permit_reserve,omitempty"`
 }
 
 // PermitRequest is the body of POST /v1/renew and /v1/release: the
@@ -120,8 +125,11 @@ type takeSpec struct {
 	costs   map[string]int64
 	n       *int64
 	reserve int64
-	maxWait *time.Duration
-	permit  fleetrate.Permit
+	// permitReserve is, for an acquire, each bounded bucket's
+	// fleetrate.Bucket.PermitReserve.
+	permitReserve int64
+	maxWait       *time.Duration
+	permit        fleetrate.Permit
 }
 
 // resolveTake maps a take's buckets to configured buckets: bucket or
@@ -231,7 +239,7 @@ func (v service) acquire(ctx context.Context, req *AcquireRequest) (Decision, er
 	_, _ = rand.Read(id[:]) // never fails (crypto/rand)
 	p := fleetrate.Permit{ID: storeID(ctx, hex.EncodeToString(id[:])), TTL: ttl}
 	return v.takeBuckets(ctx, takeSpec{api: apiAcquire, one: req.Bucket, many: req.Buckets, costs: req.Costs, n: req.N,
-		reserve: req.Reserve, maxWait: &maxWait, permit: p})
+		reserve: req.Reserve, permitReserve: req.PermitReserve, maxWait: &maxWait, permit: p})
 }
 
 // permitTTL reads a request's ttl_ms.

@@ -161,6 +161,28 @@ func TestAcquireRenewRelease(t *testing.T) {
 	}
 }
 
+// TestAcquireOfALowerClass: an acquire with a permit_reserve leaves that
+// many permits to the classes above; one of the whole bound is a 400
+// naming permit_reserve.
+func TestAcquireOfALowerClass(t *testing.T) {
+	t.Parallel()
+	ts := start(t, permitConfig)
+	var d decision
+	if ts.post(t, "/v1/acquire", `{"bucket":"llm/requests","permit_reserve":1}`, &d); !d.Allowed {
+		t.Fatalf("a bulk acquire, 0 of 2 held, 1 kept: %+v, want granted", d)
+	}
+	if ts.post(t, "/v1/acquire", `{"bucket":"llm/requests","permit_reserve":1}`, &d); d.Allowed {
+		t.Fatalf("a second bulk acquire, 1 of 2 held, 1 kept: %+v, want denied", d)
+	}
+	if ts.post(t, "/v1/acquire", `{"bucket":"llm/requests"}`, &d); !d.Allowed {
+		t.Fatalf("a top acquire with the kept permit free: %+v, want granted", d)
+	}
+	var e wire.Error
+	if code := ts.post(t, "/v1/acquire", `{"bucket":"llm/requests","permit_reserve":2}`, &e); code != http.StatusBadRequest || !strings.Contains(e.Error, "permit_reserve") {
+		t.Fatalf("a permit reserve of the whole bound: %d %+v, want 400 naming permit_reserve", code, e)
+	}
+}
+
 // TestDeadClientsPermitComesBack drives the store's clock: a client that
 // acquires and never renews nor releases loses its permit at its lease.
 func TestDeadClientsPermitComesBack(t *testing.T) {

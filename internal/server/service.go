@@ -61,6 +61,9 @@ func (v service) takeBuckets(ctx context.Context, t takeSpec) (Decision, error) 
 	}
 	for i := range bs {
 		bs[i].Reserve = t.reserve // resolve's own copies
+		if bs[i].InFlight > 0 {
+			bs[i].PermitReserve = t.permitReserve
+		}
 	}
 	req := fleetrate.Request{Buckets: bs, N: n, Costs: costs, Permit: t.permit}
 	var booking fleetrate.Booking
