@@ -32,6 +32,12 @@ var fleetCommands = []string{"+evalsha", "+eval", "+script|load", "+get", "+mget
 // the rules docs/OPERATIONS.md adds to the minimal ACL user for permits.
 var permitRules = []string{"&fleetrate:permits", "+zadd", "+zrem", "+zrange", "+zrangebyscore", "+zremrangebyscore", "+zcard", "+zscore", "+zrank", "+pexpire", "+publish", "+subscribe", "+ping"}
 
+// quotaRules are what a store needs beyond fleetCommands for calendar
+// quotas (Bucket.Quotas): the hash of each bucket's quota use and its TTL,
+// inside the take script. They are the rules docs/OPERATIONS.md adds to
+// the minimal ACL user for quotas.
+var quotaRules = []string{"+hget", "+hset", "+pexpire"}
+
 // clusterCommands are fleetCommands without +info, which only the
 // failover guard of a single master (Options.EmptyAfterFailover) runs.
 var clusterCommands = slices.DeleteFunc(slices.Clone(fleetCommands), func(c string) bool { return c == "+info" })
@@ -98,7 +104,7 @@ func TestTLSAndACL(t *testing.T) {
 	}
 	setUser(t, srv, "fleet", aclRules("fleetrate:*", fleetCommands))
 	// The conformance suite names its keys fleetrate:storetest:*.
-	setUser(t, srv, "conformance", aclRules("fleetrate:storetest:*", append(slices.Clone(fleetCommands), permitRules...)))
+	setUser(t, srv, "conformance", aclRules("fleetrate:storetest:*", append(append(slices.Clone(fleetCommands), permitRules...), quotaRules...)))
 
 	t.Run("ConformanceOverTLSAsACLUser", func(t *testing.T) {
 		s := tlsStore(t, rediss(t, srv, "conformance", "secret"))
