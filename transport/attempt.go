@@ -82,7 +82,8 @@ type costsKey struct{}
 // one before it sends: a classification error, a *fleetrate.BackpressureError
 // when the wait would exceed the max wait, a store failure, or the
 // context's error. req's context bounds the wait and is the Attempt's; its
-// body is not read. A request the classifier bypasses is booked at once
+// body is not read; once Book returns, the context's cancel and deadline
+// no longer apply to the Attempt, its values do. A request the classifier bypasses is booked at once
 // and Report only says not to retry it.
 func (t *Transport) Book(req *http.Request, attempt int) (*Attempt, error) {
 	if attempt < 1 {
@@ -101,6 +102,9 @@ func (t *Transport) Book(req *http.Request, attempt int) (*Attempt, error) {
 		a.dropHold()
 		return nil, err
 	}
+	// The answer comes after the call that booked may have ended: its
+	// context's values stay, its cancel and deadline do not.
+	a.ctx = context.WithoutCancel(a.ctx)
 	a.sent = t.now()
 	return a, nil
 }
