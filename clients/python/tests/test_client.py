@@ -21,12 +21,13 @@ def run(coro: Awaitable[T]) -> T:
 
 
 def sender(http: httpx.AsyncClient, method: str, url: str,
-           body: bytes = b"") -> Callable[[], Awaitable[Tuple[int, httpx.Headers, bytes]]]:
-    """A send function for Client.call: the request, sent as often as asked."""
+           body: bytes = b"") -> Callable[[], Awaitable[Tuple[int, httpx.Headers, httpx.Response]]]:
+    """A send function for Client.call: the request, sent as often as
+    asked; the call's result is the response."""
 
-    async def send() -> Tuple[int, httpx.Headers, bytes]:
+    async def send() -> Tuple[int, httpx.Headers, httpx.Response]:
         r = await http.request(method, url, content=body)
-        return r.status_code, r.headers, r.content
+        return r.status_code, r.headers, r
 
     return send
 
@@ -46,8 +47,8 @@ def test_pacing(service: Any, upstream: Any) -> None:
             async def worker() -> None:
                 while not queue.empty():
                     i = queue.get_nowait()
-                    status, _, _ = await fr.call("pace", "GET", f"/items/{i}",
-                                                 sender(http, "GET", f"{up.url}/items/{i}"))
+                    status = (await fr.call("pace", "GET", f"/items/{i}",
+                                                 sender(http, "GET", f"{up.url}/items/{i}"))).status_code
                     assert status == 200
 
             t0 = time.monotonic()
@@ -76,8 +77,8 @@ def test_pause_after_429_with_retry_after(service: Any, upstream: Any) -> None:
         async with fleetrate.Client(service.url) as fr, httpx.AsyncClient() as http:
             async def worker(w: int) -> None:
                 for j in range(6):
-                    status, _, _ = await fr.call("pause", "GET", f"/x/{w}/{j}",
-                                                 sender(http, "GET", f"{up.url}/x/{w}/{j}"))
+                    status = (await fr.call("pause", "GET", f"/x/{w}/{j}",
+                                                 sender(http, "GET", f"{up.url}/x/{w}/{j}"))).status_code
                     results.append(status)
 
             await asyncio.gather(*(worker(w) for w in range(4)))
@@ -107,7 +108,7 @@ def test_pause_after_bare_429(service: Any, upstream: Any) -> None:
         async with fleetrate.Client(service.url) as fr, httpx.AsyncClient() as http:
             out = []
             for j in range(5):
-                status, _, _ = await fr.call("bare", "GET", f"/y/{j}", sender(http, "GET", f"{up.url}/y/{j}"))
+                status = (await fr.call("bare", "GET", f"/y/{j}", sender(http, "GET", f"{up.url}/y/{j}"))).status_code
                 out.append(status)
             return out
 
@@ -215,8 +216,8 @@ def test_in_flight_bound_with_concurrency(service: Any, upstream: Any) -> None:
     async def main() -> None:
         async with fleetrate.Client(service.url) as fr, httpx.AsyncClient(timeout=30) as http:
             async def one(i: int) -> None:
-                status, _, _ = await fr.call("inflight", "POST", "/work",
-                                             sender(http, "POST", f"{up.url}/work", b"x"), max_wait=30)
+                status = (await fr.call("inflight", "POST", "/work",
+                                             sender(http, "POST", f"{up.url}/work", b"x"), max_wait=30)).status_code
                 assert status == 200
 
             await asyncio.gather(*(one(i) for i in range(18)))
