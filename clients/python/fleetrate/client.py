@@ -152,10 +152,13 @@ class Client:
         self._headers: Dict[str, str] = {}
         if token:
             self._headers["Authorization"] = "Bearer " + token
-        #: Calls to the service (book and report) and the seconds they took,
-        #: waits included.
+        #: Calls to the service (book and report), the seconds they took,
+        #: waits for a turn included, and the part of those seconds the
+        #: service says it waited for the turns (so that service_seconds -
+        #: service_waited is what the protocol itself costs).
         self.service_calls: int = 0
         self.service_seconds: float = 0.0
+        self.service_waited: float = 0.0
 
     async def __aenter__(self) -> "Client":
         return self
@@ -218,9 +221,11 @@ class Client:
         ticket = b.get("ticket")
         if not isinstance(ticket, str) or not ticket:
             raise FleetrateError(f"book: the service's answer has no ticket: {b!r}")
+        waited = float(b.get("waited_ms") or 0) / 1000
+        self.service_waited += waited
         return Ticket(client=self, ticket=ticket, channel=channel,
                       endpoint=str(b.get("endpoint") or ""), attempt=attempt,
-                      waited=float(b.get("waited_ms") or 0) / 1000,
+                      waited=waited,
                       report_within=float(b.get("report_within_ms") or 60000) / 1000)
 
     async def call(self, channel: str, method: str, path: str,

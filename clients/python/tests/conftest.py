@@ -89,6 +89,12 @@ upstreams:
       - name: all
         pattern: "/"
         rate_limit: {unit: second, requests_per_unit: 40, burst: 1}
+  - channel: bench
+    fixed: true
+    endpoints:
+      - name: items
+        pattern: "GET /items/{id}"
+        rate_limit: {unit: second, requests_per_unit: 50, burst: 5}
   - channel: strict
     fixed: true
     endpoints:
