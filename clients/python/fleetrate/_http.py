@@ -126,7 +126,11 @@ class Pool:
                 return await self._exchange(c, raw, timeout, reused=True)
             except _Stale:
                 continue
-        c = await asyncio.wait_for(self._open(), timeout)
+        try:
+            c = await asyncio.wait_for(self._open(), timeout)
+        except asyncio.TimeoutError:
+            raise ConnectionFailed(f"connecting to {self.host}:{self.port}: timed out after {timeout:g}s",
+                                   sent=False) from None
         return await self._exchange(c, raw, timeout, reused=False)
 
     async def _exchange(self, c: _Conn, raw: bytes, timeout: float, reused: bool) -> Response:

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import socket
 import ssl
 import time
 from dataclasses import dataclass, field
 from typing import (Any, Awaitable, Callable, Dict, Iterable, List, Mapping, Optional,
-                    Sequence, Tuple, TypeVar, Union)
+                    Sequence, Tuple, TypeVar, Union, cast)
 
 from ._http import ConnectionFailed, Pool, Response
 from .errors import (Backpressure, FleetrateError, GaveUp, Invalid, StoreUnavailable,
@@ -28,6 +29,8 @@ DEFAULT_URL = "http://127.0.0.1:8080"
 HeadersLike = Union[Mapping[str, Any], Iterable[Tuple[str, str]]]
 
 T = TypeVar("T")
+
+log = logging.getLogger("fleetrate")
 
 # How long book may wait for its turn when the caller gives no max_wait:
 # the service caps the wait at its own max wait (--max-wait, 5 s by
@@ -245,7 +248,10 @@ class Client:
         actual costs by meter, reported with the answer. When send raises,
         the failure is reported (sent=False for NotSent and a refused
         connection, else True) and the exception re-raised unless the
-        service says to retry. The other arguments are book's.
+        service says to retry. When the report of an answer fails (the
+        service unavailable, the ticket expired), the answer is returned
+        as it is, with a warning on the "fleetrate" logger: the upstream
+        may have carried the request out. The other arguments are book's.
 
         Raises GaveUp when the request is still rate limited after its last
         attempt, and what book raises (Backpressure, ...).
@@ -265,7 +271,7 @@ class Client:
                     raise
             else:
                 actual = settle(result) if settle is not None else None
-                verdict = await ticket.report(status, headers, costs=actual)
+                verdict = await report_or_keep(ticket, status, headers, actual)
                 if not verdict.retry:
                     return result
             await asyncio.sleep(verdict.retry_in)
@@ -329,17 +335,33 @@ def _retry_after(body: Mapping[str, Any], resp: Response) -> float:
         return 0.0
 
 
+async def report_or_keep(ticket: Ticket, status: int, headers: HeadersLike,
+                         costs: Optional[Mapping[str, int]]) -> Verdict:
+    """Report an answer; when the report itself fails (the service is
+    unavailable, or the ticket expired while the request ran), log it and
+    say not to retry: the upstream did answer, and a request it may have
+    carried out must not be sent again, nor its answer lost. GaveUp and
+    the other errors are raised."""
+    try:
+        return await ticket.report(status, headers, costs=costs)
+    except (Unavailable, UnknownTicket) as e:
+        log.warning("fleetrate: %s/%s: the answer (HTTP %d) could not be reported: %s",
+                    ticket.channel, ticket.endpoint, status, e)
+        return Verdict(False, 0.0, ticket.attempt)
+
+
 def headers_json(headers: HeadersLike) -> Dict[str, Union[str, List[str]]]:
     """Headers as the report's JSON wants them: lower-cased names to a
     value, or to a list of values for a repeated header."""
     items: Iterable[Tuple[str, Any]]
     multi = getattr(headers, "multi_items", None)  # httpx.Headers
+    pairs = getattr(headers, "items", None)  # dict, CIMultiDict, http.client.HTTPMessage
     if callable(multi):
         items = multi()
-    elif isinstance(headers, Mapping):
-        items = headers.items()
+    elif callable(pairs):
+        items = pairs()
     else:
-        items = headers
+        items = cast(Iterable[Tuple[str, Any]], headers)
     out: Dict[str, List[str]] = {}
     for k, v in items:
         vals: Sequence[Any] = v if isinstance(v, (list, tuple)) else (v,)

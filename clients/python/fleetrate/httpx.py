@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping, Optional
 
 import httpx
 
-from .client import Client, _report_in_background, describe_error
+from .client import Client, _report_in_background, describe_error, report_or_keep
 
 __all__ = ["PacedTransport", "Costs", "Settle"]
 
@@ -46,7 +46,9 @@ class PacedTransport(httpx.AsyncBaseTransport):
     (Backpressure, Unavailable, ...) and GaveUp are raised from the
     request; a transport error of the inner transport is reported (sent
     False when the connection could not be made) and re-raised, unless the
-    service says to retry.
+    service says to retry. An answer whose report fails (the service
+    unavailable, the ticket expired) is returned as it is, with a warning
+    on the "fleetrate" logger.
     """
 
     def __init__(self, client: Client, channel: str,
@@ -96,7 +98,7 @@ class PacedTransport(httpx.AsyncBaseTransport):
                     if self.settle is not None:
                         await response.aread()
                         actual = self.settle(response)
-                    verdict = await ticket.report(response.status_code, response.headers, costs=actual)
+                    verdict = await report_or_keep(ticket, response.status_code, response.headers, actual)
                 except BaseException:
                     await response.aclose()
                     raise
