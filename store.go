@@ -560,7 +560,9 @@ func ValidateDrains(drains []Drain) error {
 
 // PermitNotifier is an optional Store method. A store that can tell when
 // a queued take's turn may have come (a permit it waits for was released)
-// lets waiters sleep until then instead of until the next lease ends.
+// lets waiters sleep until then instead of until the next lease ends. A
+// Limiter finds it on its store or on a store a wrapper unwraps to (an
+// Unwrap() Store method).
 type PermitNotifier interface {
 	// NotifyPermit returns a channel that receives when a permit of the
 	// bucket key may have been freed for the waiter id (it is first in

@@ -237,15 +237,25 @@ func (h *held) end(resp *http.Response, kept []byte) {
 // the answer.
 func (h *held) settle(ctx context.Context, resp *http.Response, kept []byte) {
 	costs, err := h.tg.Settle(resp, kept)
-	if err == nil && len(costs) > 0 {
-		actual := make([]fleetrate.Cost, 0, len(costs))
-		for name, n := range costs {
-			actual = append(actual, fleetrate.Cost{Bucket: MeterBucket(h.tg.Channel, name), N: n})
-		}
-		err = h.r.Settle(ctx, actual...)
-	}
 	if err != nil {
 		h.t.log.LogAttrs(h.ctx, slog.LevelWarn, "rate_settle_error", append(h.attrs, slog.String("error", err.Error()))...)
+		return
+	}
+	h.t.settle(ctx, h.tg, h.attrs, h.r, costs)
+}
+
+// settle settles r, a booking of tg, to what it really cost the meters,
+// costs by meter name, logging a failure as rate_settle_error.
+func (t *Transport) settle(ctx context.Context, tg Target, attrs []slog.Attr, r *fleetrate.Reservation, costs map[string]int64) {
+	if len(costs) == 0 {
+		return
+	}
+	actual := make([]fleetrate.Cost, 0, len(costs))
+	for name, n := range costs {
+		actual = append(actual, fleetrate.Cost{Bucket: MeterBucket(tg.Channel, name), N: n})
+	}
+	if err := r.Settle(ctx, actual...); err != nil {
+		t.log.LogAttrs(ctx, slog.LevelWarn, "rate_settle_error", append(attrs, slog.String("error", err.Error()))...)
 	}
 }
 

@@ -2,32 +2,12 @@ package transport
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"net/http"
 	"time"
 
 	"github.com/fleetrate/fleetrate/transport/internal/pacer"
-	"github.com/fleetrate/fleetrate/transport/internal/schedule"
 )
-
-// backOff sleeps before the attempt after attempt: the backoff, and never
-// less than the pause a rate limit set. When ctx's deadline leaves no time
-// for the next attempt, it gives up at once rather than sleep into it.
-func (t *Transport) backOff(ctx context.Context, tg Target, attrs []slog.Attr, attempt int, resp *http.Response, li limitInfo) error {
-	delay := max(t.backoff(attempt, t.backoffMin, t.backoffMax), li.pause)
-	if dl, ok := ctx.Deadline(); ok && li.limited && dl.Sub(t.now()) < delay {
-		li.cause = context.DeadlineExceeded
-		return t.gaveUp(ctx, tg, attrs, attempt, resp, li)
-	}
-	if resp != nil {
-		discard(resp)
-	}
-	if err := schedule.Sleep(ctx, delay); err != nil {
-		return fmt.Errorf("transport: %s/%s: backing off before attempt %d: %w", tg.Channel, tg.Endpoint, attempt+1, err)
-	}
-	return nil
-}
 
 // limitInfo is what a rate-limited answer told the transport.
 type limitInfo struct {

@@ -15,6 +15,7 @@ import (
 	"github.com/fleetrate/fleetrate"
 	"github.com/fleetrate/fleetrate/transport/internal/hold"
 	"github.com/fleetrate/fleetrate/transport/internal/pacer"
+	"github.com/fleetrate/fleetrate/transport/internal/schedule"
 )
 
 // Defaults applied by New when an Options field is zero.
@@ -414,81 +415,39 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	// different request.
 	replayable := req.Body == nil || req.Body == http.NoBody || req.GetBody != nil
 
-	var h *held                 // the attempt's booking, while its answer is out
-	defer func() { h.drop() }() // unless the answer's body ends it
+	var a *Attempt                  // the attempt's booking, while its answer is out
+	defer func() { a.dropHold() }() // unless the answer's body ends it
 	for attempt := 1; ; attempt++ {
-		began := t.now()
-		r, paced, err := t.wait(ctx, tg, pt)
-		h = t.hold(ctx, tg, attrs, r)
-		if err != nil {
-			if attempt == 1 {
-				closeBody(req)
-			}
+		var err error
+		if a, err = t.book(ctx, tg, pt, attrs, attempt); err != nil {
+			closeBody(req)
 			return nil, err
 		}
 		out := req
 		if attempt > 1 {
-			t.m.retried(tg)
 			if out, err = rewind(req); err != nil {
 				return nil, fmt.Errorf("transport: %s/%s: rebuilding the body for attempt %d: %w", tg.Channel, tg.Endpoint, attempt, err)
 			}
 		}
-		var gate pacer.GatePass
-		if tg.Spacing > 0 && paced {
-			if gate, err = t.pacer.PassGate(ctx, pt, t.pacer.Budget(ctx)-t.now().Sub(began)); err != nil {
-				if err = t.pacer.WaitFailed(ctx, pt, err); err != nil {
-					closeBody(out)
-					return nil, err
-				}
-			}
-		}
-		sent := t.now()
-		resp, err := t.base.RoundTrip(h.traced(out))
-		resp = h.answer(resp, err)
-
-		var li limitInfo
-		switch {
-		case err == nil && IsRateLimited(resp):
-			if li, err = t.onLimited(ctx, tg, pt, resp, sent, attempt); err != nil {
-				discard(resp)
-				return nil, err
-			}
-			// After the pause is set: its fields may state the limit, or a
-			// reset beyond the Retry-After.
-			t.readHeaders(ctx, tg, pt, resp)
-		case err == nil:
-			t.pacer.Admitted(pt)
-			t.readHeaders(ctx, tg, pt, resp)
-			if gate.Passed {
-				// A 429 may come back sooner than an answer, and its
-				// pause holds the fleet anyway: only answers count.
-				t.pacer.Answered(ctx, pt, gate, sent, t.now().Sub(sent))
-			}
-		}
-
-		retry, cerr := t.checkRetry(ctx, resp, err)
-		switch {
-		case cerr != nil:
-			if resp != nil {
-				discard(resp)
-			}
-			return nil, cerr
-		case !retry:
-			return resp, err
-		case !replayable:
-			// The caller gets the upstream's answer unchanged: the body
-			// is gone, so no retry can be sent.
-			return resp, err
-		}
-		if attempt >= t.maxAttempts {
-			if li.limited {
-				return nil, t.gaveUp(ctx, tg, attrs, attempt, resp, li)
-			}
-			return resp, err
-		}
-
-		if err := t.backOff(ctx, tg, attrs, attempt, resp, li); err != nil {
+		a.sent = t.now()
+		resp, rterr := t.base.RoundTrip(a.h.traced(out))
+		resp = a.h.answer(resp, rterr)
+		li, err := a.observe(resp, rterr)
+		if err != nil {
+			discard(resp)
 			return nil, err
+		}
+		nx, err := t.next(ctx, a, resp, rterr, li, replayable)
+		switch {
+		case err != nil:
+			discard(resp)
+			return nil, err
+		case !nx.Retry:
+			return resp, rterr
+		}
+		discard(resp)
+		if err := schedule.Sleep(ctx, nx.After); err != nil {
+			return nil, fmt.Errorf("transport: %s/%s: backing off before attempt %d: %w", tg.Channel, tg.Endpoint, nx.Attempt, err)
 		}
 	}
 }
@@ -501,6 +460,9 @@ func (t *Transport) target(req *http.Request) (Target, error) {
 	}
 	if tg.Bypass {
 		return tg, nil
+	}
+	if costs, ok := req.Context().Value(costsKey{}).(map[string]int64); ok {
+		tg.Costs = costs
 	}
 	if err := tg.validate(); err != nil {
 		return tg, err
@@ -532,6 +494,9 @@ func closeBody(req *http.Request) {
 }
 
 func discard(resp *http.Response) {
+	if resp == nil || resp.Body == nil {
+		return
+	}
 	_, _ = io.CopyN(io.Discard, resp.Body, maxDiscard)
 	_ = resp.Body.Close()
 }

@@ -346,6 +346,8 @@ type Config struct {
 	Domains map[string]*Domain
 	// Buckets lists the named buckets in file order.
 	Buckets []Bucket
+	// Upstreams lists the upstreams of the outbound API in file order.
+	Upstreams []Upstream
 	// Settings are the file's server section.
 	Settings Settings
 	// Notices list what the file says that was accepted but has no

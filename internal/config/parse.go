@@ -97,6 +97,7 @@ func (p *parser) parse(data []byte, cfg *Config) {
 		var root yaml.Node
 		err := dec.Decode(&root)
 		if errors.Is(err, io.EOF) {
+			p.upstreamChannels(cfg)
 			return
 		}
 		if err != nil {
@@ -124,7 +125,7 @@ func (p *parser) document(root *yaml.Node, cfg *Config) {
 		}
 		root = root.Content[0]
 	}
-	pairs, ok := p.envoyMapping(root, "", "domain", "descriptors", "buckets", "server")
+	pairs, ok := p.envoyMapping(root, "", "domain", "descriptors", "buckets", "upstreams", "server")
 	if !ok {
 		return
 	}
@@ -141,6 +142,8 @@ func (p *parser) document(root *yaml.Node, cfg *Config) {
 			descs = kv.val
 		case "buckets":
 			p.buckets(kv.val, cfg)
+		case "upstreams":
+			p.upstreams(kv.val, cfg)
 		case "server":
 			p.server(kv, cfg)
 		}

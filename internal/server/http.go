@@ -62,6 +62,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc(wire.DrainPath, s.api(http.MethodPost, ScopeStore, s.storeAPI(endpoint(s, v.storeDrain))))
 	mux.HandleFunc(wire.ResetPath, s.api(http.MethodPost, ScopeStore, s.storeAPI(endpoint(s, v.storeReset))))
 	s.mountPermits(mux, v)
+	s.mountOutbound(mux)
 	s.mountPages(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &httpError{status: http.StatusNotFound, code: wire.CodeNotFound, msg: fmt.Sprintf("no such endpoint %s %s", r.Method, r.URL.Path)})

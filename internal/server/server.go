@@ -222,6 +222,9 @@ type Options struct {
 	// Breaker, when set, is the circuit breaker in front of Store
 	// (failsafe.Store): /readyz reports its state (breaker.go).
 	Breaker Breaker
+	// ReportWithin is how long a ticket of the outbound API waits for
+	// its report before it is abandoned. Default DefaultReportWithin.
+	ReportWithin time.Duration
 	// Registry receives the metrics. Default a new registry, so that
 	// several servers can live in one process.
 	Registry *prometheus.Registry
@@ -249,6 +252,7 @@ type Server struct {
 	storeDown atomic.Bool
 	access    *access
 	shed      *shedder
+	tickets   tickets  // the outbound API's booked sends
 	tracing   *tracing // nil without Options.Tracer
 }
 
@@ -257,6 +261,8 @@ type state struct {
 	cfg     *config.Config
 	buckets map[string]fleetrate.Bucket
 	rules   map[*config.Rule]ruleLimits
+	// outbound are the transports of the upstreams section, by channel.
+	outbound map[string]*outUpstream
 }
 
 // ruleLimits are the token limits of a rule that takes tokens, and a
@@ -293,6 +299,7 @@ func (s *Server) newState(cfg *config.Config) *state {
 			}
 		})
 	}
+	st.outbound = s.outboundFor(cfg, s.state.Load())
 	return st
 }
 
@@ -540,6 +547,12 @@ func (s *Server) shutdown(ctx context.Context, hs *http.Server, httpOn, grpcOn b
 		}
 	})
 	wg.Wait()
+	// No report can come any more: the tickets' permits lapse at their
+	// leases' end, and the transports stop listening.
+	s.tickets.abandonAll()
+	for _, o := range s.state.Load().outbound {
+		_ = o.tr.Close()
+	}
 }
 
 func wrapErr(what string, err error) error {

@@ -179,6 +179,10 @@ func (s *Server) shedHTTP(next http.Handler) http.Handler {
 
 // bounded reports whether a request to path is a decision (or another
 // store call) that counts towards MaxInFlight.
+//
+// An outbound booking is not: it waits for its turn, up to the max wait,
+// which would read as a slow decision and bring the limit down for every
+// caller; the callers waiting bound its number.
 func bounded(path string) bool {
-	return path == "/json" || strings.HasPrefix(path, "/v1/")
+	return path == "/json" || strings.HasPrefix(path, "/v1/") && path != outboundBookPath
 }
