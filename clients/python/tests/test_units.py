@@ -19,7 +19,7 @@ def test_headers_json_shapes() -> None:
     """Headers in every shape a library gives them become lower-cased names
     to a value, or a list for a repeated one."""
     msg = email.message_from_string("Retry-After: 2\nX-A: 1\nX-A: 2\n\n", _class=http.client.HTTPMessage)
-    assert headers_json(msg) == {"retry-after": "2", "x-a": ["1", "2"]}
+    assert headers_json(msg) == {"retry-after": "2", "x-a": ["1", "2"]}  # type: ignore[arg-type]
     assert headers_json(httpx.Headers([("RateLimit", "a"), ("ratelimit", "b")])) == {"ratelimit": ["a", "b"]}
     assert headers_json([("Retry-After", "3")]) == {"retry-after": "3"}
     assert headers_json({"X": ["1", "2"], "Y": 5}) == {"x": ["1", "2"], "y": "5"}
