@@ -217,7 +217,7 @@ def test_in_flight_bound_with_concurrency(service: Any, upstream: Any) -> None:
         async with fleetrate.Client(service.url) as fr, httpx.AsyncClient(timeout=30) as http:
             async def one(i: int) -> None:
                 status = (await fr.call("inflight", "POST", "/work",
-                                             sender(http, "POST", f"{up.url}/work", b"x"), max_wait=30)).status_code
+                                             sender(http, "POST", f"{up.url}/work", b"x"), max_wait=5)).status_code
                 assert status == 200
 
             await asyncio.gather(*(one(i) for i in range(18)))
@@ -237,7 +237,7 @@ def test_call_settles_costs(service: Any, upstream: Any) -> None:
             t0 = time.monotonic()
             for _ in range(8):
                 await fr.call("meter", "POST", "/complete", sender(http, "POST", f"{up.url}/complete", b"{}"),
-                              settle=lambda body: {"tokens": 100}, max_wait=10)
+                              settle=lambda body: {"tokens": 100}, max_wait=5)
             return time.monotonic() - t0
 
     took = run(main())

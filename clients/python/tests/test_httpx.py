@@ -113,7 +113,7 @@ def test_paced_client_costs_and_settle(service: Any, upstream: Any) -> None:
     async def main() -> float:
         async with fleetrate.Client(service.url) as fr, httpx.AsyncClient(
                 transport=fleetrate.httpx.PacedTransport(
-                    fr, "meter", max_wait=10, costs=lambda req: {"tokens": 1000}, settle=settle)) as http:
+                    fr, "meter", max_wait=5, costs=lambda req: {"tokens": 1000}, settle=settle)) as http:
             t0 = time.monotonic()
             for _ in range(8):
                 r = await http.post(up.url + "/complete", json={"prompt": "hi"})
