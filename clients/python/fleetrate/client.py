@@ -111,8 +111,11 @@ class Ticket:
         finally:
             self.client._service_time(time.monotonic() - t0)
         if v.get("gave_up"):
+            # The message is "message" (the contract) or "error" (the
+            # service's form of its other errors), unless that is the code.
+            text = v.get("message") or (v.get("error") if v.get("error") != "gave_up" else None)
             raise GaveUp(
-                str(v.get("message") or f"{self.channel}/{self.endpoint}: gave up after "
+                str(text or f"{self.channel}/{self.endpoint}: gave up after "
                     f"{v.get('attempts', self.attempt)} attempts"),
                 attempts=int(v.get("attempts") or self.attempt),
                 status=int(v.get("status") or 0),

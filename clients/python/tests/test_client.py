@@ -340,3 +340,16 @@ def test_cancelled_booking_does_not_hang(service: Any) -> None:
             await t.report(200)
 
     run(main())
+
+
+def test_gave_up_message(service: Any, upstream: Any) -> None:
+    """GaveUp's message is the service's, naming the channel and status."""
+    up = upstream(respond=lambda i, a: (429, {"Retry-After": "0.1"}, b"{}"))
+
+    async def main() -> None:
+        async with fleetrate.Client(service.url) as fr, httpx.AsyncClient() as http:
+            await fr.call("gaveup", "GET", "/m", sender(http, "GET", f"{up.url}/m"))
+
+    with pytest.raises(GaveUp) as e:
+        run(main())
+    assert "gaveup" in str(e.value) and "429" in str(e.value), str(e.value)
