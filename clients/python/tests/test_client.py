@@ -96,25 +96,34 @@ def test_pause_after_429_with_retry_after(service: Any, upstream: Any) -> None:
 
 
 def test_pause_after_bare_429(service: Any, upstream: Any) -> None:
-    """A 429 without Retry-After is retried by the service's decision, and
-    the call succeeds."""
+    """A 429 without Retry-After pauses the fleet too (for the transport's
+    own backoff): 4 workers paced at 40/s leave a gap of at least 0.3 s in
+    the arrivals after it, and every call succeeds, the limited one sent
+    again."""
 
     def respond(i: int, a: Any) -> Optional[Tuple[int, Dict[str, str], bytes]]:
-        return (429, {}, b"{}") if i == 2 else None
+        return (429, {}, b"{}") if i == 5 else None
 
     up = upstream(respond=respond)
+    results: List[int] = []
 
-    async def main() -> List[int]:
+    async def main() -> None:
         async with fleetrate.Client(service.url) as fr, httpx.AsyncClient() as http:
-            out = []
-            for j in range(5):
-                status = (await fr.call("bare", "GET", f"/y/{j}", sender(http, "GET", f"{up.url}/y/{j}"))).status_code
-                out.append(status)
-            return out
+            async def worker(w: int) -> None:
+                for j in range(5):
+                    results.append((await fr.call("bare", "GET", f"/y/{w}/{j}",
+                                                  sender(http, "GET", f"{up.url}/y/{w}/{j}"))).status_code)
 
-    assert run(main()) == [200] * 5
-    assert len(up.times(429)) == 1
-    assert len(up.times()) == 6  # the limited request was sent again
+            await asyncio.gather(*(worker(w) for w in range(4)))
+
+    run(main())
+    assert results == [200] * 20
+    t429 = up.times(429)
+    assert len(t429) == 1
+    assert len(up.times()) == 21  # the limited request was sent again
+    after = [t for t in up.times() if t >= t429[0]]
+    gaps = [b - a for a, b in zip(after, after[1:])]
+    assert max(gaps) >= 0.3, f"no pause after a bare 429: gaps {[round(g, 3) for g in gaps]}"
 
 
 def test_gave_up_after_max_attempts(service: Any, upstream: Any) -> None:
