@@ -12,7 +12,7 @@ import ssl
 from typing import Any, Dict, List, Optional
 from urllib.parse import urlsplit
 
-__all__ = ["Pool", "Response", "ConnectionFailed"]
+__all__ = ["Pool", "Response", "ConnectionFailed", "CertificateRefused"]
 
 _MAX_LINE = 64 * 1024
 _MAX_BODY = 16 * 1024 * 1024
@@ -28,6 +28,11 @@ class ConnectionFailed(Exception):
     def __init__(self, message: str, sent: bool) -> None:
         super().__init__(message)
         self.sent: bool = sent
+
+
+class CertificateRefused(Exception):
+    """The service's TLS certificate is not trusted: a setup mistake, not an
+    outage."""
 
 
 class Response:
@@ -94,6 +99,8 @@ class Pool:
             reader, writer = await asyncio.open_connection(
                 self.host, self.port, ssl=self.ssl,
                 server_hostname=self.host if self.ssl else None, limit=_MAX_LINE)
+        except ssl.SSLCertVerificationError as e:
+            raise CertificateRefused(f"connecting to {self.host}:{self.port}: {e}") from e
         except OSError as e:
             raise ConnectionFailed(f"connecting to {self.host}:{self.port}: {e}", sent=False) from e
         return _Conn(reader, writer)

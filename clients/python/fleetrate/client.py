@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import (Any, Awaitable, Callable, Dict, Iterable, List, Mapping, Optional,
                     Sequence, Tuple, TypeVar, Union, cast)
 
-from ._http import ConnectionFailed, Pool, Response
+from ._http import CertificateRefused, ConnectionFailed, Pool, Response
 from .errors import (Backpressure, FleetrateError, GaveUp, Invalid, StoreUnavailable,
                      Unauthorized, Unavailable, UnknownChannel, UnknownTicket)
 
@@ -288,6 +288,8 @@ class Client:
             resp = await self._pool.post(path, data, self._headers, timeout)
         except ConnectionFailed as e:
             raise Unavailable(f"fleetrate {self.url}{path}: {e}") from e
+        except CertificateRefused as e:
+            raise FleetrateError(f"fleetrate {self.url}{path}: {e}", code="certificate") from e
         if resp.status == 200:
             out = resp.json()
             if not isinstance(out, dict):

@@ -362,3 +362,36 @@ def test_gave_up_message(service: Any, upstream: Any) -> None:
     with pytest.raises(GaveUp) as e:
         run(main())
     assert "gaveup" in str(e.value) and "429" in str(e.value), str(e.value)
+
+
+def test_https(start_service: Any, tmp_path: Any) -> None:
+    """The service over TLS: an https URL with a context trusting its
+    certificate (a self-signed one made with openssl)."""
+    import shutil
+    import ssl
+    import subprocess
+
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("openssl not installed")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run([openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                    "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True, timeout=30)
+    svc = start_service("upstreams:\n  - channel: c\n    endpoints:\n      - name: e\n        pattern: \"/\"\n"
+                        "        rate_limit: {unit: second, requests_per_unit: 100}\n",
+                        "--tls-cert-file", str(cert), "--tls-key-file", str(key))
+    url = svc.url.replace("http://", "https://")
+
+    async def main() -> None:
+        ctx = ssl.create_default_context(cafile=str(cert))
+        async with fleetrate.Client(url, ssl_context=ctx) as fr:
+            for _ in range(3):  # the connection is kept alive and reused
+                t = await fr.book("c", "GET", "/tls")
+                assert (await t.report(200)).retry is False
+        async with fleetrate.Client(url) as fr:  # the system's CAs do not trust it: a setup mistake
+            with pytest.raises(fleetrate.FleetrateError) as e:
+                await fr.book("c", "GET", "/tls")
+            assert not isinstance(e.value, fleetrate.Unavailable) and e.value.code == "certificate"
+
+    run(main())
