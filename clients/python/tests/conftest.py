@@ -97,6 +97,7 @@ upstreams:
         rate_limit: {unit: second, requests_per_unit: 50, burst: 5}
   - channel: strict
     fixed: true
+    priorities: [{name: bulk, reserve: 5, horizon: 2s}]
     endpoints:
       - name: only
         pattern: "GET /only"

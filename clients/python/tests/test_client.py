@@ -185,6 +185,11 @@ def test_invalid_input_names_the_field(service: Any) -> None:
             with pytest.raises(Invalid) as e:
                 await fr.book("strict", "DELETE", "/elsewhere")
             assert e.value.status == 400
+            with pytest.raises(Invalid) as e:
+                await fr.book("strict", "GET", "/only", priority="no-such-class")
+            assert "priority" in str(e.value) and "no-such-class" in str(e.value)
+            t = await fr.book("strict", "GET", "/only", priority="bulk", entity="hotel-7")
+            await t.report(200)
             with pytest.raises(UnknownChannel) as e:
                 await fr.book("no-such-channel", "GET", "/only")
             assert "no-such-channel" in str(e.value)
