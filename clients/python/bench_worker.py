@@ -9,7 +9,9 @@ asyncio tasks call GET upstream+path through fleetrate.httpx.PacedTransport
      "service_ms_per_call": mean ms in book+report (waits for turns included),
      "service_overhead_ms_per_call": the same less the waits the service reports}
 
-`{n}` in --path is replaced by a per-process call counter. Needs httpx.
+`{n}` in --path is replaced by a per-process call counter; --start-at
+starts the run at a wall-clock time, as the other processes of the fleet.
+Needs httpx.
 
     python3 clients/python/bench_worker.py --service http://127.0.0.1:8080 \\
         --upstream http://127.0.0.1:9000 --channel bench --path /items/{n} \\
@@ -44,8 +46,15 @@ async def bench(args: argparse.Namespace) -> Dict[str, Any]:
             fr, args.channel, httpx.AsyncHTTPTransport(limits=httpx.Limits(max_connections=args.concurrency * 2)),
             max_wait=args.max_wait)
         async with httpx.AsyncClient(transport=transport, base_url=args.upstream, timeout=30) as http:
+            late = 0.0
+            if args.start_at is not None:  # start with the rest of the fleet
+                delay = args.start_at - time.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                else:
+                    late = -delay
             start = time.monotonic()
-            end = start + args.duration
+            end = start + max(args.duration - late, 0.0)
 
             async def worker() -> None:
                 while time.monotonic() < end:
@@ -97,6 +106,9 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=16, help="concurrent asyncio tasks")
     p.add_argument("--duration", type=float, default=10.0, help="seconds to run")
     p.add_argument("--max-wait", type=float, default=None, help="longest wait for a turn, seconds")
+    p.add_argument("--start-at", type=float, default=None, metavar="UNIX_SECONDS",
+                   help="start at this wall-clock time (Unix seconds) and end --duration after it, "
+                        "so that the processes of a fleet run together")
     p.add_argument("--token", default=os.environ.get("FLEETRATE_TOKEN"), help="bearer token (FLEETRATE_TOKEN)")
     args = p.parse_args()
     if args.concurrency < 1 or args.duration <= 0:

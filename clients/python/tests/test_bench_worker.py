@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,8 @@ def test_bench_worker(service: Any, upstream: Any) -> None:
     up = upstream(rate=60, burst=10, retry_after="1")
     out = subprocess.run(
         [sys.executable, str(BENCH), "--service", service.url, "--upstream", up.url, "--channel", "bench",
-         "--path", "/items/{n}", "--concurrency", "8", "--duration", "1.5"],
+         "--path", "/items/{n}", "--concurrency", "8", "--duration", "1.5",
+         "--start-at", str(time.time() + 0.5)],
         capture_output=True, text=True, timeout=60, check=True).stdout
     r = json.loads(out.strip().splitlines()[-1])
     assert r["errors"] == [] and r["gave_up"] == 0, r
@@ -26,3 +28,4 @@ def test_bench_worker(service: Any, upstream: Any) -> None:
     assert r["calls_per_s"] <= 50 * 1.5, r
     assert r["service_ms_per_call"] >= r["service_overhead_ms_per_call"] > 0, r
     assert set(r) >= {"ok", "status", "gave_up", "backpressure", "errors", "calls_per_s", "service_ms_per_call"}
+    assert 1.3 <= r["elapsed_s"] <= 4, r  # --duration counted from --start-at
