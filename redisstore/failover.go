@@ -26,6 +26,11 @@ var guardLua string
 // DefaultFailoverWindow is the default Options.FailoverWindow.
 const DefaultFailoverWindow = time.Minute
 
+// DefaultFailoverMargin is the default Options.FailoverMargin: longer than
+// the lag between the first and the last process of a fleet to leave an
+// old master in the Sentinel failovers measured (docs/OPERATIONS.md).
+const DefaultFailoverMargin = 500 * time.Millisecond
+
 // errSwitched is the guard's answer when the master changed, or when a
 // take's buckets are not yet emptied on the new master: the take wrote
 // nothing, and the store empties its buckets and tries again.
@@ -63,6 +68,7 @@ var guardedBySHA, guardedBySrc = func() (map[string]guardedScript, map[string]gu
 // guarded client and the store.
 type failover struct {
 	window time.Duration
+	margin time.Duration // Options.FailoverMargin, 0 for none
 	now    func() time.Time
 
 	mu sync.Mutex
@@ -94,11 +100,17 @@ type failover struct {
 	filledEpoch int64
 }
 
-func newFailover(window time.Duration) *failover {
+func newFailover(window, margin time.Duration) *failover {
 	if window <= 0 {
 		window = DefaultFailoverWindow
 	}
-	return &failover{window: window, now: time.Now, left: map[string]bool{}, booked: map[string]time.Time{}, prune: 1024}
+	switch {
+	case margin == 0:
+		margin = DefaultFailoverMargin
+	case margin < 0:
+		margin = 0
+	}
+	return &failover{window: window, margin: margin, now: time.Now, left: map[string]bool{}, booked: map[string]time.Time{}, prune: 1024}
 }
 
 // expect returns the replication ID to send with a script on keys, or
@@ -149,7 +161,8 @@ func (f *failover) observe(sent, got string) (again bool, err error) {
 }
 
 // toEmpty returns the buckets to empty before a take of buckets, each with
-// how long to keep it empty, and the epoch they belong to.
+// how long to keep it empty (this process's bookings on it, and the
+// margin), and the epoch they belong to.
 func (f *failover) toEmpty(buckets []fleetrate.Bucket) (todo []fleetrate.Bucket, hold []time.Duration, epoch int64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -163,7 +176,7 @@ func (f *failover) toEmpty(buckets []fleetrate.Bucket) (todo []fleetrate.Bucket,
 			continue
 		}
 		todo = append(todo, b)
-		hold = append(hold, min(max(f.booked[k].Sub(now), 0), fleetrate.MaxWaitCap))
+		hold = append(hold, min(max(f.booked[k].Sub(now), 0)+f.margin, fleetrate.MaxWaitCap))
 	}
 	return todo, hold, f.epoch
 }
@@ -329,7 +342,7 @@ func (g *guardedClient) ScriptExists(ctx context.Context, hashes ...string) *red
 }
 
 // guardFailovers puts the store's scripts behind the failover guard.
-func (s *Store) guardFailovers(window time.Duration) error {
+func (s *Store) guardFailovers(window, margin time.Duration) error {
 	switch s.c.(type) {
 	case *redis.ClusterClient, *redis.Ring:
 		return fmt.Errorf("%w: redisstore: EmptyAfterFailover needs one master; a %T has several", fleetrate.ErrInvalid, s.c)
@@ -337,7 +350,7 @@ func (s *Store) guardFailovers(window time.Duration) error {
 	if window < 0 {
 		return fmt.Errorf("%w: redisstore: FailoverWindow must not be negative, got %v", fleetrate.ErrInvalid, window)
 	}
-	s.fo = newFailover(window)
+	s.fo = newFailover(window, margin)
 	s.sc = &guardedClient{Client: s.c, f: s.fo}
 	return nil
 }

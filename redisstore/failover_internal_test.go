@@ -14,7 +14,7 @@ import (
 // stale answer from the master it left, and the end of the window.
 func TestFailoverBookkeeping(t *testing.T) {
 	now := time.Unix(1000, 0)
-	f := newFailover(time.Minute)
+	f := newFailover(time.Minute, 300*time.Millisecond)
 	f.now = func() time.Time { return now }
 	lim := []fleetrate.Limit{fleetrate.PerSecond(10, 10)}
 	a, b := fleetrate.Bucket{Key: "a", Limits: lim}, fleetrate.Bucket{Key: "b", Limits: lim}
@@ -51,8 +51,8 @@ func TestFailoverBookkeeping(t *testing.T) {
 		t.Fatalf("drain before emptying = %q, %v; want m2", id, err)
 	}
 	todo, hold, epoch := f.toEmpty([]fleetrate.Bucket{a, b})
-	if len(todo) != 2 || hold[0] != 2*time.Second || hold[1] != 0 {
-		t.Fatalf("to empty: %v, hold %v; want a until its booking (2 s from now) and b now", todo, hold)
+	if len(todo) != 2 || hold[0] != 2300*time.Millisecond || hold[1] != 300*time.Millisecond {
+		t.Fatalf("to empty: %v, hold %v; want a until its booking (2 s from now) and b now, each with the 300 ms margin", todo, hold)
 	}
 	f.emptiedOn(a.StoreKey(), epoch)
 	if id, err := f.expect(keys, true); id != "m2" || err != nil {
@@ -91,7 +91,7 @@ func TestFailoverBookkeeping(t *testing.T) {
 // the map grows, so that it holds only live ones.
 func TestFailoverBookingsArePruned(t *testing.T) {
 	now := time.Unix(1000, 0)
-	f := newFailover(0)
+	f := newFailover(0, -1)
 	f.now = func() time.Time { return now }
 	lim := []fleetrate.Limit{fleetrate.PerSecond(10, 10)}
 	for i := range 5000 {
@@ -121,5 +121,15 @@ func TestGuardReply(t *testing.T) {
 		if m != tc.master || nm != tc.notMaster || ok != tc.isIt {
 			t.Errorf("guardReply(%v) = %q, %v, %v; want %q, %v, %v", tc.err, m, nm, ok, tc.master, tc.notMaster, tc.isIt)
 		}
+	}
+}
+
+// TestFailoverMarginDefaults: 0 is the default margin, a negative one none.
+func TestFailoverMarginDefaults(t *testing.T) {
+	if f := newFailover(0, 0); f.margin != DefaultFailoverMargin {
+		t.Errorf("margin 0: %v, want the default %v", f.margin, DefaultFailoverMargin)
+	}
+	if f := newFailover(0, -1); f.margin != 0 {
+		t.Errorf("margin -1: %v, want none", f.margin)
 	}
 }

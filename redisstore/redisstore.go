@@ -101,6 +101,15 @@ type Options struct {
 	// empties buckets at their first take. The default is
 	// DefaultFailoverWindow (1 minute).
 	FailoverWindow time.Duration
+	// FailoverMargin is how much longer than this process's own bookings
+	// EmptyAfterFailover keeps a bucket empty on a new master. The
+	// processes of a fleet hear of a failover at different moments, and
+	// until the last has left the old master, the old master grants to
+	// it: up to its rate for that lag, which a bucket emptied only as
+	// the first process arrives would grant again on the new master. The
+	// margin withholds the rate for that long instead. The default is
+	// DefaultFailoverMargin (500 ms); negative means none.
+	FailoverMargin time.Duration
 	// ListenCheck is how long Listen waits without receiving anything on
 	// its subscription before it pings Redis on it, and then how long it
 	// waits for the answer (or any message) before it takes the
@@ -175,7 +184,7 @@ func New(c Client, opts Options) (*Store, error) {
 		return nil, err
 	}
 	if opts.EmptyAfterFailover {
-		if err := s.guardFailovers(opts.FailoverWindow); err != nil {
+		if err := s.guardFailovers(opts.FailoverWindow, opts.FailoverMargin); err != nil {
 			return nil, err
 		}
 	}

@@ -80,6 +80,11 @@ type Options struct {
 	// Logger, when set, receives the simulated transports' events (see
 	// Simulate): each 429, pause and rate change. Nil discards them.
 	Logger *slog.Logger
+	// Python, when above 0, adds that many Python worker processes of
+	// Goroutines tasks each (clients/python/bench_worker.py) to the
+	// Processes Go ones: they book and report every call through a
+	// `fleetrate serve` started on the same Redis (see mixed.go).
+	Python int
 }
 
 // Result is what the upstream saw, and the store calls the fleet made.
@@ -108,6 +113,12 @@ type Result struct {
 	// Around shows, for each 429 that began a pause, when it came and the
 	// gaps between the arrivals before and after it (see around).
 	Around string
+	// Fleet says what the fleet was: "4 Go" or "2 Go + 2 Python".
+	Fleet string
+	// GoCalls counts the Go workers' calls that got an answer; Python is
+	// what the Python workers saw (a mixed fleet).
+	GoCalls int
+	Python  PythonOutcomes
 }
 
 // maxRetryAfter caps the fleet's transports' pauses (Options.MaxRetryAfter).
@@ -266,7 +277,13 @@ func Run(t testing.TB, addr string, s Scenario, o Options) Result {
 	for p := range specs {
 		specs[p] = sp
 	}
-	res := Result{Scenario: s.Name}
+	res := Result{Scenario: s.Name, Fleet: fmt.Sprintf("%d Go", o.Processes)}
+	var python <-chan PythonOutcomes
+	if o.Python > 0 {
+		res.Fleet += fmt.Sprintf(" + %d Python", o.Python)
+		svc := startService(t, addr, sp.Prefix, s)
+		python = runPython(t, o.Python, o.Goroutines, svc, srv.URL, start, o.Duration)
+	}
 	// The steady state: the script calls over the middle two thirds of
 	// the run, away from the start (every goroutine's first booking, the
 	// climbs' first reads) and the end (bookings whose requests are never
@@ -281,8 +298,13 @@ func Run(t testing.TB, addr string, s Scenario, o Options) Result {
 		res.GaveUp += out.GaveUp
 		res.Backpressure += out.Backpressure
 		res.Rebooked += out.Rebooked
+		res.GoCalls += out.Calls
 		res.Errors = append(res.Errors, out.Errors...)
 	})
+	if python != nil {
+		res.Python = <-python
+		res.Errors = append(res.Errors, res.Python.Errors...)
+	}
 	calls := scriptCalls(t, addr) - callsBefore
 	res.report(s, adv, start, start.Add(o.Duration))
 	if res.Requests > 0 {
@@ -371,6 +393,32 @@ func Table(rs []Result) string {
 			r.Scenario, r.AcceptedPerSecond, 100*r.Share, r.Limited, 100*r.LimitedShare, during, r.Overshoot, calls, r.GaveUp, r.Backpressure, r.Rebooked)
 	}
 	return b.String()
+}
+
+// MixedTable formats the runs of a fleet of Go and Python workers beside
+// the Go fleet's, as docs/BENCHMARKS.md shows them.
+func MixedTable(rs []Result) string {
+	var b strings.Builder
+	b.WriteString("| upstream | fleet (× 16 each) | accepted/s | of target | 429s | arrivals during an announced pause | worst overshoot (tokens) | calls answered: Go / Python | gave up / backpressure: Go / Python | store calls per request | service cost per Python call |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, r := range rs {
+		cost := "–"
+		if r.Python.Calls > 0 {
+			cost = fmt.Sprintf("%.2f ms", r.Python.OverheadMS)
+		}
+		fmt.Fprintf(&b, "| %s | %s | %.1f | %.0f %% | %d (%.1f %%) | %d | %.2f | %d / %d | %d + %d / %d + %d | %.2f | %s |\n",
+			r.Scenario, r.Fleet, r.AcceptedPerSecond, 100*r.Share, r.Limited, 100*r.LimitedShare, r.DuringPause, r.Overshoot,
+			r.GoCalls, r.Python.Calls, r.GaveUp, r.Backpressure, r.Python.GaveUp, r.Python.Backpressure, r.CallsPerRequest, cost)
+	}
+	return b.String()
+}
+
+// MixedScenarios are the upstreams of the mixed fleet's table: a hidden
+// limit that answers 429 without Retry-After, a strict window, and a
+// hidden limit stated in the answers' rate-limit fields.
+func MixedScenarios() []Scenario {
+	ss := Scenarios()
+	return []Scenario{ss[5], ss[1], headerRow(12, fleetrate.PerSecond(19, 1), mockota.ReportDraft, false)}
 }
 
 // Scenarios are the upstreams of issue 13's table: a documented limit, a

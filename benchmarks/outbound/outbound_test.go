@@ -112,3 +112,57 @@ func writeChart(t testing.TB, path string, rs []Result) {
 		t.Fatal(err)
 	}
 }
+
+var mixedFl = flag.Duration("outbound.mixed", 0, "how long BenchmarkMixedFleet runs each scenario with each fleet (it is skipped without it: TestMixedFleetShort is the short version)")
+
+// BenchmarkMixedFleet runs the mixed fleet's scenarios with 4 Go
+// processes and then with 2 Go and 2 Python processes (through `fleetrate
+// serve`'s outbound API), 16 concurrent calls each, for -outbound.mixed,
+// and logs the table docs/BENCHMARKS.md shows:
+//
+//	cd benchmarks && go test -run '^$' -bench MixedFleet -benchtime 1x -timeout 30m ./outbound -args -outbound.mixed=60s
+func BenchmarkMixedFleet(b *testing.B) {
+	if *mixedFl <= 0 {
+		b.Skip("set -outbound.mixed (60s for the table in docs/BENCHMARKS.md); TestMixedFleetShort is the short version")
+	}
+	srv := redistest.Start(b)
+	for range b.N {
+		var rs []Result
+		for _, s := range MixedScenarios() {
+			if !strings.Contains(s.Name, *only) {
+				continue
+			}
+			for _, o := range []Options{{Processes: 4}, {Processes: 2, Python: 2}} {
+				o.Duration = *mixedFl
+				r := Run(b, srv.Addr(), s, o)
+				if len(r.Errors) > 0 {
+					b.Logf("%s, %s: worker errors: %v", s.Name, r.Fleet, r.Errors)
+				}
+				rs = append(rs, r)
+			}
+		}
+		b.Logf("%v per upstream and fleet:\n%s", *mixedFl, MixedTable(rs))
+	}
+}
+
+// TestMixedFleetShort is the CI version of BenchmarkMixedFleet: a Go and
+// a Python process against a hidden limit that answers 429 without
+// Retry-After. It asserts what does not depend on the machine's speed:
+// both kinds of worker got answers, none failed, and no request arrived
+// during a pause the upstream had announced beyond the ones already on
+// the wire when it answered the 429 (at most one per process).
+func TestMixedFleetShort(t *testing.T) {
+	srv := redistest.Start(t)
+	s := MixedScenarios()[0]
+	r := Run(t, srv.Addr(), s, Options{Processes: 1, Python: 1, Duration: 6 * time.Second})
+	t.Logf("\n%s", MixedTable([]Result{r}))
+	if len(r.Errors) > 0 {
+		t.Fatalf("worker errors: %v", r.Errors)
+	}
+	if r.GoCalls == 0 || r.Python.Calls == 0 {
+		t.Errorf("calls answered: Go %d, Python %d; want both", r.GoCalls, r.Python.Calls)
+	}
+	if r.DuringPause > 2*r.Limited {
+		t.Errorf("%d requests arrived during announced pauses (%d 429s)", r.DuringPause, r.Limited)
+	}
+}

@@ -40,6 +40,8 @@ type Outcomes struct {
 	// GaveUp and Backpressure count the transport's give-ups and
 	// backpressure errors.
 	GaveUp, Backpressure int
+	// Calls counts the calls that got an answer.
+	Calls int
 	// Rebooked counts the requests the transports booked again because
 	// their process woke too late after their slots (a real fleet's
 	// scheduling; the simulation's fake clock is never late).
@@ -63,6 +65,7 @@ func (o *Outcomes) call(client *http.Client, url string, until time.Time, newCtx
 		mu.Lock()
 		switch {
 		case err == nil:
+			o.Calls++
 			_ = resp.Body.Close()
 		case errors.As(err, &bp):
 			o.Backpressure++
