@@ -159,9 +159,11 @@ class Client:
         if token:
             self._headers["Authorization"] = "Bearer " + token
         #: Calls to the service (book and report), the seconds they took,
-        #: waits for a turn included, and the part of those seconds the
-        #: service says it waited for the turns (so that service_seconds -
-        #: service_waited is what the protocol itself costs).
+        #: waits for a turn included, and the part of those seconds spent
+        #: waiting: the waits the service reports for the turns booked, and
+        #: the whole of each booking refused with Backpressure (which may
+        #: have waited up to max_wait). service_seconds - service_waited is
+        #: what the protocol itself costs.
         self.service_calls: int = 0
         self.service_seconds: float = 0.0
         self.service_waited: float = 0.0
@@ -222,6 +224,9 @@ class Client:
         t0 = time.monotonic()
         try:
             b = await self._post("/v1/outbound/book", body, self.timeout + wait)
+        except Backpressure:
+            self.service_waited += time.monotonic() - t0
+            raise
         finally:
             self._service_time(time.monotonic() - t0)
         ticket = b.get("ticket")
