@@ -37,7 +37,8 @@ def test_paced_client_end_to_end(service: Any, upstream: Any) -> None:
     async def main() -> Tuple[httpx.Response, List[int]]:
         async with fleetrate.Client(service.url) as fr, httpx.AsyncClient(
                 transport=fleetrate.httpx.PacedTransport(fr, "web"), base_url=up.url) as http:
-            r = await http.post("/echo", json={"hotel": 7, "rooms": [1, 2]})
+            r = await http.post("/echo", json={"hotel": 7, "rooms": [1, 2]},
+                                extensions={"fleetrate": {"entity": "hotel-7", "max_wait": 4}})
             gets = await asyncio.gather(*(http.get(f"/items/{i}", params={"q": "a b"}) for i in range(10)))
             return r, [g.status_code for g in gets]
 
