@@ -274,7 +274,7 @@ class Client:
                 _report_in_background(ticket.failed("cancelled", sent=True))
                 raise
             except Exception as e:
-                verdict = await ticket.failed(describe_error(e), sent=sent_guess(e))
+                verdict = await failed_or_keep(ticket, e, sent_guess(e))
                 if not verdict.retry:
                     raise
             else:
@@ -357,6 +357,18 @@ async def report_or_keep(ticket: Ticket, status: int, headers: HeadersLike,
     except (Unavailable, UnknownTicket) as e:
         log.warning("fleetrate: %s/%s: the answer (HTTP %d) could not be reported: %s",
                     ticket.channel, ticket.endpoint, status, e)
+        return Verdict(False, 0.0, ticket.attempt)
+
+
+async def failed_or_keep(ticket: Ticket, error: BaseException, sent: bool) -> Verdict:
+    """Report a failed send; when the report itself fails (the service
+    unavailable, the ticket expired), log it and say not to retry, so that
+    the send's own error reaches the caller rather than the report's."""
+    try:
+        return await ticket.failed(describe_error(error), sent=sent)
+    except (Unavailable, UnknownTicket) as e:
+        log.warning("fleetrate: %s/%s: the failed send (%s) could not be reported: %s",
+                    ticket.channel, ticket.endpoint, describe_error(error), e)
         return Verdict(False, 0.0, ticket.attempt)
 
 

@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping, Optional
 
 import httpx
 
-from .client import Client, _report_in_background, describe_error, report_or_keep
+from .client import Client, _report_in_background, failed_or_keep, report_or_keep
 
 __all__ = ["PacedTransport", "Costs", "Settle"]
 
@@ -89,7 +89,7 @@ class PacedTransport(httpx.AsyncBaseTransport):
                 _report_in_background(ticket.failed("cancelled", sent=True))
                 raise
             except Exception as e:
-                verdict = await ticket.failed(describe_error(e), sent=_sent(e))
+                verdict = await failed_or_keep(ticket, e, _sent(e))
                 if not verdict.retry:
                     raise
             else:

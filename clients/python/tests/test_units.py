@@ -59,3 +59,22 @@ def test_answer_kept_when_the_report_fails(start_service: Any, caplog: pytest.Lo
     with caplog.at_level(logging.WARNING, logger="fleetrate"):
         assert asyncio.run(main()) == "the answer"
     assert "could not be reported" in caplog.text
+
+
+def test_send_error_kept_when_its_report_fails(start_service: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """The service goes away, then the send fails: the caller gets the
+    send's error, not the report's."""
+    svc = start_service("upstreams:\n  - channel: c\n    endpoints:\n      - name: e\n        pattern: \"/\"\n"
+                        "        rate_limit: {unit: second, requests_per_unit: 100}\n")
+
+    async def main() -> None:
+        async with fleetrate.Client(svc.url, timeout=2) as fr:
+            async def send() -> Tuple[int, Dict[str, str], str]:
+                svc.stop()
+                raise TimeoutError("the upstream timed out")
+
+            await fr.call("c", "GET", "/", send)
+
+    with caplog.at_level(logging.WARNING, logger="fleetrate"), pytest.raises(TimeoutError):
+        asyncio.run(main())
+    assert "could not be reported" in caplog.text
