@@ -231,12 +231,11 @@ func TestSentinelFailoverProcesses(t *testing.T) {
 	sn := redistest.StartSentinel(t)
 	f := sentinelProcessesOvershoot(t, sn)
 	t.Logf("4 processes × 16 waiters, defaults: %+.1f tokens over burst + rate × T (burst 40), %+.1f in the worst window, %d grants; %d errors over %v, first %q", f.over, f.worst, f.grants, f.errs, f.window.Round(time.Millisecond), f.first)
-	// Measured: −0.2 to +30 over 8 failovers (docs/OPERATIONS.md,
-	// Sentinel): the processes follow the switch up to ~150 ms apart and
-	// the old master grants meanwhile, so the suite's bound is one burst,
-	// as TestSentinelFailoverOnDefaults's; issue 36's target is half.
-	if f.over > 40 || f.worst > 40 {
-		t.Errorf("%+.1f tokens over burst + rate × T on defaults, %+.1f in the worst window; want at most one burst (40)", f.over, f.worst)
+	// Measured with the failover margin: at most +0.0 in the worst
+	// window over 12 failovers (docs/OPERATIONS.md, Sentinel); without
+	// it +30 once in 15. Issue 36's target, half a burst, is the bound.
+	if f.over > 20 || f.worst > 20 {
+		t.Errorf("%+.1f tokens over burst + rate × T on defaults, %+.1f in the worst window; want at most half a burst (20)", f.over, f.worst)
 	}
 }
 

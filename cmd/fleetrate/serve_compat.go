@@ -3,7 +3,6 @@ package main
 import (
 	"errors"
 	"fmt"
-	"math"
 	"net/url"
 	"strings"
 
@@ -36,7 +35,6 @@ func addEnvoyCompatFlags(f *pflag.FlagSet) {
 	f.Duration("grpc-max-connection-age-grace", server.DefaultMaxConnectionAgeGrace, "how long calls in flight on an aged gRPC connection get before it is closed; 0 forever (GRPC_MAX_CONNECTION_AGE_GRACE)")
 	f.Duration("grpc-keepalive-time", server.DefaultKeepaliveTime, "ping a gRPC client after this long without activity")
 	f.Duration("grpc-keepalive-timeout", server.DefaultKeepaliveTimeout, "close a gRPC connection whose keepalive ping is not answered within this")
-	f.Int64("grpc-max-concurrent-streams", 0, "the most RLS calls one client connection may have in flight (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS): a client keeps the calls beyond it on its side instead of sending calls the service would shed; 0: no bound")
 	addRedisTLSFlags(f)
 }
 
@@ -56,7 +54,6 @@ func (r *resolver) envoyCompat(s config.Settings) envoyCompatSettings {
 			MaxConnectionAgeGrace: r.dur("grpc-max-connection-age-grace", s.GRPCMaxConnAgeGrace),
 			KeepaliveTime:         r.dur("grpc-keepalive-time", s.GRPCKeepaliveTime),
 			KeepaliveTimeout:      r.dur("grpc-keepalive-timeout", s.GRPCKeepaliveTimeout),
-			MaxConcurrentStreams:  uint32(min(max(r.int64("grpc-max-concurrent-streams", s.GRPCMaxConcurrentStreams), 0), math.MaxUint32)),
 		},
 		redisTLS: r.redisTLS(s),
 	}

@@ -312,20 +312,19 @@ type Settings struct {
 	// envoyproxy/ratelimit's response headers, the pinned name of mTLS
 	// clients, the ageing and keepalive of gRPC connections, and the TLS
 	// files of the Redis connection.
-	LimitHeaders             *bool
-	LimitHeaderLimit         *string
-	LimitHeaderRemaining     *string
-	LimitHeaderReset         *string
-	TLSClientSAN             *string
-	GRPCMaxConnAge           *time.Duration
-	GRPCMaxConnAgeGrace      *time.Duration
-	GRPCKeepaliveTime        *time.Duration
-	GRPCKeepaliveTimeout     *time.Duration
-	GRPCMaxConcurrentStreams *int64
-	RedisTLSCAFile           *string
-	RedisTLSCertFile         *string
-	RedisTLSKeyFile          *string
-	RedisTLSSkipHostname     *bool
+	LimitHeaders         *bool
+	LimitHeaderLimit     *string
+	LimitHeaderRemaining *string
+	LimitHeaderReset     *string
+	TLSClientSAN         *string
+	GRPCMaxConnAge       *time.Duration
+	GRPCMaxConnAgeGrace  *time.Duration
+	GRPCKeepaliveTime    *time.Duration
+	GRPCKeepaliveTimeout *time.Duration
+	RedisTLSCAFile       *string
+	RedisTLSCertFile     *string
+	RedisTLSKeyFile      *string
+	RedisTLSSkipHostname *bool
 
 	// The failure policy, breaker and load bound of the service.
 	FailurePolicy   *string

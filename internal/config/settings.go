@@ -44,14 +44,13 @@ func (p *parser) settings(n *yaml.Node, s *Settings) {
 		"max_request_bytes": {&s.MaxRequestBytes, 1, 1 << 30},
 		// The flags' bounds: any positive count (0 or more bytes for the
 		// cache, where 0 is off).
-		"memory_max_keys":             {&s.MemoryMaxKeys, 1, math.MaxInt64},
-		"memory_max_bytes":            {&s.MemoryMaxBytes, 1, math.MaxInt64},
-		"max_metric_descriptors":      {&s.MaxMetricDescriptors, 1, math.MaxInt64},
-		"local_cache_bytes":           {&s.LocalCacheBytes, 0, math.MaxInt64},
-		"breaker_failures":            {&s.BreakerFailures, 1, math.MaxInt32},
-		"fleet_size":                  {&s.FleetSize, 1, math.MaxInt32},
-		"max_in_flight":               {&s.MaxInFlight, 1, math.MaxInt64},
-		"grpc_max_concurrent_streams": {&s.GRPCMaxConcurrentStreams, 0, math.MaxUint32},
+		"memory_max_keys":        {&s.MemoryMaxKeys, 1, math.MaxInt64},
+		"memory_max_bytes":       {&s.MemoryMaxBytes, 1, math.MaxInt64},
+		"max_metric_descriptors": {&s.MaxMetricDescriptors, 1, math.MaxInt64},
+		"local_cache_bytes":      {&s.LocalCacheBytes, 0, math.MaxInt64},
+		"breaker_failures":       {&s.BreakerFailures, 1, math.MaxInt32},
+		"fleet_size":             {&s.FleetSize, 1, math.MaxInt32},
+		"max_in_flight":          {&s.MaxInFlight, 1, math.MaxInt64},
 	}
 	allowed := []string{"near_limit_ratio"}
 	for k := range ints {

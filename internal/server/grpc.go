@@ -94,8 +94,8 @@ func (s *Server) newGRPC() *grpc.Server {
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: keepaliveMinTime, PermitWithoutStream: true}),
 		// Shed before the request is read and decoded (shed.go).
 		grpc.InTapHandle(s.shed.tap),
+		s.opts.GRPC.serverOption(),
 	}
-	opts = append(opts, s.opts.GRPC.serverOptions()...)
 	if s.opts.TLS != nil {
 		opts = append(opts, grpc.Creds(loggedHandshakes{credentials.NewTLS(s.opts.TLS), &ratelog.Writer{Log: s.log, Source: "grpc"}}))
 	}

@@ -42,13 +42,6 @@ type GRPCOptions struct {
 	// KeepaliveTimeout is how long the server waits for the answer to
 	// that ping before it closes the connection. Zero: 20 s.
 	KeepaliveTimeout time.Duration
-	// MaxConcurrentStreams, when above 0, is the most RLS calls one
-	// client connection may have in flight (HTTP/2's
-	// SETTINGS_MAX_CONCURRENT_STREAMS): a client holds the calls beyond
-	// it on its side, where they cost the service nothing, rather than
-	// sending calls the service would shed. 0 is gRPC's default (no
-	// bound).
-	MaxConcurrentStreams uint32
 }
 
 // validate refuses negative durations.
@@ -65,16 +58,12 @@ func (g GRPCOptions) validate() error {
 	return nil
 }
 
-// serverOptions are the gRPC server options of g.
-func (g GRPCOptions) serverOptions() []grpc.ServerOption {
-	opts := []grpc.ServerOption{grpc.KeepaliveParams(keepalive.ServerParameters{
+// serverOption is the gRPC server option of g.
+func (g GRPCOptions) serverOption() grpc.ServerOption {
+	return grpc.KeepaliveParams(keepalive.ServerParameters{
 		MaxConnectionAge:      g.MaxConnectionAge,
 		MaxConnectionAgeGrace: g.MaxConnectionAgeGrace,
 		Time:                  g.KeepaliveTime,
 		Timeout:               g.KeepaliveTimeout,
-	})}
-	if g.MaxConcurrentStreams > 0 {
-		opts = append(opts, grpc.MaxConcurrentStreams(g.MaxConcurrentStreams))
-	}
-	return opts
+	})
 }
