@@ -13,12 +13,18 @@ cd "$(dirname "$0")"
 # The tools the tests need, beside Go 1.26: redis-server and redis-sentinel
 # (the store tests start their own on free loopback ports), chromium (the
 # status page's browser tests) and promtool, from Debian's prometheus
-# package (the alert rules' checks), and gcc for the race detector (cgo).
+# package (the alert rules' checks), gcc for the race detector (cgo), and
+# Debian's python3-pytest and python3-httpx (the Python client's tests,
+# clients/python, run by the system python3).
 # Missing ones are installed with apt-get
 # (through sudo when not root); where that cannot be done the script stops
 # with the one command that does it. FLEETRATE_NO_INSTALL=1 skips installing
 # and only reports.
-install_cmd="apt-get update && apt-get install -y --no-install-recommends redis-server redis-sentinel chromium prometheus gcc libc6-dev"
+install_cmd="apt-get update && apt-get install -y --no-install-recommends redis-server redis-sentinel chromium prometheus gcc libc6-dev python3-pytest python3-httpx"
+# The Python client's tests run on the system's python3 (Debian's packages
+# install there), not on a version manager's shim.
+python=/usr/bin/python3
+[ -x "$python" ] || python=python3
 install_tools() {
   local missing=() sudo=
   command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
@@ -29,6 +35,8 @@ install_tools() {
   # The race detector needs cgo, and cgo a C compiler: without one, go
   # test -race refuses to run (a bare Debian has none).
   command -v gcc >/dev/null 2>&1 || missing+=(gcc libc6-dev)
+  "$python" -c 'import pytest' >/dev/null 2>&1 || missing+=(python3-pytest)
+  "$python" -c 'import httpx' >/dev/null 2>&1 || missing+=(python3-httpx)
   [ "${#missing[@]}" -eq 0 ] && return 0
   echo "test.sh: missing ${missing[*]}, which the tests need"
   if [ "$(id -u)" -ne 0 ]; then
@@ -143,12 +151,17 @@ benchmarks() {
     && go test -count=1 -bench . -benchtime=1x ./...) 2>&1 | tee -a "$log"
 }
 
+# The Python client (clients/python) against a real fleetrate serve, which
+# its tests build once.
+python_tests() { "$python" -m pytest -q -p no:cacheprovider clients/python/tests; }
+
 stage gofmt gofmt_check
 stage "go vet" go vet ./...
 stage staticcheck staticcheck
 stage "tests (-race)" tests
 stage fuzzing fuzz
 stage benchmarks benchmarks
+stage python python_tests
 
 passed=$(grep -c '^ok ' "$log" || true)
 failed=$(grep -c '^FAIL' "$log" || true)

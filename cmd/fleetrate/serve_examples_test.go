@@ -25,7 +25,10 @@ import (
 const (
 	exampleConfig = "../../examples/fleetrate.yaml"
 	exampleEnvoy  = "../../examples/envoy/envoy.yaml"
-	examplePython = "../../examples/python/worker.py"
+	examplePython = "../../examples/python/decide_worker.py"
+	// The outbound worker on the fleetrate package and its configuration.
+	exampleOutboundPython = "../../examples/python/worker.py"
+	exampleOutboundConfig = "../../examples/python/fleetrate.yaml"
 )
 
 func TestServeExampleConfigLoads(t *testing.T) {
@@ -123,22 +126,56 @@ func TestServeExamplePythonWorker(t *testing.T) {
 	}
 }
 
-// TestServeExamplePythonWorkerWrongToken checks that the Python worker
-// stops on a 401 instead of treating it as an outage: with --on-error open
-// it would otherwise send every call unpaced.
+// TestServeExamplePythonWorkerWrongToken checks that the outbound Python
+// worker stops on a 401 instead of treating it as an outage: with
+// --on-error open it would otherwise send every call unpaced.
 func TestServeExamplePythonWorkerWrongToken(t *testing.T) {
 	python, err := exec.LookPath("python3")
 	if err != nil {
 		t.Skip("python3 not installed")
 	}
 	tokens := serveWriteFile(t, "tokens", "right-token\n")
-	httpAddr, _, _, stop := startServe(t, "--config", exampleConfig, "--auth-token-file", tokens)
+	httpAddr, _, _, stop := startServe(t, "--config", exampleOutboundConfig, "--auth-token-file", tokens)
 	defer stop()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, python, examplePython, "--url", "http://"+httpAddr, "--token", "wrong-token",
-		"--on-error", "open", "--bucket", "booking_com/availability", "--workers", "2", "--calls", "5").CombinedOutput()
+	out, err := exec.CommandContext(ctx, python, exampleOutboundPython, "--url", "http://"+httpAddr, "--token", "wrong-token",
+		"--on-error", "open", "--workers", "2", "--calls", "5").CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "HTTP 401") || strings.Contains(string(out), "going ahead") {
 		t.Errorf("worker.py with a wrong token: %v\n%s\nwant it to stop on HTTP 401 without going ahead", err, out)
+	}
+}
+
+// TestServeExamplePythonOutboundWorker runs examples/python/worker.py, a
+// fleet of asyncio workers on the fleetrate package, against the service
+// with examples/python/fleetrate.yaml: its calls to the stand-in API are
+// paced at the availability endpoint's 20/s, and the stand-in's one 429
+// (the 20th request) pauses the fleet and is sent again, so that every
+// call is answered.
+func TestServeExamplePythonOutboundWorker(t *testing.T) {
+	python, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("python3 not installed")
+	}
+	httpAddr, _, _, stop := startServe(t, "--config", exampleOutboundConfig)
+	defer stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, python, exampleOutboundPython, "--url", "http://"+httpAddr,
+		"--workers", "8", "--calls", "30", "--surprise-429", "20").CombinedOutput()
+	if err != nil {
+		t.Fatalf("worker.py: %v\n%s", err, out)
+	}
+	m := regexp.MustCompile(`done: 30 calls in ([0-9.]+)s \([0-9.]+/s\) on booking_com: 30 answered, 0 gave up, 0 unpaced`).FindSubmatch(out)
+	if m == nil {
+		t.Fatalf("unexpected output:\n%s", out)
+	}
+	// 30 calls at 20/s take 1.45 s; the 429's pause (Retry-After: 1)
+	// holds the fleet for a second more.
+	if took, _ := strconv.ParseFloat(string(m[1]), 64); took < 2 {
+		t.Errorf("30 calls with a 1 s pause took %.3fs, want at least 2 s (paced, then paused)\n%s", took, out)
+	}
+	if !regexp.MustCompile(`upstream: 3[0-9] requests, [1-9][0-9]* answered 429`).Match(out) {
+		t.Errorf("want the stand-in's 429 sent again, and few requests beyond the 30 calls\n%s", out)
 	}
 }

@@ -406,7 +406,7 @@ func (a *attackTarget) legitimate(decide, admin string) {
 	if err != nil || resp.GetOverallCode() != rlspb.RateLimitResponse_OK {
 		t.Errorf("Envoy RLS: %v %v, want OK", resp, err)
 	}
-	// As examples/python/worker.py does: wait, then cancel the booking it
+	// As examples/python/decide_worker.py does: wait, then cancel the booking it
 	// got back unchanged.
 	code, w := a.call("POST", "/v1/wait", decide, map[string]any{"bucket": "booking_com/availability", "n": 1, "max_wait_ms": 2000})
 	if code != 200 || w["allowed"] != true {

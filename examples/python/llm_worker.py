@@ -23,7 +23,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from worker import Backpressure, Fleetrate, FleetrateRefused  # noqa: E402
+from decide_worker import Backpressure, Fleetrate, FleetrateRefused  # noqa: E402
 
 
 class Held:
