@@ -77,6 +77,13 @@ func WithCosts(ctx context.Context, costs map[string]int64) context.Context {
 
 type costsKey struct{}
 
+// WithMaxWait returns a context whose requests wait at most d for their
+// turn, below the transport's MaxWait: 0 sends a request only if its turn
+// is now, and fails it at once with backpressure otherwise.
+func WithMaxWait(ctx context.Context, d time.Duration) context.Context {
+	return pacer.WithMaxWait(ctx, d)
+}
+
 // Book waits for req's turn to be sent for the attempt-th time (1 for the
 // first) and returns the booked Attempt, or an error as RoundTrip returns
 // one before it sends: a classification error, a *fleetrate.BackpressureError

@@ -288,9 +288,7 @@ func (s *Server) book(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(maxWait + s.opts.WriteTimeout))
-	ctx, cancel := context.WithTimeout(out.Context(), maxWait)
-	defer cancel()
-	a, err := o.tr.Book(out.WithContext(ctx), attempt)
+	a, err := o.tr.Book(out.WithContext(transport.WithMaxWait(out.Context(), maxWait)), attempt)
 	var bp *bookBackpressure
 	switch err = bookFailure(s, err, maxWait); {
 	case errors.As(err, &bp):

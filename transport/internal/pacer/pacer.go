@@ -116,12 +116,24 @@ func (p *Pacer) Close() { p.ann.Close() }
 func (p *Pacer) adapts(tg Target) bool { return p.cfg.Adaptive && !tg.Fixed }
 
 // Budget returns how long a request may wait for its turn: the max wait,
-// or less when ctx ends sooner.
+// or less when ctx ends sooner or carries a shorter one (WithMaxWait).
 func (p *Pacer) Budget(ctx context.Context) time.Duration {
-	if dl, ok := ctx.Deadline(); ok {
-		return max(min(p.cfg.MaxWait, dl.Sub(p.cfg.Now())), 0)
+	b := p.cfg.MaxWait
+	if d, ok := ctx.Value(maxWaitKey{}).(time.Duration); ok {
+		b = min(b, max(d, 0))
 	}
-	return p.cfg.MaxWait
+	if dl, ok := ctx.Deadline(); ok {
+		return max(min(b, dl.Sub(p.cfg.Now())), 0)
+	}
+	return b
+}
+
+type maxWaitKey struct{}
+
+// WithMaxWait returns a context whose requests wait at most d for their
+// turn (never more than the pacer's max wait).
+func WithMaxWait(ctx context.Context, d time.Duration) context.Context {
+	return context.WithValue(ctx, maxWaitKey{}, d)
 }
 
 // Wait takes the request's turn on its buckets, within the max wait from
