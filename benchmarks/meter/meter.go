@@ -149,8 +149,14 @@ func Run(t testing.TB, addr string, s Scenario, o Options) Result {
 	if err != nil {
 		t.Fatal(err)
 	}
+	res.measure(up, start.Add(o.Duration/6), start.Add(o.Duration), after-before)
+	return res
+}
+
+// measure fills r with what up saw: the answers between from and to, the
+// whole run's 429s and answers, and calls store calls over its requests.
+func (r *Result) measure(up *Upstream, from, to time.Time, calls int64) {
 	answers, refused := up.Answers(), up.Refused()
-	from, to := start.Add(o.Duration/6), start.Add(o.Duration)
 	var tokens, n int64
 	for _, a := range answers {
 		if !a.At.Before(from) && a.At.Before(to) {
@@ -159,16 +165,15 @@ func Run(t testing.TB, addr string, s Scenario, o Options) Result {
 		}
 	}
 	minutes := to.Sub(from).Minutes()
-	res.TokensPerMinute = float64(tokens) / minutes
-	res.RequestsPerMinute = float64(n) / minutes
-	res.Utilisation = res.TokensPerMinute / (s.Upstream.TPS * 60)
-	res.Limited = len(refused)
-	res.Over = up.Over()
-	res.Answered = len(answers)
+	r.TokensPerMinute = float64(tokens) / minutes
+	r.RequestsPerMinute = float64(n) / minutes
+	r.Utilisation = r.TokensPerMinute / (r.Scenario.Upstream.TPS * 60)
+	r.Limited = len(refused)
+	r.Over = up.Over()
+	r.Answered = len(answers)
 	if reqs := len(answers) + len(refused); reqs > 0 {
-		res.CallsPerRequest = float64(after-before) / float64(reqs)
+		r.CallsPerRequest = float64(calls) / float64(reqs)
 	}
-	return res
 }
 
 // Table formats results as the Markdown table docs/BENCHMARKS.md shows.
