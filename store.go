@@ -507,8 +507,10 @@ type Store interface {
 	// limit charged more owes the difference at once, which pushes later
 	// slots back and is never refused, since the work is done. A limit
 	// owes at most its fill time plus MaxWaitCap: a charge beyond is
-	// lost.
-	// A bucket's Reserve is as for Refund.
+	// lost. So in every window between two grants' slots, the real costs
+	// of its grants stay within burst + rate × window plus the
+	// under-estimates of those not yet settled when the last of them was
+	// decided (gcra.Settle). A bucket's Reserve is as for Refund.
 	Settle(ctx context.Context, buckets []Bucket, s Settlement) error
 	// Release gives back the permit id holds in every bucket that bounds
 	// in-flight takes, and its place in their queues. Releasing a permit

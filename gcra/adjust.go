@@ -106,6 +106,17 @@ func Cancel(now int64, limits []fleetrate.Limit, s *State, n, stamp int64, booke
 // back; when more, every limit owes the difference at once (its debt
 // grows by it, at most to MaxDebt of its fill time), which pushes later slots back and is
 // never refused. It reports whether any limit changed.
+//
+// The bound it keeps (FuzzSettleBound): for grants in the order of their
+// slots, in every window from one grant's slot to a later one's, the real
+// costs of its grants are at most burst + rate × window plus the
+// under-estimates (actual − cost, when positive) of those of its grants
+// not yet settled when the last of them was decided. Giving back more,
+// such as the whole difference whenever the bucket has not been full
+// since at, would break it: a later grant that found the bucket nearly
+// full relied on the refill the lower cost would have lost (see
+// TestSettleGivesBackOnlyTheSlackOfLaterGrants and docs/ARCHITECTURE.md,
+// "Settling").
 func Settle(now int64, limits []fleetrate.Limit, s *State, cost, actual, at, reserve int64) bool {
 	if actual < cost {
 		return Refund(now, limits, s, cost-actual, at, reserve)

@@ -131,6 +131,7 @@ func settle(t *testing.T, s fleetrate.Store, key func(string) string) {
 		t.Fatalf("a take after owing 700 beyond empty: %+v, want denied for about 700 tokens' time", res)
 	}
 	do(300, 300) // no change
+	settleBookedAhead(t, s, key)
 
 	for _, bad := range []struct {
 		st   fleetrate.Settlement
@@ -144,5 +145,34 @@ func settle(t *testing.T, s fleetrate.Store, key func(string) string) {
 		if err := s.Settle(ctx, bs, bad.st); !errors.Is(err, fleetrate.ErrInvalid) || !strings.Contains(err.Error(), bad.want) {
 			t.Errorf("Settle(%+v): %v, want ErrInvalid naming %q", bad.st, err, bad.want)
 		}
+	}
+}
+
+// settleBookedAhead checks that a settle to less gives nothing back while
+// a later take is booked ahead on the bucket: that take's slot was
+// computed from the tokens the settle would give back, and a take after
+// the settle would be granted a slot before it, closer than the limit
+// allows (the bound of docs/ARCHITECTURE.md, "Settling").
+func settleBookedAhead(t *testing.T, s fleetrate.Store, key func(string) string) {
+	ctx := context.Background()
+	lim := fleetrate.PerPeriod(1000, time.Hour) // 3.6 s a token
+	bs := []fleetrate.Bucket{{Key: key("settle-ahead"), Limits: []fleetrate.Limit{lim}}}
+	grant := mustTake(t, s, costs(bs, 0, 1000)) // empties it
+	if !grant.Allowed {
+		t.Fatalf("take of 1000: %+v", grant)
+	}
+	if res := mustTake(t, s, costs(bs, time.Minute, 10)); !res.Allowed || res.Wait <= 0 {
+		t.Fatalf("booking 10 tokens ahead of an empty bucket: %+v, want allowed with a wait", res)
+	}
+	before := mustTake(t, s, costs(bs, 0, 1))
+	st := fleetrate.Settlement{Costs: []int64{1000}, Actual: []int64{100}, At: grant.At.Add(grant.Wait)}
+	if err := s.Settle(ctx, bs, st); err != nil {
+		t.Fatalf("settle 1000 to 100: %v", err)
+	}
+	after := mustTake(t, s, costs(bs, 0, 1))
+	// 900 tokens back would cut the wait by 54 minutes; a second of
+	// clock between the two takes is the most the wait may shrink.
+	if before.Allowed || after.Allowed || after.RetryAfter < before.RetryAfter-time.Second {
+		t.Fatalf("a settle to less with a slot booked ahead: a take of 1 waited %v before it and %v after, want no shorter", before.RetryAfter, after.RetryAfter)
 	}
 }

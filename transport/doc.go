@@ -72,9 +72,14 @@
 // requests back, so the upstream's budget holds whatever the estimates.
 // A meter charged less gets back what fleetrate.Store.Settle gives back:
 // nothing while later requests are already booked on it, so a fleet that
-// keeps its meter busy gains nothing from estimates above the real cost;
-// estimate close to the mean. A Classify of your own sets Target.Costs and
-// Target.Settle. See examples/llm.
+// keeps its meter busy loses whatever its estimates book above the real
+// cost. Book what a request surely costs (an LLM request's prompt) and let
+// the settle charge the rest: with at most F requests in flight
+// (Endpoint.InFlight), each adding at most E to its booking, and answer
+// times spread over J, a meter of rate r and burst b keeps an upstream of
+// rate R and burst B within its limit when r <= R and b + r×J + F×E <= B
+// (docs/ARCHITECTURE.md, "Settling"). A Classify of your own sets
+// Target.Costs and Target.Settle. See examples/llm.
 //
 // # The upstream's own rate-limit fields
 //

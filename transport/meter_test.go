@@ -73,11 +73,11 @@ func usage(_ *http.Response, body []byte) (map[string]int64, error) {
 	return map[string]int64{"tokens": a.Usage.TotalTokens}, nil
 }
 
-// meteredRun sends requests estimated at 500 tokens from 4 callers for
+// meteredRun sends requests estimated at est tokens from 4 callers for
 // five minutes against up, through a tokens meter of 150 tokens a second
 // (burst 2,000), below the upstream's 10,000 a minute (burst 3,000), with
 // settle as the endpoint's Settle; at most 2 in flight.
-func meteredRun(t *testing.T, up *tokenUpstream, settle transport.Settle) {
+func meteredRun(t *testing.T, up *tokenUpstream, est int64, settle transport.Settle) {
 	t.Helper()
 	api := transport.Upstream{
 		Channel: "openai",
@@ -85,7 +85,7 @@ func meteredRun(t *testing.T, up *tokenUpstream, settle transport.Settle) {
 		Endpoints: []transport.Endpoint{{
 			Name: "chat", Pattern: "POST /v1/chat/completions", InFlight: 2,
 			Limits: []fleetrate.Limit{fleetrate.PerSecond(50, 5)},
-			Costs:  map[string]int64{"tokens": 500}, Settle: settle,
+			Costs:  map[string]int64{"tokens": est}, Settle: settle,
 		}},
 	}
 	tr, _, _ := boundedSetup(t, memstore.New(memstore.Options{}), api, inMemory(up),
@@ -109,7 +109,11 @@ func meteredRun(t *testing.T, up *tokenUpstream, settle transport.Settle) {
 // or less than the 500 tokens estimated, or anywhere between, keep the
 // upstream's tokens-per-minute bucket within its limit once settled from
 // the usage they report; unsettled, answers that cost 50 % more take it
-// past its limit.
+// past its limit. Booked at 250, the least they cost, and settled up,
+// they keep it within its limit too (the meter's burst, 2,000, and the
+// under-estimates of the 2 in flight, 500 each, fill the upstream's
+// 3,000), and nothing booked is lost: the meter's 9,000 a minute are all
+// used, where an estimate of 500 loses the over-estimates.
 func TestSettleKeepsTokensWithinTheLimit(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
 	spread := make([]int64, 4096)
@@ -119,23 +123,31 @@ func TestSettleKeepsTokensWithinTheLimit(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		real   func(int) int64
+		est    int64
 		settle transport.Settle
 		over   bool
+		// atLeast is the least the upstream must admit in the 5 min,
+		// when set.
+		atLeast int64
 	}{
-		{"+50% settled", func(int) int64 { return 750 }, usage, false},
-		{"-50% settled", func(int) int64 { return 250 }, usage, false},
-		{"±50% settled", func(i int) int64 { return spread[i%len(spread)] }, usage, false},
-		{"+50% unsettled", func(int) int64 { return 750 }, nil, true},
+		{"+50% settled", func(int) int64 { return 750 }, 500, usage, false, 0},
+		{"-50% settled", func(int) int64 { return 250 }, 500, usage, false, 0},
+		{"±50% settled", func(i int) int64 { return spread[i%len(spread)] }, 500, usage, false, 0},
+		{"+50% unsettled", func(int) int64 { return 750 }, 500, nil, true, 0},
+		{"±50% booked at the floor, settled", func(i int) int64 { return spread[i%len(spread)] }, 250, usage, false, 5 * 9000},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				up := &tokenUpstream{rate: 10000.0 / 60, burst: 3000, latency: time.Second, real: tc.real}
-				meteredRun(t, up, tc.settle)
+				meteredRun(t, up, tc.est, tc.settle)
 				up.mu.Lock()
 				defer up.mu.Unlock()
 				t.Logf("%d requests, %d tokens in 5 min (%.0f a minute), %d past the upstream's limit", up.n, up.tokens, float64(up.tokens)/5, up.over)
 				if tc.over != (up.over > 0) {
 					t.Errorf("%d answers past the upstream's limit; want any: %v", up.over, tc.over)
+				}
+				if up.tokens < tc.atLeast {
+					t.Errorf("%d tokens admitted in five minutes, want at least %d (the meter's rate)", up.tokens, tc.atLeast)
 				}
 				if up.n < 10 {
 					t.Errorf("only %d requests in five minutes", up.n)

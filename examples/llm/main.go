@@ -1,8 +1,10 @@
 // Command llm paces calls to an OpenAI-style chat API through fleetrate's
 // outbound transport: requests per minute and tokens per minute on one
-// credential, and at most 4 requests in flight. Each request books its
-// estimated tokens (prompt plus max_tokens) before it is sent, and the
-// booking is settled to the usage the answer reports. The API here is a
+// credential, and at most 4 requests in flight. Each request books what
+// it surely costs (its prompt's tokens) before it is sent, and the booking
+// is settled to the usage the answer reports: the completion is charged
+// then, and nothing booked is lost to an over-estimate (see "Settling" in
+// docs/ARCHITECTURE.md). The API here is a
 // local mock that reports usage and counts what it receives; the limits
 // are scaled down so that the run takes seconds.
 //
@@ -73,9 +75,12 @@ func api() transport.Upstream {
 	}
 }
 
-// estimate is what a request may cost before it is sent: its prompt
-// (about 4 bytes a token) plus its max_tokens. It reads a copy of the
-// body, which the transport sends untouched.
+// estimate is what a request surely costs before it is sent: its prompt
+// (about 4 bytes a token); its completion, up to max_tokens, is charged
+// when the answer is settled. A fleet that books more (prompt plus
+// max_tokens) gets the excess back only while no later request is booked
+// on the meter, which is never while it keeps the meter busy. It reads a
+// copy of the body, which the transport sends untouched.
 func estimate(r *http.Request) (map[string]int64, error) {
 	body, err := r.GetBody()
 	if err != nil {
@@ -85,7 +90,7 @@ func estimate(r *http.Request) (map[string]int64, error) {
 	if err := json.NewDecoder(body).Decode(&cr); err != nil {
 		return nil, fmt.Errorf("reading the request: %w", err)
 	}
-	n := cr.MaxTokens
+	var n int64
 	for _, m := range cr.Messages {
 		n += int64(len(m.Content))/4 + 1
 	}
