@@ -269,19 +269,25 @@ func Run(t testing.TB, addr string, s Scenario, o Options) Result {
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
 	warm(t, srv.URL+warmPath, o.Processes)
+	prefix := fmt.Sprintf("fleetrate:outbench:%d:", time.Now().UnixNano())
+	res := Result{Scenario: s.Name, Fleet: fmt.Sprintf("%d Go", o.Processes)}
+	var svc string
+	if o.Python > 0 {
+		// Before the start is set: building and starting the service
+		// takes longer than the workers' head start.
+		res.Fleet += fmt.Sprintf(" + %d Python", o.Python)
+		svc = startService(t, addr, prefix, s)
+	}
 	callsBefore := scriptCalls(t, addr)
 	start := time.Now().Add(1500 * time.Millisecond)
-	sp := spec{Scenario: s, Addr: addr, URL: srv.URL, Prefix: fmt.Sprintf("fleetrate:outbench:%d:", time.Now().UnixNano()),
+	sp := spec{Scenario: s, Addr: addr, URL: srv.URL, Prefix: prefix,
 		Goroutines: o.Goroutines, StartAt: start, Until: start.Add(o.Duration)}
 	specs := make([]spec, o.Processes)
 	for p := range specs {
 		specs[p] = sp
 	}
-	res := Result{Scenario: s.Name, Fleet: fmt.Sprintf("%d Go", o.Processes)}
 	var python <-chan PythonOutcomes
 	if o.Python > 0 {
-		res.Fleet += fmt.Sprintf(" + %d Python", o.Python)
-		svc := startService(t, addr, sp.Prefix, s)
 		python = runPython(t, o.Python, o.Goroutines, svc, srv.URL, start, o.Duration)
 	}
 	// The steady state: the script calls over the middle two thirds of
