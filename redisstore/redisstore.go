@@ -108,7 +108,9 @@ type Options struct {
 	// it: up to its rate for that lag, which a bucket emptied only as
 	// the first process arrives would grant again on the new master. The
 	// margin withholds the rate for that long instead. The default is
-	// DefaultFailoverMargin (500 ms); negative means none.
+	// DefaultFailoverMargin (500 ms) on a Sentinel failover client
+	// (redis.NewFailoverClient) and none on others, whose new master is
+	// a restart: the old one no longer grants. Negative means none.
 	FailoverMargin time.Duration
 	// ListenCheck is how long Listen waits without receiving anything on
 	// its subscription before it pings Redis on it, and then how long it
@@ -184,7 +186,13 @@ func New(c Client, opts Options) (*Store, error) {
 		return nil, err
 	}
 	if opts.EmptyAfterFailover {
-		if err := s.guardFailovers(opts.FailoverWindow, opts.FailoverMargin); err != nil {
+		margin := opts.FailoverMargin
+		if margin == 0 && !sentinelClient(c) {
+			// Only a failover has an old master granting after the
+			// switch; a restarted one is gone.
+			margin = -1
+		}
+		if err := s.guardFailovers(opts.FailoverWindow, margin); err != nil {
 			return nil, err
 		}
 	}
@@ -236,4 +244,11 @@ func dialled(c Client) []string {
 		return c.Options().Addrs
 	}
 	return nil
+}
+
+// sentinelClient reports whether c is a Sentinel failover client, which
+// go-redis names by the address "FailoverClient".
+func sentinelClient(c Client) bool {
+	rc, ok := c.(*redis.Client)
+	return ok && rc.Options().Addr == "FailoverClient"
 }
