@@ -407,44 +407,6 @@ type InFlight struct {
 	Ahead  int
 }
 
-// Settlement is what a grant really cost, bucket by bucket, once the work
-// is done (see Store.Settle).
-type Settlement struct {
-	// Costs are what the grant took from each bucket, in the order of the
-	// buckets (Request.Costs, or its N for each).
-	Costs []int64
-	// Actual are what the work cost each bucket.
-	Actual []int64
-	// At is when the grant's slot began, on the store's clock: its
-	// Result.At plus its Result.Wait.
-	At time.Time
-}
-
-// ValidateSettle checks the arguments of Store.Settle, naming the failing
-// value.
-func ValidateSettle(buckets []Bucket, s Settlement) error {
-	if err := ValidateBuckets(buckets); err != nil {
-		return err
-	}
-	if len(s.Costs) != len(buckets) || len(s.Actual) != len(buckets) {
-		return fmt.Errorf("%w: settle: %d costs and %d actual costs for %d buckets (one each per bucket, in order)", ErrInvalid, len(s.Costs), len(s.Actual), len(buckets))
-	}
-	if s.At.IsZero() {
-		return fmt.Errorf("%w: settle at: the grant's slot (its Result.At plus Result.Wait) is required", ErrInvalid)
-	}
-	for i, b := range buckets {
-		for _, l := range b.Limits {
-			if c := s.Costs[i]; c < 0 || c > l.Burst {
-				return fmt.Errorf("%w: settle costs[%d]: bucket %q: a grant's cost is between 0 and the burst %d, got %d", ErrInvalid, i, b.StoreKey(), l.Burst, c)
-			}
-			if a := s.Actual[i]; a < 0 || a > l.Burst {
-				return fmt.Errorf("%w: settle actual[%d]: bucket %q: must be between 0 and the burst %d (a limit owes at most one burst beyond a grant), got %d", ErrInvalid, i, b.StoreKey(), l.Burst, a)
-			}
-		}
-	}
-	return nil
-}
-
 // ValidateRelease checks the arguments of Store.Release: valid buckets of
 // which one at least bounds in-flight takes, and the permit's id.
 func ValidateRelease(buckets []Bucket, id string) error {
@@ -556,94 +518,6 @@ func ValidateDrains(drains []Drain) error {
 		if d.For < 0 || d.For > MaxWaitCap {
 			return fmt.Errorf("%w: drains[%d] %q: duration must be between 0 and %v, got %v", ErrInvalid, i, d.Bucket.StoreKey(), MaxWaitCap, d.For)
 		}
-	}
-	return nil
-}
-
-// PermitNotifier is an optional Store method. A store that can tell when
-// a queued take's turn may have come (a permit it waits for was released)
-// lets waiters sleep until then instead of until the next lease ends. A
-// Limiter finds it on its store or on a store a wrapper unwraps to (an
-// Unwrap() Store method).
-type PermitNotifier interface {
-	// NotifyPermit returns a channel that receives when a permit of the
-	// bucket key may have been freed for the waiter id (it is first in
-	// the queue), and a function that stops the notification. The
-	// channel is buffered: a notice is never lost between two takes.
-	NotifyPermit(key, id string) (<-chan struct{}, func())
-}
-
-// MultiClock is an optional Store method. A store whose results may be
-// timed by more than one clock (Result.At read from the different masters
-// of a Redis Cluster, or from several servers) reports it, and Limiters
-// then count a booked wait from the store's answer instead of placing the
-// store's decision on their own clock (which assumes one store clock).
-type MultiClock interface {
-	MultipleClocks() bool
-}
-
-// Binder is an optional Store method for the hot path of Allow and Peek.
-// New binds the default limits of a Limiter, and the limits of each of its
-// named buckets, once; Allow and Peek then take from one bucket through
-// the bound taker, without building a Request or validating the limits on
-// every call.
-type Binder interface {
-	// Bind returns a taker for the buckets under prefix that enforce
-	// limits, or an error wrapping ErrInvalid when the limits are invalid.
-	// The limits are a Limiter's own copies, never changed after the call,
-	// so the store may keep them.
-	Bind(prefix string, limits []Limit) (BoundTaker, error)
-}
-
-// BoundTaker takes from the buckets of one prefix and one list of limits.
-// TakeKey(ctx, key, n, w) must be equivalent to Store.Take(ctx,
-// Request{Buckets: []Bucket{{Prefix: prefix, Key: key, Limits: limits}},
-// N: n, MaxWait: w}), argument checks included.
-type BoundTaker interface {
-	TakeKey(ctx context.Context, key string, n int64, maxWait time.Duration) (Result, error)
-}
-
-// ValidateRefund checks the arguments of Store.Refund: valid buckets, n
-// between 0 and MaxBurst, and the grant's time.
-func ValidateRefund(buckets []Bucket, n int64, at time.Time) error {
-	if err := ValidateBuckets(buckets); err != nil {
-		return err
-	}
-	if n < 0 || n > MaxBurst {
-		return fmt.Errorf("%w: refund n must be between 0 and %d, got %d", ErrInvalid, int64(MaxBurst), n)
-	}
-	if at.IsZero() {
-		return fmt.Errorf("%w: refund at: the grant's time (its Result.At) is required: without it a refund could give back tokens the bucket has refilled since", ErrInvalid)
-	}
-	return nil
-}
-
-// ValidateCancel checks the arguments of Store.Cancel: valid buckets, n at
-// least 0 (0 when the booking has costs by bucket), and a booking with one
-// debt for every limit of the buckets.
-func ValidateCancel(buckets []Bucket, n int64, b Booking) error {
-	if err := ValidateBuckets(buckets); err != nil {
-		return err
-	}
-	if n < 0 {
-		return fmt.Errorf("%w: cancel n must be >= 0, got %d", ErrInvalid, n)
-	}
-	if b.Costs != nil && (n != 0 || len(b.Costs) != len(buckets)) {
-		return fmt.Errorf("%w: cancel: a booking with costs by bucket takes n 0 and one cost per bucket, got n %d and %d costs for %d buckets", ErrInvalid, n, len(b.Costs), len(buckets))
-	}
-	m := 0
-	for i, bk := range buckets {
-		m += len(bk.Limits)
-		c := CostOf(n, b.Costs, i)
-		for _, l := range bk.Limits {
-			if c < 0 || c > l.Burst {
-				// No take of more than a burst books anything.
-				return fmt.Errorf("%w: cancel n must be between 0 and the burst of every limit (a take of more books nothing), got %d for %s", ErrInvalid, c, l)
-			}
-		}
-	}
-	if len(b.Debts) != m {
-		return fmt.Errorf("%w: cancel booking: %d debts for %d limits (a booking from another take?)", ErrInvalid, len(b.Debts), m)
 	}
 	return nil
 }
