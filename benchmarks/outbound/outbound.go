@@ -256,6 +256,9 @@ func warm(t testing.TB, url string, n int) {
 
 // Run runs the scenario against a fresh mock upstream and the Redis at
 // addr, and reports what the upstream saw.
+//
+// It is long because a run's steps read best in order: the upstream, the
+// service of a mixed fleet, the start, the workers, the counts.
 func Run(t testing.TB, addr string, s Scenario, o Options) Result {
 	t.Helper()
 	o = o.withDefaults(20 * time.Second)
