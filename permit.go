@@ -90,7 +90,7 @@ func (l *Limiter) queue(ctx context.Context, req Request, horizon time.Duration)
 		joined = true
 		res := err.(*BackpressureError).Result
 		if wake == nil {
-			if n := notifierOf(l.store); n != nil {
+			if n := NotifierOf(l.store); n != nil {
 				wake, stop = n.NotifyPermit(req.Buckets[res.InFlight.Bucket].StoreKey(), req.Permit.ID)
 			}
 		}
@@ -363,11 +363,11 @@ func (r *Reservation) Abandon() {
 	}
 }
 
-// notifierOf returns the PermitNotifier of store, or of the store it
+// NotifierOf returns the PermitNotifier of store, or of the store it
 // wraps (a wrapper with an Unwrap() Store method, such as a failsafe or
 // an instrumented store), or nil. A notice only wakes a waiter to take
 // again through store, so reaching past a wrapper for it is safe.
-func notifierOf(store Store) PermitNotifier {
+func NotifierOf(store Store) PermitNotifier {
 	for range 8 {
 		if n, ok := store.(PermitNotifier); ok {
 			return n

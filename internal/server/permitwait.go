@@ -52,7 +52,7 @@ func (v service) decidePermit(ctx context.Context, req fleetrate.Request) (fleet
 		if !waiting {
 			waiting = true
 			v.metrics.permits.waiting.Inc()
-			if n := notifierOf(v.opts.Store); n != nil {
+			if n := fleetrate.NotifierOf(v.opts.Store); n != nil {
 				wake, stop = n.NotifyPermit(req.Buckets[res.InFlight.Bucket].StoreKey(), req.Permit.ID)
 				// A release between the take and the registration was not
 				// seen: take again once, now that none can be missed.
@@ -92,21 +92,6 @@ func (v service) leave(ctx context.Context, req fleetrate.Request) {
 	_, _ = v.store.Release(sctx, req.Buckets, req.Permit.ID)
 }
 
-// notifierOf finds the PermitNotifier of store or of a store it wraps.
-func notifierOf(store fleetrate.Store) fleetrate.PermitNotifier {
-	for range 8 {
-		if n, ok := store.(fleetrate.PermitNotifier); ok {
-			return n
-		}
-		u, ok := store.(interface{ Unwrap() fleetrate.Store })
-		if !ok {
-			return nil
-		}
-		store = u.Unwrap()
-	}
-	return nil
-}
-
 // maxNotifyWait bounds one /v1/store/notify stream: a remotestore asks
 // again after it, so that no proxy drops an idle request.
 const maxNotifyWait = 30 * time.Second
@@ -139,7 +124,7 @@ func (v service) storeNotify(w http.ResponseWriter, r *http.Request) error {
 	if req.WaitNS <= 0 || time.Duration(req.WaitNS) > maxNotifyWait {
 		return badRequest(wire.CodeInvalid, "wait_ns: must be between 1 and %d, got %d", int64(maxNotifyWait), req.WaitNS)
 	}
-	n := notifierOf(v.opts.Store)
+	n := fleetrate.NotifierOf(v.opts.Store)
 	if n == nil {
 		writeJSON(w, http.StatusOK, wire.Notified{})
 		return nil
