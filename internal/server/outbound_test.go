@@ -143,6 +143,70 @@ func TestOutboundPauseReachesGoWorkers(t *testing.T) {
 	}
 }
 
+// TestGoPauseReachesOutboundWorkers is the other direction: a 429 a Go
+// worker's transport draws pauses the workers that book through the
+// service (a Python worker's PacedTransport, any language's client): a
+// booking made during the pause is granted only after the Retry-After,
+// counted from the upstream's answer.
+func TestGoPauseReachesOutboundWorkers(t *testing.T) {
+	t.Parallel()
+	ts, store := startOutbound(t)
+	limited := make(chan time.Time, 1)
+	var mu sync.Mutex
+	calls := 0
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		calls++
+		first := calls == 1
+		mu.Unlock()
+		if first {
+			w.Header().Set("Retry-After", "1")
+			w.WriteHeader(http.StatusTooManyRequests)
+			limited <- time.Now()
+		}
+	}))
+	defer up.Close()
+	goWorker := goTransport(t, store, ts.Config())
+	done := make(chan error, 1)
+	go func() {
+		req, _ := http.NewRequest(http.MethodPost, up.URL+"/v1/hotels/8/availability", nil)
+		resp, err := goWorker.RoundTrip(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		done <- err
+	}()
+	at := <-limited
+	// Bookings made before the transport holds the buckets (one memory
+	// store call after the 429 reached it) are granted at the endpoint's
+	// 10/s; once it has, a booking waits for the rest of the pause. So
+	// book until one waits: every booking granted without waiting must
+	// come well within the pause's first half, and the one that waited
+	// after the whole Retry-After.
+	for {
+		b, code := ts.book(t, `{"channel":"ota","method":"POST","path":"/v1/hotels/9/availability"}`)
+		if code != http.StatusOK {
+			t.Fatalf("book during the pause: %d %+v", code, b)
+		}
+		granted := time.Now()
+		if r, code := ts.report(t, `{"ticket":"`+b.Ticket+`","status":200}`); code != http.StatusOK || r.Retry {
+			t.Fatalf("report 200: %d %+v", code, r)
+		}
+		if b.WaitedMS >= 500 {
+			if d := granted.Sub(at); d < time.Second {
+				t.Errorf("a booking during the Go worker's pause was granted %v after the 429, want after its 1 s Retry-After", d)
+			}
+			break
+		}
+		if d := granted.Sub(at); d >= 500*time.Millisecond {
+			t.Fatalf("a booking was granted %v into the Go worker's 1 s pause without waiting for it", d)
+		}
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("the Go worker's retry: %v", err)
+	}
+}
+
 // goTransport is a Go worker's transport for the upstream of cfg over
 // store, as a Go process of the fleet builds it.
 func goTransport(t *testing.T, store fleetrate.Store, cfg *config.Config) *transport.Transport {
