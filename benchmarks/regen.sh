@@ -18,7 +18,7 @@
 # the conversion and the markers work; its figures are not for the docs,
 # so it writes into a copy of the file unless --doc names one. Sections:
 # bench fleetbench servebench memstore overlimit fleettest inflight priorities
-# outbound meter simulate headersim statuspage. Every section needs redis-server (as
+# outbound mixed meter simulate headersim statuspage. Every section needs redis-server (as
 # ./test.sh does); servebench also bin/ratelimit and bin/gubernator, which
 # ./peers.sh builds (RATELIMIT_SRC names a local envoyproxy/ratelimit
 # checkout): without them it fails, or, with --quick, is skipped.
@@ -26,7 +26,7 @@ set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$here")
 out=$here/results
-all=(bench fleetbench servebench memstore overlimit fleettest inflight priorities outbound meter simulate headersim statuspage)
+all=(bench fleetbench servebench memstore overlimit fleettest inflight priorities outbound mixed meter simulate headersim statuspage)
 
 quick=0 doc=
 sections=()
@@ -107,6 +107,10 @@ section_cmd() {
     conv=tables
     if [ "$q" = 1 ]; then cmd="cd benchmarks && go test -v -run '^\$' -bench Outbound -benchtime 1x -timeout 30m ./outbound -args -outbound.duration=3s -outbound.only=documented"
     else cmd="cd benchmarks && go test -v -run '^\$' -bench Outbound -benchtime 1x -timeout 40m ./outbound -args -outbound.duration=60s"; fi ;;
+  mixed)
+    conv=tables
+    if [ "$q" = 1 ]; then cmd="cd benchmarks && go test -count=1 -v -run TestMixedFleetShort -timeout 10m ./outbound"
+    else cmd="cd benchmarks && go test -v -run '^\$' -bench MixedFleet -benchtime 1x -timeout 40m ./outbound -args -outbound.mixed=60s"; fi ;;
   meter)
     conv=tables
     if [ "$q" = 1 ]; then cmd="cd benchmarks && go test -count=1 -v -run TestMeterFleet -timeout 10m ./meter -args -meter.duration=6s -meter.only='random'"

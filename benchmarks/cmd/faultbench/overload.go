@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -30,8 +31,12 @@ var overloadBounds = "default,1000000000"
 // --max-in-flight ("default": its default; 1000000000: no bound), at 3 and 10 times the decisions a second
 // it makes at its best (measured first, closed loop).
 func overload(out io.Writer, dir, bin string, srv *redistest.Server) error {
+	redisPID, err := redisPID(srv)
+	if err != nil {
+		return err
+	}
 	if serverCPU != "" {
-		if err := pinRedis(srv); err != nil {
+		if err := pinRedis(redisPID); err != nil {
 			return err
 		}
 	}
@@ -47,14 +52,20 @@ func overload(out io.Writer, dir, bin string, srv *redistest.Server) error {
 		}
 	}
 	for _, s := range services {
-		if err := overloadService(out, s); err != nil {
+		if err := overloadService(out, s, redisPID); err != nil {
 			return fmt.Errorf("%s: %w", s.name, err)
 		}
 	}
 	return nil
 }
 
-func overloadService(out io.Writer, s service) error {
+// overloadService measures s at 3 and 10 times its maximum; redisPID is
+// its Redis, whose CPU counts with the service's in the cost of a
+// decision and of a shed.
+//
+// It is long because it runs the maximum, the two overloads and the
+// CPU accounting in one sequence, each step using the last one's figures.
+func overloadService(out io.Writer, s service, redisPID int) error {
 	p, err := s.start()
 	if err != nil {
 		return err
@@ -72,14 +83,20 @@ func overloadService(out io.Writer, s service) error {
 	if err := waitServing(clients[0]); err != nil {
 		return err
 	}
-	capacity := 0.0
+	cpu := cpuMeter{pids: []int{p.cmd.Process.Pid, redisPID}}
+	capacity, perDecision := 0.0, 0.0
 	for _, callers := range []int{4, 16, 64} {
-		capacity = max(capacity, closedLoop(clients, callers, 2*time.Second))
+		c0 := cpu.now()
+		n := closedLoop(clients, callers, 2*time.Second)
+		if n > capacity {
+			capacity, perDecision = n, (cpu.now()-c0)/(n*2)
+		}
 	}
 	if capacity == 0 {
 		return errNoDecisions
 	}
-	fmt.Fprintf(out, "\n%s: at most %.0f decisions/s (closed loop, 4, 16 and 64 callers, 2 s each)\n\n", s.name, capacity)
+	fmt.Fprintf(out, "\n%s: at most %.0f decisions/s (closed loop, 4, 16 and 64 callers, 2 s each), %.0f µs of CPU (service and Redis) each, %.0f %% of a CPU\n\n", s.name, capacity, 1e6*perDecision, 100*capacity*perDecision)
+	var costs []string
 	fmt.Fprintln(out, "| offered | sent/s | goodput/s (decided within 20 ms) | of the maximum | p99 of decisions | p99 of all answers | answers | in flight max | goroutines before/max/after | RSS MiB before/max/after |")
 	fmt.Fprintln(out, "|---|---|---|---|---|---|---|---|---|---|")
 	for _, mult := range []float64{3, 10} {
@@ -87,17 +104,42 @@ func overloadService(out io.Writer, s service) error {
 		var inFlight atomic.Int64
 		samples := sampler(ctx, p, &inFlight)
 		time.Sleep(300 * time.Millisecond)
-		begin := time.Now()
+		begin, c0 := time.Now(), cpu.now()
 		calls := burstLoop(ctx, clients, mult*capacity, &inFlight)
 		time.Sleep(3 * time.Second)
 		end := time.Now()
 		cs := calls()
+		used := cpu.now() - c0
 		time.Sleep(time.Second) // the after sample
 		cancel()
 		ss := samples()
 		fmt.Fprintf(out, "| %.0fx (%.0f/s) | %s\n", mult, mult*capacity, overloadRow(cs, ss, begin, end, capacity))
+		costs = append(costs, shedCost(mult, capacity, cs, used, perDecision))
 	}
+	fmt.Fprintf(out, "\nCPU: %s\n", strings.Join(costs, "; "))
 	return nil
+}
+
+// shedCost says what a call the service did not decide cost at mult
+// times the maximum: the CPU used in the run less the decisions' (at
+// perDecision each, the closed loop's), over the calls answered without a
+// decision, and the goodput ceiling at 10 times capacity that cost
+// implies on one CPU (see ceiling: meaningful with -server-cpu).
+func shedCost(mult, capacity float64, cs []call, used, perDecision float64) string {
+	decided, other := 0, 0
+	for _, c := range cs {
+		if c.code == codes.OK {
+			decided++
+		} else {
+			other++
+		}
+	}
+	if other == 0 {
+		return fmt.Sprintf("%.0fx: every call decided", mult)
+	}
+	shed := max(used-float64(decided)*perDecision, 0) / float64(other)
+	return fmt.Sprintf("%.0fx: %.1f CPU-s for %d decisions and %d other answers: %.0f µs each of those, %.1f %% of a decision; goodput ceiling at 10x %.0f %%",
+		mult, used, decided, other, 1e6*shed, 100*shed/perDecision, 100*ceiling(10, capacity, perDecision, shed))
 }
 
 // closedLoop runs callers goroutines, each making one call after another
@@ -192,19 +234,24 @@ func overloadRow(cs []call, ss []sample, begin, end time.Time, capacity float64)
 		num(d.inFlight), triple(b.goroutines, d.goroutines, a.goroutines, "%.0f"), triple(b.rss, d.rss, a.rss, "%.0f"))
 }
 
-// pinRedis moves redis-server to -server-cpu, with the service: the
-// service's capacity includes its Redis, and the load generator's CPU is
-// then its own.
-func pinRedis(srv *redistest.Server) error {
+// redisPID is the process id of srv's redis-server.
+func redisPID(srv *redistest.Server) (int, error) {
 	info, err := srv.Do("info", "server")
 	if err != nil {
-		return err
+		return 0, err
 	}
 	m := regexp.MustCompile(`process_id:(\d+)`).FindStringSubmatch(fmt.Sprint(info))
 	if m == nil {
-		return fmt.Errorf("no process_id in INFO server")
+		return 0, fmt.Errorf("no process_id in INFO server")
 	}
-	if b, err := exec.Command("taskset", "-a", "-p", "-c", serverCPU, m[1]).CombinedOutput(); err != nil {
+	return strconv.Atoi(m[1])
+}
+
+// pinRedis moves redis-server to -server-cpu, with the service: the
+// service's capacity includes its Redis, and the load generator's CPU is
+// then its own.
+func pinRedis(pid int) error {
+	if b, err := exec.Command("taskset", "-a", "-p", "-c", serverCPU, strconv.Itoa(pid)).CombinedOutput(); err != nil {
 		return fmt.Errorf("taskset of redis-server: %v: %s", err, b)
 	}
 	return nil
