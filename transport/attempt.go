@@ -37,6 +37,8 @@ type Attempt struct {
 	n       int
 	waited  time.Duration
 	sent    time.Time
+	late    time.Duration // the caller's Answer.SentAfter
+	rtt     time.Duration // the caller's Answer.RTT
 	bypass  bool
 	settled bool // the answer's costs were settled by Report
 }
@@ -57,6 +59,16 @@ type Answer struct {
 	// meter name: the booking is settled to them (see Settle). A meter
 	// not named keeps its booked cost.
 	Costs map[string]int64
+	// SentAfter is how long after Book returned the request went out, as
+	// the caller measured it, with the time the booking took to reach it
+	// when it came over a network (a worker of the service's outbound
+	// protocol): 0 means at once. RTT is how long the upstream took to
+	// answer from the send; 0 means unknown, taken as the time from the
+	// send to Report. An endpoint's spacing gate reads them to judge how
+	// late the request may have reached the upstream, and how soon after
+	// its arrival the next may go (see Endpoint.Spacing): without them a
+	// remote worker's own delays count as the upstream's.
+	SentAfter, RTT time.Duration
 }
 
 // Next says what follows an Attempt's answer.
@@ -184,6 +196,7 @@ func (a *Attempt) Report(ans Answer) (Next, error) {
 			a.h.end(resp, nil)
 		}
 	}
+	a.late, a.rtt = max(ans.SentAfter, 0), max(ans.RTT, 0)
 	li, err := a.observe(resp, ans.Err)
 	if err != nil {
 		a.forget()
@@ -215,7 +228,7 @@ func (a *Attempt) dropHold() {
 }
 
 // forget marks the Attempt as reported.
-func (a *Attempt) forget() { a.r, a.h, a.sent = nil, nil, time.Time{} }
+func (a *Attempt) forget() { a.r, a.h, a.sent, a.late, a.rtt = nil, nil, time.Time{}, 0, 0 }
 
 // observe hands the answer to a request sent at a.sent to the pacer: a
 // rate limit pauses the fleet and lowers the rate, any answer's rate-limit
@@ -223,10 +236,11 @@ func (a *Attempt) forget() { a.r, a.h, a.sent = nil, nil, time.Time{} }
 // spacing gate's answer time. An error is the pause's failure.
 func (a *Attempt) observe(resp *http.Response, err error) (limitInfo, error) {
 	t := a.t
+	sent, rtt := a.timing(t.now())
 	var li limitInfo
 	switch {
 	case err == nil && IsRateLimited(resp):
-		if li, err = t.onLimited(a.ctx, a.tg, a.pt, resp, a.sent, a.n); err != nil {
+		if li, err = t.onLimited(a.ctx, a.tg, a.pt, resp, sent, a.n); err != nil {
 			return li, err
 		}
 		// After the pause is set: its fields may state the limit, or a
@@ -238,10 +252,23 @@ func (a *Attempt) observe(resp *http.Response, err error) (limitInfo, error) {
 		if a.gate.Passed {
 			// A 429 may come back sooner than an answer, and its pause
 			// holds the fleet anyway: only answers count.
-			t.pacer.Answered(a.ctx, a.pt, a.gate, a.sent, t.now().Sub(a.sent))
+			t.pacer.Answered(a.ctx, a.pt, a.gate, sent, rtt)
 		}
 	}
 	return li, nil
+}
+
+// timing returns when the request of a went out and how long its answer
+// took, at now: from Book's return, unless the caller said better
+// (Answer.SentAfter and RTT), within the time since Book returned.
+func (a *Attempt) timing(now time.Time) (sent time.Time, rtt time.Duration) {
+	since := max(now.Sub(a.sent), 0)
+	sent = a.sent.Add(min(a.late, since))
+	rtt = now.Sub(sent)
+	if a.rtt > 0 {
+		rtt = min(a.rtt, rtt)
+	}
+	return sent, rtt
 }
 
 // next decides what follows the answer to attempt a: a retry after a

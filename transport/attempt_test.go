@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"slices"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -161,5 +163,77 @@ func TestBookRefusesBadInput(t *testing.T) {
 	ctx := transport.WithCosts(t.Context(), map[string]int64{"tokens": 5})
 	if _, err := book(t, ctx, trs[0], "/availability", 1); !errors.Is(err, fleetrate.ErrInvalid) {
 		t.Errorf("Book with costs of a meter the upstream lacks = %v, want ErrInvalid", err)
+	}
+}
+
+// TestSpacingReadsARemoteWorkersTiming: a worker of the service's
+// outbound protocol sends a booked request a little after Book returned
+// (the booking's way back to it, its own scheduling) and reports the
+// answer a little after it came (the report's way to the service). Its
+// round trips, as the service sees them, are all slow beside the
+// upstream's, so without the worker's timing the gate took its usual
+// delay for the upstream's: it never held after a usual request, and a Go
+// worker of another process, which sends the moment it passes the gate,
+// reached the strict window (paced at 19/s, 52.6 ms apart) 49.6 ms after it. With Answer.SentAfter and RTT
+// the gate judges the arrival itself, and no two arrivals come closer
+// than the window. (A process's first 16 answers hold the gate for their
+// whole round trip, sendtime.RTTSamples: the late request comes after.)
+func TestSpacingReadsARemoteWorkersTiming(t *testing.T) {
+	for _, told := range []bool{false, true} {
+		synctest.Test(t, func(t *testing.T) {
+			trs, _ := fleetOf(t, 2, strictUpstream(true), inMemory(&upstream{}), transport.Options{})
+			var mu sync.Mutex
+			var arrivals []time.Time
+			arrive := func() {
+				mu.Lock()
+				arrivals = append(arrivals, time.Now())
+				mu.Unlock()
+			}
+			var wg sync.WaitGroup
+			for w, tr := range trs {
+				remote := w == 0 // the service's transport; the other, a Go worker's
+				wg.Go(func() {
+					for i := range 40 {
+						a, err := book(t, t.Context(), tr, "/avail", 1)
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						var sentAfter, reportAfter time.Duration
+						if remote {
+							sentAfter, reportAfter = 3*time.Millisecond, time.Millisecond
+							if i == 30 {
+								sentAfter = 6 * time.Millisecond // one later than usual
+							}
+						}
+						time.Sleep(sentAfter)
+						arrive()
+						time.Sleep(time.Millisecond) // the upstream's answer
+						time.Sleep(reportAfter)
+						ans := answered(http.StatusOK)
+						if told && remote {
+							ans.SentAfter, ans.RTT = sentAfter, time.Millisecond
+						}
+						if _, err := a.Report(ans); err != nil {
+							t.Error(err)
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			slices.SortFunc(arrivals, time.Time.Compare)
+			least := time.Hour
+			for i := 1; i < len(arrivals); i++ {
+				least = min(least, arrivals[i].Sub(arrivals[i-1]))
+			}
+			t.Logf("timing told: %t: closest arrivals %v apart, %d arrivals over %v", told, least, len(arrivals), arrivals[len(arrivals)-1].Sub(arrivals[0]))
+			switch {
+			case told && least < 50*time.Millisecond:
+				t.Errorf("with the remote worker's timing two arrivals came %v apart, want at least the 50 ms window", least)
+			case !told && least >= 50*time.Millisecond:
+				t.Errorf("without the remote worker's timing the arrivals kept the window (closest %v): the test shows nothing", least)
+			}
+		})
 	}
 }

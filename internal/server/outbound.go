@@ -238,6 +238,12 @@ type ReportRequest struct {
 	Error   string                     `json:"error,omitempty"`
 	Sent    *bool                      `json:"sent,omitempty"`
 	Costs   map[string]int64           `json:"costs,omitempty"`
+	// SentAfterMS and RTTMS are the worker's own timing: how long after
+	// it received the booking (plus the time the booking took to reach
+	// it) the request went out, and how long the upstream took to answer
+	// it (transport.Answer.SentAfter and RTT).
+	SentAfterMS *float64 `json:"sent_after_ms,omitempty"`
+	RTTMS       *float64 `json:"rtt_ms,omitempty"`
 }
 
 // ReportAnswer is the answer of POST /v1/outbound/report: whether to send
@@ -431,6 +437,20 @@ func reportAnswer(req *ReportRequest) (transport.Answer, error) {
 			return ans, badRequest(wire.CodeInvalid, "costs.%s: must be between 0 and %d, got %d", name, int64(fleetrate.MaxBurst), n)
 		}
 	}
+	for _, f := range []struct {
+		name string
+		ms   *float64
+		to   *time.Duration
+	}{{"sent_after_ms", req.SentAfterMS, &ans.SentAfter}, {"rtt_ms", req.RTTMS, &ans.RTT}} {
+		if f.ms == nil {
+			continue
+		}
+		// NaN fails both comparisons.
+		if !(*f.ms >= 0 && *f.ms <= maxTimingMS) {
+			return ans, badRequest(wire.CodeInvalid, "%s: must be between 0 and %d (ms), got %v", f.name, maxTimingMS, *f.ms)
+		}
+		*f.to = time.Duration(*f.ms * float64(time.Millisecond))
+	}
 	if req.Error != "" {
 		ans.Err = errors.New(truncate(req.Error))
 		ans.Sent = req.Sent == nil || *req.Sent
@@ -455,6 +475,10 @@ func reportAnswer(req *ReportRequest) (transport.Answer, error) {
 	ans.Sent, ans.Costs = true, req.Costs
 	return ans, nil
 }
+
+// maxTimingMS bounds a report's sent_after_ms and rtt_ms: a ticket is
+// reported within ReportWithin (a minute), so neither can be longer.
+const maxTimingMS = 3_600_000
 
 // truncate shortens a caller's value for an error message.
 func truncate(s string) string {

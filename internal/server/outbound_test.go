@@ -285,6 +285,9 @@ func TestOutboundBadInput(t *testing.T) {
 		{"report", `{"ticket":"x","status":42}`, 400, "invalid", "status:"},
 		{"report", `{"ticket":"x","status":200,"error":"boom"}`, 400, "invalid", "not both"},
 		{"report", `{"ticket":"x","status":200,"headers":{"Retry-After":5}}`, 400, "invalid", "headers.Retry-After"},
+		{"report", `{"ticket":"x","status":200,"sent_after_ms":-1}`, 400, "invalid", "sent_after_ms: must be between 0"},
+		{"report", `{"ticket":"x","status":200,"rtt_ms":3600001}`, 400, "invalid", "rtt_ms: must be between 0"},
+		{"report", `{"ticket":"x","status":200,"rtt_ms":"5"}`, 400, "invalid_json", "rtt_ms"},
 		{"report", `{"ticket":"x","status":200}`, 404, CodeUnknownTicket, "ticket"},
 	} {
 		var r reportAns

@@ -63,6 +63,13 @@ class Ticket:
     ``endpoint`` is the endpoint the request counts against, ``waited`` how
     long the service waited for its turn (seconds) and ``attempt`` which send
     of the request this is (1 for the first).
+
+    Call ``mark_sent()`` just before the request goes out and
+    ``mark_answered()`` when its answer's status line arrives (``call`` and
+    the httpx transport do): the report then carries this worker's own
+    timing, so that an endpoint's spacing gate judges when the request
+    reached the upstream rather than taking this worker's delays for the
+    upstream's.
     """
 
     client: "Client" = field(repr=False)
@@ -74,6 +81,27 @@ class Ticket:
     report_within: float
     booked_at: float = field(default_factory=time.monotonic, repr=False)
     reported: bool = field(default=False, repr=False)
+    # How long the booking's answer may have been on its way: the book
+    # call's time less the service's wait (seconds).
+    transit: float = field(default=0.0, repr=False)
+    sent_at: Optional[float] = field(default=None, repr=False)
+    answered_at: Optional[float] = field(default=None, repr=False)
+
+    def mark_sent(self) -> None:
+        """Note that the request goes out now."""
+        self.sent_at = time.monotonic()
+
+    def mark_answered(self) -> None:
+        """Note that the upstream's answer arrived now."""
+        self.answered_at = time.monotonic()
+
+    def _timing(self, body: Dict[str, Any]) -> None:
+        """Add the marked timing to a report's body."""
+        if self.sent_at is None:
+            return
+        body["sent_after_ms"] = round(max(self.sent_at - self.booked_at + self.transit, 0.0) * 1000, 3)
+        if self.answered_at is not None:
+            body["rtt_ms"] = round(max(self.answered_at - self.sent_at, 0.0) * 1000, 3)
 
     async def report(self, status: int, headers: Optional[HeadersLike] = None,
                      costs: Optional[Mapping[str, int]] = None) -> Verdict:
@@ -87,6 +115,7 @@ class Ticket:
             body["headers"] = headers_json(headers)
         if costs is not None:
             body["costs"] = _costs("costs", costs)
+        self._timing(body)
         return await self._report(body)
 
     async def failed(self, error: str, sent: bool = True,
@@ -101,6 +130,7 @@ class Ticket:
         body: Dict[str, Any] = {"ticket": self.ticket, "error": str(error) or "error", "sent": sent}
         if costs is not None:
             body["costs"] = _costs("costs", costs)
+        self._timing(body)
         return await self._report(body)
 
     async def _report(self, body: Dict[str, Any]) -> Verdict:
@@ -237,7 +267,8 @@ class Client:
         return Ticket(client=self, ticket=ticket, channel=channel,
                       endpoint=str(b.get("endpoint") or ""), attempt=attempt,
                       waited=waited,
-                      report_within=float(b.get("report_within_ms") or 60000) / 1000)
+                      report_within=float(b.get("report_within_ms") or 60000) / 1000,
+                      transit=max(time.monotonic() - t0 - waited, 0.0))
 
     async def call(self, channel: str, method: str, path: str,
                    send: Callable[[], Awaitable[Tuple[int, HeadersLike, T]]], *,
@@ -269,7 +300,9 @@ class Client:
             ticket = await self.book(channel, method, path, attempt=attempt, max_wait=max_wait,
                                      priority=priority, entity=entity, costs=costs, host=host)
             try:
+                ticket.mark_sent()
                 status, headers, result = await send()
+                ticket.mark_answered()
             except asyncio.CancelledError:
                 _report_in_background(ticket.failed("cancelled", sent=True))
                 raise

@@ -84,7 +84,9 @@ class PacedTransport(httpx.AsyncBaseTransport):
                 entity=opts.get("entity", self.entity),
                 costs=costs, host=request.url.host or None)
             try:
+                ticket.mark_sent()
                 response = await self.inner.handle_async_request(request)
+                ticket.mark_answered()
             except asyncio.CancelledError:
                 _report_in_background(ticket.failed("cancelled", sent=True))
                 raise

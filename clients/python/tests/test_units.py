@@ -78,3 +78,18 @@ def test_send_error_kept_when_its_report_fails(start_service: Any, caplog: pytes
     with caplog.at_level(logging.WARNING, logger="fleetrate"), pytest.raises(TimeoutError):
         asyncio.run(main())
     assert "could not be reported" in caplog.text
+
+
+def test_report_carries_the_workers_timing() -> None:
+    """A ticket marked sent and answered reports when the request went out
+    after its booking (with the booking's way back) and how long the
+    upstream took; unmarked, neither."""
+    client = fleetrate.Client("http://127.0.0.1:1")
+    t = fleetrate.Ticket(client=client, ticket="t", channel="c", endpoint="e", attempt=1,
+                         waited=0.0, report_within=60.0, booked_at=100.0, transit=0.002)
+    body: Dict[str, Any] = {}
+    t._timing(body)
+    assert body == {}
+    t.sent_at, t.answered_at = 100.003, 100.0045
+    t._timing(body)
+    assert body == {"sent_after_ms": 5.0, "rtt_ms": 1.5}
