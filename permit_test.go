@@ -276,3 +276,57 @@ func TestReleaseMisuseIsAnError(t *testing.T) {
 		}
 	})
 }
+
+// wrapped is a store wrapper, as failsafe.Store and the service's
+// instrumented store are: it hides the wrapped store's optional
+// interfaces and unwraps to it.
+type wrapped struct{ fleetrate.Store }
+
+func (w wrapped) Unwrap() fleetrate.Store { return w.Store }
+
+// TestPermitWaiterWakesThroughAWrapper: a Limiter over a wrapped store
+// finds the PermitNotifier beneath the wrapper (NotifierOf), so a caller
+// waiting for a permit gets it when the holder releases it, not at the
+// next retry of its own (a third of the lease, 5 s by default).
+func TestPermitWaiterWakesThroughAWrapper(t *testing.T) {
+	store := memstore.New(memstore.Options{})
+	if n := fleetrate.NotifierOf(wrapped{wrapped{store}}); n == nil {
+		t.Fatal("NotifierOf found no notifier beneath two wrappers")
+	}
+	if n := fleetrate.NotifierOf(wrapped{}); n != nil {
+		t.Fatalf("NotifierOf of a wrapper of nothing: %v, want nil", n)
+	}
+	synctest.Test(t, func(t *testing.T) {
+		store := wrapped{memstore.New(memstore.Options{Clock: time.Now})}
+		l, err := fleetrate.New(store, fleetrate.Config{
+			Buckets: []fleetrate.BucketConfig{{Name: "api", Limits: []fleetrate.Limit{fleetrate.PerSecond(1000, 1000)}, InFlight: 1}},
+			MaxWait: 10 * time.Second,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := l.Acquire(t.Context(), "api")
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make(chan time.Time)
+		go func() {
+			r2, err := l.Acquire(t.Context(), "api")
+			if err != nil {
+				t.Error(err)
+				close(got)
+				return
+			}
+			got <- time.Now()
+			_ = r2.Release(t.Context())
+		}()
+		time.Sleep(100 * time.Millisecond)
+		released := time.Now()
+		if err := r.Release(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		if at, ok := <-got; !ok || at.Sub(released) > 0 {
+			t.Fatalf("the waiter got its permit %v after the release, want at once", at.Sub(released))
+		}
+	})
+}
