@@ -105,9 +105,11 @@ func runExact(t *testing.T, rate, burst uint16, ops []byte) {
 // 30 s) on a limit of 6,000 tokens a second, burst 6,000, answered 100 to
 // 500 ms after its slot at a real cost of 250 to 750 tokens, settled then,
 // and booking again. It logs the real tokens a second answered over the
-// last 50 of 60 s, under gcra.Settle and under the exact settle of
-// exactModel: what a store that kept the least slack of later grants
-// would gain. The exact settle must gain, never lose.
+// last 50 of 60 s, under gcra.Settle (which gives back by the leads of
+// the later takes, see Lead) and under the exact settle of exactModel,
+// which keeps the whole history. Both must answer at least 90 % of the
+// limit (issue 38's target for benchmarks/meter, with the estimate at the
+// mean cost).
 func TestExactSettleUtilisation(t *testing.T) {
 	lim := fleetrate.PerSecond(6000, 6000)
 	b := fleetrate.Bucket{Key: "k", Limits: []fleetrate.Limit{lim}}
@@ -175,7 +177,9 @@ func TestExactSettleUtilisation(t *testing.T) {
 	})
 	t.Logf("real tokens a second answered, of a limit of %v a second: gcra.Settle %.0f (%.1f %%), exact settle %.0f (%.1f %%)",
 		lim.Rate, current, 100*current/lim.Rate, exact, 100*exact/lim.Rate)
-	if exact < current {
-		t.Errorf("the exact settle answered %.0f tokens a second, fewer than gcra.Settle's %.0f", exact, current)
+	for name, got := range map[string]float64{"gcra.Settle": current, "the exact settle": exact} {
+		if got < 0.9*lim.Rate {
+			t.Errorf("%s answered %.0f tokens a second, below 90 %% of the limit's %v", name, got, lim.Rate)
+		}
 	}
 }
