@@ -36,6 +36,7 @@ func Refund(now int64, limits []fleetrate.Limit, s *State, n, at, reserve int64)
 			changed = true
 		}
 	}
+	s.dropFullLeads()
 	return changed
 }
 
@@ -115,6 +116,7 @@ func Cancel(now int64, limits []fleetrate.Limit, s *State, n, stamp int64, booke
 			changed = true
 		}
 	}
+	s.dropFullLeads()
 	return changed
 }
 
@@ -192,6 +194,7 @@ func settleBack(now int64, limits []fleetrate.Limit, s *State, n, at, reserve in
 			changed = true
 		}
 	}
+	s.dropFullLeads()
 	return changed
 }
 

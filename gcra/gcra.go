@@ -121,11 +121,15 @@ func (s *State) Elapse(now int64, limits []fleetrate.Limit) {
 		}
 		// The same limits, or debts without fills (written before fills
 		// were kept, or a store's replay of debts already converted).
-		if len(s.Leads) != m {
-			s.Leads = nil
-		}
+		full := true
 		for i, d := range s.Debts {
 			s.Debts[i] = max(d-el, 0)
+			full = full && s.Debts[i] == 0
+		}
+		if len(s.Leads) != m || full {
+			// A full bucket is an absent one, whose grants get nothing
+			// back by leads (see dropFullLeads).
+			s.Leads = nil
 		}
 		return
 	}

@@ -129,3 +129,16 @@ func (s *State) noteTakes(now int64, limits []fleetrate.Limit, wait int64) {
 		s.Leads[i].take(at, s.Debts[i]-grain(wait, f), f)
 	}
 }
+
+// dropFullLeads drops the summary of s when every limit is full: a store
+// deletes a full bucket (the Lua mirror does), and what a full bucket
+// gives back by leads is nothing (every grant's slot lies before its
+// TAT, now), so dropping them changes no give-back.
+func (s *State) dropFullLeads() {
+	for _, d := range s.Debts {
+		if d > 0 {
+			return
+		}
+	}
+	s.Leads = nil
+}

@@ -207,15 +207,16 @@ func TestSettleGivesBackOnlyTheSlackOfLaterGrants(t *testing.T) {
 
 // TestSettleLowersTheLeadsAfterIt: a give-back lowers the leads of the
 // takes after the grant, which are that much lower in the chain where it
-// cost less. At 1 token a second, burst 10: a grant g of 5 at 0 s and h of
-// 4 at 0 s (lead 5 tokens), a grant k of 1 at 8 s (the bucket held 9:
-// lead 1); h settled to 0 at 8 s gets back 1 token (k's lead). Then g
-// settled to 0 must get nothing: had both cost nothing, k would have found
-// the bucket full and left 9 tokens, not 10. Without the lowering, g's
-// least lead would still read min(5, 1) and a take of the whole burst at
-// 8 s would be granted: 11 tokens at one instant.
+// cost less. At 1 token a second, burst 20, kept busy until 15 s before
+// 0 s (so the summary's epochs of 40 s know the grants): a grant g of 5
+// at 0 s (the bucket held 16) and h of 4 at 0 s, a grant k of 1 at 12 s
+// (the bucket held 19: lead 1); h settled to 0 at 12 s gets back 1 token
+// (k's lead). Then g settled to 0 must get nothing: had both cost nothing,
+// k would have found the bucket full and left 19 tokens, not 20. Without
+// the lowering, g's least lead would still read 1 and a take of the whole
+// burst at 12 s would be granted: 21 tokens at one instant.
 func TestSettleLowersTheLeadsAfterIt(t *testing.T) {
-	lim := fleetrate.Limit{Rate: 1, Burst: 10}
+	lim := fleetrate.Limit{Rate: 1, Burst: 20}
 	limits := []fleetrate.Limit{lim}
 	b := fleetrate.Bucket{Key: "k", Limits: limits}
 	const s = int64(1_000_000) // µs
@@ -226,19 +227,18 @@ func TestSettleLowersTheLeadsAfterIt(t *testing.T) {
 		res, _ := Decide(at, fleetrate.Request{Buckets: []fleetrate.Bucket{b}, N: n}, st)
 		return res.Allowed
 	}
-	// Two grants long before start the summary's epochs (20 s each).
-	if !take(t0-100*s, 1) || !take(t0-79*s, 1) {
-		t.Fatal("the warm-up grants were refused")
+	for at := t0 - 60*s; at < t0-15*s; at += s / 2 {
+		take(at, 1) // twice the rate: empty from about 40 s before
 	}
-	if !take(t0, 5) || !take(t0, 4) || !take(t0+8*s, 1) {
+	if !take(t0, 5) || !take(t0, 4) || !take(t0+12*s, 1) {
 		t.Fatal("g, h or k was refused")
 	}
-	Settle(t0+8*s, limits, &st[0], 4, 0, t0, 0) // h
+	Settle(t0+12*s, limits, &st[0], 4, 0, t0, 0) // h
 	if got, want := st[0].Debts[0], 1*lim.Interval(); got != want {
 		t.Fatalf("after h's settle the debt is %d ns, want %d (1 token: k's lead)", got, want)
 	}
-	Settle(t0+8*s, limits, &st[0], 5, 0, t0, 0) // g
-	if take(t0+8*s, 10) {
-		t.Fatal("a take of the whole burst was granted at 8 s after k's: 11 tokens at once")
+	Settle(t0+12*s, limits, &st[0], 5, 0, t0, 0) // g
+	if take(t0+12*s, 20) {
+		t.Fatal("a take of the whole burst was granted at 12 s after k's: 21 tokens at once")
 	}
 }
