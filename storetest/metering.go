@@ -264,8 +264,9 @@ func settleExact(t *testing.T, s fleetrate.Store, key func(string) string) {
 // store: a second settle to less is refused and gives nothing back.
 func settleTwice(t *testing.T, s fleetrate.Store, key func(string) string) {
 	ctx := context.Background()
-	name := key("settle-twice")
-	l, err := fleetrate.New(s, fleetrate.Config{Buckets: []fleetrate.BucketConfig{{Name: name, Limits: []fleetrate.Limit{fleetrate.PerPeriod(1000, time.Hour)}}}})
+	const name = "settle-twice"
+	cfg := fleetrate.Config{Prefix: key(""), Buckets: []fleetrate.BucketConfig{{Name: name, Limits: []fleetrate.Limit{fleetrate.PerPeriod(1000, time.Hour)}}}}
+	l, err := fleetrate.New(s, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
