@@ -21,6 +21,9 @@
 // debt tau means empty. This is GCRA, the exact token bucket: refill is
 // lazy (the debt shrinks by the elapsed time) and the take is one addition.
 // A whole bucket is a stamp plus one debt per limit; no floats, no drift.
+// Beside the debts a state keeps, per limit, a bounded summary of the
+// leads of the takes booked on it (Lead), by which Settle gives back what
+// a grant cost less as far as no later take relies on it.
 package gcra
 
 import (
