@@ -185,6 +185,8 @@ func settleBookedAhead(t *testing.T, s fleetrate.Store, key func(string) string)
 // takes decided after it (its limit's debt before the take less its
 // wait), nothing after a drain or a reset, and a store's first epoch of
 // grants, of which it knows nothing before, gets nothing back.
+// It is long because the steps build on one bucket's history: each
+// settle's give-back depends on every take and settle before it.
 func settleExact(t *testing.T, s fleetrate.Store, key func(string) string) {
 	ctx := context.Background()
 	lim := fleetrate.PerPeriod(1000, time.Hour) // 3.6 s a token, fill time 1 h
