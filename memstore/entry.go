@@ -76,6 +76,9 @@ func bucketBytes(keyLen, m int) int64 {
 	if m > 2 { // debts and fills out of the entry's inline array
 		n += 16 * int64(m)
 	}
+	if m > 1 { // the leads of the limits beyond the first
+		n += 32 * int64(m-1)
+	}
 	return n
 }
 
