@@ -24,7 +24,7 @@ type entry struct {
 	mu   sync.Mutex
 	dead atomic.Bool // removed from its shard's table (set by table.del)
 	// size is the bytes counted against Options.MaxBytes (capped at 2 GiB,
-	// to fit beside dead: the entry stays a 144-byte allocation).
+	// to fit beside dead: the entry stays within its 256-byte allocation).
 	size  int32
 	key   string
 	hash  uint64
