@@ -108,18 +108,18 @@ func (l *Limiter) costRequest(ctx context.Context, costs []Cost) (Request, error
 }
 
 // Settle adjusts the grant to what its work really cost, by bucket name:
-// a bucket charged less gets the difference back (as RefundN gives back:
-// what time has not refilled since the slot, nothing while a slot is
-// booked ahead), one charged more owes the difference at once, which
-// pushes later takes back and is never refused. Buckets not named keep
-// the cost they were charged. The bound this keeps: in every window
-// between two grants' slots, the real costs of its grants stay within
-// burst + rate × window plus the under-estimates of those not yet settled
-// when the last of them was decided (docs/ARCHITECTURE.md, "Settling").
-// Since what goes back is lost while a slot is booked ahead, book what the
-// work surely costs and settle up. A settle is applied once: a second call,
-// or one on a denial or a cancelled reservation, fails with ErrInvalid
-// and changes nothing.
+// a bucket charged less gets the difference back as far as no take
+// decided after the grant relies on it (see Store.Settle), one charged
+// more owes the difference at once, which pushes later takes back and is
+// never refused. Buckets not named keep the cost they were charged. The
+// bound this keeps: in every window between two grants' slots, the real
+// costs of its grants stay within burst + rate × window plus the
+// under-estimates of those not yet settled when the last of them was
+// decided (docs/ARCHITECTURE.md, "Settling"). An estimate at the mean
+// cost is fine: on a busy bucket what an answer cost less goes back up to
+// the least lead of the later takes. A settle is applied once: a second
+// call, or one on a denial or a cancelled reservation, fails with
+// ErrInvalid and changes nothing.
 func (r *Reservation) Settle(ctx context.Context, actual ...Cost) error {
 	if r == nil || r.l == nil || !r.Result.Allowed {
 		return fmt.Errorf("%w: settle: the reservation granted nothing", ErrInvalid)

@@ -464,10 +464,13 @@ type Store interface {
 	Reset(ctx context.Context, keys ...string) error
 	// Settle adjusts a grant to what its work really cost, bucket by
 	// bucket, in one atomic step: a limit charged less than the grant took
-	// gets the difference back as Refund gives back (what time has not
-	// refilled since s.At, nothing while a slot is booked ahead on it); a
-	// limit charged more owes the difference at once, which pushes later
-	// slots back and is never refused, since the work is done. A limit
+	// gets back the difference as far as no take decided after the grant
+	// relies on it (at most the least lead of those takes, which the store
+	// keeps per limit for the grants of the last two epochs, named by
+	// their slot s.At: see gcra.Lead), or what Refund gives back when that
+	// is more; a limit charged more owes the difference at once, which
+	// pushes later slots back and is never refused, since the work is
+	// done. A limit
 	// owes at most its fill time plus MaxWaitCap: a charge beyond is
 	// lost. So in every window between two grants' slots, the real costs
 	// of its grants stay within burst + rate × window plus the

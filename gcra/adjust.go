@@ -27,28 +27,46 @@ import (
 // Wait) is given back with Cancel.
 func Refund(now int64, limits []fleetrate.Limit, s *State, n, at, reserve int64) bool {
 	s.Elapse(now, limits)
-	// A grant older than the longest fill time has been refilled in full
-	// by every limit: clamping there keeps el below 2^53, as the Lua
-	// mirror needs, and changes no answer.
-	el := min(max(now-at, 0), refundHorizonUS) * 1000
+	el := refundElapsed(now, at)
 	changed := false
 	for i := range limits {
-		l := &limits[i]
-		iv := l.Interval()
-		d := s.Debts[i]
-		if d <= 0 || d > (l.Burst-min(max(reserve, 0), l.Burst))*iv {
-			continue
-		}
-		// No grant took more than a burst: n × iv is then at most the
-		// fill time, below el's clamp.
-		back := min(n, l.Burst)*iv - el
-		back = min(back, d)
-		if back > 0 {
-			s.Debts[i] = d - back
+		if back := refundBack(&limits[i], s.Debts[i], n, el, reserve); back > 0 {
+			s.Debts[i] -= back
+			s.spend(i, -1, back)
 			changed = true
 		}
 	}
+	s.dropFullLeads()
 	return changed
+}
+
+// refundElapsed is the time (ns) since a grant made at at (µs) that Refund
+// counts. A grant older than the longest fill time has been refilled in
+// full by every limit: clamping there keeps it below 2^53, as the Lua
+// mirror needs, and changes no answer.
+func refundElapsed(now, at int64) int64 {
+	return min(max(now-at, 0), refundHorizonUS) * 1000
+}
+
+// refundBack is what Refund gives back to limit l at debt d (ns) of n
+// tokens granted el ns ago: n intervals less el, at most d, and nothing
+// while a slot is booked ahead (d above the fill time less the reserve).
+func refundBack(l *fleetrate.Limit, d, n, el, reserve int64) int64 {
+	iv := l.Interval()
+	if d <= 0 || d > (l.Burst-min(max(reserve, 0), l.Burst))*iv {
+		return 0
+	}
+	// No grant took more than a burst: n × iv is then at most the fill
+	// time, below el's clamp.
+	return max(min(min(n, l.Burst)*iv-el, d), 0)
+}
+
+// spend lowers the leads of limit i after a give-back of back ns for a
+// grant of key at (-1: unknown), when s keeps them (see Lead.spend).
+func (s *State) spend(i int, at, back int64) {
+	if s.hasLeads() {
+		s.Leads[i].spend(at, back)
+	}
 }
 
 // refundHorizonUS is how far back (µs) Refund counts the time since a
@@ -94,34 +112,38 @@ func Cancel(now int64, limits []fleetrate.Limit, s *State, n, stamp int64, booke
 	for i := range limits {
 		if d := s.Debts[i]; d > 0 && d+el == booked[i] {
 			s.Debts[i] = giveBack(d, n, limits[i].Interval())
+			s.spend(i, -1, d-s.Debts[i])
 			changed = true
 		}
 	}
+	s.dropFullLeads()
 	return changed
 }
 
 // Settle adjusts, at now (µs), a grant that took cost tokens from this
 // bucket and whose work really cost actual, its slot having begun at at
-// (µs): when actual is less, the difference goes back as Refund gives it
-// back; when more, every limit owes the difference at once (its debt
-// grows by it, at most to MaxDebt of its fill time), which pushes later slots back and is
-// never refused. It reports whether any limit changed.
+// (µs, its key: fleetrate.Settlement.At): when actual is less, each limit
+// gets back the difference as far as no later take relies on it (see
+// settleBack); when more, every limit owes the difference at once (its
+// debt grows by it, at most to MaxDebt of its fill time), which pushes
+// later slots back and is never refused. It reports whether any limit
+// changed.
 //
 // The bound it keeps (FuzzSettleBound): for grants in the order of their
 // slots, in every window from one grant's slot to a later one's, the real
 // costs of its grants are at most burst + rate × window plus the
 // under-estimates (actual − cost, when positive) of those of its grants
-// not yet settled when the last of them was decided. Giving back more,
-// such as the whole difference whenever the bucket has not been full
-// since at, would break it: a later grant that found the bucket nearly
-// full relied on the refill the lower cost would have lost (see
+// not yet settled when the last of them was decided. Giving back the
+// whole difference whenever the bucket has not been full since at would
+// break it: a later grant that found the bucket nearly full relied on the
+// refill the lower cost would have lost (see
 // TestSettleGivesBackOnlyTheSlackOfLaterGrants and docs/ARCHITECTURE.md,
 // "Settling").
 func Settle(now int64, limits []fleetrate.Limit, s *State, cost, actual, at, reserve int64) bool {
-	if actual < cost {
-		return Refund(now, limits, s, cost-actual, at, reserve)
-	}
 	s.Elapse(now, limits)
+	if actual < cost {
+		return settleBack(now, limits, s, cost-actual, at, reserve)
+	}
 	if actual == cost {
 		return false
 	}
@@ -132,9 +154,48 @@ func Settle(now int64, limits []fleetrate.Limit, s *State, cost, actual, at, res
 	// below 2^56) for a coarser one, whose interval is whole µs.
 	for i := range limits {
 		f := fill(&limits[i])
-		s.Debts[i] = min(s.Debts[i]+(actual-cost)*limits[i].Interval(), MaxDebt(f))
+		d := s.Debts[i] + (actual-cost)*limits[i].Interval()
+		if s.hasLeads() {
+			// The debt was clamped at 0 (a full bucket) and the charge
+			// at MaxDebt: an earlier grant's lower cost would lower the
+			// result by no more than the debt before, nor beyond the cap.
+			lead := s.Debts[i]
+			if d > MaxDebt(f) {
+				lead = 0
+			}
+			s.Leads[i].note(lead)
+		}
+		s.Debts[i] = min(d, MaxDebt(f))
 	}
 	return true
+}
+
+// settleBack gives back, on each limit of s (elapsed to now), n tokens of
+// a grant of key at (µs) that cost that much less than it took: the more
+// of what Refund gives back (see refundBack) and of n intervals at most
+// the least lead of what was decided after the grant (Lead.least), at
+// most the debt. With no take after it, that is the whole difference; a
+// later take that found the bucket nearly full caps it at the refill it
+// relied on. Each give-back lowers the leads of what came after the
+// grant, since they are lower in the chain where it cost less.
+func settleBack(now int64, limits []fleetrate.Limit, s *State, n, at, reserve int64) bool {
+	el := refundElapsed(now, at)
+	changed := false
+	for i := range limits {
+		l := &limits[i]
+		d := s.Debts[i]
+		back := refundBack(l, d, n, el, reserve)
+		if s.hasLeads() {
+			back = max(back, min(min(n, l.Burst)*l.Interval(), s.Leads[i].least(at), d))
+		}
+		if back > 0 {
+			s.Debts[i] = d - back
+			s.spend(i, at, back)
+			changed = true
+		}
+	}
+	s.dropFullLeads()
+	return changed
 }
 
 // MaxDebt is the most a limit of fill time f (ns) may owe, in ns: its fill
@@ -176,6 +237,9 @@ func Drain(now int64, limits []fleetrate.Limit, s *State, d time.Duration, void 
 	for i := range limits {
 		f := fill(&limits[i])
 		empty := grain(int64(d), f) + f
+		if s.hasLeads() {
+			s.Leads[i].note(0)
+		}
 		if void {
 			s.Debts[i] = empty
 			continue

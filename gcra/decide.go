@@ -129,6 +129,7 @@ func decideOne(now int64, lim *fleetrate.Limit, n, reserve int64, maxWait time.D
 		res.Allowed = true
 		res.Wait = time.Duration(wait)
 		if n > 0 {
+			s.noteTakes(now, unsafe.Slice(lim, 1), wait)
 			debt = max(debt, wait) + n*iv // see book
 			s.Debts[0], booked = debt, true
 		}
@@ -234,6 +235,7 @@ func grant(now int64, req fleetrate.Request, states []State, wait int64, res fle
 	changed := false
 	for b, bk := range req.Buckets {
 		if n := fleetrate.CostOf(req.N, req.Costs, b); n > 0 {
+			states[b].noteTakes(now, bk.Limits, wait)
 			book(bk.Limits, states[b].Debts, n, wait)
 			changed = true
 		}

@@ -105,9 +105,12 @@ func runExact(t *testing.T, rate, burst uint16, ops []byte) {
 // 30 s) on a limit of 6,000 tokens a second, burst 6,000, answered 100 to
 // 500 ms after its slot at a real cost of 250 to 750 tokens, settled then,
 // and booking again. It logs the real tokens a second answered over the
-// last 50 of 60 s, under gcra.Settle and under the exact settle of
-// exactModel: what a store that kept the least slack of later grants
-// would gain. The exact settle must gain, never lose.
+// last 50 of 60 s, under gcra.Settle (which gives back by the leads of
+// the later takes, see Lead) and under the exact settle of exactModel,
+// which keeps the whole history. Both must answer at least 90 % of the
+// limit (issue 38's target for benchmarks/meter, with the estimate at the
+// mean cost). It also logs both when every answer costs 250, half its
+// booking: there the summary's least leads wear down (see Lead.spend).
 func TestExactSettleUtilisation(t *testing.T) {
 	lim := fleetrate.PerSecond(6000, 6000)
 	b := fleetrate.Bucket{Key: "k", Limits: []fleetrate.Limit{lim}}
@@ -120,7 +123,7 @@ func TestExactSettleUtilisation(t *testing.T) {
 	maxWait := int64(30 * time.Second)
 	// sim runs the callers over take and settle and returns the real
 	// tokens a second answered from from to run.
-	sim := func(take func(c int, now int64) (slot int64, ok bool), settle func(c int, now, slot, actual int64)) float64 {
+	sim := func(spread bool, take func(c int, now int64) (slot int64, ok bool), settle func(c int, now, slot, actual int64)) float64 {
 		rng := rand.New(rand.NewPCG(38, 1))
 		next := make([]int64, callers)       // when each caller acts next (ns)
 		pending := make([][2]int64, callers) // its grant's slot and real cost, or slot 0: none
@@ -149,33 +152,48 @@ func TestExactSettleUtilisation(t *testing.T) {
 				continue
 			}
 			actual := 250 + rng.Int64N(501)
+			if !spread {
+				actual = 250
+			}
 			pending[c] = [2]int64{slot, actual}
 			next[c] = slot + int64(100*time.Millisecond) + rng.Int64N(int64(400*time.Millisecond)+1)
 		}
 	}
-	// The fake clock starts at 1 µs: µs for gcra, ns for the model.
-	st := []State{{}}
-	current := sim(func(_ int, now int64) (int64, bool) {
-		res, _ := Decide(now/1000+1, fleetrate.Request{Buckets: []fleetrate.Bucket{b}, N: est, MaxWait: time.Duration(maxWait)}, st)
-		return (now/1000+1)*1000 + int64(res.Wait), res.Allowed
-	}, func(_ int, now, slot, actual int64) {
-		Settle(now/1000+1, b.Limits, &st[0], est, actual, slot/1000, 0)
-	})
-	m := &exactModel{iv: lim.Interval(), tau: lim.Burst * lim.Interval()}
-	held := make([]*mgrant, callers) // each caller's grant
-	exact := sim(func(c int, now int64) (int64, bool) {
-		g, ok := m.take(now+1000, est, maxWait)
-		held[c] = g
-		if !ok {
-			return 0, false
-		}
-		return g.slot, true
-	}, func(c int, _, _, actual int64) {
-		held[c].cost = actual
-	})
+	// utilisation runs both settles, costs spread or all 250.
+	utilisation := func(spread bool) (current, exact float64) {
+		// The fake clock starts at 1 µs: µs for gcra, ns for the model.
+		st := []State{{}}
+		current = sim(spread, func(_ int, now int64) (int64, bool) {
+			res, _ := Decide(now/1000+1, fleetrate.Request{Buckets: []fleetrate.Bucket{b}, N: est, MaxWait: time.Duration(maxWait)}, st)
+			return (now/1000+1)*1000 + int64(res.Wait), res.Allowed
+		}, func(_ int, now, slot, actual int64) {
+			Settle(now/1000+1, b.Limits, &st[0], est, actual, slot/1000, 0)
+		})
+		m := &exactModel{iv: lim.Interval(), tau: lim.Burst * lim.Interval()}
+		held := make([]*mgrant, callers) // each caller's grant
+		exact = sim(spread, func(c int, now int64) (int64, bool) {
+			g, ok := m.take(now+1000, est, maxWait)
+			held[c] = g
+			if !ok {
+				return 0, false
+			}
+			return g.slot, true
+		}, func(c int, _, _, actual int64) {
+			held[c].cost = actual
+		})
+		return current, exact
+	}
+	current, exact := utilisation(true)
 	t.Logf("real tokens a second answered, of a limit of %v a second: gcra.Settle %.0f (%.1f %%), exact settle %.0f (%.1f %%)",
 		lim.Rate, current, 100*current/lim.Rate, exact, 100*exact/lim.Rate)
-	if exact < current {
-		t.Errorf("the exact settle answered %.0f tokens a second, fewer than gcra.Settle's %.0f", exact, current)
+	for name, got := range map[string]float64{"gcra.Settle": current, "the exact settle": exact} {
+		if got < 0.9*lim.Rate {
+			t.Errorf("%s answered %.0f tokens a second, below 90 %% of the limit's %v", name, got, lim.Rate)
+		}
 	}
+	// Every answer at half its booking: each give-back lowers the leads of
+	// its whole epoch, and a busy epoch's least lead wears down (logged).
+	current, exact = utilisation(false)
+	t.Logf("every answer 250: gcra.Settle %.0f (%.1f %%), exact settle %.0f (%.1f %%)",
+		current, 100*current/lim.Rate, exact, 100*exact/lim.Rate)
 }

@@ -21,6 +21,9 @@
 // debt tau means empty. This is GCRA, the exact token bucket: refill is
 // lazy (the debt shrinks by the elapsed time) and the take is one addition.
 // A whole bucket is a stamp plus one debt per limit; no floats, no drift.
+// Beside the debts a state keeps, per limit, a bounded summary of the
+// leads of the takes booked on it (Lead), by which Settle gives back what
+// a grant cost less as far as no later take relies on it.
 package gcra
 
 import (
@@ -76,6 +79,11 @@ type State struct {
 	// what each used in its window, by period. A store keeps them until
 	// the last window ends (see TTL).
 	Quotas []QuotaUse
+	// Leads holds, for each limit, the summary of the leads of the takes
+	// booked on it that Settle gives back by (see Lead). Nil or a length
+	// that does not match the debts knows nothing: a settle gives back
+	// only what Refund gives back.
+	Leads []Lead
 }
 
 // MaxAnchorAge is how long, in µs, a state keeps its Anchor: a week, far
@@ -108,7 +116,7 @@ func (s *State) Elapse(now int64, limits []fleetrate.Limit) {
 			// Absent, or written before fills were kept for another
 			// number of limits: a full bucket.
 			buf := make([]int64, 2*m) // one allocation for debts and fills
-			s.Debts, s.Fills, s.Anchor, s.Horizon = buf[:m:m], buf[m:], 0, 0
+			s.Debts, s.Fills, s.Anchor, s.Horizon, s.Leads = buf[:m:m], buf[m:], 0, 0, nil
 			for i := range limits {
 				s.Fills[i] = fill(&limits[i])
 			}
@@ -116,8 +124,15 @@ func (s *State) Elapse(now int64, limits []fleetrate.Limit) {
 		}
 		// The same limits, or debts without fills (written before fills
 		// were kept, or a store's replay of debts already converted).
+		full := true
 		for i, d := range s.Debts {
 			s.Debts[i] = max(d-el, 0)
+			full = full && s.Debts[i] == 0
+		}
+		if len(s.Leads) != m || full {
+			// A full bucket is an absent one, whose grants get nothing
+			// back by leads (see dropFullLeads).
+			s.Leads = nil
 		}
 		return
 	}
@@ -131,6 +146,9 @@ func (s *State) Elapse(now int64, limits []fleetrate.Limit) {
 func (s *State) carry(now, read, el int64, limits []fleetrate.Limit) {
 	m := len(limits)
 	oldDebts, oldFills, anchor := s.Debts, s.Fills, s.Anchor
+	// The converted debts are another chain's: nothing booked before goes
+	// back by leads (see Lead). The old debts bound the old slots.
+	defer s.forget(now, slices.Max(oldDebts))
 	buf := make([]int64, 2*m)
 	s.Debts, s.Fills = buf[:m:m], buf[m:]
 	for j := range limits {
@@ -265,7 +283,7 @@ func (s *State) Converts(limits []fleetrate.Limit) bool {
 
 // Clone returns a copy of s with debts and fills of its own.
 func (s *State) Clone() State {
-	c := State{Stamp: s.Stamp, Debts: slices.Clone(s.Debts), Fills: slices.Clone(s.Fills), Anchor: s.Anchor, Horizon: s.Horizon, Quotas: slices.Clone(s.Quotas)}
+	c := State{Stamp: s.Stamp, Debts: slices.Clone(s.Debts), Fills: slices.Clone(s.Fills), Anchor: s.Anchor, Horizon: s.Horizon, Quotas: slices.Clone(s.Quotas), Leads: slices.Clone(s.Leads)}
 	if !s.Permits.Empty() {
 		c.Permits = s.Permits.Clone()
 	}

@@ -11,8 +11,9 @@ import (
 )
 
 // FuzzSettleBound drives takes of estimated costs by up to four callers
-// at once, each settled to its real cost (half to one and a half times the
-// estimate) some operations later, once its slot has begun, and checks
+// at once, some of a lower class (a reserve), each settled to its real
+// cost (half to one and a half times the estimate) some operations later,
+// in any order, once its slot has begun, and checks
 // the bound the docs state (docs/ARCHITECTURE.md, "What one take
 // carries"): in every window from a grant's slot to a later one's, the
 // real costs of the grants in it stay within burst + rate × window plus
@@ -33,6 +34,10 @@ func FuzzSettleBound(f *testing.F) {
 		}
 		limits := []fleetrate.Limit{lim}
 		b := fleetrate.Bucket{Key: "k", Limits: limits}
+		// A lower class keeps a reserve of a quarter of the burst; a
+		// settle passes it, as Reservation.Settle passes the lowest
+		// class's reserve.
+		reserve := lim.Burst / 4
 		st := []State{{}}
 		now := int64(1_700_000_000_000_000)
 		var grants []*settled
@@ -40,11 +45,13 @@ func FuzzSettleBound(f *testing.F) {
 		for i := 0; i+1 < len(ops); i += 2 {
 			now += int64(ops[i]) * lim.Interval() / 1000 / 8
 			if len(open) == 4 || ops[i+1]&1 == 1 && len(open) > 0 {
-				g := open[0]
-				open = open[1:]
+				// Any caller's work may end first.
+				k := int(ops[i+1]>>1) % len(open)
+				g := open[k]
+				open = slices.Delete(open, k, k+1)
 				// The work is done after its slot has begun.
 				now = max(now, (g.at+999)/1000)
-				Settle(now, limits, &st[0], g.cost, g.actual, g.at/1000, 0)
+				Settle(now, limits, &st[0], g.cost, g.actual, g.at/1000, reserve)
 				g.settle = i
 				continue
 			}
@@ -53,7 +60,11 @@ func FuzzSettleBound(f *testing.F) {
 			if ops[i]&2 == 2 { // a take that may wait: up to a fill time
 				maxWait = time.Duration(int64(ops[i]%4+1) * lim.Burst * lim.Interval() / 4)
 			}
-			res, _ := Decide(now, fleetrate.Request{Buckets: []fleetrate.Bucket{b}, N: cost, MaxWait: maxWait}, st)
+			rb := b
+			if ops[i]&4 == 4 && cost+reserve <= lim.Burst {
+				rb.Reserve = reserve // a take of the lower class
+			}
+			res, _ := Decide(now, fleetrate.Request{Buckets: []fleetrate.Bucket{rb}, N: cost, MaxWait: maxWait}, st)
 			if !res.Allowed {
 				continue
 			}
@@ -191,5 +202,43 @@ func TestSettleGivesBackOnlyTheSlackOfLaterGrants(t *testing.T) {
 	}
 	if take(t0+s, 2) {
 		t.Fatalf("after gcra.Settle a take of 2 at 1 s was granted: 3 tokens in 0.1 s at burst 2, rate 1/s")
+	}
+}
+
+// TestSettleLowersTheLeadsAfterIt: a give-back lowers the leads of the
+// takes after the grant, which are that much lower in the chain where it
+// cost less. At 1 token a second, burst 20, kept busy until 15 s before
+// 0 s (so the summary's epochs of 40 s know the grants): a grant g of 5
+// at 0 s (the bucket held 16) and h of 4 at 0 s, a grant k of 1 at 12 s
+// (the bucket held 19: lead 1); h settled to 0 at 12 s gets back 1 token
+// (k's lead). Then g settled to 0 must get nothing: had both cost nothing,
+// k would have found the bucket full and left 19 tokens, not 20. Without
+// the lowering, g's least lead would still read 1 and a take of the whole
+// burst at 12 s would be granted: 21 tokens at one instant.
+func TestSettleLowersTheLeadsAfterIt(t *testing.T) {
+	lim := fleetrate.Limit{Rate: 1, Burst: 20}
+	limits := []fleetrate.Limit{lim}
+	b := fleetrate.Bucket{Key: "k", Limits: limits}
+	const s = int64(1_000_000) // µs
+	t0 := int64(1_700_000_000) * s
+	st := []State{{}}
+	take := func(at, n int64) bool {
+		t.Helper()
+		res, _ := Decide(at, fleetrate.Request{Buckets: []fleetrate.Bucket{b}, N: n}, st)
+		return res.Allowed
+	}
+	for at := t0 - 60*s; at < t0-15*s; at += s / 2 {
+		take(at, 1) // twice the rate: empty from about 40 s before
+	}
+	if !take(t0, 5) || !take(t0, 4) || !take(t0+12*s, 1) {
+		t.Fatal("g, h or k was refused")
+	}
+	Settle(t0+12*s, limits, &st[0], 4, 0, t0, 0) // h
+	if got, want := st[0].Debts[0], 1*lim.Interval(); got != want {
+		t.Fatalf("after h's settle the debt is %d ns, want %d (1 token: k's lead)", got, want)
+	}
+	Settle(t0+12*s, limits, &st[0], 5, 0, t0, 0) // g
+	if take(t0+12*s, 20) {
+		t.Fatal("a take of the whole burst was granted at 12 s after k's: 21 tokens at once")
 	}
 }

@@ -155,9 +155,12 @@ func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Resu
 	// Result it cost the leased take about 10 % in CPU time.)
 	if l.left >= req.N && now.Before(l.until) && slices.Equal(l.limits, req.Buckets[0].Limits) {
 		l.left -= req.N
+		// At is the lease's, on the store's clock: the shared store granted
+		// these tokens then, and a settle names the take by it (its leads
+		// after it bound what goes back: see fleetrate.Store.Settle).
 		res := fleetrate.Result{
 			Allowed: true, N: req.N, Remaining: l.left,
-			Limit: l.granted.Limit, Bucket: l.granted.Bucket, LimitIndex: l.granted.LimitIndex, At: now, Degraded: l.granted.Degraded,
+			Limit: l.granted.Limit, Bucket: l.granted.Bucket, LimitIndex: l.granted.LimitIndex, At: l.granted.At, Degraded: l.granted.Degraded,
 		}
 		l.release()
 		return res, nil

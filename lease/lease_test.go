@@ -125,6 +125,19 @@ func TestLeaseServesTakesLocally(t *testing.T) {
 	}
 }
 
+// TestLeasedTakesAreAtTheLease: a take served from a lease reports the
+// lease's time, on the store's clock, not the process's: a settle names
+// the take in the store by it (fleetrate.Settlement.At).
+func TestLeasedTakesAreAtTheLease(t *testing.T) {
+	s, _, clock := setup(t, lease.Options{Tokens: 5, MaxAge: time.Second})
+	b := fleetrate.Bucket{Key: "hot", Limits: []fleetrate.Limit{fleetrate.Every(time.Hour, 100)}}
+	first := take(t, s, b, 1)
+	clock.Advance(300 * time.Millisecond)
+	if res := take(t, s, b, 1); !res.Allowed || !res.At.Equal(first.At) {
+		t.Fatalf("a leased take 300 ms after its lease: %+v, want allowed at the lease's %v", res, first.At)
+	}
+}
+
 // TestExpiredLeaseGivesTokensBack: the tokens left in a lease older than
 // MaxAge are not spent; the next take returns them to the bucket and
 // leases anew.

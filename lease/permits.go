@@ -7,7 +7,10 @@ import (
 )
 
 // Settle implements fleetrate.Store. It ends the leases of the buckets,
-// whose tokens a settle changes, and settles in the inner store.
+// whose tokens a settle changes, and settles in the inner store. A take
+// served from a lease reports its lease's Result.At, so its settle names
+// the lease's take in the inner store, whose later takes' leads bound
+// what goes back.
 func (s *Store) Settle(ctx context.Context, buckets []fleetrate.Bucket, st fleetrate.Settlement) error {
 	for _, b := range buckets {
 		s.forget(b.StoreKey())

@@ -69,7 +69,7 @@ func TestBytesFollowBuckets(t *testing.T) {
 		t.Fatalf("one bucket of a 3-byte key: %d bytes, want %d", got, want)
 	}
 	take("defg", three)
-	if got, want := s.Bytes(), int64(2*memstore.BucketOverhead+3+4+3*16); got != want {
+	if got, want := s.Bytes(), int64(2*memstore.BucketOverhead+3+4+3*16+2*32); got != want {
 		t.Fatalf("and one of a 4-byte key and three limits: %d bytes, want %d", got, want)
 	}
 	if err := s.Reset(ctx, "abc", "defg"); err != nil {

@@ -24,7 +24,7 @@ type entry struct {
 	mu   sync.Mutex
 	dead atomic.Bool // removed from its shard's table (set by table.del)
 	// size is the bytes counted against Options.MaxBytes (capped at 2 GiB,
-	// to fit beside dead: the entry stays a 144-byte allocation).
+	// to fit beside dead: the entry stays within its 256-byte allocation).
 	size  int32
 	key   string
 	hash  uint64
@@ -75,6 +75,9 @@ func bucketBytes(keyLen, m int) int64 {
 	n := int64(BucketOverhead + keyLen)
 	if m > 2 { // debts and fills out of the entry's inline array
 		n += 16 * int64(m)
+	}
+	if m > 1 { // the leads of the limits beyond the first
+		n += 32 * int64(m-1)
 	}
 	return n
 }

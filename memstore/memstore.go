@@ -55,17 +55,17 @@ type Options struct {
 const DefaultMaxKeys = 1_000_000
 
 // DefaultMaxBytes is the default bound on the bytes the buckets hold (see
-// Options.MaxBytes): 256 MiB, about 800,000 buckets of 40-byte keys
+// Options.MaxBytes): 256 MiB, about 700,000 buckets of 40-byte keys
 // (BucketOverhead and the key each), so that for ordinary keys it binds a
 // little before DefaultMaxKeys, and for long keys well before.
 const DefaultMaxBytes = 256 << 20
 
 // BucketOverhead is what Options.MaxBytes counts for one bucket besides
-// its key: its entry (a 240-byte allocation on amd64) and what its state
-// holds beside it, its slot in the shard's map and in the shard's
-// snapshot, and the snapshot's slack.
+// its key: its entry (a 256-byte allocation on amd64) and what its state
+// holds beside it (a limit's leads, 32 bytes: see gcra.Lead), its slot in
+// the shard's map and in the shard's snapshot, and the snapshot's slack.
 // TestBucketOverheadIsHeapPerBucket measures it.
-const BucketOverhead = 290
+const BucketOverhead = 340
 
 // Store is an in-memory fleetrate.Store. It is safe for concurrent use.
 type Store struct {

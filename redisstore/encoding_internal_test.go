@@ -24,6 +24,46 @@ func oneLimitValue(stamp, debt, fill int64) string {
 	return string(b)
 }
 
+// binaryValue is a one-limit binary value of tag tag and numbers v.
+func binaryValue(tag string, v ...int64) string {
+	b := []byte(tag)
+	for _, x := range v {
+		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(float64(x)))
+	}
+	return string(b)
+}
+
+// TestLeadsAreRead: the one-limit binary values with leads, and the text
+// form with leads (anchored or not), read back with them; a text value
+// whose leads do not match its limits is not a bucket.
+func TestLeadsAreRead(t *testing.T) {
+	l := gcra.Lead{Start: 1_796_000_000_500_000, Min: 7_000, PrevStart: 1_795_999_000_000_000, PrevMin: 9_000}
+	for _, c := range []struct {
+		raw    string
+		leads  []gcra.Lead
+		anchor int64
+	}{
+		{binaryValue(leadsTag, 1_796_000_000_000_000, 5_000_000, 2_000_000_000, l.Start, l.Min, l.PrevStart, l.PrevMin), []gcra.Lead{l}, 0},
+		{binaryValue(anchoredLeadsTag, 1_796_000_000_000_000, 5_000_000, 2_000_000_000, 1_795_999_000_000_000, 1_796_000_500_000_000, l.Start, l.Min, l.PrevStart, l.PrevMin), []gcra.Lead{l}, 1_795_999_000_000_000},
+		{"1796000000000000 5000000 -2000000000 7 -9 L 1796000000500000 7000 1795999000000000 9000 1 2 3 4", []gcra.Lead{l, {Start: 1, Min: 2, PrevStart: 3, PrevMin: 4}}, 0},
+		{"1796000000000000 5000000 -2000000000 7 -9 1795999000000000 1796000500000000 L 1796000000500000 7000 1795999000000000 9000 1 2 3 4", []gcra.Lead{l, {Start: 1, Min: 2, PrevStart: 3, PrevMin: 4}}, 1_795_999_000_000_000},
+	} {
+		st, ok := parseState(c.raw)
+		if !ok || !reflect.DeepEqual(st.Leads, c.leads) || st.Anchor != c.anchor || st.Debts[0] != 5_000_000 {
+			t.Errorf("parseState(%q) = %+v, %v; want leads %+v, anchor %d", c.raw, st, ok, c.leads, c.anchor)
+		}
+	}
+	for _, raw := range []string{
+		"1796000000000000 5000000 -2000000000 L 1 2 3 4 5 6 7 8",
+		"1796000000000000 5000000 -2000000000 L 1 2 3",
+		"1796000000000000 5000000 -2000000000 L 1 2 3 -4",
+	} {
+		if st, ok := parseState(raw); ok {
+			t.Errorf("parseState(%q) = %+v, true; want not a bucket", raw, st)
+		}
+	}
+}
+
 // anchoredValue is the binary value of an anchored one-limit bucket.
 func anchoredValue(stamp, debt, fill, anchor, horizon int64) string {
 	b := []byte(anchoredTag)
@@ -52,8 +92,9 @@ func TestAnchoredValuesAreRead(t *testing.T) {
 // version of the store has written (binary; text with fill times; text
 // without), for the take's own limit and for another one (converted), then
 // takes from it, plain and batched, and checks the decision and the state
-// written against gcra.Decide from the state that was written, and that
-// the state is then binary.
+// written (its leads too: a value without them knows none) against
+// gcra.Decide from the state that was written, and that the state is then
+// binary, with leads.
 func TestEveryValueEncodingIsRead(t *testing.T) {
 	srv := redistest.Start(t)
 	ctx := t.Context()
@@ -107,18 +148,19 @@ func TestEveryValueEncodingIsRead(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				// Binary; anchored after a limit of a longer fill time
-				// (see gcra.State.Anchor).
-				tag := oneLimitTag
+				// Binary with the take's leads (a value without them
+				// knows none: see gcra.Lead); anchored after a limit of a
+				// longer fill time (see gcra.State.Anchor).
+				tag := leadsTag
 				if model[0].Anchor != 0 {
-					tag = anchoredTag
+					tag = anchoredLeadsTag
 				}
 				if !strings.HasPrefix(raw, tag) {
 					t.Fatalf("value after the take = %q, want the binary one-limit form %q", raw, tag)
 				}
 				st, ok := parseState(raw)
-				if !ok || st.Stamp != got.At.UnixMicro() || !reflect.DeepEqual(st.Debts, model[0].Debts) || st.Fills[0] != fill || st.Anchor != model[0].Anchor || st.Horizon != model[0].Horizon {
-					t.Fatalf("state after the take = %+v (ok %v), want stamp %d, debts %v, fill %d, anchor %d, horizon %d", st, ok, got.At.UnixMicro(), model[0].Debts, fill, model[0].Anchor, model[0].Horizon)
+				if !ok || st.Stamp != got.At.UnixMicro() || !reflect.DeepEqual(st.Debts, model[0].Debts) || st.Fills[0] != fill || st.Anchor != model[0].Anchor || st.Horizon != model[0].Horizon || !reflect.DeepEqual(st.Leads, model[0].Leads) {
+					t.Fatalf("state after the take = %+v (ok %v), want stamp %d, debts %v, fill %d, anchor %d, horizon %d, leads %+v", st, ok, got.At.UnixMicro(), model[0].Debts, fill, model[0].Anchor, model[0].Horizon, model[0].Leads)
 				}
 			})
 		}
@@ -181,6 +223,9 @@ func FuzzParseState(f *testing.F) {
 	f.Add("g #")
 	f.Add(anchoredValue(1_796_000_000_000_000, 5_000_000, 2_000_000_000, 1_795_999_000_000_000, 1_796_000_500_000_000))
 	f.Add("1796000000000000 5000000 -2000000000 7 -9 1795999000000000 1796000500000000")
+	f.Add(binaryValue(leadsTag, 1_796_000_000_000_000, 5_000_000, 2_000_000_000, 1, 2, 3, 4))
+	f.Add(binaryValue(anchoredLeadsTag, 1_796_000_000_000_000, 5_000_000, 2_000_000_000, 1, 2, 3, 4, 5, 6))
+	f.Add("1796000000000000 5000000 -2000000000 L 1 2 3 4")
 	f.Fuzz(func(t *testing.T, raw string) {
 		st, ok := parseState(raw)
 		if !ok {
@@ -196,6 +241,15 @@ func FuzzParseState(f *testing.F) {
 		}
 		if strings.HasPrefix(raw, oneLimitTag) && len(raw) == len(oneLimitTag)+24 {
 			if back := oneLimitValue(st.Stamp, st.Debts[0], st.Fills[0]); back != raw {
+				t.Fatalf("%q read as %+v, written back as %q", raw, st, back)
+			}
+		}
+		if len(st.Leads) != 0 && len(st.Leads) != len(st.Debts) {
+			t.Fatalf("%q: %d leads for %d debts", raw, len(st.Leads), len(st.Debts))
+		}
+		if strings.HasPrefix(raw, leadsTag) && len(raw) == len(leadsTag)+56 {
+			l := st.Leads[0]
+			if back := binaryValue(leadsTag, st.Stamp, st.Debts[0], st.Fills[0], l.Start, l.Min, l.PrevStart, l.PrevMin); back != raw {
 				t.Fatalf("%q read as %+v, written back as %q", raw, st, back)
 			}
 		}

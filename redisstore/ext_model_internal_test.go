@@ -18,8 +18,8 @@ import (
 // TestExtendedMatchesModel runs random takes with costs by bucket and
 // in-flight permits, settles, cancels and releases on Redis and on gcra's
 // pure functions side by side, at the instants the scripts stamped: every
-// decision (its InFlight included) and every stored debt must be the
-// model's. Leases last a minute, so none lapses during the test.
+// decision (its InFlight included), every stored debt and every lead
+// (gcra.Lead, by which a settle gives back) must be the model's. Leases last a minute, so none lapses during the test.
 func TestExtendedMatchesModel(t *testing.T) {
 	srv := redistest.Start(t)
 	s, err := New(srv.Client(), Options{Timeout: 5 * time.Second})
@@ -34,6 +34,7 @@ func TestExtendedMatchesModel(t *testing.T) {
 		{Key: "{x}/a", Limits: []fleetrate.Limit{fleetrate.PerSecond(2000, 9)}, InFlight: 2},
 		{Key: "{x}/b", Limits: []fleetrate.Limit{fleetrate.PerSecond(700, 6), fleetrate.PerSecond(3, 11)}},
 		{Key: "{x}/c", Limits: []fleetrate.Limit{fleetrate.PerSecond(1e6, 8), fleetrate.PerSecond(333, 12)}, InFlight: 3},
+		{Key: "{x}/d", Limits: []fleetrate.Limit{fleetrate.PerSecond(500, 7)}}, // take_one.lua's path when alone
 	}
 	tokens := map[string]*gcra.State{}
 	permits := map[string]*inflight.Set{}
@@ -219,5 +220,8 @@ func compareDebts(t *testing.T, step int, s *Store, b fleetrate.Bucket, m gcra.S
 	m.Elapse(now, b.Limits)
 	if !slices.Equal(st.Debts, m.Debts) {
 		t.Fatalf("step %d: bucket %q: Redis debts %v, model %v (at %d)", step, b.Key, st.Debts, m.Debts, now)
+	}
+	if !slices.Equal(st.Leads, m.Leads) {
+		t.Fatalf("step %d: bucket %q: Redis leads %+v, model %+v (at %d)", step, b.Key, st.Leads, m.Leads, now)
 	}
 }

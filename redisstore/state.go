@@ -37,13 +37,56 @@ func (s *Store) State(ctx context.Context, key string) (st gcra.State, ok bool, 
 }
 
 // parseState reads a bucket's value as the scripts do: a one-limit value
-// "g #" and three little-endian doubles (stamp, debt, fill), or the text
-// "<stamp> <debt> -<fill> ..." (or "<stamp> <debt> ..." as older versions
-// wrote it).
+// "g #" and three little-endian doubles (stamp, debt, fill), "g $" (and
+// the anchor and horizon), "g %" (and the limit's four leads: see
+// gcra.Lead) or "g &" (anchored, with leads), or the text "<stamp>
+// <debt> -<fill> ... [<anchor> <horizon>] [L <leads> ...]" (or "<stamp>
+// <debt> ..." as older versions wrote it).
 func parseState(raw string) (gcra.State, bool) {
 	if st, ok, bin := parseOneLimit(raw); bin {
 		return st, ok
 	}
+	var leads []gcra.Lead
+	if i := strings.Index(raw, " L "); i >= 0 {
+		var ok bool
+		if leads, ok = parseLeads(raw[i+3:]); !ok {
+			return gcra.State{}, false
+		}
+		raw = raw[:i]
+	}
+	st, ok := parseText(raw)
+	if !ok || leads == nil {
+		return st, ok
+	}
+	if len(leads) != len(st.Debts) {
+		return gcra.State{}, false
+	}
+	st.Leads = leads
+	return st, true
+}
+
+// parseLeads reads the leads of the text form: four integers a limit.
+func parseLeads(raw string) ([]gcra.Lead, bool) {
+	f := strings.Fields(raw)
+	if len(f) == 0 || len(f)%4 != 0 {
+		return nil, false
+	}
+	v := make([]int64, len(f))
+	for i, x := range f {
+		var err error
+		if v[i], err = strconv.ParseInt(x, 10, 64); err != nil || v[i] < 0 {
+			return nil, false
+		}
+	}
+	leads := make([]gcra.Lead, len(v)/4)
+	for i := range leads {
+		leads[i] = gcra.Lead{Start: v[4*i], Min: v[4*i+1], PrevStart: v[4*i+2], PrevMin: v[4*i+3]}
+	}
+	return leads, true
+}
+
+// parseText reads the text form without its leads.
+func parseText(raw string) (gcra.State, bool) {
 	f := strings.Fields(raw)
 	if len(f) < 2 {
 		return gcra.State{}, false
@@ -81,23 +124,32 @@ func parseState(raw string) (gcra.State, bool) {
 
 // oneLimitTag starts the binary value of a one-limit bucket (see
 // scripts/take_one.lua), anchoredTag that of an anchored one (two more
-// doubles, the anchor and the horizon: see gcra.State.Anchor).
+// doubles, the anchor and the horizon: see gcra.State.Anchor); leadsTag
+// and anchoredLeadsTag those values followed by the limit's leads (four
+// doubles: see gcra.Lead).
 const (
-	oneLimitTag = "g #"
-	anchoredTag = "g $"
+	oneLimitTag      = "g #"
+	anchoredTag      = "g $"
+	leadsTag         = "g %"
+	anchoredLeadsTag = "g &"
 )
 
 // parseOneLimit reads the binary value of a one-limit bucket. bin reports
 // whether raw is one (by its tag and length); ok, whether it holds a
-// valid state: three integers below 2^56 (five when anchored), the stamp
-// and debt not negative and the fill time positive.
+// valid state: three integers below 2^56 (five when anchored, four more
+// with leads), the stamp and debt not negative and the fill time
+// positive.
 func parseOneLimit(raw string) (st gcra.State, ok, bin bool) {
-	var v [5]int64
-	n := 3
+	var v [9]int64
+	n, anchored, leads := 3, false, false
 	switch {
 	case len(raw) == len(oneLimitTag)+24 && strings.HasPrefix(raw, oneLimitTag):
 	case len(raw) == len(anchoredTag)+40 && strings.HasPrefix(raw, anchoredTag):
-		n = 5
+		n, anchored = 5, true
+	case len(raw) == len(leadsTag)+56 && strings.HasPrefix(raw, leadsTag):
+		n, leads = 7, true
+	case len(raw) == len(anchoredLeadsTag)+72 && strings.HasPrefix(raw, anchoredLeadsTag):
+		n, anchored, leads = 9, true, true
 	default:
 		return st, false, false
 	}
@@ -111,5 +163,13 @@ func parseOneLimit(raw string) (st gcra.State, ok, bin bool) {
 	if v[2] == 0 {
 		return st, false, true
 	}
-	return gcra.State{Stamp: v[0], Debts: []int64{v[1]}, Fills: []int64{v[2]}, Anchor: v[3], Horizon: v[4]}, true, true
+	st = gcra.State{Stamp: v[0], Debts: []int64{v[1]}, Fills: []int64{v[2]}}
+	rest := v[3:n]
+	if anchored {
+		st.Anchor, st.Horizon, rest = rest[0], rest[1], rest[2:]
+	}
+	if leads {
+		st.Leads = []gcra.Lead{{Start: rest[0], Min: rest[1], PrevStart: rest[2], PrevMin: rest[3]}}
+	}
+	return st, true, true
 }

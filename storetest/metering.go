@@ -148,11 +148,13 @@ func settle(t *testing.T, s fleetrate.Store, key func(string) string) {
 	}
 }
 
-// settleBookedAhead checks that a settle to less gives nothing back while
-// a later take is booked ahead on the bucket: that take's slot was
-// computed from the tokens the settle would give back, and a take after
-// the settle would be granted a slot before it, closer than the limit
-// allows (the bound of docs/ARCHITECTURE.md, "Settling").
+// settleBookedAhead checks that a settle to less of a grant the store
+// knows no leads for (the first of a bucket: see gcra.Lead) gives nothing
+// back while a later take is booked ahead on the bucket: that take's slot
+// was computed from the tokens the settle would give back, and without
+// its lead a take after the settle could be granted a slot before it,
+// closer than the limit allows (the bound of docs/ARCHITECTURE.md,
+// "Settling"). settleExact checks what goes back by the leads.
 func settleBookedAhead(t *testing.T, s fleetrate.Store, key func(string) string) {
 	ctx := context.Background()
 	lim := fleetrate.PerPeriod(1000, time.Hour) // 3.6 s a token
@@ -174,5 +176,113 @@ func settleBookedAhead(t *testing.T, s fleetrate.Store, key func(string) string)
 	// clock between the two takes is the most the wait may shrink.
 	if before.Allowed || after.Allowed || after.RetryAfter < before.RetryAfter-time.Second {
 		t.Fatalf("a settle to less with a slot booked ahead: a take of 1 waited %v before it and %v after, want no shorter", before.RetryAfter, after.RetryAfter)
+	}
+}
+
+// settleExact checks the give-back of a settle to less by the leads of
+// the takes after the grant (gcra.Lead): with slots booked ahead, a grant
+// settled to less gets back the difference up to the least lead of the
+// takes decided after it (its limit's debt before the take less its
+// wait), nothing after a drain or a reset, and a store's first epoch of
+// grants, of which it knows nothing before, gets nothing back.
+// It is long because the steps build on one bucket's history: each
+// settle's give-back depends on every take and settle before it.
+func settleExact(t *testing.T, s fleetrate.Store, key func(string) string) {
+	ctx := context.Background()
+	lim := fleetrate.PerPeriod(1000, time.Hour) // 3.6 s a token, fill time 1 h
+	iv := lim.FillTime() / 1000
+	bs := []fleetrate.Bucket{{Key: key("settle-exact"), Limits: []fleetrate.Limit{lim}}}
+	take := func(n int64) fleetrate.Result {
+		t.Helper()
+		res := mustTake(t, s, costs(bs, 20*time.Hour, n))
+		if !res.Allowed {
+			t.Fatalf("take of %d: %+v", n, res)
+		}
+		return res
+	}
+	// wait is how long a take of 1 would wait now: the debt less the
+	// burst less one token.
+	wait := func() time.Duration {
+		t.Helper()
+		return mustTake(t, s, costs(bs, 0, 1)).RetryAfter
+	}
+	do := func(g fleetrate.Result, cost, actual int64) {
+		t.Helper()
+		st := fleetrate.Settlement{Costs: []int64{cost}, Actual: []int64{actual}, At: g.At.Add(g.Wait)}
+		if err := s.Settle(ctx, bs, st); err != nil {
+			t.Fatalf("settle %d to %d: %v", cost, actual, err)
+		}
+	}
+	// expect checks that a settle gave back want tokens: the wait of a
+	// take of 1 shrank by that many intervals, within the second of clock
+	// the steps may take.
+	expect := func(before time.Duration, want int64, what string) {
+		t.Helper()
+		got := before - wait()
+		if d := got - time.Duration(want)*iv; d < -time.Second || d > time.Second {
+			t.Fatalf("%s: the wait shrank by %v, want %v (%d tokens back)", what, got, time.Duration(want)*iv, want)
+		}
+	}
+	// Takes of 500, each booked half a fill time after the one before
+	// (lead 500 tokens): the first epoch, which knows nothing of what came
+	// before it, ends two fill times of slots on.
+	first := take(500)
+	for range 6 {
+		take(500)
+	}
+	before := wait()
+	do(first, 500, 0)
+	expect(before, 0, "the first grant of a bucket, settled 500 to 0 behind a slot booked ahead")
+	g := take(500) // lead 500
+	take(800)      // lead 200
+	before = wait()
+	do(g, 500, 400)
+	expect(before, 100, "a grant settled 500 to 400 before takes of leads 500 and 200")
+	// The give-back lowered the leads after g by 100.
+	g = take(500) // lead 500
+	take(900)     // lead 100, in the next epoch
+	before = wait()
+	do(g, 500, 0)
+	expect(before, 100, "a grant settled 500 to 0 before a take of lead 100")
+	h := take(500)
+	if err := s.Drain(ctx, bs, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	before = wait()
+	do(h, 500, 0)
+	expect(before, 0, "a grant settled to less after a drain")
+	g = take(300)
+	if err := s.Reset(ctx, bs[0].Key); err != nil {
+		t.Fatal(err)
+	}
+	do(g, 300, 0)
+	if r := mustTake(t, s, costs(bs, 0, 0)).Remaining; r != lim.Burst {
+		t.Fatalf("a grant settled to less after a reset: %d left, want the burst %d", r, lim.Burst)
+	}
+	settleTwice(t, s, key)
+}
+
+// settleTwice checks that a Reservation's settle applies once over the
+// store: a second settle to less is refused and gives nothing back.
+func settleTwice(t *testing.T, s fleetrate.Store, key func(string) string) {
+	ctx := context.Background()
+	const name = "settle-twice"
+	cfg := fleetrate.Config{Prefix: key(""), Buckets: []fleetrate.BucketConfig{{Name: name, Limits: []fleetrate.Limit{fleetrate.PerPeriod(1000, time.Hour)}}}}
+	l, err := fleetrate.New(s, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := l.AllowCosts(ctx, fleetrate.Cost{Bucket: name, N: 600})
+	if err != nil || !r.Result.Allowed {
+		t.Fatalf("AllowCosts of 600: %+v, %v", r, err)
+	}
+	if err := r.Settle(ctx, fleetrate.Cost{Bucket: name, N: 500}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Settle(ctx, fleetrate.Cost{Bucket: name, N: 0}); !errors.Is(err, fleetrate.ErrInvalid) || !strings.Contains(err.Error(), "settled already") {
+		t.Fatalf("a second settle: %v, want ErrInvalid saying it was settled already", err)
+	}
+	if peek, err := l.Peek(ctx, name); err != nil || peek.Remaining > 500 {
+		t.Fatalf("after a settle of 600 to 500 and a refused second one: %+v, %v, want at most 500 left", peek, err)
 	}
 }

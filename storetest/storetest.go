@@ -72,6 +72,7 @@ func Run(t *testing.T, newStore func(t *testing.T) fleetrate.Store) {
 		{"CostsByBucket", costsByBucket},
 		{"CostsCancel", costsCancel},
 		{"Settle", settle},
+		{"SettleGivesBackByLaterLeads", settleExact},
 		{"InFlightBound", inFlightBound},
 		{"PermitAllOrNothing", permitAllOrNothing},
 		{"PermitQueue", permitQueue},

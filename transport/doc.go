@@ -71,14 +71,15 @@
 // more than it took owes the difference at once, which pushes the next
 // requests back, so the upstream's budget holds whatever the estimates.
 // A meter charged less gets back what fleetrate.Store.Settle gives back:
-// nothing while later requests are already booked on it, so a fleet that
-// keeps its meter busy loses whatever its estimates book above the real
-// cost. Book what a request surely costs (an LLM request's prompt) and let
-// the settle charge the rest: with at most F requests in flight
-// (Endpoint.InFlight), each adding at most E to its booking, and answer
-// times spread over J, a meter of rate r and burst b keeps an upstream of
-// rate R and burst B within its limit when r <= R and b + r×J + F×E <= B
-// (docs/ARCHITECTURE.md, "Settling"). A Classify of your own sets
+// the difference, as far as no request booked on it since relies on it
+// (the least lead of the later bookings), so an estimate at the mean cost
+// loses next to nothing on a busy meter. With at most F requests in
+// flight (Endpoint.InFlight), each costing at most E more than its
+// booking, and answer times spread over J, a meter of rate r and burst b
+// keeps an upstream of rate R and burst B within its limit when r <= R
+// and b + r×J + F×E <= B (docs/ARCHITECTURE.md, "Settling"): book the
+// mean cost, or what a request surely costs (an LLM request's prompt) and
+// let the settle charge the rest. A Classify of your own sets
 // Target.Costs and Target.Settle. See examples/llm.
 //
 // # The upstream's own rate-limit fields

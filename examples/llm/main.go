@@ -3,8 +3,7 @@
 // credential, and at most 4 requests in flight. Each request books what
 // it surely costs (its prompt's tokens) before it is sent, and the booking
 // is settled to the usage the answer reports: the completion is charged
-// then, and nothing booked is lost to an over-estimate (see "Settling" in
-// docs/ARCHITECTURE.md). The API here is a
+// then (see "Settling" in docs/ARCHITECTURE.md). The API here is a
 // local mock that reports usage and counts what it receives; the limits
 // are scaled down so that the run takes seconds.
 //
@@ -77,10 +76,12 @@ func api() transport.Upstream {
 
 // estimate is what a request surely costs before it is sent: its prompt
 // (about 4 bytes a token); its completion, up to max_tokens, is charged
-// when the answer is settled. A fleet that books more (prompt plus
-// max_tokens) gets the excess back only while no later request is booked
-// on the meter, which is never while it keeps the meter busy. It reads a
-// copy of the body, which the transport sends untouched.
+// when the answer is settled. An estimate of the mean cost works as well
+// (what an answer cost less goes back, as far as no later booking relies
+// on it); one of the prompt plus max_tokens books far more than the
+// answers cost, and while the meter is busy the later bookings' leads
+// (each at most the meter's burst less its booking) bound what goes back.
+// It reads a copy of the body, which the transport sends untouched.
 func estimate(r *http.Request) (map[string]int64, error) {
 	body, err := r.GetBody()
 	if err != nil {

@@ -19,7 +19,9 @@ for b = 1, #KEYS do
   for i = 1, m do
     local booked = tonumber(ARGV[pos + i - 1])
     if not begun and n > 0 and d[i] > 0 and d[i] + el == booked then
-      d[i] = math.max(d[i] - n * lims[2 * i - 1], 0)
+      local left = math.max(d[i] - n * lims[2 * i - 1], 0)
+      spend_lead(d, i, -1, d[i] - left)
+      d[i] = left
     end
   end
   pos = pos + m

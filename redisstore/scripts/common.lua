@@ -8,12 +8,15 @@
 --
 -- A bucket key holds the server time of the last write (its stamp, µs)
 -- and, per limit, its debt (ns of TAT beyond the stamp) and the fill time
--- (burst x interval) of the limit it was written for. A bucket of one limit
--- is "g #" and the three as little-endian doubles (see take_one.lua); one
--- of several limits, the string "<stamp_us> <debt_ns> -<fill_ns> ..." (the
--- fill times negated). A one-limit value in that text form (written by an
--- older version) is read too, and so is one without fill times (older
--- still), as it is, without conversion.
+-- (burst x interval) of the limit it was written for, then each limit's
+-- leads (gcra.Lead, see note_takes). A bucket of one limit is "g %" and
+-- the seven as little-endian doubles (see take_one.lua; "g &" adds the
+-- anchor and horizon before the leads); one of several limits, the string
+-- "<stamp_us> <debt_ns> -<fill_ns> ... L <leads> ..." (the fill times
+-- negated). Values without leads ("g #", "g $", text without " L ", as
+-- older versions wrote them) are read as knowing none. A one-limit value
+-- in the text form (written by an older version) is read too, and so is
+-- one without fill times (older still), as it is, without conversion.
 -- Every number is an integer below 2^53, exact in Lua's doubles, but the
 -- debts and fill times of a limit whose fill time exceeds COARSE_NS:
 -- those are whole microseconds below 2^56, exact too (see grain).
@@ -75,6 +78,90 @@ local function grain(x, f)
   return x
 end
 
+-- div_floor returns the whole part of x / q for x >= 0 and q > 0, exact
+-- for x below 2^53 or whole µs below 2^56 (a float division alone may
+-- round across an integer).
+local function div_floor(x, q)
+  return (x - math.fmod(x, q)) / q
+end
+
+-- Leads (gcra.Lead): a bucket's debts table keeps, in d.l, four numbers a
+-- limit (flat: start, min, prev_start, prev_min of limit i at 4i-3..4i),
+-- or nil when it knows none. They are written after the debts: in the
+-- one-limit binary values "g %" (stamp, debt, fill and the four) and
+-- "g &" (anchored: the anchor and horizon, then the four), and in the
+-- text form after " L". A value without them knows none.
+
+-- epoch_us mirrors gcra's epochUS: twice the fill time f (ns), in µs.
+local function epoch_us(f)
+  return math.max(div_floor(f, 500), 1)
+end
+
+-- forget_leads mirrors gcra's State.forget: both epochs of every limit
+-- begin beyond every grant booked on the bucket, whose TAT is at most
+-- debt ns from now, with no lead.
+local function forget_leads(d, m, now, debt)
+  local start = now + div_floor(math.max(debt, 0) + 999, 1000) + 1
+  local l = {}
+  for i = 1, m do
+    l[4 * i - 3], l[4 * i - 2], l[4 * i - 1], l[4 * i] = start, 0, start, 0
+  end
+  d.l = l
+end
+
+-- note_takes mirrors gcra's State.noteTakes: before a take wait ns from
+-- now books the m limits of lims, record each limit's lead (its debt less
+-- the wait), starting a summary that knows nothing when there is none.
+local function note_takes(d, lims, m, now, wait)
+  if not d.l then
+    local mx = 0
+    for i = 1, m do
+      if d[i] > mx then mx = d[i] end
+    end
+    forget_leads(d, m, now, mx)
+  end
+  local at, l = now + div_floor(wait, 1000), d.l
+  for i = 1, m do
+    local f = lims[2 * i] * lims[2 * i - 1]
+    local lead = math.min(math.max(d[i] - grain(wait, f), 0), f)
+    local k = 4 * i - 3
+    if at - l[k] >= epoch_us(f) then
+      l[k + 2], l[k + 3] = l[k], math.min(l[k + 1], lead)
+      l[k], l[k + 1] = at, f
+    else
+      l[k + 1] = math.min(l[k + 1], lead)
+    end
+  end
+end
+
+-- spend_lead mirrors gcra's Lead.spend for limit i of d after a give-back
+-- of back ns for a grant of key at (µs; -1: unknown).
+local function spend_lead(d, i, at, back)
+  local l = d.l
+  if not l then return end
+  local k = 4 * i - 3
+  l[k + 1] = math.max(l[k + 1] - back, 0)
+  if at < l[k] then l[k + 3] = math.max(l[k + 3] - back, 0) end
+end
+
+-- note_lead mirrors gcra's Lead.note: an operation of lead lead (ns) on
+-- limit i.
+local function note_lead(d, i, lead)
+  local l = d.l
+  if not l then return end
+  l[4 * i - 2] = math.min(l[4 * i - 2], math.max(lead, 0))
+end
+
+-- least_lead mirrors gcra's Lead.least for limit i of d (0 with none).
+local function least_lead(d, i, at)
+  local l = d.l
+  if not l then return 0 end
+  local k = 4 * i - 3
+  if at >= l[k] then return l[k + 1] end
+  if at >= l[k + 2] then return math.min(l[k + 1], l[k + 3]) end
+  return 0
+end
+
 -- convert returns the debt, under a limit of fill time to (ns), of a
 -- bucket that owed debt under a limit of fill time from: the part within
 -- the old fill time keeps its fraction of the bucket, the part beyond it
@@ -131,25 +218,54 @@ end
 -- gcra.State.Elapse). A missing key is a full bucket; one written for
 -- other limits carries each limit's debt over (see carried); one without
 -- fill times and of another number of limits is a full bucket. The debts
--- table also keeps the limits' fill times in d.f and the anchor to write
--- (gcra.State.Anchor, 0 for none) in d.a, which save writes beside them.
+-- table also keeps the limits' fill times in d.f, the anchor to write
+-- (gcra.State.Anchor, 0 for none) in d.a and the leads in d.l (nil for
+-- none: a full bucket, one converted knows none beyond its old slots),
+-- which save writes beside them.
 local function parse(raw, lims, m, now)
   local d = {}
   local anchor, horizon = 0, 0
   if raw then
     local stamp, vals, n
-    if #raw == 27 and string.sub(raw, 1, 3) == 'g #' then
+    local leads -- the leads written (see note_takes), or nil
+    local tag = string.sub(raw, 1, 3)
+    if #raw == 27 and tag == 'g #' then
       -- One limit, binary: read as the text "stamp debt -fill".
       local debt, fill
       stamp, debt, fill = struct.unpack('<ddd', raw, 4)
       vals, n = { debt, -fill }, 2
-    elseif #raw == 43 and string.sub(raw, 1, 3) == 'g $' then
+    elseif #raw == 43 and tag == 'g $' then
       -- One limit, binary, anchored: "stamp debt -fill" and the anchor
       -- and horizon.
       local debt, fill
       stamp, debt, fill, anchor, horizon = struct.unpack('<ddddd', raw, 4)
       vals, n = { debt, -fill }, 2
+    elseif #raw == 59 and tag == 'g %' then
+      -- One limit, binary, with leads.
+      local debt, fill
+      leads = {}
+      stamp, debt, fill, leads[1], leads[2], leads[3], leads[4] = struct.unpack('<ddddddd', raw, 4)
+      vals, n = { debt, -fill }, 2
+    elseif #raw == 75 and tag == 'g &' then
+      -- One limit, binary, anchored, with leads.
+      local debt, fill
+      leads = {}
+      stamp, debt, fill, anchor, horizon, leads[1], leads[2], leads[3], leads[4] = struct.unpack('<ddddddddd', raw, 4)
+      vals, n = { debt, -fill }, 2
     else
+      local lp = string.find(raw, ' L ', 1, true)
+      if lp then
+        -- "... L s1 m1 p1 q1 ...": the leads.
+        leads = {}
+        local k, sp = 0, lp + 2
+        while sp do
+          local nx = string.find(raw, ' ', sp + 1, true)
+          k = k + 1
+          leads[k] = tonumber(string.sub(raw, sp + 1, (nx or 0) - 1))
+          sp = nx
+        end
+        raw = string.sub(raw, 1, lp - 1)
+      end
       local sp = string.find(raw, ' ', 1, true)
       stamp = sp and tonumber(string.sub(raw, 1, sp - 1))
       vals, n = {}, 0
@@ -193,7 +309,23 @@ local function parse(raw, lims, m, now)
         full = od[i] <= el
       end
       if same then
-        for j = 1, m do d[j] = math.max(od[j] - el, 0) end
+        local full = true
+        for j = 1, m do
+          d[j] = math.max(od[j] - el, 0)
+          if d[j] > 0 then full = false end
+        end
+        -- A full bucket is an absent one: no leads (see gcra's Elapse).
+        if leads and #leads == 4 * m and not full then d.l = leads end
+      else
+        -- Converted: another chain's debts, whose grants get nothing
+        -- back by leads (see gcra's State.carry).
+        local mx = 0
+        for i = 1, k do
+          if od[i] > mx then mx = od[i] end
+        end
+        forget_leads(d, m, now, mx)
+      end
+      if same then
       elseif full then
         for j = 1, m do d[j] = 0 end
       else
@@ -267,13 +399,22 @@ local function encode(now, d)
     mx = math.max(mx, (h - now) * 1000)
   end
   if mx <= 0 then return nil, 0 end
+  local l = d.l
   if #d == 1 then
+    if l then
+      if a ~= 0 then return 'g &' .. struct.pack('<ddddddddd', now, d[1], f[1], a, h, l[1], l[2], l[3], l[4]), mx end
+      return 'g %' .. struct.pack('<ddddddd', now, d[1], f[1], l[1], l[2], l[3], l[4]), mx
+    end
     if a ~= 0 then return 'g $' .. struct.pack('<ddddd', now, d[1], f[1], a, h), mx end
     return 'g #' .. struct.pack('<ddd', now, d[1], f[1]), mx
   end
   local parts = { string.format(INT, now) }
   for i = 1, #d do parts[i + 1] = string.format(INT2, d[i], -f[i]) end
-  if a ~= 0 then parts[#d + 2] = string.format(INT2, a, h) end
+  if a ~= 0 then parts[#parts + 1] = string.format(INT2, a, h) end
+  if l then
+    parts[#parts + 1] = 'L'
+    for i = 1, #l do parts[#parts + 1] = string.format(INT, l[i]) end
+  end
   return table.concat(parts, ' '), mx
 end
 
@@ -300,7 +441,7 @@ local function save(key, now, d, absent)
 end
 
 -- take_all makes count identical, consecutive takes of n tokens at one
--- instant, each all or nothing across buckets 1..nb (debts[b], lims[b] and
+-- instant, now (µs), each all or nothing across buckets 1..nb (debts[b], lims[b] and
 -- ms[b] per bucket) and booked up to max_wait ns ahead, updating the debts
 -- in place as gcra.Decide does. A bucket's reserve r counts as tokens the
 -- take needs beside its n, which it does not book. It stops at the first denial (every
@@ -309,7 +450,7 @@ end
 -- The scripts reply with the debts from before the takes; the client
 -- replays the decisions from them with gcra.Decide, so the script
 -- computes no report of its own.
-local function take_all(debts, lims, ms, nb, n, max_wait, count)
+local function take_all(debts, lims, ms, nb, n, max_wait, count, now)
   local made, booked = 0, false
   for _ = 1, count do
     local need = nil
@@ -328,6 +469,7 @@ local function take_all(debts, lims, ms, nb, n, max_wait, count)
       booked = true
       for b = 1, nb do
         local d, l = debts[b], lims[b]
+        note_takes(d, l, ms[b], now, wait)
         for i = 1, ms[b] do d[i] = math.max(d[i], grain(wait, l[2 * i] * l[2 * i - 1])) + n * l[2 * i - 1] end
       end
     end

@@ -12,6 +12,7 @@ for b = 1, #KEYS do
   for i = 1, m do
     local f = lims[2 * i] * lims[2 * i - 1]
     local empty = grain(dur, f) + f
+    note_lead(d, i, 0)
     if void then d[i] = empty else d[i] = math.max(d[i], empty) end
   end
   save(KEYS[b], now, d)

@@ -22,6 +22,7 @@ for b = 1, #KEYS do
       local back = math.min(math.min(n, burst) * iv - el, d[i])
       if back > 0 then
         d[i] = d[i] - back
+        spend_lead(d, i, -1, back)
       end
     end
   end

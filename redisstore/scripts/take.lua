@@ -19,7 +19,7 @@ end
 
 local out = { now, 0 }
 append_debts(out, debts, ms, #KEYS)
-local made, booked = take_all(debts, lims, ms, #KEYS, n, max_wait, count)
+local made, booked = take_all(debts, lims, ms, #KEYS, n, max_wait, count, now)
 out[2] = made
 if booked then
   for b = 1, #KEYS do save(KEYS[b], now, debts[b]) end

@@ -73,7 +73,7 @@ for t = pos, #ARGV do
   local k = #out + 1
   out[k] = 0
   append_debts(out, debts, ms, nb)
-  local made, booked = take_all(debts, sh.lims, ms, nb, sh.n, sh.max_wait, sh.count)
+  local made, booked = take_all(debts, sh.lims, ms, nb, sh.n, sh.max_wait, sh.count, now)
   out[k] = made
   if booked then
     for b = 1, nb do

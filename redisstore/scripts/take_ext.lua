@@ -138,6 +138,7 @@ else
     if l.c > 0 then
       booked = true
       local d = debts[b]
+      note_takes(d, l, ms[b], now, wait)
       for i = 1, ms[b] do d[i] = math.max(d[i], wait) + l.c * l[2 * i - 1] end
     end
     if bounds[b] > 0 and id ~= '' then
