@@ -98,10 +98,14 @@ local function epoch_us(f)
 end
 
 -- forget_leads mirrors gcra's State.forget: both epochs of every limit
--- begin beyond every grant booked on the bucket, whose TAT is at most
--- debt ns from now, with no lead.
-local function forget_leads(d, m, now, debt)
-  local start = now + div_floor(math.max(debt, 0) + 999, 1000) + 1
+-- begin beyond every grant booked on the bucket, whose TAT is at most the
+-- largest of its k debts (ns, in debts) from now, with no lead.
+local function forget_leads(d, m, now, debts, k)
+  local debt = 0
+  for i = 1, k do
+    if debts[i] > debt then debt = debts[i] end
+  end
+  local start = now + div_floor(debt + 999, 1000) + 1
   local l = {}
   for i = 1, m do
     l[4 * i - 3], l[4 * i - 2], l[4 * i - 1], l[4 * i] = start, 0, start, 0
@@ -114,11 +118,7 @@ end
 -- the wait), starting a summary that knows nothing when there is none.
 local function note_takes(d, lims, m, now, wait)
   if not d.l then
-    local mx = 0
-    for i = 1, m do
-      if d[i] > mx then mx = d[i] end
-    end
-    forget_leads(d, m, now, mx)
+    forget_leads(d, m, now, d, m)
   end
   local at, l = now + div_floor(wait, 1000), d.l
   for i = 1, m do
@@ -319,11 +319,7 @@ local function parse(raw, lims, m, now)
       else
         -- Converted: another chain's debts, whose grants get nothing
         -- back by leads (see gcra's State.carry).
-        local mx = 0
-        for i = 1, k do
-          if od[i] > mx then mx = od[i] end
-        end
-        forget_leads(d, m, now, mx)
+        forget_leads(d, m, now, od, k)
       end
       if same then
       elseif full then
