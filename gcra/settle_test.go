@@ -166,6 +166,25 @@ func FuzzPermits(f *testing.F) {
 	})
 }
 
+// s is a second in µs, gcra's time unit; t0 is a time (µs) the settle
+// examples start at.
+const (
+	s  = int64(1_000_000)
+	t0 = 1_700_000_000 * s
+)
+
+// oneLimit is a bucket of the one limit lim: its limits, its state, and a
+// take of n tokens at at (µs) that says whether it was granted.
+func oneLimit(lim fleetrate.Limit) ([]fleetrate.Limit, []State, func(at, n int64) bool) {
+	limits := []fleetrate.Limit{lim}
+	b := fleetrate.Bucket{Key: "k", Limits: limits}
+	st := []State{{}}
+	return limits, st, func(at, n int64) bool {
+		res, _ := Decide(at, fleetrate.Request{Buckets: []fleetrate.Bucket{b}, N: n}, st)
+		return res.Allowed
+	}
+}
+
 // TestSettleGivesBackOnlyTheSlackOfLaterGrants: giving an over-estimate
 // back in full whenever the bucket has not been full since the grant's
 // slot is not exact. At 1 token a second, burst 2: a grant of 1 at 0 s
@@ -180,15 +199,7 @@ func FuzzPermits(f *testing.F) {
 // the slot (1 token less 1 s: nothing) refuses the take.
 func TestSettleGivesBackOnlyTheSlackOfLaterGrants(t *testing.T) {
 	lim := fleetrate.Limit{Rate: 1, Burst: 2}
-	limits := []fleetrate.Limit{lim}
-	b := fleetrate.Bucket{Key: "k", Limits: limits}
-	const s = int64(1_000_000) // µs
-	t0 := int64(1_700_000_000) * s
-	st := []State{{}}
-	take := func(at, n int64) bool {
-		res, _ := Decide(at, fleetrate.Request{Buckets: []fleetrate.Bucket{b}, N: n}, st)
-		return res.Allowed
-	}
+	limits, st, take := oneLimit(lim)
 	if !take(t0, 1) || !take(t0+9*s/10, 1) {
 		t.Fatal("the first two grants were refused")
 	}
@@ -217,16 +228,7 @@ func TestSettleGivesBackOnlyTheSlackOfLaterGrants(t *testing.T) {
 // burst at 12 s would be granted: 21 tokens at one instant.
 func TestSettleLowersTheLeadsAfterIt(t *testing.T) {
 	lim := fleetrate.Limit{Rate: 1, Burst: 20}
-	limits := []fleetrate.Limit{lim}
-	b := fleetrate.Bucket{Key: "k", Limits: limits}
-	const s = int64(1_000_000) // µs
-	t0 := int64(1_700_000_000) * s
-	st := []State{{}}
-	take := func(at, n int64) bool {
-		t.Helper()
-		res, _ := Decide(at, fleetrate.Request{Buckets: []fleetrate.Bucket{b}, N: n}, st)
-		return res.Allowed
-	}
+	limits, st, take := oneLimit(lim)
 	for at := t0 - 60*s; at < t0-15*s; at += s / 2 {
 		take(at, 1) // twice the rate: empty from about 40 s before
 	}
