@@ -31,7 +31,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -362,19 +361,33 @@ func sampler(ctx context.Context, p *proc, clientInFlight *atomic.Int64) func() 
 	return func() []sample { <-done; return ss }
 }
 
-var sampleLine = regexp.MustCompile(`(?m)^(go_goroutines|fleetrate_requests_in_flight) (\S+)$`)
-
+// scrape reads the service's goroutines and decisions in flight (-1 for
+// one it cannot read).
 func scrape(url string) map[string]float64 {
-	m := map[string]float64{"go_goroutines": -1, "fleetrate_requests_in_flight": -1}
-	c := http.Client{Timeout: time.Second}
+	return samples(url, time.Second, "go_goroutines", "fleetrate_requests_in_flight")
+}
+
+// samples reads the samples named names (with their labels, as /metrics
+// writes them) at url within timeout; -1 for one absent or unreadable.
+func samples(url string, timeout time.Duration, names ...string) map[string]float64 {
+	m := make(map[string]float64, len(names))
+	for _, n := range names {
+		m[n] = -1
+	}
+	c := http.Client{Timeout: timeout}
 	resp, err := c.Get(url)
 	if err != nil {
 		return m
 	}
 	defer resp.Body.Close()
 	data, _ := io.ReadAll(resp.Body)
-	for _, s := range sampleLine.FindAllSubmatch(data, -1) {
-		m[string(s[1])], _ = strconv.ParseFloat(string(s[2]), 64)
+	for _, l := range strings.Split(string(data), "\n") {
+		name, v, ok := strings.Cut(l, " ")
+		if _, want := m[name]; ok && want {
+			if f, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err == nil {
+				m[name] = f
+			}
+		}
 	}
 	return m
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net/http"
 	"os/exec"
 	"regexp"
 	"slices"
@@ -165,20 +164,7 @@ func metric(url, name string) float64 {
 		return 0
 	}
 	// An overloaded service answers its metrics late, not never.
-	c := http.Client{Timeout: 10 * time.Second}
-	resp, err := c.Get(url)
-	if err != nil {
-		return 0
-	}
-	defer resp.Body.Close()
-	data, _ := io.ReadAll(resp.Body)
-	for _, l := range strings.Split(string(data), "\n") {
-		if v, ok := strings.CutPrefix(l, name+" "); ok {
-			f, _ := strconv.ParseFloat(strings.TrimSpace(v), 64)
-			return f
-		}
-	}
-	return 0
+	return max(samples(url, 10*time.Second, name)[name], 0)
 }
 
 // closedLoop runs callers goroutines, each making one call after another
