@@ -213,6 +213,19 @@ local function carried(old, k, fills, m)
   return idx
 end
 
+-- numbers reads the space-separated numbers of raw after the space at sp
+-- (none when sp is nil), and their count.
+local function numbers(raw, sp)
+  local out, k = {}, 0
+  while sp do
+    local nx = string.find(raw, ' ', sp + 1, true)
+    k = k + 1
+    out[k] = tonumber(string.sub(raw, sp + 1, (nx or 0) - 1))
+    sp = nx
+  end
+  return out, k
+end
+
 -- parse returns the debts held in raw (a bucket key's value, or false when
 -- the key is missing) refilled up to now and converted to lims (see
 -- gcra.State.Elapse). A missing key is a full bucket; one written for
@@ -256,25 +269,12 @@ local function parse(raw, lims, m, now)
       local lp = string.find(raw, ' L ', 1, true)
       if lp then
         -- "... L s1 m1 p1 q1 ...": the leads.
-        leads = {}
-        local k, sp = 0, lp + 2
-        while sp do
-          local nx = string.find(raw, ' ', sp + 1, true)
-          k = k + 1
-          leads[k] = tonumber(string.sub(raw, sp + 1, (nx or 0) - 1))
-          sp = nx
-        end
+        leads = numbers(raw, lp + 2)
         raw = string.sub(raw, 1, lp - 1)
       end
       local sp = string.find(raw, ' ', 1, true)
       stamp = sp and tonumber(string.sub(raw, 1, sp - 1))
-      vals, n = {}, 0
-      while sp do
-        local nx = string.find(raw, ' ', sp + 1, true)
-        n = n + 1
-        vals[n] = tonumber(string.sub(raw, sp + 1, (nx or 0) - 1))
-        sp = nx
-      end
+      vals, n = numbers(raw, sp)
       if n >= 4 and n % 2 == 0 and vals[2] < 0 and vals[n - 1] > 0 and vals[n] > 0 then
         -- "stamp d1 -f1 ... anchor horizon": anchored.
         anchor, horizon = vals[n - 1], vals[n]
