@@ -7,9 +7,11 @@
 // (seen by the client, and inside fleetrate), the service's goroutines and
 // resident memory, and how long after the fault cleared the decisions
 // resumed. With -overload it instead offers fleetrate (on Redis, on its
-// defaults) 3 and 10 times the decisions it can make, each call with
-// Envoy's 20 ms deadline, and reports the goodput (decisions answered
-// within 20 ms), p99, memory and goroutines before, during and after.
+// defaults) 3 and 10 times the decisions it can make (measured just
+// before, in a closed loop), each call with Envoy's 20 ms deadline, and
+// reports the goodput (decisions answered within 20 ms) as a share of the
+// maximum measured just before and just after, p99, how long a shed call
+// waited for its answer, memory and goroutines before, during and after.
 //
 //	cd benchmarks && ./peers.sh && go run ./cmd/faultbench -ratelimit bin/ratelimit
 //	go run ./cmd/faultbench -overload

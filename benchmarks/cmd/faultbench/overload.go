@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"os/exec"
 	"regexp"
 	"slices"
@@ -59,9 +60,10 @@ func overload(out io.Writer, dir, bin string, srv *redistest.Server) error {
 	return nil
 }
 
-// overloadService measures s at 3 and 10 times its maximum; redisPID is
-// its Redis, whose CPU counts with the service's in the cost of a
-// decision and of a shed.
+// overloadService measures s at 3 and 10 times its maximum, each
+// measured again just before and after the overload; redisPID is its
+// Redis, whose CPU counts with the service's in the cost of a decision
+// and of a shed.
 //
 // It is long because it runs the maximum, the two overloads and the
 // CPU accounting in one sequence, each step using the last one's figures.
@@ -83,10 +85,14 @@ func overloadService(out io.Writer, s service, redisPID int) error {
 	if err := waitServing(clients[0]); err != nil {
 		return err
 	}
+	// A warm-up, not measured: the first second of a new service and
+	// Redis ran at half their speed in some runs and not in others.
+	closedLoop(clients, 4, 2*time.Second)
 	cpu := cpuMeter{pids: []int{p.cmd.Process.Pid, redisPID}}
 	// A decision's CPU is read with 4 callers, which the limit never
 	// sheds: with more, the sheds' CPU would count as the decisions'.
 	capacity, perDecision := 0.0, 0.0
+	var loops []string
 	for _, callers := range []int{4, 16, 64} {
 		c0, shed0 := cpu.now(), metric(p.metrics, shedMetric)
 		n := closedLoop(clients, callers, 2*time.Second)
@@ -94,30 +100,44 @@ func overloadService(out io.Writer, s service, redisPID int) error {
 			perDecision = (cpu.now() - c0) / (n * 2)
 		}
 		capacity = max(capacity, n)
+		loops = append(loops, fmt.Sprintf("%d: %.0f/s", callers, n))
 	}
 	if capacity == 0 {
 		return errNoDecisions
 	}
-	fmt.Fprintf(out, "\n%s: at most %.0f decisions/s (closed loop, 4, 16 and 64 callers, 2 s each), %.0f µs of CPU (service and Redis) each with 4 callers\n\n", s.name, capacity, 1e6*perDecision)
+	fmt.Fprintf(out, "\n%s: at most %.0f decisions/s (closed loop, 2 s each with %s callers), %.0f µs of CPU (service and Redis) each with 4 callers\n\n", s.name, capacity, strings.Join(loops, ", "), 1e6*perDecision)
 	var costs []string
-	fmt.Fprintln(out, "| offered | sent/s | goodput/s (decided within 20 ms) | of the maximum | p99 of decisions | p99 of all answers | answers | in flight max | goroutines before/max/after | RSS MiB before/max/after |")
-	fmt.Fprintln(out, "|---|---|---|---|---|---|---|---|---|---|")
+	fmt.Fprintln(out, "| offered | sent/s | goodput/s (decided within 20 ms) | maximum before / after (4 callers) | of the maximum | p99 of decisions | p99 of all answers | p50 / p99 of sheds | answers | in flight max | goroutines before/max/after | RSS MiB before/max/after |")
+	fmt.Fprintln(out, "|---|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, mult := range []float64{3, 10} {
+		// The maximum is measured again around each overload, and a
+		// decision's CPU (for the cost of a shed) with it: this host's
+		// CPUs ran up to 1.8 times slower from one minute to the next,
+		// and CPU 0 a quarter slower while CPU 1 is busy
+		// (docs/OPERATIONS.md, Overload), so a share of a maximum
+		// measured a minute before would measure the host.
+		cpre, shedPre := cpu.now(), metric(p.metrics, shedMetric)
+		pre := closedLoop(clients, 4, 2*time.Second)
+		if shed := metric(p.metrics, shedMetric) - shedPre; pre > 0 && shed == 0 {
+			perDecision = (cpu.now() - cpre) / (pre * 2)
+		}
 		ctx, cancel := context.WithCancel(context.Background())
 		var inFlight atomic.Int64
 		samples := sampler(ctx, p, &inFlight)
 		time.Sleep(300 * time.Millisecond)
-		begin, c0, shed0 := time.Now(), cpu.now(), metric(p.metrics, shedMetric)
-		calls := burstLoop(ctx, clients, mult*capacity, &inFlight)
+		begin, c0, shed0, g0 := time.Now(), cpu.now(), metric(p.metrics, shedMetric), cpuSeconds(os.Getpid())
+		calls := burstLoop(ctx, clients, mult*pre, &inFlight)
 		time.Sleep(3 * time.Second)
 		end := time.Now()
 		cs := calls()
 		used, sheds := cpu.now()-c0, metric(p.metrics, shedMetric)-shed0
+		generator := cpuSeconds(os.Getpid()) - g0
 		time.Sleep(time.Second) // the after sample
 		cancel()
 		ss := samples()
-		fmt.Fprintf(out, "| %.0fx (%.0f/s) | %s\n", mult, mult*capacity, overloadRow(cs, ss, begin, end, capacity))
-		costs = append(costs, shedCost(mult, capacity, cs, used, sheds, perDecision))
+		post := closedLoop(clients, 4, 2*time.Second)
+		fmt.Fprintf(out, "| %.0fx (%.0f/s) | %s\n", mult, mult*pre, overloadRow(cs, ss, begin, end, pre, post))
+		costs = append(costs, fmt.Sprintf("%s (the load generator: %.1f CPU-s)", shedCost(mult, capacity, cs, used, sheds, perDecision), generator))
 	}
 	fmt.Fprintf(out, "\nCPU: %s\n", strings.Join(costs, "; "))
 	return nil
@@ -228,14 +248,18 @@ func burstLoop(ctx context.Context, clients []rlspb.RateLimitServiceClient, rate
 }
 
 // overloadRow is an overload run's table row.
-func overloadRow(cs []call, ss []sample, begin, end time.Time, capacity float64) string {
+func overloadRow(cs []call, ss []sample, begin, end time.Time, pre, post float64) string {
+	capacity := (pre + post) / 2
 	span := end.Sub(begin).Seconds()
-	var all, decided []time.Duration
+	var all, decided, shed []time.Duration
 	answers := map[codes.Code]int{}
 	good := 0
 	for _, c := range cs {
 		all = append(all, c.took)
 		answers[c.code]++
+		if c.code == codes.ResourceExhausted {
+			shed = append(shed, c.took)
+		}
 		if c.code == codes.OK {
 			decided = append(decided, c.took)
 			if c.took <= envoyDeadline {
@@ -245,6 +269,7 @@ func overloadRow(cs []call, ss []sample, begin, end time.Time, capacity float64)
 	}
 	slices.Sort(all)
 	slices.Sort(decided)
+	slices.Sort(shed)
 	p99 := func(s []time.Duration) string {
 		if len(s) == 0 {
 			return "—"
@@ -252,8 +277,12 @@ func overloadRow(cs []call, ss []sample, begin, end time.Time, capacity float64)
 		return ms(pct(s, 0.99))
 	}
 	b, d, a := phases(ss, begin, end)
-	return fmt.Sprintf("%.0f | %.0f | %.0f %% | %s | %s | OK %d, RESOURCE_EXHAUSTED %d, DEADLINE_EXCEEDED %d, other %d | %s | %s | %s |",
-		float64(len(cs))/span, float64(good)/span, 100*float64(good)/span/capacity, p99(decided), p99(all),
+	sheds := "—"
+	if len(shed) > 0 {
+		sheds = ms(pct(shed, 0.5)) + " / " + ms(pct(shed, 0.99))
+	}
+	return fmt.Sprintf("%.0f | %.0f | %.0f / %.0f | %.0f %% | %s | %s | %s | OK %d, RESOURCE_EXHAUSTED %d, DEADLINE_EXCEEDED %d, other %d | %s | %s | %s |",
+		float64(len(cs))/span, float64(good)/span, pre, post, 100*float64(good)/span/capacity, p99(decided), p99(all), sheds,
 		answers[codes.OK], answers[codes.ResourceExhausted], answers[codes.DeadlineExceeded],
 		len(cs)-answers[codes.OK]-answers[codes.ResourceExhausted]-answers[codes.DeadlineExceeded],
 		num(d.inFlight), triple(b.goroutines, d.goroutines, a.goroutines, "%.0f"), triple(b.rss, d.rss, a.rss, "%.0f"))
