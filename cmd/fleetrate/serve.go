@@ -175,7 +175,7 @@ func serveCommand(getenv func(string) string) *cobra.Command {
 	f.Bool("response-dynamic-metadata", false, "add dynamic metadata (domain, descriptors, the rules' metadata) to RLS responses")
 	f.Bool("store-api", true, "serve the raw store API (/v1/store/...) used by remotestore")
 	f.Bool("redis-batch", true, "send concurrent decisions to Redis as one script call (redisstore's default; false sets redisstore.Options.Unbatched)")
-	f.Bool("adaptive-procs", true, "run on one processor (GOMAXPROCS=1) while the service uses under 0.75 of a CPU, on Go's default as soon as one processor is 85 % busy (checked every 100ms); false keeps Go's default; a GOMAXPROCS environment variable turns it off")
+	f.Bool("adaptive-procs", true, "run on one processor (GOMAXPROCS=1) while the service uses under 0.75 of a CPU, on Go's default as soon as one processor is 85 % busy (checked every 100ms), and on two processors when it has one CPU; false keeps Go's default; a GOMAXPROCS environment variable turns it off")
 	f.Int64("memory-max-keys", memstore.DefaultMaxKeys, "in-memory store: most buckets held; beyond, the one closest to refilling among a sample is dropped")
 	f.Int64("memory-max-bytes", memstore.DefaultMaxBytes, "in-memory store: most bytes the buckets hold (key bytes plus 208 a bucket), enforced as --memory-max-keys is")
 	f.Int64("local-cache-bytes", 0, "size of the over-limit cache (package overlimit): a bucket the store denied n tokens until t is denied at once, without a store call, until t; 0 disables")
@@ -282,6 +282,9 @@ func serve(ctx context.Context, st serveSettings, logOut io.Writer) error {
 	if st.adaptiveProcs {
 		defer governProcs(log)()
 	}
+	if st.redis != "" {
+		setRedisGC(log)
+	}
 	return srv.Serve(ctx, hl, gl)
 }
 
@@ -297,7 +300,8 @@ func governProcs(log *slog.Logger) (stop func()) {
 	case errors.Is(err, procs.ErrFixed):
 		log.Info("processors: GOMAXPROCS from the environment, not adaptive", "gomaxprocs", full)
 	case errors.Is(err, procs.ErrOneCPU):
-		log.Info("processors: one CPU, not adaptive", "gomaxprocs", full)
+		runtime.GOMAXPROCS(oneCPUProcs)
+		log.Info("processors: one CPU, two processors", "gomaxprocs", oneCPUProcs)
 	case errors.Is(err, procs.ErrRunning):
 		log.Debug("processors: governed by another service in this process", "gomaxprocs", full)
 	default:

@@ -116,11 +116,21 @@ type serveChild struct {
 // test's end.
 func startServeChild(t *testing.T, env []string, args ...string) *serveChild {
 	t.Helper()
+	return startServeChildOn(t, "", env, args...)
+}
+
+// startServeChildOn is startServeChild with the child pinned to the CPUs
+// cpus names (taskset -c), or unpinned when cpus is empty.
+func startServeChildOn(t *testing.T, cpus string, env []string, args ...string) *serveChild {
+	t.Helper()
 	path := serveWriteFile(t, "fleetrate.yaml", serveTestConfig)
 	args = append([]string{"serve", "--config", path, "--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0", "--log-format", "json", "--log-level", "info"}, args...)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	t.Cleanup(cancel)
 	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestServeChildProcess$")
+	if cpus != "" {
+		cmd = exec.CommandContext(ctx, "taskset", "-c", cpus, os.Args[0], "-test.run=^TestServeChildProcess$")
+	}
 	cmd.Env = append(append(os.Environ(), env...), serveChildEnv+"="+strings.Join(args, "\n"))
 	stderr, err := cmd.StderrPipe()
 	if err != nil {

@@ -80,7 +80,7 @@ func run(args []string, out io.Writer) error {
 	fs.BoolVar(&f.overload, "overload", false, "run the overload measurement instead")
 	fs.StringVar(&overloadBounds, "bounds", overloadBounds, "with -overload: the --max-in-flight values to run, comma-separated (default: the service's default), or serve's flags, such as \"--latency-target 5ms\"")
 	fs.IntVar(&descriptors, "descriptors", 1, "descriptors (buckets) per RLS call: more make each decision dearer for the service than for the load generator")
-	fs.StringVar(&serverCPU, "server-cpu", "", "run fleetrate on this CPU only (taskset -c, GOMAXPROCS=1), so that a load generator pinned elsewhere can offer it more than it decides")
+	fs.StringVar(&serverCPU, "server-cpu", "", "run fleetrate on this CPU only (taskset -c; the service then chooses its processors for one CPU), so that a load generator pinned elsewhere can offer it more than it decides")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -172,7 +172,6 @@ func fleetrateService(bin, dir, redisURL string, extra ...string) service {
 		cmd := exec.Command(bin, args...)
 		if serverCPU != "" {
 			cmd = exec.Command("taskset", append([]string{"-c", serverCPU, bin}, args...)...)
-			cmd.Env = append(os.Environ(), "GOMAXPROCS=1")
 		}
 		cmd.Stderr = os.Stderr
 		return &proc{cmd: cmd, grpc: g, metrics: "http://" + h + "/metrics", inFlight: true}, cmd.Start()
