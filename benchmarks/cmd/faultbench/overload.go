@@ -89,16 +89,10 @@ func overloadService(out io.Writer, s service, redisPID int) error {
 	// Redis ran at half their speed in some runs and not in others.
 	closedLoop(clients, 4, 2*time.Second)
 	cpu := cpuMeter{pids: []int{p.cmd.Process.Pid, redisPID}}
-	// A decision's CPU is read with 4 callers, which the limit never
-	// sheds: with more, the sheds' CPU would count as the decisions'.
-	capacity, perDecision := 0.0, 0.0
-	var loops []string
-	for _, callers := range []int{4, 16, 64} {
-		c0, shed0 := cpu.now(), metric(p.metrics, shedMetric)
+	capacity, perDecision := decisionLoop(clients, cpu, p.metrics)
+	loops := []string{fmt.Sprintf("4: %.0f/s", capacity)}
+	for _, callers := range []int{16, 64} {
 		n := closedLoop(clients, callers, 2*time.Second)
-		if shed := metric(p.metrics, shedMetric) - shed0; callers == 4 && n > 0 && shed == 0 {
-			perDecision = (cpu.now() - c0) / (n * 2)
-		}
 		capacity = max(capacity, n)
 		loops = append(loops, fmt.Sprintf("%d: %.0f/s", callers, n))
 	}
@@ -109,7 +103,8 @@ func overloadService(out io.Writer, s service, redisPID int) error {
 	var costs []string
 	// highest is the most decisions a second the service made anywhere in
 	// the run (a closed loop, or the goodput of an overload); good10 the
-	// goodput at 10x: their ratio is the most conservative share.
+	// goodput of the last overload, 10x: their ratio is the most
+	// conservative share.
 	highest, good10 := capacity, 0.0
 	fmt.Fprintln(out, "| offered | sent/s | goodput/s (decided within 20 ms) | maximum before / after (4 or 16 callers) | of the maximum | p99 of decisions | p99 of all answers | p50 / p99 of sheds | answers | in flight max | goroutines before/max/after | RSS MiB before/max/after |")
 	fmt.Fprintln(out, "|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -120,10 +115,9 @@ func overloadService(out io.Writer, s service, redisPID int) error {
 		// and CPU 0 a quarter slower while CPU 1 is busy
 		// (docs/OPERATIONS.md, Overload), so a share of a maximum
 		// measured a minute before would measure the host.
-		cpre, shedPre := cpu.now(), metric(p.metrics, shedMetric)
-		pre := closedLoop(clients, 4, 2*time.Second)
-		if shed := metric(p.metrics, shedMetric) - shedPre; pre > 0 && shed == 0 {
-			perDecision = (cpu.now() - cpre) / (pre * 2)
+		pre, d := decisionLoop(clients, cpu, p.metrics)
+		if d > 0 {
+			perDecision = d
 		}
 		pre = max(pre, closedLoop(clients, 16, 2*time.Second))
 		ctx, cancel := context.WithCancel(context.Background())
@@ -141,10 +135,10 @@ func overloadService(out io.Writer, s service, redisPID int) error {
 		cancel()
 		ss := samples()
 		post := max(closedLoop(clients, 4, 2*time.Second), closedLoop(clients, 16, 2*time.Second))
-		highest = max(highest, pre, post, goodput(cs, end.Sub(begin).Seconds()))
 		good10 = goodput(cs, end.Sub(begin).Seconds())
+		highest = max(highest, pre, post, good10)
 		fmt.Fprintf(out, "| %.0fx (%.0f/s) | %s\n", mult, mult*pre, overloadRow(cs, ss, begin, end, pre, post))
-		costs = append(costs, fmt.Sprintf("%s (the load generator: %.1f CPU-s)", shedCost(mult, capacity, cs, used, sheds, perDecision), generator))
+		costs = append(costs, fmt.Sprintf("%s (the load generator: %.1f CPU-s)", shedCost(mult, pre, cs, used, sheds, perDecision), generator))
 	}
 	fmt.Fprintf(out, "\nThe most decisions a second anywhere in the run: %.0f/s; the goodput at 10x is %.0f %% of it.\n", highest, 100*good10/highest)
 	fmt.Fprintf(out, "\nCPU: %s\n", strings.Join(costs, "; "))
@@ -193,6 +187,21 @@ func metric(url, name string) float64 {
 	}
 	// An overloaded service answers its metrics late, not never.
 	return max(samples(url, 10*time.Second, name)[name], 0)
+}
+
+// decisionLoop runs a closed loop of 4 callers for 2 s and returns its
+// decisions a second and a decision's CPU (service and Redis, read from
+// cpu), or 0 for the CPU when the loop was shed after all: 4 callers are
+// what the concurrency limit's floor always admits, and with sheds their
+// CPU would count as the decisions'.
+func decisionLoop(clients []rlspb.RateLimitServiceClient, cpu cpuMeter, metrics string) (rate, perDecision float64) {
+	const d = 2 * time.Second
+	c0, shed0 := cpu.now(), metric(metrics, shedMetric)
+	rate = closedLoop(clients, 4, d)
+	if shed := metric(metrics, shedMetric) - shed0; rate > 0 && shed == 0 {
+		perDecision = (cpu.now() - c0) / (rate * d.Seconds())
+	}
+	return rate, perDecision
 }
 
 // closedLoop runs callers goroutines, each making one call after another
@@ -293,12 +302,13 @@ func overloadRow(cs []call, ss []sample, begin, end time.Time, pre, post float64
 		return ms(pct(s, 0.99))
 	}
 	b, d, a := phases(ss, begin, end)
+	good := goodput(cs, span)
 	sheds := "—"
 	if len(shed) > 0 {
 		sheds = ms(pct(shed, 0.5)) + " / " + ms(pct(shed, 0.99))
 	}
 	return fmt.Sprintf("%.0f | %.0f | %.0f / %.0f | %.0f %% | %s | %s | %s | OK %d, RESOURCE_EXHAUSTED %d, DEADLINE_EXCEEDED %d, other %d | %s | %s | %s |",
-		float64(len(cs))/span, goodput(cs, span), pre, post, 100*goodput(cs, span)/capacity, p99(decided), p99(all), sheds,
+		float64(len(cs))/span, good, pre, post, 100*good/capacity, p99(decided), p99(all), sheds,
 		answers[codes.OK], answers[codes.ResourceExhausted], answers[codes.DeadlineExceeded],
 		len(cs)-answers[codes.OK]-answers[codes.ResourceExhausted]-answers[codes.DeadlineExceeded],
 		num(d.inFlight), triple(b.goroutines, d.goroutines, a.goroutines, "%.0f"), triple(b.rss, d.rss, a.rss, "%.0f"))
