@@ -14,7 +14,9 @@ import (
 // threads and a connection's reader runs while the other thread decides.
 // Offered 10 times what it decides on one CPU, the service answered its
 // shed calls in half the time and kept more of its maximum
-// (docs/OPERATIONS.md, Overload).
+// (docs/OPERATIONS.md, Overload). Setting it ends Go's automatic
+// updates of the count: a CPU limit raised later is followed after a
+// restart.
 const oneCPUProcs = 2
 
 // redisGCPercent is the garbage collector's target (GOGC) of a service on

@@ -127,10 +127,11 @@ func startServeChildOn(t *testing.T, cpus string, env []string, args ...string) 
 	args = append([]string{"serve", "--config", path, "--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0", "--log-format", "json", "--log-level", "info"}, args...)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	t.Cleanup(cancel)
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestServeChildProcess$")
+	name, argv := os.Args[0], []string{"-test.run=^TestServeChildProcess$"}
 	if cpus != "" {
-		cmd = exec.CommandContext(ctx, "taskset", "-c", cpus, os.Args[0], "-test.run=^TestServeChildProcess$")
+		name, argv = "taskset", append([]string{"-c", cpus, name}, argv...)
 	}
+	cmd := exec.CommandContext(ctx, name, argv...)
 	cmd.Env = append(append(os.Environ(), env...), serveChildEnv+"="+strings.Join(args, "\n"))
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
