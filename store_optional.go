@@ -4,6 +4,8 @@ package fleetrate
 
 import (
 	"context"
+	"fmt"
+	"sync"
 	"time"
 )
 
@@ -48,4 +50,55 @@ type Binder interface {
 // N: n, MaxWait: w}), argument checks included.
 type BoundTaker interface {
 	TakeKey(ctx context.Context, key string, n int64, maxWait time.Duration) (Result, error)
+}
+
+// MultiTaker is an optional Store method for the takes one caller makes
+// at once and that do not depend on one another, such as the descriptors
+// of one Envoy rate limit call: the store may send them in one round trip
+// (redisstore runs them in one script call) rather than the caller
+// sending each from a goroutine of its own. TakeMany uses it.
+type MultiTaker interface {
+	// TakeMany applies each of reqs as Take would, each all or nothing on
+	// its own buckets and independently of the others (the order in which
+	// they apply is the store's), and writes reqs[i]'s answer to res[i]
+	// and errs[i]. res and errs have len(reqs) elements. The store may
+	// keep nothing of reqs after it returns.
+	TakeMany(ctx context.Context, reqs []Request, res []Result, errs []error)
+}
+
+// TakeMany applies each of reqs to s as s.Take would, independently of
+// one another, and writes reqs[i]'s answer to res[i] and errs[i]: in one
+// call when s is a MultiTaker, else each from a goroutine of its own, at
+// the same time. It returns an error wrapping ErrInvalid, and applies
+// nothing, when res or errs do not have one element for each request.
+func TakeMany(ctx context.Context, s Store, reqs []Request, res []Result, errs []error) error {
+	if len(res) != len(reqs) || len(errs) != len(reqs) {
+		return fmt.Errorf("%w: TakeMany: %d requests need as many results and errors, got %d and %d", ErrInvalid, len(reqs), len(res), len(errs))
+	}
+	if ctx == nil {
+		return errNilContext
+	}
+	if m, ok := s.(MultiTaker); ok {
+		m.TakeMany(ctx, reqs, res, errs)
+		return nil
+	}
+	TakeEach(ctx, s, reqs, res, errs)
+	return nil
+}
+
+// TakeEach is TakeMany for a store that is not a MultiTaker, or a
+// MultiTaker's own fallback: each request from a goroutine of its own
+// (the last one from the caller's), so that the takes wait for their
+// round trips at the same time.
+func TakeEach(ctx context.Context, s Store, reqs []Request, res []Result, errs []error) {
+	if len(reqs) == 0 {
+		return
+	}
+	var wg sync.WaitGroup
+	last := len(reqs) - 1
+	for i := range reqs[:last] {
+		wg.Go(func() { res[i], errs[i] = s.Take(ctx, reqs[i]) })
+	}
+	res[last], errs[last] = s.Take(ctx, reqs[last])
+	wg.Wait()
 }

@@ -400,6 +400,9 @@ func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Resu
 func (s *Store) degrade(ctx context.Context, req fleetrate.Request, err error) (fleetrate.Result, error) {
 	switch s.opts.Policy {
 	case FailClosed:
+		if verr := req.Validate(); verr != nil {
+			return fleetrate.Result{}, verr // a bad request is refused for what it is
+		}
 		return fleetrate.Result{}, err
 	case LocalFallback:
 		res, ferr := s.fallback.Take(ctx, s.scale(req))
@@ -546,4 +549,45 @@ func (s *Store) Reset(ctx context.Context, keys ...string) error {
 func (s *Store) MultipleClocks() bool {
 	mc, ok := s.primary.(fleetrate.MultiClock)
 	return ok && mc.MultipleClocks()
+}
+
+var _ fleetrate.MultiTaker = (*Store)(nil)
+
+// TakeMany implements fleetrate.MultiTaker: the takes reach the primary
+// store together, through the breaker as one call (a store failure of
+// any fails the call), and each that the store failed is answered by the
+// policy, as Take answers it. With EmptyAfterOutage each goes through
+// Take, which drains a bucket before its first take after an outage.
+func (s *Store) TakeMany(ctx context.Context, reqs []fleetrate.Request, res []fleetrate.Result, errs []error) {
+	if s.opts.EmptyAfterOutage {
+		fleetrate.TakeEach(ctx, s, reqs, res, errs)
+		return
+	}
+	called := false
+	ok, err := s.call(ctx, func() error {
+		called = true
+		if err := fleetrate.TakeMany(ctx, s.primary, reqs, res, errs); err != nil {
+			for i := range errs {
+				errs[i] = err
+			}
+			return err
+		}
+		for _, err := range errs {
+			if storeFailure(ctx, err) {
+				return err
+			}
+		}
+		return nil
+	})
+	if ok {
+		return
+	}
+	for i := range reqs {
+		switch {
+		case !called: // the breaker kept the takes from the store
+			res[i], errs[i] = s.degrade(ctx, reqs[i], err)
+		case storeFailure(ctx, errs[i]):
+			res[i], errs[i] = s.degrade(ctx, reqs[i], errs[i])
+		}
+	}
 }

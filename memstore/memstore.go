@@ -84,6 +84,7 @@ var (
 	_ fleetrate.Store          = (*Store)(nil)
 	_ fleetrate.Binder         = (*Store)(nil)
 	_ fleetrate.PermitNotifier = (*Store)(nil)
+	_ fleetrate.MultiTaker     = (*Store)(nil)
 )
 
 // ProcessLocal reports true: the buckets live in this process only, so a
@@ -170,6 +171,14 @@ func (s *Store) lock(hs []uint64, idx []int) []int {
 func (s *Store) unlock(idx []int) {
 	for _, i := range idx {
 		s.shards[i].mu.Unlock()
+	}
+}
+
+// TakeMany implements fleetrate.MultiTaker: a take here costs far less
+// than a goroutine, so they are made one after the other.
+func (s *Store) TakeMany(ctx context.Context, reqs []fleetrate.Request, res []fleetrate.Result, errs []error) {
+	for i := range reqs {
+		res[i], errs[i] = s.Take(ctx, reqs[i])
 	}
 }
 

@@ -53,6 +53,7 @@ type batcher[R comparable] struct {
 type sharer interface {
 	take(ctx context.Context, req fleetrate.Request) (fleetrate.Result, error)
 	takeKey(ctx context.Context, bk fleetrate.Bucket, key string, n int64, maxWait time.Duration, largs []any) (fleetrate.Result, error)
+	takeMany(ctx context.Context, reqs []fleetrate.Request, res []fleetrate.Result, errs []error)
 }
 
 // The route types, one per mode (see batcher).
@@ -351,24 +352,43 @@ func (b *batcher[R]) wait(ctx context.Context, r R, c *batchCall) (fleetrate.Res
 		expired = t.C
 	}
 	b.mu.Lock()
+	q := b.enqueue(r, c)
+	start := b.claimRun(q)
+	b.mu.Unlock()
+	if start {
+		b.startRun(r, q)
+	}
+	return b.await(ctx, c, expired)
+}
+
+// enqueue adds c to the queue of r, which it returns. b.mu is held.
+func (b *batcher[R]) enqueue(r R, c *batchCall) *batchQueue {
 	q := b.queues[r]
 	if q == nil {
 		q = &batchQueue{}
 		b.queues[r] = q
 	}
 	q.pending = append(q.pending, c)
-	// A second call goes out while one is in flight only once half as
-	// many takes as that call carried (at most maxSecondWait) are waiting:
-	// under heavy load calls then stay large, which is what a busy Redis
-	// needs, while a few callers still get two calls in flight.
+	return q
+}
+
+// claimRun reports whether a call of q should go out now, counting it
+// in flight when so: when none is in flight, or a second once half as
+// many takes as the call in flight carried (at most maxSecondWait) are
+// waiting: under heavy load calls then stay large, which is what a busy
+// Redis needs, while a few callers still get two calls in flight. b.mu
+// is held.
+func (b *batcher[R]) claimRun(q *batchQueue) bool {
 	start := q.inflight == 0 || q.inflight < b.maxInflight && len(q.pending) >= min(max(q.last/2, 1), maxSecondWait)
 	if start {
 		q.inflight++
 	}
-	b.mu.Unlock()
-	if start {
-		b.startRun(r, q)
-	}
+	return start
+}
+
+// await waits for the decision of the queued c until ctx ends or expired
+// fires, and releases c.
+func (b *batcher[R]) await(ctx context.Context, c *batchCall, expired <-chan time.Time) (fleetrate.Result, error) {
 	var gaveUp error
 	select {
 	case <-c.done:
@@ -476,4 +496,74 @@ func (b *batcher[R]) next(q *batchQueue) []*batchCall {
 	q.pending = q.pending[n:]
 	q.last = n
 	return batch
+}
+
+// takeMany decides already validated reqs, each as take would, by
+// queueing them all at once: they go out together in the queue's next
+// calls, sent by the batcher's runners, rather than each from a goroutine
+// of the caller's. Each waits at most the store's timeout.
+func (b *batcher[R]) takeMany(ctx context.Context, reqs []fleetrate.Request, res []fleetrate.Result, errs []error) {
+	if err := ctx.Err(); err != nil {
+		for i := range errs {
+			errs[i] = fmt.Errorf("redisstore: take: %w", err)
+		}
+		return
+	}
+	var expired <-chan time.Time
+	if d := b.s.timeout; d >= 0 {
+		// Closed, rather than sent to, when the timeout passes: every
+		// take waiting on it then sees it.
+		ch := make(chan time.Time)
+		t := time.AfterFunc(d, func() { close(ch) })
+		defer t.Stop()
+		expired = ch
+	}
+	deadline, _ := ctx.Deadline()
+	cs := make([]*batchCall, len(reqs))
+	for i, req := range reqs {
+		c := newBatchCall()
+		c.req = cloneRequest(req)
+		c.want, c.req.Booking = req.Booking, nil
+		c.deadline = deadline
+		if err := b.s.sameSlot(c.storeKeys()); err != nil {
+			c.release()
+			errs[i] = err
+			continue
+		}
+		cs[i] = c
+	}
+	var starts []*batchQueue
+	var routes []R
+	b.mu.Lock()
+	for i, c := range cs {
+		if c == nil {
+			continue
+		}
+		req := &reqs[i]
+		var several *fleetrate.Request
+		if len(req.Buckets) > 1 {
+			several = req
+		}
+		r := b.route(c.storeKeys()[0], req.N, req.MaxWait, several)
+		q := b.enqueue(r, c)
+		if !slices.Contains(starts, q) {
+			starts, routes = append(starts, q), append(routes, r)
+		}
+	}
+	for i, q := range starts {
+		if !b.claimRun(q) {
+			starts[i] = nil
+		}
+	}
+	b.mu.Unlock()
+	for i, q := range starts {
+		if q != nil {
+			b.startRun(routes[i], q)
+		}
+	}
+	for i, c := range cs {
+		if c != nil {
+			res[i], errs[i] = b.await(ctx, c, expired)
+		}
+	}
 }

@@ -181,6 +181,14 @@ func (f *failover) toEmpty(buckets []fleetrate.Bucket) (todo []fleetrate.Bucket,
 	return todo, hold, f.epoch
 }
 
+// steady reports whether no bucket waits to be emptied on a new master:
+// a take then needs nothing but the guard.
+func (f *failover) steady() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.emptied == nil
+}
+
 // emptiedOn marks key as emptied on the master of epoch.
 func (f *failover) emptiedOn(key string, epoch int64) {
 	f.mu.Lock()

@@ -19,6 +19,59 @@ func (s *Store) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Resu
 	return res, s.explain(err)
 }
 
+var _ fleetrate.MultiTaker = (*Store)(nil)
+
+// TakeMany implements fleetrate.MultiTaker: with batching (the default)
+// the takes queue at once and go out together, most often in one script
+// call. Otherwise, or for takes with costs by bucket, in-flight permits
+// or quotas, or while a store that guards failovers
+// (Options.EmptyAfterFailover) empties buckets on a new master, each is
+// sent as Take sends it, from a goroutine of its own; a take that finds
+// the master changed under it is sent again as Take would.
+func (s *Store) TakeMany(ctx context.Context, reqs []fleetrate.Request, res []fleetrate.Result, errs []error) {
+	if s.batch == nil || s.fo != nil && !s.fo.steady() || slices.ContainsFunc(reqs, func(r fleetrate.Request) bool { return extended(&r) }) {
+		fleetrate.TakeEach(ctx, s, reqs, res, errs)
+		return
+	}
+	var valid []int // the requests to send, when some are not
+	for i := range reqs {
+		if errs[i] = reqs[i].Validate(); errs[i] != nil && valid == nil {
+			valid = make([]int, 0, len(reqs))
+			for j := range i {
+				valid = append(valid, j)
+			}
+		} else if errs[i] == nil && valid != nil {
+			valid = append(valid, i)
+		}
+	}
+	if valid == nil {
+		s.batch.takeMany(ctx, reqs, res, errs)
+	} else {
+		// The bad ones keep their errors; the rest go out together.
+		vr, vres, verrs := make([]fleetrate.Request, len(valid)), make([]fleetrate.Result, len(valid)), make([]error, len(valid))
+		for k, i := range valid {
+			vr[k] = reqs[i]
+		}
+		s.batch.takeMany(ctx, vr, vres, verrs)
+		for k, i := range valid {
+			res[i], errs[i] = vres[k], verrs[k]
+		}
+	}
+	for i := range errs {
+		if s.fo != nil {
+			switch {
+			case errs[i] == nil:
+				s.fo.record(reqs[i].Buckets, res[i])
+			case errors.Is(errs[i], errSwitched):
+				res[i], errs[i] = s.take(ctx, reqs[i]) // empties the buckets on the new master first
+			}
+		}
+		if errs[i] = s.explain(errs[i]); errs[i] != nil {
+			res[i] = fleetrate.Result{}
+		}
+	}
+}
+
 // explain adds to a store failure that timed out the latest failed dial
 // to the store's Redis, if one failed in the last few seconds: a client
 // built with ClientOptions dials in the background while the call waits,

@@ -295,6 +295,23 @@ func (s *counted) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Re
 	return res, err
 }
 
+// TakeMany implements fleetrate.MultiTaker: the takes go to the wrapped
+// store together (see fleetrate.TakeMany), each counted as Take counts
+// it.
+func (s *counted) TakeMany(ctx context.Context, reqs []fleetrate.Request, res []fleetrate.Result, errs []error) {
+	if err := fleetrate.TakeMany(ctx, s.Store, reqs, res, errs); err != nil {
+		for i := range errs {
+			errs[i] = err
+		}
+		return
+	}
+	for i := range reqs {
+		if reqs[i].N > 0 {
+			s.c.record(reqs[i].Buckets, res[i], errs[i])
+		}
+	}
+}
+
 // MultipleClocks reports what the wrapped store reports, false if it does
 // not say.
 func (s *counted) MultipleClocks() bool {
@@ -342,5 +359,6 @@ var (
 	_ fleetrate.Store      = (*counted)(nil)
 	_ fleetrate.Binder     = (*countedBinder)(nil)
 	_ fleetrate.MultiClock = (*counted)(nil)
+	_ fleetrate.MultiTaker = (*counted)(nil)
 	_ fleetrate.BoundTaker = (*countedTaker)(nil)
 )

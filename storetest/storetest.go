@@ -86,6 +86,7 @@ func Run(t *testing.T, newStore func(t *testing.T) fleetrate.Store) {
 		{"QuotaRefusedByTwo", quotaRefusedByTwo},
 		{"PermitRace", permitRace},
 		{"PermitInvalid", permitInvalid},
+		{"TakeMany", takeMany},
 	}
 	for _, sc := range scenarios {
 		t.Run(sc.name, func(t *testing.T) {

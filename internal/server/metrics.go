@@ -231,6 +231,21 @@ func (s instrumented) Take(ctx context.Context, req fleetrate.Request) (fleetrat
 	return res, err
 }
 
+// TakeMany implements fleetrate.MultiTaker: the takes go to the store
+// together (see fleetrate.TakeMany), each timed as the call that
+// decided it.
+func (s instrumented) TakeMany(ctx context.Context, reqs []fleetrate.Request, res []fleetrate.Result, errs []error) {
+	start := time.Now()
+	if err := fleetrate.TakeMany(ctx, s.Store, reqs, res, errs); err != nil {
+		for i := range errs {
+			errs[i] = err
+		}
+	}
+	for _, err := range errs {
+		s.observe(storeOpTake, start, err)
+	}
+}
+
 // Refund implements fleetrate.Store, timing the call.
 func (s instrumented) Refund(ctx context.Context, buckets []fleetrate.Bucket, n int64, at time.Time) error {
 	start := time.Now()

@@ -138,3 +138,62 @@ func TestRedisDownIsUnavailable(t *testing.T) {
 		t.Errorf("/healthz with Redis down: %d, want 200", code)
 	}
 }
+
+// TestManyDescriptorsOneScriptCall sends calls of 32 descriptors to a
+// service on a real Redis: Redis runs one script call for each call's
+// 32 takes (INFO commandstats), not one per descriptor, and the answers
+// are the buckets' own: the third call finds each bucket of 2 empty.
+func TestManyDescriptorsOneScriptCall(t *testing.T) {
+	t.Parallel()
+	rs := redistest.Start(t)
+	client := redis.NewClient(&redis.Options{Addr: rs.Addr()})
+	t.Cleanup(func() { client.Close() })
+	store, err := redisstore.New(client, redisstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := start(t, `
+domain: edge
+descriptors:
+  - key: tenant
+    rate_limit: {unit: hour, requests_per_unit: 2}
+`, func(o *Options) { o.Store = store })
+	var ds []*rlcommon.RateLimitDescriptor
+	for i := range 32 {
+		ds = append(ds, desc("tenant", fmt.Sprint("t", i)))
+	}
+	scripts := func() int64 {
+		t.Helper()
+		info, err := client.Info(context.Background(), "commandstats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n int64
+		for _, line := range strings.Split(info, "\r\n") {
+			for _, cmd := range []string{"cmdstat_evalsha:calls=", "cmdstat_eval:calls="} {
+				if rest, ok := strings.CutPrefix(line, cmd); ok {
+					var c int64
+					fmt.Sscan(strings.SplitN(rest, ",", 2)[0], &c)
+					n += c
+				}
+			}
+		}
+		return n
+	}
+	ts.should(t, "edge", 0, ds...) // loads the script
+	for call, want := range []rlspb.RateLimitResponse_Code{ok, over} {
+		before := scripts()
+		r := ts.should(t, "edge", 0, ds...)
+		if got := scripts() - before; got != 1 {
+			t.Errorf("call %d of 32 descriptors: %d script calls, want 1", call+2, got)
+		}
+		if r.OverallCode != want {
+			t.Errorf("call %d: %v, want %v", call+2, r.OverallCode, want)
+		}
+		for i, st := range r.Statuses {
+			if st.Code != want || st.LimitRemaining != 0 {
+				t.Errorf("call %d, descriptor %d: %v with %d remaining, want %v with 0", call+2, i, st.Code, st.LimitRemaining, want)
+			}
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -141,20 +142,60 @@ func (s *Server) respond(ctx context.Context, req *rlspb.RateLimitRequest, plans
 	return resp, nil
 }
 
-// decideAll decides the descriptors of a request of several, those that
-// call the store at the same time.
+// decideAll decides the descriptors of a request of several. Their
+// takes go to the store together (fleetrate.TakeMany: one script call on
+// Redis, most often), from this goroutine; the descriptors that give
+// hits back, or peek at a bucket their hits exceed, call the store from
+// goroutines of their own at the same time.
 func (s *Server) decideAll(ctx context.Context, plans []plan) []outcome {
 	outs := make([]outcome, len(plans))
+	var takes []int // the plans that take from the store
 	var wg sync.WaitGroup
 	for i := range plans {
-		if plans[i].limits == nil {
-			s.decide(ctx, &plans[i], &outs[i])
-			continue
+		switch p := &plans[i]; {
+		case takesOnly(p):
+			takes = append(takes, i)
+		case p.limits == nil:
+			s.decide(ctx, p, &outs[i]) // no store call
+		default:
+			wg.Go(func() { s.decide(ctx, p, &outs[i]) })
 		}
-		wg.Go(func() { s.decide(ctx, &plans[i], &outs[i]) })
+	}
+	switch len(takes) {
+	case 0:
+	case 1:
+		s.decide(ctx, &plans[takes[0]], &outs[takes[0]])
+	default:
+		s.takeMany(ctx, plans, outs, takes)
 	}
 	wg.Wait()
 	return outs
+}
+
+// takesOnly reports whether deciding p is one take from the store (or a
+// peek), which decide would make through take.
+func takesOnly(p *plan) bool {
+	return p.limits != nil && p.rule != nil && !p.replaced && !p.rule.Unlimited && !p.tooMany && !p.negative
+}
+
+// takeMany decides the plans at idx, each of which takesOnly, with one
+// call of the store's for them all: the outcome of plans[i] in outs[i].
+func (s *Server) takeMany(ctx context.Context, plans []plan, outs []outcome, idx []int) {
+	reqs, res, errs := make([]fleetrate.Request, len(idx)), make([]fleetrate.Result, len(idx)), make([]error, len(idx))
+	for k, i := range idx {
+		p := &plans[i]
+		reqs[k] = fleetrate.Request{Buckets: p.buckets[:], N: p.hits}
+	}
+	sctx, cancel := s.storeCtx(ctx)
+	err := fleetrate.TakeMany(sctx, s.store, reqs, res, errs) // fails only for slices of other lengths
+	cancel()
+	for k, i := range idx {
+		o := &outs[i]
+		if o.err = cmp.Or(err, errs[k]); o.err == nil {
+			o.res = res[k]
+			s.settle(&plans[i], o)
+		}
+	}
 }
 
 // overall decides the request from its descriptors' outcomes, as
