@@ -8,13 +8,13 @@ import (
 
 // oneCPUProcs is the processor count of a service whose host (or CPU
 // affinity, or cgroup limit) gives it one CPU. With one processor, the
-// goroutines that read the calls off the connections wait behind every
-// decision's runnable goroutines (an RLS call of 32 descriptors makes
-// 32); with two, the operating system shares the CPU between two
-// threads and a connection's reader runs while the other thread decides.
-// Offered 10 times what it decides on one CPU, the service answered its
-// shed calls in half the time and kept more of its maximum
-// (docs/OPERATIONS.md, Overload). Setting it ends Go's automatic
+// goroutines that read the calls off the connections wait behind the
+// decisions in flight and the store's senders; with two, the operating
+// system shares the CPU between two threads and a connection's reader
+// runs while the other thread decides. Offered 10 times what it decides
+// on one CPU, the service answered its shed calls in about half the
+// time and kept more of its maximum (docs/OPERATIONS.md, Processors).
+// Setting it ends Go's automatic
 // updates of the count: a CPU limit raised later is followed after a
 // restart.
 const oneCPUProcs = 2

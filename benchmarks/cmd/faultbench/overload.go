@@ -125,7 +125,11 @@ func overloadService(out io.Writer, s service, redisPID int) error {
 		samples := sampler(ctx, p, &inFlight)
 		time.Sleep(300 * time.Millisecond)
 		begin, c0, shed0, g0 := time.Now(), cpu.now(), metric(p.metrics, shedMetric), cpuSeconds(os.Getpid())
-		calls := burstLoop(ctx, clients, mult*pre, &inFlight)
+		calls, err := h2Loop(p.grpc, len(clients), mult*pre, &inFlight)
+		if err != nil {
+			cancel()
+			return err
+		}
 		time.Sleep(3 * time.Second)
 		end := time.Now()
 		cs := calls()
@@ -226,42 +230,6 @@ func closedLoop(clients []rlspb.RateLimitServiceClient, callers int, d time.Dura
 	}
 	wg.Wait()
 	return float64(n.Load()) / d.Seconds()
-}
-
-// burstLoop offers rate calls a second, each with Envoy's deadline, by
-// starting every millisecond the calls due, until ctx ends or the
-// returned function is called, which waits for them and returns them.
-func burstLoop(ctx context.Context, clients []rlspb.RateLimitServiceClient, rate float64, inFlight *atomic.Int64) func() []call {
-	var mu sync.Mutex
-	var calls []call
-	var wg sync.WaitGroup
-	stop := make(chan struct{})
-	wg.Go(func() {
-		start := time.Now()
-		sent := 0
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-stop:
-				return
-			default:
-			}
-			due := int(rate * time.Since(start).Seconds())
-			for ; sent < due; sent++ {
-				wg.Go(func() {
-					inFlight.Add(1)
-					defer inFlight.Add(-1)
-					c := one(clients[sent%len(clients)], sent, envoyDeadline)
-					mu.Lock()
-					calls = append(calls, c)
-					mu.Unlock()
-				})
-			}
-			time.Sleep(time.Millisecond)
-		}
-	})
-	return func() []call { close(stop); wg.Wait(); return calls }
 }
 
 // goodput is the decisions a second of cs (made over span seconds)
