@@ -18,14 +18,16 @@ import (
 func takeMany(t *testing.T, s fleetrate.Store, key func(string) string) {
 	ctx := context.Background()
 	lim := fleetrate.Every(time.Hour, 3)
-	a, b, c := key("a"), key("b"), key("c")
+	// a and b may be on different Cluster slots; c and d, taken
+	// together, share one.
+	a, b, c, d := key("{a}"), key("{b}"), key("{c}/c"), key("{c}/d")
 	reqs := []fleetrate.Request{
 		one(a, 2, 0, lim),
 		one(b, 3, 0, lim),
 		one(a, 2, 0, lim), // a has 1 left after the first: denied
 		one(c, 0, 0, lim), // a peek
 		{Buckets: []fleetrate.Bucket{{Key: b, Limits: []fleetrate.Limit{lim}}}, N: -1}, // invalid
-		{Buckets: []fleetrate.Bucket{{Key: key("d"), Limits: []fleetrate.Limit{lim}}, {Key: c, Limits: []fleetrate.Limit{lim}}}, N: 1},
+		{Buckets: []fleetrate.Bucket{{Key: d, Limits: []fleetrate.Limit{lim}}, {Key: c, Limits: []fleetrate.Limit{lim}}}, N: 1},
 	}
 	res, errs := make([]fleetrate.Result, len(reqs)), make([]error, len(reqs))
 	if err := fleetrate.TakeMany(ctx, s, reqs, res, errs); err != nil {
