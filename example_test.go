@@ -240,3 +240,34 @@ func ExampleLimiter_Book() {
 	// booked 0s
 	// booked 200ms
 }
+
+// TakeMany decides takes that do not depend on one another in one call
+// of the store's (one script call on Redis, most often): here the three
+// descriptors of one Envoy call, a tenant, a user and a route, each
+// with its own bucket. The answers come back in the order asked.
+func ExampleTakeMany() {
+	store := memstore.New(memstore.Options{Clock: fixedClock})
+	perMinute := []fleetrate.Limit{fleetrate.Every(time.Minute, 2)}
+	var reqs []fleetrate.Request
+	for _, key := range []string{"tenant:acme", "user:42", "route:/v1/messages"} {
+		reqs = append(reqs, fleetrate.Request{Buckets: []fleetrate.Bucket{{Key: key, Limits: perMinute}}, N: 1})
+	}
+	reqs = append(reqs, fleetrate.Request{Buckets: []fleetrate.Bucket{{Key: "user:42", Limits: perMinute}}, N: 5}) // more than its burst
+	res, errs := make([]fleetrate.Result, len(reqs)), make([]error, len(reqs))
+	if err := fleetrate.TakeMany(context.Background(), store, reqs, res, errs); err != nil {
+		fmt.Println(err)
+		return
+	}
+	for i := range reqs {
+		if errs[i] != nil {
+			fmt.Printf("%s: exceeds the burst: %v\n", reqs[i].Buckets[0].Key, errors.Is(errs[i], fleetrate.ErrBurstExceeded))
+			continue
+		}
+		fmt.Printf("%s: allowed %v, %d left\n", reqs[i].Buckets[0].Key, res[i].Allowed, res[i].Remaining)
+	}
+	// Output:
+	// tenant:acme: allowed true, 1 left
+	// user:42: allowed true, 1 left
+	// route:/v1/messages: allowed true, 1 left
+	// user:42: exceeds the burst: true
+}
