@@ -70,13 +70,21 @@ type MultiTaker interface {
 // one another, and writes reqs[i]'s answer to res[i] and errs[i]: in one
 // call when s is a MultiTaker, else each from a goroutine of its own, at
 // the same time. It returns an error wrapping ErrInvalid, and applies
-// nothing, when res or errs do not have one element for each request.
+// nothing, when res or errs do not have one element for each request or
+// ctx is nil; every element of errs is then that error too.
 func TakeMany(ctx context.Context, s Store, reqs []Request, res []Result, errs []error) error {
-	if len(res) != len(reqs) || len(errs) != len(reqs) {
-		return fmt.Errorf("%w: TakeMany: %d requests need as many results and errors, got %d and %d", ErrInvalid, len(reqs), len(res), len(errs))
+	var err error
+	switch {
+	case len(res) != len(reqs) || len(errs) != len(reqs):
+		err = fmt.Errorf("%w: TakeMany: %d requests need as many results and errors, got %d and %d", ErrInvalid, len(reqs), len(res), len(errs))
+	case ctx == nil:
+		err = errNilContext
 	}
-	if ctx == nil {
-		return errNilContext
+	if err != nil {
+		for i := range errs {
+			errs[i] = err
+		}
+		return err
 	}
 	if m, ok := s.(MultiTaker); ok {
 		m.TakeMany(ctx, reqs, res, errs)

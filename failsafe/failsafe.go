@@ -567,10 +567,7 @@ func (s *Store) TakeMany(ctx context.Context, reqs []fleetrate.Request, res []fl
 	ok, err := s.call(ctx, func() error {
 		called = true
 		if err := fleetrate.TakeMany(ctx, s.primary, reqs, res, errs); err != nil {
-			for i := range errs {
-				errs[i] = err
-			}
-			return err
+			return err // in every errs[i] too
 		}
 		for _, err := range errs {
 			if storeFailure(ctx, err) {

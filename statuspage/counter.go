@@ -299,11 +299,8 @@ func (s *counted) Take(ctx context.Context, req fleetrate.Request) (fleetrate.Re
 // store together (see fleetrate.TakeMany), each counted as Take counts
 // it.
 func (s *counted) TakeMany(ctx context.Context, reqs []fleetrate.Request, res []fleetrate.Result, errs []error) {
-	if err := fleetrate.TakeMany(ctx, s.Store, reqs, res, errs); err != nil {
-		for i := range errs {
-			errs[i] = err
-		}
-		return
+	if fleetrate.TakeMany(ctx, s.Store, reqs, res, errs) != nil {
+		return // nothing taken; the error is in every errs[i]
 	}
 	for i := range reqs {
 		if reqs[i].N > 0 {

@@ -67,6 +67,11 @@ func takeMany(t *testing.T, s fleetrate.Store, key func(string) string) {
 	if err := fleetrate.TakeMany(ctx, s, reqs, res[:1], errs); !errors.Is(err, fleetrate.ErrInvalid) {
 		t.Errorf("TakeMany with 1 result for %d requests: %v, want an error wrapping ErrInvalid", len(reqs), err)
 	}
+	for i, err := range errs {
+		if !errors.Is(err, fleetrate.ErrInvalid) {
+			t.Errorf("TakeMany with 1 result: errs[%d] = %v, want its error wrapping ErrInvalid", i, err)
+		}
+	}
 
 	// 8 callers at once, each with 8 takes of 1 from one bucket of 20:
 	// exactly 20 granted.

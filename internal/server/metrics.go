@@ -236,11 +236,8 @@ func (s instrumented) Take(ctx context.Context, req fleetrate.Request) (fleetrat
 // decided it.
 func (s instrumented) TakeMany(ctx context.Context, reqs []fleetrate.Request, res []fleetrate.Result, errs []error) {
 	start := time.Now()
-	if err := fleetrate.TakeMany(ctx, s.Store, reqs, res, errs); err != nil {
-		for i := range errs {
-			errs[i] = err
-		}
-	}
+	// An error of TakeMany's own is in every errs[i] too.
+	_ = fleetrate.TakeMany(ctx, s.Store, reqs, res, errs)
 	for _, err := range errs {
 		s.observe(storeOpTake, start, err)
 	}

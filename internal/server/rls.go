@@ -1,7 +1,6 @@
 package server
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -187,11 +186,11 @@ func (s *Server) takeMany(ctx context.Context, plans []plan, outs []outcome, idx
 		reqs[k] = fleetrate.Request{Buckets: p.buckets[:], N: p.hits}
 	}
 	sctx, cancel := s.storeCtx(ctx)
-	err := fleetrate.TakeMany(sctx, s.store, reqs, res, errs) // fails only for slices of other lengths
+	_ = fleetrate.TakeMany(sctx, s.store, reqs, res, errs) // its own error is in every errs[k] too
 	cancel()
 	for k, i := range idx {
 		o := &outs[i]
-		if o.err = cmp.Or(err, errs[k]); o.err == nil {
+		if o.err = errs[k]; o.err == nil {
 			o.res = res[k]
 			s.settle(&plans[i], o)
 		}
