@@ -213,25 +213,41 @@ func (b *batcher[R]) take(ctx context.Context, req fleetrate.Request) (fleetrate
 	if err := ctx.Err(); err != nil {
 		return fleetrate.Result{}, fmt.Errorf("redisstore: take: %w", err)
 	}
-	var several *fleetrate.Request
-	if len(req.Buckets) > 1 {
-		several = &req
-	}
-	r := b.route(req.Buckets[0].StoreKey(), req.N, req.MaxWait, several)
+	r := b.routeOf(&req)
 	if q := b.claimIdle(r); q != nil {
 		res, err := b.s.takeOne(ctx, req) // checks the keys' slots
 		b.finish(r, q)
 		return res, err
 	}
+	c, err := b.queued(ctx, req)
+	if err != nil {
+		return fleetrate.Result{}, err
+	}
+	return b.wait(ctx, r, c)
+}
+
+// routeOf is the route of req.
+func (b *batcher[R]) routeOf(req *fleetrate.Request) R {
+	var several *fleetrate.Request
+	if len(req.Buckets) > 1 {
+		several = req
+	}
+	return b.route(req.Buckets[0].StoreKey(), req.N, req.MaxWait, several)
+}
+
+// queued returns a call for req to queue, with a copy of it (its caller
+// may give up and reuse its slices while it waits), or the error of keys
+// on different slots.
+func (b *batcher[R]) queued(ctx context.Context, req fleetrate.Request) (*batchCall, error) {
 	c := newBatchCall()
 	c.req = cloneRequest(req)
 	c.want, c.req.Booking = req.Booking, nil
 	c.deadline, _ = ctx.Deadline()
 	if err := b.s.sameSlot(c.storeKeys()); err != nil {
 		c.release()
-		return fleetrate.Result{}, err
+		return nil, err
 	}
-	return b.wait(ctx, r, c)
+	return c, nil
 }
 
 // takeKey is take for a bound taker's request: n tokens from bk with key
@@ -498,14 +514,18 @@ func (b *batcher[R]) next(q *batchQueue) []*batchCall {
 	return batch
 }
 
-// takeMany decides already validated reqs, each as take would, by
-// queueing them all at once: they go out together in the queue's next
-// calls, sent by the batcher's runners, rather than each from a goroutine
-// of the caller's. Each waits at most the store's timeout.
+// takeMany decides reqs, each as take would, by queueing them all at
+// once: they go out together in the queue's next calls, sent by the
+// batcher's runners, rather than each from a goroutine of the caller's.
+// Each waits at most the store's timeout. A request whose errs[i] is
+// already set (refused by the store's checks) is skipped; the others are
+// valid.
 func (b *batcher[R]) takeMany(ctx context.Context, reqs []fleetrate.Request, res []fleetrate.Result, errs []error) {
 	if err := ctx.Err(); err != nil {
 		for i := range errs {
-			errs[i] = fmt.Errorf("redisstore: take: %w", err)
+			if errs[i] == nil {
+				errs[i] = fmt.Errorf("redisstore: take: %w", err)
+			}
 		}
 		return
 	}
@@ -518,19 +538,11 @@ func (b *batcher[R]) takeMany(ctx context.Context, reqs []fleetrate.Request, res
 		defer t.Stop()
 		expired = ch
 	}
-	deadline, _ := ctx.Deadline()
 	cs := make([]*batchCall, len(reqs))
 	for i, req := range reqs {
-		c := newBatchCall()
-		c.req = cloneRequest(req)
-		c.want, c.req.Booking = req.Booking, nil
-		c.deadline = deadline
-		if err := b.s.sameSlot(c.storeKeys()); err != nil {
-			c.release()
-			errs[i] = err
-			continue
+		if errs[i] == nil {
+			cs[i], errs[i] = b.queued(ctx, req)
 		}
-		cs[i] = c
 	}
 	var starts []*batchQueue
 	var routes []R
@@ -539,12 +551,7 @@ func (b *batcher[R]) takeMany(ctx context.Context, reqs []fleetrate.Request, res
 		if c == nil {
 			continue
 		}
-		req := &reqs[i]
-		var several *fleetrate.Request
-		if len(req.Buckets) > 1 {
-			several = req
-		}
-		r := b.route(c.storeKeys()[0], req.N, req.MaxWait, several)
+		r := b.routeOf(&reqs[i])
 		q := b.enqueue(r, c)
 		if !slices.Contains(starts, q) {
 			starts, routes = append(starts, q), append(routes, r)

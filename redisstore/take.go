@@ -33,30 +33,10 @@ func (s *Store) TakeMany(ctx context.Context, reqs []fleetrate.Request, res []fl
 		fleetrate.TakeEach(ctx, s, reqs, res, errs)
 		return
 	}
-	var valid []int // the requests to send, when some are not
 	for i := range reqs {
-		if errs[i] = reqs[i].Validate(); errs[i] != nil && valid == nil {
-			valid = make([]int, 0, len(reqs))
-			for j := range i {
-				valid = append(valid, j)
-			}
-		} else if errs[i] == nil && valid != nil {
-			valid = append(valid, i)
-		}
+		errs[i] = reqs[i].Validate() // a bad one keeps its error; the rest go out together
 	}
-	if valid == nil {
-		s.batch.takeMany(ctx, reqs, res, errs)
-	} else {
-		// The bad ones keep their errors; the rest go out together.
-		vr, vres, verrs := make([]fleetrate.Request, len(valid)), make([]fleetrate.Result, len(valid)), make([]error, len(valid))
-		for k, i := range valid {
-			vr[k] = reqs[i]
-		}
-		s.batch.takeMany(ctx, vr, vres, verrs)
-		for k, i := range valid {
-			res[i], errs[i] = vres[k], verrs[k]
-		}
-	}
+	s.batch.takeMany(ctx, reqs, res, errs)
 	for i := range errs {
 		if s.fo != nil {
 			switch {
