@@ -255,19 +255,16 @@ func (h *h2conn) close() []call {
 
 // grpcStatus is the grpc-status of a trailers frame (UNKNOWN without one).
 func grpcStatus(f *http2.MetaHeadersFrame) codes.Code {
-	v := f.PseudoValue("status")
-	if s := f.Fields; len(s) > 0 {
-		for _, hf := range s {
-			if hf.Name == "grpc-status" {
-				n, err := strconv.Atoi(hf.Value)
-				if err != nil {
-					return codes.Unknown
-				}
-				return codes.Code(n)
+	for _, hf := range f.Fields {
+		if hf.Name == "grpc-status" {
+			n, err := strconv.Atoi(hf.Value)
+			if err != nil {
+				return codes.Unknown
 			}
+			return codes.Code(n)
 		}
 	}
-	if v != "" && v != "200" {
+	if v := f.PseudoValue("status"); v != "" && v != "200" {
 		return codes.Unavailable
 	}
 	return codes.Unknown
